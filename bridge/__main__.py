@@ -1,0 +1,7 @@
+"""``python -m bridge`` is the ``opbridge`` command."""
+
+import sys
+
+from bridge.cli import main
+
+sys.exit(main())

@@ -1,0 +1,218 @@
+"""``opbridge`` command line: ops | export | run | check.
+
+Examples (the demo model is the default ``--model``)::
+
+    opbridge ops
+    opbridge export -o demo.onnx          # also writes demo.inputs.npz
+    opbridge run demo.onnx
+    opbridge check                        # export + ORT + parity table; exit 1 on mismatch
+    opbridge check --op bev::bev_pool_v2  # one op over its dtypes and sample inputs
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+DEFAULT_MODEL = "bridge.demo:build"
+
+
+def _load_ops(modules: list[str]) -> None:
+    for name in ["custom_ops", *modules]:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            from bridge.errors import OpBridgeError
+
+            raise OpBridgeError(f"cannot import op module {name!r}. Got {e}. "
+                                "Pass an importable module to --ops (is it on PYTHONPATH?).") from None
+
+
+def _load_case(spec: str):
+    from bridge.errors import OpBridgeError
+    from bridge.testing import ModelCase
+
+    module_name, _, attr = spec.partition(":")
+    if not attr:
+        raise OpBridgeError(f"--model must be MODULE:FACTORY. Got {spec!r}. Use e.g. {DEFAULT_MODEL}.")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise OpBridgeError(f"cannot load model factory {spec!r}. Got {e}. "
+                            "Pass MODULE:FACTORY of a function returning bridge.testing.ModelCase.") from None
+    case = factory()
+    if not isinstance(case, ModelCase):
+        raise OpBridgeError(f"{spec} must return a bridge.testing.ModelCase. Got {type(case).__name__}. "
+                            "Return ModelCase(model, args, dynamic_shapes).")
+    return case
+
+
+def _inputs_path(onnx_path: str) -> str:
+    root, _ = os.path.splitext(onnx_path)
+    return root + ".inputs.npz"
+
+
+def cmd_ops(args) -> int:
+    from bridge.registry import REGISTRY
+
+    rows = []
+    for spec in REGISTRY:
+        rows.append({
+            "op": spec.qualname, "onnx": f"{spec.domain}::{spec.name} v{spec.version}",
+            "inputs": [p.name for p in spec.tensors],
+            "attributes": {p.name: p.attr_type.name + ("(bool)" if p.is_bool else "") for p in spec.attributes},
+            "mutates": list(spec.mutated), "dtypes": [str(d).replace("torch.", "") for d in spec.dtypes],
+            "fake": spec.has_fake, "autograd": spec.has_autograd, "reference": spec.reference is not None,
+            "samples": spec.sample_inputs is not None,
+            "tiers": {"function": spec.function is not None and not spec.mutated, "native": False,
+                      "python": False},
+            "missing": REGISTRY.missing(spec),
+        })
+    if args.json:
+        print(json.dumps(rows, indent=2))
+        return 0
+    mark = {True: "yes", False: "-"}
+    head = ("op", "onnx node", "attributes", "fake", "autograd", "ref", "samples", "function", "native", "python")
+    table = [head] + [(r["op"], r["onnx"], ",".join(f"{k}:{v}" for k, v in r["attributes"].items()) or "-",
+                       mark[r["fake"]], mark[r["autograd"]], mark[r["reference"]], mark[r["samples"]],
+                       mark[r["tiers"]["function"]], mark[r["tiers"]["native"]], mark[r["tiers"]["python"]])
+                      for r in rows]
+    widths = [max(len(t[i]) for t in table) for i in range(len(head))]
+    for i, t in enumerate(table):
+        print("  ".join(c.ljust(w) for c, w in zip(t, widths)).rstrip())
+        if i == 0:
+            print("  ".join("-" * w for w in widths))
+    for r in rows:
+        for gap in r["missing"]:
+            print(f"note: {r['op']} lacks {gap}")
+    print(f"{len(rows)} ops registered")
+    return 0
+
+
+def cmd_export(args) -> int:
+    from exporters.export import export
+
+    case = _load_case(args.model)
+    export(case.model, case.args, args.output, dynamic_shapes=case.dynamic_shapes, functions=not args.no_functions)
+    tensors = [a.detach().numpy() for a in case.args]
+    np.savez(_inputs_path(args.output), *tensors)
+    size = os.path.getsize(args.output)
+    print(f"wrote {args.output} ({size / 1024:.1f} KiB) and {_inputs_path(args.output)}")
+    return 0
+
+
+def cmd_run(args) -> int:
+    from bridge.errors import OpBridgeError
+    from bridge.session import session
+
+    inputs_path = args.inputs or _inputs_path(args.model_file)
+    if not os.path.isfile(inputs_path):
+        raise OpBridgeError(f"no inputs for {args.model_file}. Got no file {inputs_path!r}. "
+                            "Pass --inputs FILE.npz (arrays in model input order), or export with `opbridge export`.")
+    sess = session(args.model_file, tier=args.tier)
+    with np.load(inputs_path) as data:
+        arrays = [data[k] for k in sorted(data.files, key=lambda k: int(k.split("_")[-1]))]
+    names = [i.name for i in sess.get_inputs()]
+    if len(arrays) != len(names):
+        raise OpBridgeError(f"{inputs_path} has {len(arrays)} arrays, the model takes {len(names)} {names}. "
+                            "Got a mismatch. Save one array per model input.")
+    start = time.perf_counter()
+    try:
+        outputs = sess.run(None, dict(zip(names, arrays)))
+    except Exception as e:
+        raise OpBridgeError(f"onnxruntime failed to run {args.model_file}. Got {type(e).__name__}: "
+                            f"{str(e)[:600]}. Check the inputs.") from None
+    ms = (time.perf_counter() - start) * 1e3
+    for meta, out in zip(sess.get_outputs(), outputs):
+        stats = f"min {out.min():.4g} max {out.max():.4g} mean {out.mean():.4g}" if out.size else "empty"
+        print(f"{meta.name}: shape {list(out.shape)} {out.dtype} {stats}")
+    print(f"ran in {ms:.1f} ms ({args.tier} tier)")
+    return 0
+
+
+def cmd_check(args) -> int:
+    from bridge.parity import check_parity
+
+    reports = []
+    if args.op:
+        from bridge.registry import REGISTRY
+        from bridge.testing import OpModule, cases
+
+        spec = REGISTRY.get(args.op)
+        for case in cases([spec]):
+            module, tensors = OpModule.from_sample(spec, case.sample)
+            reports.append(check_parity(module, tensors, tier=args.tier, rtol=args.rtol, atol=args.atol,
+                                        name=case.id))
+    else:
+        case = _load_case(args.model)
+        reports.append(check_parity(case.model, case.args, dynamic_shapes=case.dynamic_shapes,
+                                    extra_args=case.extra_args, tier=args.tier, rtol=args.rtol,
+                                    atol=args.atol, path=args.output, name=case.name or args.model))
+    for r in reports:
+        print(r)
+        print()
+    ok = all(r.passed for r in reports)
+    print(f"{sum(r.passed for r in reports)} passed, {sum(not r.passed for r in reports)} failed")
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump([json.loads(r.to_json()) for r in reports], fh, indent=2)
+    return 0 if ok else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="opbridge", description=__doc__.split("\n")[0])
+    parser.add_argument("--ops", action="append", default=[], metavar="MODULE",
+                        help="import MODULE to register more ops (repeatable); custom_ops is always loaded")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("ops", help="list registered ops, their pieces and kernel tiers")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(func=cmd_ops)
+
+    p = sub.add_parser("export", help="export a model to ONNX (+ its example inputs as .inputs.npz)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="MODULE:FACTORY returning a ModelCase")
+    p.add_argument("-o", "--output", default="model.onnx")
+    p.add_argument("--no-functions", action="store_true", help="do not attach model-local function bodies")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("run", help="run an .onnx file in ONNX Runtime on saved inputs")
+    p.add_argument("model_file")
+    p.add_argument("--inputs", help=".npz with one array per model input (default: MODEL.inputs.npz)")
+    p.add_argument("--tier", default="function")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("check", help="export, run in ORT and compare against eager (parity table)")
+    p.add_argument("--model", default=DEFAULT_MODEL, help="MODULE:FACTORY returning a ModelCase")
+    p.add_argument("--op", help="check one registered op over its dtypes and sample inputs instead")
+    p.add_argument("--tier", default="function")
+    p.add_argument("--rtol", type=float, help="override the per-dtype relative tolerance")
+    p.add_argument("--atol", type=float, help="override the per-dtype absolute tolerance")
+    p.add_argument("-o", "--output", help="keep the exported .onnx here")
+    p.add_argument("--json", help="write the report(s) as JSON to this file")
+    p.set_defaults(func=cmd_check)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from bridge import progress
+    from bridge.errors import OpBridgeError
+
+    progress.enable(not args.quiet)
+    try:
+        _load_ops(args.ops)
+        return args.func(args)
+    except OpBridgeError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,21 @@
+"""The one exception type the bridge raises for user-facing problems."""
+
+
+class OpBridgeError(Exception):
+    """A problem the user can fix; the message says what is wrong, what was got, and what to do.
+
+    Example:
+        >>> raise OpBridgeError("op 'x' is not registered. Got 'x'. Declare it with @bridge.op.")
+        Traceback (most recent call last):
+        ...
+        bridge.errors.OpBridgeError: opbridge: op 'x' is not registered. Got 'x'. Declare it with @bridge.op.
+    """
+
+    def __init__(self, message: str):
+        if not message.startswith("opbridge: "):
+            message = "opbridge: " + message
+        super().__init__(message)
+
+
+class UnsupportedInTier(OpBridgeError):
+    """An op or dtype that a kernel tier does not run (e.g. float16 in the Python tier)."""

@@ -1,0 +1,236 @@
+"""Parity: run eager torch and ONNX Runtime on the same inputs and compare every output."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import tempfile
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import torch
+from torch.utils import _pytree as pytree
+
+from bridge.dtypes import numpy_dtype
+from bridge.errors import OpBridgeError
+from bridge.progress import step
+
+# NOTE: (rtol, atol) per dtype; |ort - eager| <= atol + rtol * |eager| passes. float16's
+# rtol admits one ulp (2**-10); float32/float64 admit summation-order differences.
+TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
+    torch.float16: (1e-3, 1e-3),
+    torch.bfloat16: (8e-3, 1e-2),
+    torch.float32: (1e-5, 1e-5),
+    torch.float64: (1e-7, 1e-7),
+}
+
+
+def tolerance(dtype: torch.dtype, rtol=None, atol=None) -> tuple[float, float]:
+    """(rtol, atol) for ``dtype``: overrides win (a float, or a {dtype: float} map); exact for ints."""
+    base_r, base_a = TOLERANCES.get(dtype, (0.0, 0.0))
+
+    def pick(override, base):
+        if override is None:
+            return base
+        if isinstance(override, Mapping):
+            return override.get(dtype, base)
+        return float(override)
+
+    return pick(rtol, base_r), pick(atol, base_a)
+
+
+@dataclasses.dataclass
+class OutputParity:
+    """Comparison of one output."""
+
+    name: str
+    shape: tuple
+    dtype: str
+    max_abs: float
+    max_rel: float
+    mismatches: int
+    numel: int
+    rtol: float
+    atol: float
+    passed: bool
+    note: str = ""
+
+
+def _to_numpy(t: torch.Tensor) -> np.ndarray:
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.float().numpy()
+    return t.numpy()
+
+
+def compare(name: str, expected: torch.Tensor, actual: np.ndarray, *, rtol=None, atol=None) -> OutputParity:
+    """Compare one ORT output against the eager tensor (NaN matches NaN, inf matches inf).
+
+    >>> r = compare("y", torch.tensor([1.0, 2.0]), np.array([1.0, 2.5], np.float32))
+    >>> (r.passed, r.mismatches, r.max_abs)
+    (False, 1, 0.5)
+    """
+    r, a = tolerance(expected.dtype, rtol, atol)
+    shape, dtype = tuple(expected.shape), str(expected.dtype).replace("torch.", "")
+    actual = np.asarray(actual)
+    note = ""
+    if tuple(actual.shape) != shape:
+        note = f"shape {tuple(actual.shape)} != eager {shape}"
+    elif expected.dtype in TORCH_NUMPY_SAFE and actual.dtype != numpy_dtype(expected.dtype):
+        note = f"dtype {actual.dtype} != eager {dtype}"
+    if note:
+        return OutputParity(name, shape, dtype, math.inf, math.inf, expected.numel(), expected.numel(),
+                            r, a, False, note)
+    e64 = _to_numpy(expected).astype(np.float64)
+    a64 = actual.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        same = (e64 == a64) | (np.isnan(e64) & np.isnan(a64))
+        diff = np.where(same, 0.0, np.abs(a64 - e64))
+        diff = np.where(np.isnan(diff), np.inf, diff)
+        bad = diff > a + r * np.abs(e64)
+        rel = np.where(diff == 0, 0.0, diff / np.maximum(np.abs(e64), np.finfo(np.float64).tiny))
+    max_abs = float(diff.max()) if diff.size else 0.0
+    max_rel = float(rel.max()) if rel.size else 0.0
+    n_bad = int(bad.sum())
+    return OutputParity(name, shape, dtype, max_abs, max_rel, n_bad, int(diff.size), r, a, n_bad == 0)
+
+
+TORCH_NUMPY_SAFE = (torch.float16, torch.float32, torch.float64, torch.int32, torch.int64, torch.bool)
+
+
+@dataclasses.dataclass
+class ParityReport:
+    """Per-output parity of ORT against eager; print it for a table, ``to_json()`` for machines."""
+
+    model: str
+    tier: str
+    outputs: list[OutputParity]
+    onnx_path: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.outputs) and all(o.passed for o in self.outputs)
+
+    def to_dict(self) -> dict:
+        return {"model": self.model, "tier": self.tier, "passed": self.passed,
+                "onnx_path": self.onnx_path, "outputs": [dataclasses.asdict(o) for o in self.outputs]}
+
+    def to_json(self, **kwargs) -> str:
+        def clean(v):  # JSON has no inf
+            return None if isinstance(v, float) and not math.isfinite(v) else v
+        d = self.to_dict()
+        d["outputs"] = [{k: clean(v) for k, v in o.items()} for o in d["outputs"]]
+        return json.dumps(d, **kwargs)
+
+    def __str__(self) -> str:
+        head = ("output", "shape", "dtype", "max abs", "max rel", "mismatch", "rtol/atol", "result")
+        rows = [head]
+        for o in self.outputs:
+            rows.append((o.name, "x".join(map(str, o.shape)) or "scalar", o.dtype, f"{o.max_abs:.3g}",
+                         f"{o.max_rel:.3g}", f"{o.mismatches}/{o.numel}", f"{o.rtol:g}/{o.atol:g}",
+                         ("PASS" if o.passed else "FAIL") + (f" ({o.note})" if o.note else "")))
+        widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
+        lines = [f"parity: {self.model} | ORT tier {self.tier} vs eager torch | "
+                 f"{'PASS' if self.passed else 'FAIL'}"]
+        for i, row in enumerate(rows):
+            lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
+            if i == 0:
+                lines.append("  ".join("-" * w for w in widths))
+        return "\n".join(lines)
+
+    def assert_ok(self) -> None:
+        """Raise AssertionError with the table when any output fails."""
+        if not self.passed:
+            raise AssertionError("opbridge parity failed\n" + str(self))
+
+
+def _tensor_leaves(tree) -> list[torch.Tensor]:
+    return [x for x in pytree.tree_leaves(tree) if isinstance(x, torch.Tensor)]
+
+
+def ort_feed(sess, args: Sequence, kwargs: dict | None = None) -> dict[str, np.ndarray]:
+    """The session feed for the model's (args, kwargs): tensor leaves in order, by input name."""
+    tensors = _tensor_leaves((tuple(args), kwargs or {}))
+    names = [i.name for i in sess.get_inputs()]
+    if len(names) != len(tensors):
+        raise OpBridgeError(f"the model has {len(names)} ONNX inputs {names} but the call has "
+                            f"{len(tensors)} tensors. Got mismatched inputs. Pass the inputs used at export.")
+    return {n: _to_numpy(t) for n, t in zip(names, tensors)}
+
+
+def run_ort(sess, args: Sequence, kwargs: dict | None = None) -> list[np.ndarray]:
+    """Run ``sess`` on torch inputs, raising OpBridgeError (not a bare ORT error) on failure."""
+    feed = ort_feed(sess, args, kwargs)
+    try:
+        return sess.run(None, feed)
+    except Exception as e:
+        raise OpBridgeError(f"onnxruntime failed to run the model. Got {type(e).__name__}: "
+                            f"{str(e)[:600]}. Check the inputs against the kernel's contract.") from e
+
+
+def check_parity(
+    model: torch.nn.Module,
+    args: Sequence,
+    *,
+    kwargs: dict | None = None,
+    dynamic_shapes=None,
+    tier: str = "function",
+    rtol=None,
+    atol=None,
+    path: str | os.PathLike | None = None,
+    extra_args: Sequence[Sequence] = (),
+    registry=None,
+    name: str | None = None,
+) -> ParityReport:
+    """Export ``model``, run eager and ORT on ``args`` (and each of ``extra_args``), compare outputs.
+
+    Tolerances default per dtype (see ``TOLERANCES``); ``rtol``/``atol`` override with a float
+    or a ``{dtype: float}`` map. ``extra_args`` reuse the same ONNX file (dynamic shapes).
+
+    Example:
+        >>> import torch, bridge, custom_ops
+        >>> class M(torch.nn.Module):
+        ...     def forward(self, x):
+        ...         return torch.ops.opbridge.identity_conv(x, 2) * 2
+        >>> report = bridge.check_parity(M(), (torch.randn(1, 2, 4, 4),))
+        >>> report.passed, report.outputs[0].max_abs
+        (True, 0.0)
+    """
+    from bridge.session import session
+    from exporters.export import export
+
+    label = name or type(model).__name__
+    with tempfile.TemporaryDirectory() as tmp:
+        onnx_path = os.fspath(path) if path is not None else os.path.join(tmp, "model.onnx")
+        export(model, args, onnx_path, kwargs=kwargs, dynamic_shapes=dynamic_shapes, registry=registry)
+        sess = session(onnx_path, tier=tier, registry=registry)
+        rows: list[OutputParity] = []
+        for run, run_args in enumerate([tuple(args), *map(tuple, extra_args)]):
+            with step(f"eager + onnxruntime run {run + 1}"), torch.no_grad():
+                expected = _tensor_leaves(model(*run_args, **(kwargs or {})))
+                actual = run_ort(sess, run_args, kwargs)
+            suffix = f" [run {run + 1}]" if extra_args else ""
+            names = [o.name for o in sess.get_outputs()]
+            if len(actual) != len(expected):
+                raise OpBridgeError(f"ORT returned {len(actual)} outputs, eager {len(expected)}. "
+                                    f"Got outputs {names}. Return tensors only from forward().")
+            for out_name, e, a in zip(names, expected, actual):
+                rows.append(compare(out_name + suffix, e, a, rtol=rtol, atol=atol))
+    return ParityReport(label, tier, rows, onnx_path if path is not None else None)
+
+
+def assert_parity(model: torch.nn.Module, args: Sequence, **kwargs) -> ParityReport:
+    """pytest helper: ``check_parity`` then fail with the table if any output differs.
+
+    >>> import torch, bridge, custom_ops
+    >>> class M(torch.nn.Module):
+    ...     def forward(self, x):
+    ...         return torch.ops.opbridge.identity_conv(x, 1)
+    >>> bridge.assert_parity(M(), (torch.randn(1, 1, 2, 2),)).passed
+    True
+    """
+    report = check_parity(model, args, **kwargs)
+    report.assert_ok()
+    return report

@@ -1,0 +1,233 @@
+"""OpSpec: the frozen record of one custom op, derived from its torch schema.
+
+Everything ONNX needs (domain, version, typed attributes, the OpSchema, the
+onnxscript translation) is computed from the torch ``FunctionSchema`` here, so an
+op author writes the signature once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+import re
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import onnx
+import torch
+from onnx import defs
+
+from bridge.errors import OpBridgeError
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+NO_DEFAULT = inspect.Parameter.empty
+
+AttrType = defs.OpSchema.AttrType
+
+# NOTE: torch scalar kinds -> (ONNX attribute type, python annotation for onnxscript).
+# bool has no ONNX attribute type; it travels as INT 0/1 (as ONNX's own ops do).
+_SCALAR_ATTRS: dict[str, tuple[AttrType, type]] = {
+    "int": (AttrType.INT, int),
+    "SymInt": (AttrType.INT, int),
+    "float": (AttrType.FLOAT, float),
+    "bool": (AttrType.INT, bool),
+    "str": (AttrType.STRING, str),
+}
+_LIST_ATTRS: dict[str, tuple[AttrType, Any]] = {
+    "int": (AttrType.INTS, Sequence[int]),
+    "SymInt": (AttrType.INTS, Sequence[int]),
+    "float": (AttrType.FLOATS, Sequence[float]),
+    "bool": (AttrType.INTS, Sequence[int]),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Param:
+    """One argument of the op: a tensor input or a typed attribute."""
+
+    name: str
+    is_tensor: bool
+    optional: bool = False
+    attr_type: AttrType | None = None
+    annotation: Any = None
+    is_bool: bool = False
+    default: Any = NO_DEFAULT
+    mutated: bool = False
+
+    @property
+    def has_default(self) -> bool:
+        return self.default is not NO_DEFAULT
+
+    def to_onnx_value(self, value: Any) -> Any:
+        """The attribute value as ONNX stores it (bools become 0/1)."""
+        if self.is_bool:
+            return [int(v) for v in value] if isinstance(value, (list, tuple)) else int(value)
+        if isinstance(value, tuple):
+            return list(value)
+        return value
+
+    def from_onnx_value(self, value: Any) -> Any:
+        """The attribute value as the torch op takes it."""
+        if self.is_bool:
+            return [bool(v) for v in value] if isinstance(value, (list, tuple)) else bool(value)
+        if isinstance(value, bytes):
+            return value.decode()
+        return value
+
+
+def parse_params(qualname: str, schema: torch.FunctionSchema) -> tuple[tuple[Param, ...], int]:
+    """Params and output count from a torch schema; unsupported types raise OpBridgeError."""
+    params = []
+    for arg in schema.arguments:
+        kind = arg.type.kind()
+        default = arg.default_value if arg.has_default_value() else NO_DEFAULT
+        mutated = bool(arg.alias_info is not None and arg.alias_info.is_write)
+        if kind == "TensorType":
+            params.append(Param(arg.name, True, mutated=mutated))
+        elif kind == "OptionalType" and arg.type.getElementType().kind() == "TensorType":
+            params.append(Param(arg.name, True, optional=True, default=default))
+        elif kind in ("IntType", "SymIntType", "FloatType", "BoolType", "StringType"):
+            attr_type, ann = _SCALAR_ATTRS[str(arg.type)]
+            params.append(Param(arg.name, False, attr_type=attr_type, annotation=ann,
+                                is_bool=kind == "BoolType", default=default))
+        elif kind == "ListType" and str(arg.type.getElementType()) in _LIST_ATTRS:
+            elem = str(arg.type.getElementType())
+            attr_type, ann = _LIST_ATTRS[elem]
+            params.append(Param(arg.name, False, attr_type=attr_type, annotation=ann,
+                                is_bool=elem == "bool", default=default))
+        else:
+            raise OpBridgeError(
+                f"{qualname}: argument '{arg.name}' has type {arg.type}, which has no ONNX form. "
+                f"Got {arg.type}. Use Tensor, Tensor?, int, float, bool, str or a list of int/float/bool."
+            )
+    for ret in schema.returns:
+        if ret.type.kind() != "TensorType":
+            raise OpBridgeError(
+                f"{qualname}: return type {ret.type} has no ONNX form. Got {ret.type}. "
+                "Return a Tensor or a tuple of Tensors."
+            )
+    return tuple(params), len(schema.returns)
+
+
+@dataclasses.dataclass(frozen=True)
+class OpSpec:
+    """Frozen record of one registered op. Build it with :func:`bridge.op`.
+
+    Derived views (``onnx_schema``, ``onnx_op``, ``translation``) are computed once, on
+    first use.
+    """
+
+    qualname: str
+    custom_op: Any  # torch._library.custom_ops.CustomOpDef
+    params: tuple[Param, ...]
+    num_outputs: int
+    domain: str
+    version: int = 1
+    function: Any = None  # onnxscript.OnnxFunction: the model-local function body
+    reference: Callable | None = None
+    sample_inputs: Callable | None = None
+    dtypes: tuple[torch.dtype, ...] = (torch.float32,)
+    doc: str = ""
+    custom_translation: Callable | None = None
+
+    # -- identity -------------------------------------------------------------------
+    @property
+    def namespace(self) -> str:
+        return self.qualname.split("::")[0]
+
+    @property
+    def name(self) -> str:
+        return self.qualname.split("::")[1]
+
+    @property
+    def overload(self) -> torch._ops.OpOverload:
+        return self.custom_op._opoverload
+
+    @property
+    def tensors(self) -> tuple[Param, ...]:
+        return tuple(p for p in self.params if p.is_tensor)
+
+    @property
+    def attributes(self) -> tuple[Param, ...]:
+        return tuple(p for p in self.params if not p.is_tensor)
+
+    @property
+    def mutated(self) -> tuple[str, ...]:
+        return tuple(p.name for p in self.params if p.mutated)
+
+    # -- pieces (read live from torch, so a later register_fake counts) ---------------
+    @property
+    def has_fake(self) -> bool:
+        return self.custom_op._abstract_fn is not None
+
+    @property
+    def has_autograd(self) -> bool:
+        return self.custom_op._backward_fn is not None
+
+    # -- derived ONNX views ------------------------------------------------------------
+    @functools.cached_property
+    def onnx_schema(self) -> defs.OpSchema:
+        from bridge.schema import build_onnx_schema
+
+        return build_onnx_schema(self)
+
+    @functools.cached_property
+    def onnx_op(self):
+        """``onnxscript.values.Op`` that emits this op's node in its custom domain."""
+        from onnxscript import values
+
+        return values.Op(values.Opset(self.domain, self.version), self.name, self.onnx_schema)
+
+    @functools.cached_property
+    def translation(self) -> Callable:
+        """The function the exporter's custom translation table maps this op to."""
+        if self.custom_translation is not None:
+            return self.custom_translation
+        from exporters.translation import build_translation
+
+        return build_translation(self)
+
+    def bind(self, *args, **kwargs) -> dict[str, Any]:
+        """Arguments by name, defaults filled, as the torch schema reads them."""
+        sig = python_signature(self)
+        bound = sig.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
+
+def python_signature(spec: OpSpec, annotate: bool = False) -> inspect.Signature:
+    """A Python signature mirroring the torch schema (attributes annotated if asked)."""
+    params = []
+    for p in spec.params:
+        ann = p.annotation if (annotate and not p.is_tensor) else inspect.Parameter.empty
+        params.append(inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                        default=p.default, annotation=ann))
+    return inspect.Signature(params)
+
+
+def validate_qualname(qualname: str) -> tuple[str, str]:
+    """Split ``ns::name``; raise OpBridgeError naming the fix when malformed."""
+    parts = qualname.split("::") if isinstance(qualname, str) else []
+    if len(parts) != 2 or not all(_NAME.match(x) for x in parts):
+        raise OpBridgeError(
+            f"op name must be 'namespace::name' with identifier parts. Got {qualname!r}. "
+            "Use e.g. 'bev::bev_pool_v2'."
+        )
+    return parts[0], parts[1]
+
+
+def function_signature(function: Any) -> tuple[str, str, list[str], list[str], int]:
+    """(domain, name, inputs, attributes, num_outputs) of an onnxscript function body."""
+    proto: onnx.FunctionProto = function.to_function_proto()
+    attrs = list(proto.attribute) + [a.name for a in proto.attribute_proto]
+    return proto.domain, proto.name, list(proto.input), attrs, len(proto.output)
+
+
+@dataclasses.dataclass(frozen=True)
+class SampleInput:
+    """One call of an op for tests and parity tables: ``op(*args, **kwargs)``."""
+
+    args: tuple
+    kwargs: dict = dataclasses.field(default_factory=dict)
+    name: str = ""

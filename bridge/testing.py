@@ -1,0 +1,75 @@
+"""Helpers for testing ops: a module around one op call, and the op x dtype x sample case table."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from bridge.spec import OpSpec, SampleInput
+
+
+class OpModule(torch.nn.Module):
+    """``forward(*tensors)`` calls ``spec``'s op with the sample's non-tensor args fixed.
+
+    >>> import torch, bridge, custom_ops
+    >>> spec = bridge.REGISTRY.get("opbridge::crop")
+    >>> m, args = OpModule.from_sample(spec, spec.sample_inputs(torch.float32)[0])
+    >>> tuple(m(*args).shape)
+    (3, 2, 4)
+    """
+
+    def __init__(self, spec: OpSpec, template: tuple, kwargs: dict):
+        super().__init__()
+        self.spec, self.template, self.call_kwargs = spec, template, kwargs
+
+    @classmethod
+    def from_sample(cls, spec: OpSpec, sample: SampleInput) -> tuple[OpModule, tuple]:
+        tensors = tuple(a for a in sample.args if isinstance(a, torch.Tensor))
+        template = tuple(None if isinstance(a, torch.Tensor) else a for a in sample.args)
+        return cls(spec, template, dict(sample.kwargs)), tensors
+
+    def forward(self, *tensors):
+        it = iter(tensors)
+        args = [next(it) if a is None else a for a in self.template]
+        return self.spec.overload(*args, **self.call_kwargs)
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One row of a parity table: op x dtype x sample."""
+
+    spec: OpSpec
+    dtype: torch.dtype
+    sample: SampleInput
+
+    @property
+    def id(self) -> str:
+        return f"{self.spec.qualname}-{str(self.dtype).replace('torch.', '')}-{self.sample.name}"
+
+
+def cases(registry, dtypes=None) -> list[Case]:
+    """Every (op, dtype, sample) the registry declares; ``dtypes`` narrows the dtypes."""
+    out = []
+    for spec in registry:
+        if spec.sample_inputs is None:
+            continue
+        for dtype in spec.dtypes:
+            if dtypes is not None and dtype not in dtypes:
+                continue
+            out.extend(Case(spec, dtype, s) for s in spec.sample_inputs(dtype))
+    return out
+
+
+@dataclasses.dataclass
+class ModelCase:
+    """A model with example inputs: what ``opbridge export/check --model MOD:FACTORY`` expects.
+
+    ``extra_args`` are further input sets run through the same exported file (dynamic shapes).
+    """
+
+    model: torch.nn.Module
+    args: tuple
+    dynamic_shapes: object = None
+    extra_args: tuple = ()
+    name: str = ""

@@ -1,0 +1,261 @@
+"""bev_pool_v2: BEVDet's voxel pooling of (depth x image feature) frustum points into a BEV grid.
+
+Semantics (as BEVDet defines them): for each interval ``i``, every point ``p`` in
+``[interval_starts[i], interval_starts[i] + interval_lengths[i])`` adds
+``depth.flatten()[ranks_depth[p]] * feat.reshape(-1, C)[ranks_feat[p]]`` into the BEV cell
+``ranks_bev[interval_starts[i]]``. The output (B, Z, Y, X, C) starts at zero and is
+returned as (B, C, Z, Y, X). float16 accumulates in float32.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import onnx
+import torch
+from onnxscript import DOUBLE, INT64, script, values
+from onnxscript import opset20 as op
+
+import bridge
+from bridge import SampleInput
+
+DOMAIN = values.Opset("bev", 1)
+DOUBLE_ZERO = onnx.helper.make_tensor("zero", onnx.TensorProto.DOUBLE, [], [0.0])
+_INDEX_NAMES = ("ranks_depth", "ranks_feat", "ranks_bev", "interval_starts", "interval_lengths")
+
+
+def _fail(msg: str, got, fix: str):
+    raise ValueError(f"opbridge: bev_pool_v2: {msg}. Got {got}. {fix}")
+
+
+def _check_static(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths,
+                  bev_feat_shape) -> None:
+    """Checks that need no data: ranks, dtypes and the grid shape (shared by eager and fake)."""
+    if depth.dim() != 5 or feat.dim() != 5:
+        _fail("depth must be (B,N,D,H,W) and feat (B,N,H,W,C)", (tuple(depth.shape), tuple(feat.shape)),
+              "Pass 5-D depth and feat.")
+    if depth.dtype != feat.dtype or not feat.dtype.is_floating_point:
+        _fail("depth and feat must share one floating dtype", (depth.dtype, feat.dtype), "Cast both.")
+    index = (ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths)
+    for name, t in zip(_INDEX_NAMES, index):
+        if t.dtype != torch.int32 or t.dim() != 1:
+            _fail(f"{name} must be a 1-D int32 tensor", (t.dtype, tuple(t.shape)), f"Use {name}.int().flatten().")
+    if len(bev_feat_shape) != 5:
+        _fail("bev_feat_shape must be [B, Z, Y, X, C]", list(bev_feat_shape), "Pass 5 sizes.")
+    if bev_feat_shape[4] != feat.shape[4]:
+        _fail("bev_feat_shape[4] (C) must equal feat.shape[4]", (list(bev_feat_shape), tuple(feat.shape)),
+              "Pass the feature channel count as C.")
+
+
+def _check_values(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths,
+                  bev_feat_shape) -> None:
+    """Index range checks: nothing outside the tensors is ever read or written."""
+    n_points = ranks_depth.numel()
+    if ranks_feat.numel() != n_points or ranks_bev.numel() != n_points:
+        _fail("ranks_depth, ranks_feat and ranks_bev must have one entry per point",
+              (ranks_depth.numel(), ranks_feat.numel(), ranks_bev.numel()), "Pass equal lengths.")
+    if interval_starts.numel() != interval_lengths.numel():
+        _fail("interval_starts and interval_lengths must have equal length",
+              (interval_starts.numel(), interval_lengths.numel()), "Pass one length per interval.")
+    n_cells = int(np.prod(bev_feat_shape[:4]))
+    limits = {"ranks_depth": depth.numel(), "ranks_feat": feat.numel() // max(feat.shape[4], 1),
+              "ranks_bev": n_cells}
+    for name, t in zip(_INDEX_NAMES[:3], (ranks_depth, ranks_feat, ranks_bev)):
+        if t.numel() and (int(t.min()) < 0 or int(t.max()) >= limits[name]):
+            _fail(f"{name} values must lie in [0, {limits[name]})", (int(t.min()), int(t.max())),
+                  "Check the ranks against the tensor sizes.")
+    if interval_lengths.numel():
+        ends = interval_starts.long() + interval_lengths.long()
+        if int(interval_lengths.min()) < 0:
+            _fail("interval_lengths must be >= 0", int(interval_lengths.min()), "Fix the intervals.")
+        if int(interval_starts.min()) < 0 or int(ends.max()) > n_points:
+            _fail(f"intervals must lie in [0, {n_points}] points",
+                  (int(interval_starts.min()), int(ends.max())), "Fix interval_starts/lengths.")
+        if n_points == 0 and int(interval_lengths.max()) > 0:
+            _fail("non-empty intervals need points", n_points, "Fix the intervals.")
+
+
+def _expand_intervals(ranks_bev, interval_starts, interval_lengths):
+    """(point index, BEV cell) of every point covered by an interval (int64)."""
+    lengths = interval_lengths.long()
+    starts = interval_starts.long()
+    interval_of = torch.repeat_interleave(torch.arange(lengths.numel()), lengths)
+    offsets = torch.cumsum(lengths, 0) - lengths
+    point = starts[interval_of] + torch.arange(interval_of.numel()) - offsets[interval_of]
+    return point, ranks_bev.long()[starts[interval_of]]
+
+
+def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def _fake(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths, bev_feat_shape):
+    _check_static(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths,
+                  bev_feat_shape)
+    b, z, y, x, c = bev_feat_shape
+    return feat.new_empty((b, c, z, y, x))
+
+
+@torch.library.custom_op("bev::bev_pool_v2_backward", mutates_args=(), device_types="cpu")
+def bev_pool_v2_backward(grad_out: torch.Tensor, depth: torch.Tensor, feat: torch.Tensor,
+                         ranks_depth: torch.Tensor, ranks_feat: torch.Tensor, ranks_bev: torch.Tensor,
+                         interval_starts: torch.Tensor, interval_lengths: torch.Tensor
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Gradients of bev_pool_v2 for depth and feat (accumulated in float32 for float16)."""
+    acc = _acc_dtype(feat.dtype)
+    c = feat.shape[4]
+    point, cell = _expand_intervals(ranks_bev, interval_starts, interval_lengths)
+    g = grad_out.to(acc).permute(0, 2, 3, 4, 1).reshape(-1, c)[cell]
+    rd, rf = ranks_depth.long()[point], ranks_feat.long()[point]
+    d = depth.to(acc).reshape(-1)
+    f = feat.to(acc).reshape(-1, c)
+    grad_depth = torch.zeros(depth.numel(), dtype=acc).index_add_(0, rd, (g * f[rf]).sum(-1))
+    grad_feat = torch.zeros(f.shape, dtype=acc).index_add_(0, rf, g * d[rd].unsqueeze(-1))
+    return grad_depth.reshape(depth.shape).to(depth.dtype), grad_feat.reshape(feat.shape).to(feat.dtype)
+
+
+@bev_pool_v2_backward.register_fake
+def _(grad_out, depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths):
+    return torch.empty_like(depth), torch.empty_like(feat)
+
+
+def _setup_context(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:7])
+
+
+def _backward(ctx, grad_out):
+    grad_depth, grad_feat = bev_pool_v2_backward(grad_out, *ctx.saved_tensors)
+    return grad_depth, grad_feat, None, None, None, None, None, None
+
+
+@script(DOMAIN, default_opset=op)
+def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths,
+                bev_feat_shape: Sequence[int]):
+    # NOTE: ONNX has no repeat_interleave: intervals expand to points with a cumsum over
+    # interval-start markers. Products are summed per interval in float64 by differences of a
+    # cumsum, then scattered once per interval: ScatterND-add over duplicate cells races in ORT's
+    # threaded kernel (measured: run-to-run differences), ScatterElements over unique rows does not.
+    shape = op.Constant(value_ints=bev_feat_shape)
+    zero, one = op.Constant(value_ints=[0]), op.Constant(value_ints=[1])
+    axis0 = op.Constant(value_int=0)
+    channels = op.Shape(feat, start=-1)
+    n_cells = op.ReduceProd(op.Slice(shape, zero, op.Constant(value_ints=[-1])), keepdims=1)
+    starts = op.Cast(interval_starts, to=INT64.dtype)
+    lengths = op.Cast(interval_lengths, to=INT64.dtype)
+    offsets = op.Sub(op.CumSum(lengths, axis0), lengths)
+    total = op.ReduceSum(lengths, keepdims=1)
+    marker = op.ScatterElements(op.Expand(op.Constant(value_int=0), op.Add(total, one)), offsets,
+                                op.Expand(op.Constant(value_int=1), op.Shape(offsets)), reduction="add")
+    interval_of = op.Sub(op.CumSum(op.Slice(marker, zero, total), axis0), one)
+    k = op.Range(op.Constant(value_int=0), op.Squeeze(total), op.Constant(value_int=1))
+    point = op.Add(op.Gather(starts, interval_of), op.Sub(k, op.Gather(offsets, interval_of)))
+    d = op.Gather(op.Reshape(depth, op.Constant(value_ints=[-1])), op.Gather(ranks_depth, point))
+    f = op.Gather(op.Reshape(feat, op.Concat(op.Constant(value_ints=[-1]), channels, axis=0)),
+                  op.Gather(ranks_feat, point))
+    prod = op.Mul(op.Cast(f, to=DOUBLE.dtype), op.Unsqueeze(op.Cast(d, to=DOUBLE.dtype), op.Constant(value_ints=[-1])))
+    running = op.Concat(op.Expand(op.Constant(value=DOUBLE_ZERO), op.Concat(one, channels, axis=0)),
+                        op.CumSum(prod, axis0), axis=0)
+    sums = op.Sub(op.Gather(running, op.Add(offsets, lengths)), op.Gather(running, offsets))
+    nonempty = op.Greater(lengths, op.Constant(value_int=0))
+    cells = op.Gather(op.Cast(ranks_bev, to=INT64.dtype), op.Compress(starts, nonempty))
+    sums = op.Compress(sums, nonempty, axis=0)
+    rows = op.Expand(op.Unsqueeze(cells, op.Constant(value_ints=[-1])), op.Shape(sums))
+    acc = op.Expand(op.Constant(value=DOUBLE_ZERO), op.Concat(n_cells, channels, axis=0))
+    acc = op.ScatterElements(acc, rows, sums, axis=0, reduction="add")
+    out = op.Transpose(op.Reshape(acc, shape), perm=[0, 4, 1, 2, 3])
+    return op.CastLike(out, feat)
+
+
+def reference(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths,
+              bev_feat_shape) -> torch.Tensor:
+    """Independent reference: a plain loop over intervals and points, accumulating in float64."""
+    b, z, y, x, c = bev_feat_shape
+    out = np.zeros((b * z * y * x, c), np.float64)
+    d = depth.double().numpy().reshape(-1)
+    f = feat.double().numpy().reshape(-1, c)
+    rd, rf, rb = ranks_depth.numpy(), ranks_feat.numpy(), ranks_bev.numpy()
+    for start, length in zip(interval_starts.tolist(), interval_lengths.tolist()):
+        for p in range(start, start + length):
+            out[rb[start]] += d[rd[p]] * f[rf[p]]
+    return torch.from_numpy(out.reshape(b, z, y, x, c).transpose(0, 4, 1, 2, 3).copy()).to(feat.dtype)
+
+
+def voxel_pooling_prepare(coords: torch.Tensor, grid: Sequence[int]):
+    """BEVDet's ``voxel_pooling_prepare_v2`` from integer voxel coordinates.
+
+    ``coords`` is (B, N, D, H, W, 3) with (x, y, z) voxel indices per frustum point;
+    ``grid`` is (X, Y, Z). Points outside the grid are dropped, the rest sorted by BEV
+    cell. Returns int32 (ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths).
+    """
+    b, n, d, h, w, _ = coords.shape
+    gx, gy, gz = grid
+    ranks_depth = torch.arange(b * n * d * h * w, dtype=torch.int64)
+    ranks_feat = torch.arange(b * n * h * w).reshape(b, n, 1, h, w).expand(b, n, d, h, w).reshape(-1)
+    batch = torch.arange(b).reshape(b, 1, 1, 1, 1).expand(b, n, d, h, w).reshape(-1)
+    xyz = coords.reshape(-1, 3).long()
+    keep = ((xyz >= 0) & (xyz < torch.tensor([gx, gy, gz]))).all(-1)
+    xyz, batch, ranks_depth, ranks_feat = xyz[keep], batch[keep], ranks_depth[keep], ranks_feat[keep]
+    ranks_bev = batch * (gz * gy * gx) + xyz[:, 2] * (gy * gx) + xyz[:, 1] * gx + xyz[:, 0]
+    order = torch.argsort(ranks_bev, stable=True)
+    ranks_bev, ranks_depth, ranks_feat = ranks_bev[order], ranks_depth[order], ranks_feat[order]
+    change = torch.ones(ranks_bev.numel(), dtype=torch.bool)
+    change[1:] = ranks_bev[1:] != ranks_bev[:-1]
+    starts = torch.nonzero(change).flatten()
+    lengths = torch.diff(starts, append=torch.tensor([ranks_bev.numel()]))
+    return tuple(t.int().contiguous() for t in (ranks_depth, ranks_feat, ranks_bev, starts, lengths))
+
+
+def random_case(b=1, n=2, d=4, h=3, w=5, c=6, grid=(5, 4, 2), keep=0.8, dtype=torch.float32, seed=0):
+    """Random depth/feat and prepared ranks; ``keep`` is roughly the fraction of points in the grid."""
+    g = torch.Generator().manual_seed(seed)
+    gx, gy, gz = grid
+    span = torch.tensor([gx, gy, gz], dtype=torch.float32) / keep ** (1 / 3)
+    coords = (torch.rand(b, n, d, h, w, 3, generator=g) * span).floor().long()
+    ranks = voxel_pooling_prepare(coords, grid)
+    depth = torch.rand(b, n, d, h, w, generator=g).softmax(2).to(dtype)
+    feat = torch.randn(b, n, h, w, c, generator=g).to(dtype)
+    return (depth, feat, *ranks, [b, gz, gy, gx, c])
+
+
+def edge_case(dtype=torch.float32):
+    """Zero-length intervals (first, middle, trailing at start == points), two intervals on one cell,
+    and points no interval covers."""
+    depth, feat, *_, shape = random_case(dtype=dtype, seed=5)
+    rd = torch.tensor([0, 5, 9, 17, 33, 2, 8, 40], dtype=torch.int32)
+    rf = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7], dtype=torch.int32)
+    rb = torch.tensor([3, 3, 7, 7, 7, 3, 11, 12], dtype=torch.int32)
+    starts = torch.tensor([0, 0, 2, 5, 5, 8], dtype=torch.int32)
+    lengths = torch.tensor([0, 2, 3, 0, 1, 0], dtype=torch.int32)
+    return (depth, feat, rd, rf, rb, starts, lengths, shape)
+
+
+def sample_inputs(dtype: torch.dtype) -> list[SampleInput]:
+    return [
+        SampleInput(edge_case(dtype), name="edge_intervals"),
+        SampleInput(random_case(dtype=dtype), name="small"),
+        SampleInput(random_case(b=2, n=3, d=5, h=4, w=4, c=3, grid=(3, 3, 1), keep=0.9, dtype=dtype, seed=1),
+                    name="batch2_dense"),
+        SampleInput(random_case(keep=0.05, dtype=dtype, seed=2), name="sparse"),
+    ]
+
+
+@bridge.op(
+    "bev::bev_pool_v2", fake=_fake, backward=_backward, setup_context=_setup_context,
+    function=bev_pool_v2, reference=reference, sample_inputs=sample_inputs,
+    dtypes=(torch.float32, torch.float16, torch.float64), device_types="cpu",
+)
+def bev_pool_v2_op(depth: torch.Tensor, feat: torch.Tensor, ranks_depth: torch.Tensor,
+                   ranks_feat: torch.Tensor, ranks_bev: torch.Tensor, interval_starts: torch.Tensor,
+                   interval_lengths: torch.Tensor, bev_feat_shape: list[int]) -> torch.Tensor:
+    """BEVDet bev_pool_v2: pool depth-weighted image features into a (B, C, Z, Y, X) BEV grid."""
+    args = (depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths, bev_feat_shape)
+    _check_static(*args)
+    _check_values(*args)
+    acc = _acc_dtype(feat.dtype)
+    b, z, y, x, c = bev_feat_shape
+    point, cell = _expand_intervals(ranks_bev, interval_starts, interval_lengths)
+    values_ = feat.to(acc).reshape(-1, c)[ranks_feat.long()[point]] * \
+        depth.to(acc).reshape(-1)[ranks_depth.long()[point]].unsqueeze(-1)
+    out = torch.zeros(b * z * y * x, c, dtype=acc).index_add_(0, cell, values_)
+    return out.reshape(b, z, y, x, c).permute(0, 4, 1, 2, 3).contiguous().to(feat.dtype)

@@ -1,0 +1,42 @@
+"""numpy_sin: writes ``sin(input)`` into ``output`` through NumPy (a mutating op).
+
+The seeds' mutating pattern (``mutates_args={"output"}``); it returns nothing.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+import bridge
+from bridge import SampleInput
+
+
+def _check(input: torch.Tensor, output: torch.Tensor) -> None:
+    if input.shape != output.shape or input.dtype != output.dtype:
+        raise ValueError(f"opbridge: numpy_sin needs output like input. Got {tuple(input.shape)}/{input.dtype} "
+                         f"and {tuple(output.shape)}/{output.dtype}. Pass output=torch.empty_like(input).")
+
+
+def _fake(input, output):
+    _check(input, output)
+
+
+def reference(input: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
+    """Independent reference: the new value of ``output``, from torch.sin in float64."""
+    return torch.sin(input.double()).to(input.dtype)
+
+
+def sample_inputs(dtype: torch.dtype) -> list[SampleInput]:
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(4, 5, generator=g).to(dtype)
+    return [SampleInput((x, torch.empty_like(x)), name="matrix"),
+            SampleInput((x[0], torch.zeros_like(x[0])), name="vector")]
+
+
+@bridge.op("opbridge::numpy_sin", mutates_args=("output",), fake=_fake, reference=reference,
+           sample_inputs=sample_inputs, dtypes=(torch.float32, torch.float64), device_types="cpu")
+def numpy_sin(input: torch.Tensor, output: torch.Tensor) -> None:
+    """Write ``np.sin(input)`` into ``output`` (CPU tensors)."""
+    _check(input, output)
+    output.copy_(torch.from_numpy(np.sin(input.numpy())))

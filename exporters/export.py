@@ -1,0 +1,168 @@
+"""``bridge.export``: torch.export -> checks -> torch.onnx (dynamo) -> function bodies -> checker."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import logging
+import os
+import warnings
+from collections.abc import Callable, Sequence
+
+import onnx
+import torch
+
+from bridge.errors import OpBridgeError
+from bridge.progress import step
+from bridge.registry import REGISTRY, Registry, onnx_custom_domains
+from exporters.translation import symbolic_attribute_error
+
+# NOTE: torch.onnx warns about every absent torchvision op when it builds its registry.
+logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+
+DEFAULT_OPSET = 20
+# NOTE: namespaces torch.onnx translates by itself; any other op must come from the registry.
+_TORCH_NAMESPACES = {"aten", "prim", "prims", "_operator", "math", "higher_order", "torchvision"}
+_SINGLE_FILE_LIMIT = 1 << 31  # protobuf's 2 GiB: past it the weights go to external data
+
+
+def _walk(value):
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            yield from _walk(v)
+    else:
+        yield value
+
+
+def check_program(program: torch.export.ExportedProgram, registry: Registry) -> None:
+    """Raise OpBridgeError for unregistered custom ops and symbolic list/scalar attributes."""
+    for node in program.graph.nodes:
+        if node.op != "call_function":
+            continue
+        target = node.target
+        if isinstance(target, torch._ops.HigherOrderOperator) and target.name().startswith("auto_functionalized"):
+            mutated = node.args[0].name() if node.args else target.name()
+            raise OpBridgeError(
+                f"the model calls mutating op {mutated}, whose export is not supported yet. "
+                f"Got node {node.name}. Use a functional op (return the new tensor) for export."
+            )
+        if not isinstance(target, torch._ops.OpOverload) or target.namespace in _TORCH_NAMESPACES:
+            continue
+        spec = registry.for_overload(target)
+        if spec is None:
+            raise OpBridgeError(
+                f"the model calls custom op {target.name()}, which opbridge has no record of. "
+                f"Got node {node.name}. Declare it with @bridge.op (or import the module that does) "
+                "before exporting."
+            )
+        if spec.mutated:
+            raise OpBridgeError(
+                f"the model calls mutating op {spec.qualname} (writes {list(spec.mutated)}), whose export "
+                f"is not supported yet. Got node {node.name}. Use a functional op (return the new tensor)."
+            )
+        bound = spec.bind(*node.args, **node.kwargs)
+        for p in spec.attributes:
+            if any(isinstance(v, torch.fx.Node) for v in _walk(bound[p.name])):
+                shown = [v.meta.get("val", v) if isinstance(v, torch.fx.Node) else v
+                         for v in _walk(bound[p.name])]
+                raise symbolic_attribute_error(spec, p.name, shown)
+
+
+def attach_functions(model: onnx.ModelProto, registry: Registry) -> list[str]:
+    """Add each custom node's function body to ``model.functions``; return the ops added.
+
+    The function's standard-ONNX opset import is aligned to the model's own.
+    """
+    have = {(f.domain, f.name) for f in model.functions}
+    model_opsets = {o.domain: o.version for o in model.opset_import}
+    added = []
+    for node in model.graph.node:
+        key = (node.domain, node.op_type)
+        if node.domain in ("", "ai.onnx") or key in have:
+            continue
+        spec = registry.find(*key)
+        if spec is None or spec.function is None:
+            continue
+        proto = spec.function.to_function_proto()
+        for imp in proto.opset_import:
+            if imp.domain in ("", "ai.onnx") and imp.version != model_opsets.get("", imp.version):
+                raise OpBridgeError(
+                    f"{spec.qualname}: function body uses ONNX opset {imp.version} but the model uses "
+                    f"{model_opsets['']}. Got opset_version={model_opsets['']}. Export with "
+                    f"opset_version={imp.version}, or write the body with onnxscript.opset{model_opsets['']}."
+                )
+        model.functions.append(proto)
+        have.add(key)
+        added.append(spec.qualname)
+    return added
+
+
+def _ensure_opset_imports(model: onnx.ModelProto, registry: Registry) -> None:
+    present = {o.domain for o in model.opset_import}
+    for domain in sorted(onnx_custom_domains(model) - present):
+        versions = {s.version for s in registry if s.domain == domain}
+        model.opset_import.append(onnx.helper.make_opsetid(domain, max(versions or {1})))
+
+
+def export(
+    model: torch.nn.Module,
+    args: Sequence,
+    f: str | os.PathLike | None = None,
+    *,
+    kwargs: dict | None = None,
+    dynamic_shapes=None,
+    registry: Registry | None = None,
+    functions: bool = True,
+    opset_version: int = DEFAULT_OPSET,
+    check: bool = True,
+    rewrites: Sequence[Callable] = (),
+) -> onnx.ModelProto:
+    """Export ``model`` with every registered custom op; return (and write to ``f``) the ModelProto.
+
+    Runs ``torch.export`` then ``torch.onnx.export(dynamo=True)`` with the registry's
+    translation table, attaches model-local function bodies (``functions=True``) so plain
+    ONNX Runtime runs the file, and validates with ``onnx.checker`` (full check). Small
+    models are written as one file.
+
+    Example:
+        >>> import torch, bridge, custom_ops
+        >>> class M(torch.nn.Module):
+        ...     def forward(self, x):
+        ...         return torch.ops.opbridge.identity_conv(x, 3) + 1
+        >>> proto = bridge.export(M(), (torch.randn(1, 3, 4, 4),))
+        >>> [n.op_type for n in proto.graph.node]
+        ['identity_conv', 'Add']
+    """
+    reg = REGISTRY if registry is None else registry
+    args = tuple(args)
+    with step("torch.export"):
+        program = torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
+                                      strict=False)
+    for rewrite in rewrites:
+        program = rewrite(program, reg)
+    check_program(program, reg)
+    with step("torch.onnx.export (dynamo)"):
+        # NOTE: torch.onnx prints its own progress lines; they are noise next to ours.
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            onnx_program = torch.onnx.export(
+                program, dynamo=True, custom_translation_table=reg.translation_table(),
+                opset_version=opset_version, optimize=True, verify=False, external_data=False,
+            )
+    proto = onnx_program.model_proto
+    _ensure_opset_imports(proto, reg)
+    if functions:
+        attach_functions(proto, reg)
+    if check:
+        with step("onnx.checker (full)"):
+            onnx.checker.check_model(proto, full_check=True)
+    if f is not None:
+        save(proto, f)
+    return proto
+
+
+def save(proto: onnx.ModelProto, f: str | os.PathLike) -> None:
+    """Write one file; only models past protobuf's 2 GiB limit get an external data file."""
+    external = proto.ByteSize() >= _SINGLE_FILE_LIMIT
+    onnx.save_model(proto, os.fspath(f), save_as_external_data=external,
+                    location=os.path.basename(os.fspath(f)) + ".data" if external else None)

@@ -1,0 +1,28 @@
+import pytest
+import torch
+
+import bridge
+import custom_ops  # noqa: F401  (registers the seed ops)
+
+
+@pytest.fixture
+def registry():
+    """A private registry; ops declared in it are removed from onnx's schema table afterwards."""
+    reg = bridge.Registry()
+    yield reg
+    for spec in list(reg):
+        reg.remove(spec.qualname)
+
+
+_counter = iter(range(10**6))
+
+
+@pytest.fixture
+def fresh_name():
+    """A torch namespace::name nobody declared yet (torch ops cannot be undefined)."""
+    return lambda base="op": f"t{next(_counter)}::{base}"
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    torch.manual_seed(0)

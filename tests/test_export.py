@@ -1,0 +1,193 @@
+"""Export: checker, types and shapes of custom nodes, single file, dynamic points, errors."""
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import bridge
+import bridge.demo as demo
+from custom_ops.bev_pool_v2 import random_case
+
+
+@pytest.fixture(scope="module")
+def demo_export(tmp_path_factory):
+    case = demo.build()
+    path = tmp_path_factory.mktemp("demo") / "demo.onnx"
+    proto = bridge.export(case.model, case.args, path, dynamic_shapes=case.dynamic_shapes)
+    return case, path, proto
+
+
+def test_demo_passes_full_check_and_is_one_file(demo_export):
+    case, path, proto = demo_export
+    onnx.checker.check_model(onnx.load(path), full_check=True)
+    assert sorted(p.name for p in path.parent.iterdir()) == ["demo.onnx"]  # no .onnx.data beside it
+    assert {(f.domain, f.name) for f in proto.functions} == {("bev", "bev_pool_v2"),
+                                                              ("opbridge", "identity_conv")}
+    assert {(o.domain, o.version) for o in proto.opset_import} >= {("bev", 1), ("opbridge", 1), ("", 20)}
+
+
+def test_custom_nodes_have_exact_types_and_shapes(demo_export):
+    case, _, proto = demo_export
+    inferred = onnx.shape_inference.infer_shapes(proto, strict_mode=True, check_type=True)
+    types = {v.name: v.type.tensor_type for v in
+             list(inferred.graph.value_info) + list(inferred.graph.output)}
+    nodes = {n.op_type: n for n in inferred.graph.node if n.domain in ("bev", "opbridge")}
+    bev = types[nodes["bev_pool_v2"].output[0]]
+    assert bev.elem_type == onnx.TensorProto.FLOAT
+    assert [d.dim_value for d in bev.shape.dim] == [1, 16, 1, 32, 32]
+    ident = types[nodes["identity_conv"].output[0]]
+    assert [d.dim_value for d in ident.shape.dim] == [6, 32, 8, 22]
+    assert nodes["bev_pool_v2"].attribute[0].ints == [1, 1, 32, 32, 16]
+
+
+def test_same_file_runs_three_point_counts(demo_export):
+    case, path, _ = demo_export
+    sess = bridge.session(path)
+    counts = set()
+    for args in (case.args, *case.extra_args):
+        counts.add(args[1].numel())
+        got = bridge.parity.run_ort(sess, args)[0]
+        with torch.no_grad():
+            expected = case.model(*args)
+        row = bridge.compare("out", expected, got)
+        assert row.passed, (args[1].numel(), row)
+    assert len(counts) == 3
+
+
+def test_function_tier_is_deterministic_across_runs(demo_export):
+    # ScatterND-add over duplicate cells races in ORT's threaded kernel; the body must not use it
+    case, path, _ = demo_export
+    sess = bridge.session(path)
+    for args in (case.args, *case.extra_args):
+        feed = bridge.parity.ort_feed(sess, args)
+        first = sess.run(None, feed)[0]
+        for _ in range(15):
+            np.testing.assert_array_equal(sess.run(None, feed)[0], first)
+
+
+def test_graph_inputs_keep_dynamic_point_dims(demo_export):
+    _, _, proto = demo_export
+    dims = {i.name: i.type.tensor_type.shape.dim[0] for i in proto.graph.input}
+    assert dims["ranks_depth"].dim_param and dims["ranks_depth"].dim_param == dims["ranks_bev"].dim_param
+    assert dims["interval_starts"].dim_param != dims["ranks_depth"].dim_param
+
+
+def test_float16_model_exports_and_matches(tmp_path):
+    class Pool(torch.nn.Module):
+        def forward(self, depth, feat, rd, rf, rb, s, n):
+            return torch.ops.bev.bev_pool_v2(depth, feat, rd, rf, rb, s, n, [1, 2, 4, 5, 6])
+
+    args = random_case(dtype=torch.float16)[:7]
+    report = bridge.check_parity(Pool(), args, path=tmp_path / "p.onnx")
+    assert report.passed, report
+    assert onnx.load(tmp_path / "p.onnx").graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
+
+
+class _BatchFromShape(torch.nn.Module):
+    def forward(self, depth, feat, rd, rf, rb, s, n):
+        return torch.ops.bev.bev_pool_v2(depth, feat, rd, rf, rb, s, n, [depth.shape[0], 2, 4, 5, 6])
+
+
+def test_symbolic_list_attribute_is_a_clear_error():
+    args = random_case(b=2)[:7]
+    batch = torch.export.Dim("batch")
+    dyn = ({0: batch}, {0: batch}, None, None, None, None, None)
+    with pytest.raises(bridge.OpBridgeError, match="attribute 'bev_feat_shape' must be a constant") as err:
+        bridge.export(_BatchFromShape(), args, dynamic_shapes=dyn)
+    assert "dynamic_shapes" in str(err.value)
+
+
+def test_static_shape_taken_into_attribute_exports():
+    args = random_case()[:7]
+    proto = bridge.export(_BatchFromShape(), args)
+    assert [n.op_type for n in proto.graph.node] == ["bev_pool_v2"]
+
+
+def test_unregistered_custom_op_is_a_clear_error(fresh_name):
+    name = fresh_name("secret")
+
+    @torch.library.custom_op(name, mutates_args=())
+    def secret(x: torch.Tensor) -> torch.Tensor:
+        return x + 1
+
+    secret.register_fake(lambda x: torch.empty_like(x))
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return secret(x)
+
+    with pytest.raises(bridge.OpBridgeError, match=f"custom op {name}.*Declare it with @bridge.op"):
+        bridge.export(M(), (torch.ones(2),))
+
+
+def test_bad_attribute_value_fails_at_export_with_the_op_message():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.opbridge.identity_conv(x, 5)
+
+    with pytest.raises(ValueError, match="channels=5"):
+        bridge.export(M(), (torch.ones(1, 3, 2, 2),))
+
+
+def test_mutating_op_export_is_a_clear_error_for_now():
+    class M(torch.nn.Module):
+        def forward(self, x):
+            out = torch.empty_like(x)
+            torch.ops.opbridge.numpy_sin(x, out)
+            return out
+
+    with pytest.raises(bridge.OpBridgeError, match="mutating op"):
+        bridge.export(M(), (torch.ones(3),))
+
+
+def test_export_without_functions_then_session_attaches_them(tmp_path):
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.opbridge.crop(x, [0, 0, 2, 2])
+
+    path = tmp_path / "m.onnx"
+    proto = bridge.export(M(), (torch.ones(1, 3, 3),), path, functions=False)
+    assert len(proto.functions) == 0
+    sess = bridge.session(path)
+    assert sess.run(None, {"x": np.ones((1, 3, 3), np.float32)})[0].shape == (1, 2, 2)
+
+
+def test_session_without_function_body_names_the_op(tmp_path, registry, fresh_name):
+    name = fresh_name("nobody")
+
+    @bridge.op(name, fake=lambda x: torch.empty_like(x), registry=registry)
+    def nobody(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return nobody(x)
+
+    path = tmp_path / "m.onnx"
+    bridge.export(M(), (torch.ones(2),), path, registry=registry)
+    with pytest.raises(bridge.UnsupportedInTier, match=f"{name}.*function= body"):
+        bridge.session(path, registry=registry)
+
+
+@pytest.mark.parametrize("content,match", [(None, "no ONNX file"), (b"\x08\x07garbage" * 3, "not a readable ONNX")])
+def test_session_missing_or_corrupt_file(tmp_path, content, match):
+    path = tmp_path / "bad.onnx"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(bridge.OpBridgeError, match=match):
+        bridge.session(path)
+
+
+def test_unknown_tier_is_an_error(demo_export):
+    with pytest.raises(bridge.OpBridgeError, match="unknown kernel tier"):
+        bridge.session(demo_export[1], tier="gpu")
+
+
+def test_ort_error_on_bad_indices_is_an_exception_not_a_crash(demo_export):
+    case, path, _ = demo_export
+    sess = bridge.session(path)
+    args = list(case.args)
+    args[1] = args[1].clone().fill_(10**8)  # ranks_depth far outside depth
+    with pytest.raises(bridge.OpBridgeError, match="onnxruntime failed"):
+        bridge.parity.run_ort(sess, args)

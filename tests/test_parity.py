@@ -1,0 +1,38 @@
+"""The parity table: op x tier x dtype x sample, ORT against eager torch and the op's reference."""
+
+import pytest
+import torch
+
+import bridge
+from bridge.testing import OpModule, cases
+
+TIERS = ("function",)
+
+# NOTE: every expected failure carries its reason; an xfail without one is a test bug.
+XFAIL = {
+    ("opbridge::numpy_sin", "function"): "mutating ops export through the functionalization rewrite (issue 4)",
+}
+
+
+def _params():
+    out = []
+    for tier in TIERS:
+        for case in cases(bridge.REGISTRY):
+            reason = XFAIL.get((case.spec.qualname, tier))
+            marks = [pytest.mark.xfail(reason=reason, raises=bridge.OpBridgeError, strict=True)] if reason else []
+            out.append(pytest.param(case, tier, marks=marks, id=f"{tier}-{case.id}"))
+    return out
+
+
+@pytest.mark.parametrize("case,tier", _params())
+def test_parity(case, tier, tmp_path):
+    module, tensors = OpModule.from_sample(case.spec, case.sample)
+    report = bridge.check_parity(module, tensors, tier=tier, path=tmp_path / "op.onnx")
+    report.assert_ok()
+    assert [o.dtype for o in report.outputs] == [str(case.dtype).replace("torch.", "")] * case.spec.num_outputs
+    # ORT also agrees with the independent reference, not only with eager
+    sess = bridge.session(tmp_path / "op.onnx", tier=tier)
+    got = bridge.parity.run_ort(sess, tensors)[0]
+    expected = case.spec.reference(*case.sample.args)
+    row = bridge.compare("vs reference", expected, got)
+    assert row.passed, row

@@ -1,0 +1,166 @@
+"""Registration: derived schema, validation errors, check_complete."""
+
+import pytest
+import torch
+from onnx import defs
+from onnxscript import opset20 as op
+from onnxscript import script, values
+
+import bridge
+
+
+def _fake(x, *args, **kwargs):
+    return torch.empty_like(x)
+
+
+def test_schema_is_derived_from_the_torch_signature(registry, fresh_name):
+    name = fresh_name("full")
+
+    @bridge.op(name, fake=_fake, registry=registry, version=3)
+    def full(x: torch.Tensor, y: torch.Tensor | None, k: int, s: list[int], fs: list[float], a: float = 0.5,
+             flag: bool = True, mode: str = "x") -> torch.Tensor:
+        return x.clone()
+
+    spec = registry.get(name)
+    ns, short = name.split("::")
+    assert (spec.domain, spec.name, spec.version) == (ns, short, 3)
+    schema = defs.get_schema(short, 3, ns)
+    assert [(i.name, i.option) for i in schema.inputs] == [
+        ("x", defs.OpSchema.FormalParameterOption.Single), ("y", defs.OpSchema.FormalParameterOption.Optional)]
+    attrs = {k: (v.type, v.required) for k, v in schema.attributes.items()}
+    A = defs.OpSchema.AttrType
+    assert attrs == {"k": (A.INT, True), "s": (A.INTS, True), "a": (A.FLOAT, False),
+                     "flag": (A.INT, False), "mode": (A.STRING, False), "fs": (A.FLOATS, True)}
+    assert schema.attributes["a"].default_value.f == 0.5
+    assert schema.has_type_and_shape_inference_function
+
+
+def test_duplicate_name_is_an_error(registry, fresh_name):
+    name = fresh_name("dup")
+
+    @bridge.op(name, fake=_fake, registry=registry)
+    def first(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    with pytest.raises(bridge.OpBridgeError, match="already registered"):
+        @bridge.op(name, fake=_fake, registry=registry)
+        def second(x: torch.Tensor) -> torch.Tensor:
+            return x.clone()
+
+
+@pytest.mark.parametrize("bad", ["noscope", "a::b::c", "1ns::op", "ns::has-dash", ""])
+def test_bad_names_are_errors(registry, bad):
+    with pytest.raises(bridge.OpBridgeError, match="namespace::name"):
+        bridge.op(bad, registry=registry)
+
+
+def test_unsupported_argument_type_is_an_error_and_leaves_no_torch_op(registry, fresh_name):
+    name = fresh_name("tensors")
+    with pytest.raises(bridge.OpBridgeError, match=r"argument 'xs' has type List\[Tensor\]"):
+        @bridge.op(name, registry=registry)
+        def takes_list(xs: list[torch.Tensor]) -> torch.Tensor:
+            return xs[0]
+    ns, short = name.split("::")
+    assert not hasattr(getattr(torch.ops, ns), short)
+
+
+def test_translation_arity_must_match_schema(registry, fresh_name):
+    name = fresh_name("arity")
+
+    def translation(x):  # the op also has `k`
+        return x
+
+    with pytest.raises(bridge.OpBridgeError, match=r"translation parameters must mirror.*\['x', 'k'\]"):
+        @bridge.op(name, fake=_fake, registry=registry, translation=translation)
+        def arity(x: torch.Tensor, k: int) -> torch.Tensor:
+            return x.clone()
+
+
+def test_function_body_must_mirror_the_op(registry, fresh_name):
+    name = fresh_name("body")
+    ns, short = name.split("::")
+
+    @script(values.Opset(ns, 1), default_opset=op)
+    def wrong(x, y, k: int):
+        return op.Add(x, y)
+
+    with pytest.raises(bridge.OpBridgeError, match="function body does not match") as err:
+        @bridge.op(name, fake=_fake, registry=registry, function=wrong)
+        def body(x: torch.Tensor, k: int) -> torch.Tensor:
+            return x.clone()
+    assert "name it " + short in str(err.value) and "inputs ['x', 'y']" in str(err.value)
+
+
+def test_same_onnx_name_twice_is_an_error(registry, fresh_name):
+    a, b = fresh_name("same"), fresh_name("same")
+
+    @bridge.op(a, fake=_fake, registry=registry, domain="shared")
+    def one(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    with pytest.raises(bridge.OpBridgeError, match="ONNX name shared::same is already used"):
+        @bridge.op(b, fake=_fake, registry=registry, domain="shared")
+        def two(x: torch.Tensor) -> torch.Tensor:
+            return x.clone()
+
+
+def test_check_complete_lists_missing_pieces(registry, fresh_name):
+    name = fresh_name("bare")
+
+    @bridge.op(name, registry=registry)
+    def bare(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    gaps = registry.check_complete()[name]
+    assert [g.split(" (")[0] for g in gaps] == ["fake kernel", "reference implementation", "sample inputs",
+                                               "function body"]
+    bare.register_fake(_fake)  # pieces are read live from torch
+    assert not any(g.startswith("fake kernel") for g in registry.check_complete(name)[name])
+
+
+def test_seed_ops_are_complete():
+    done = bridge.REGISTRY.check_complete()
+    for name in ("bev::bev_pool_v2", "opbridge::identity_conv", "opbridge::crop", "opbridge::paste"):
+        assert done[name] == [], (name, done[name])
+    assert any("mutated" in g for g in done["opbridge::numpy_sin"])
+
+
+def test_unknown_op_suggests_close_names():
+    with pytest.raises(bridge.OpBridgeError, match="Did you mean bev::bev_pool_v2"):
+        bridge.REGISTRY.get("bev::bev_pool_v3")
+
+
+def test_translation_passes_attributes_by_name():
+    # ONNX orders attributes by name; the translation must not pair them positionally
+    spec = bridge.REGISTRY.get("opbridge::paste")
+    assert [p.name for p in spec.attributes] == ["left", "top"]
+    proto = bridge.export(_PasteModule(), (torch.zeros(1, 4, 4), torch.ones(1, 1, 1)))
+    node = next(n for n in proto.graph.node if n.op_type == "paste")
+    assert {a.name: a.i for a in node.attribute} == {"left": 3, "top": 1}
+
+
+class _PasteModule(torch.nn.Module):
+    def forward(self, image, patch):
+        return torch.ops.opbridge.paste(image, patch, 3, 1)
+
+
+def test_bool_and_float_attributes_round_trip(registry, fresh_name):
+    name = fresh_name("scale")  # the body below is named `scale` too: the node resolves to it
+    ns, _ = name.split("::")
+
+    @script(values.Opset(ns, 1), default_opset=op)
+    def scale(x, alpha: float, negate: int):
+        y = op.Mul(x, op.CastLike(op.Constant(value_float=alpha), x))
+        return op.Where(op.Equal(op.Constant(value_int=negate), op.Constant(value_int=1)), op.Neg(y), y)
+
+    @bridge.op(name, fake=_fake, registry=registry, function=scale)
+    def scale_op(x: torch.Tensor, alpha: float, negate: bool) -> torch.Tensor:
+        return -x * alpha if negate else x * alpha
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return scale_op(x, 2.5, True)
+
+    report = bridge.check_parity(M(), (torch.randn(3),), registry=registry)
+    assert report.passed, report
+    assert report.outputs[0].max_abs == 0.0
