@@ -1,4 +1,4 @@
-"""``opbridge`` command line: ops | export | run | check.
+"""``opbridge`` command line: ops | export | run | check | doctor.
 
 Examples (the demo model is the default ``--model``)::
 
@@ -7,6 +7,8 @@ Examples (the demo model is the default ``--model``)::
     opbridge run demo.onnx
     opbridge check                        # export + ORT + parity table; exit 1 on mismatch
     opbridge check --op bev::bev_pool_v2  # one op over its dtypes and sample inputs
+    opbridge check --tier native          # the same through the C++ kernel library
+    opbridge doctor --build               # build the native library, say what it serves
 """
 
 from __future__ import annotations
@@ -60,7 +62,9 @@ def _inputs_path(onnx_path: str) -> str:
 
 def cmd_ops(args) -> int:
     from bridge.registry import REGISTRY
+    from ort_kernels.build import served_ops
 
+    native = served_ops(REGISTRY)
     rows = []
     for spec in REGISTRY:
         rows.append({
@@ -70,8 +74,8 @@ def cmd_ops(args) -> int:
             "mutates": list(spec.mutated), "dtypes": [str(d).replace("torch.", "") for d in spec.dtypes],
             "fake": spec.has_fake, "autograd": spec.has_autograd, "reference": spec.reference is not None,
             "samples": spec.sample_inputs is not None,
-            "tiers": {"function": spec.function is not None and not spec.mutated, "native": False,
-                      "python": False},
+            "tiers": {"function": spec.function is not None and not spec.mutated,
+                      "native": (spec.domain, spec.name) in native, "python": False},
             "missing": REGISTRY.missing(spec),
         })
     if args.json:
@@ -165,6 +169,38 @@ def cmd_check(args) -> int:
     return 0 if ok else 1
 
 
+def cmd_doctor(args) -> int:
+    import platform
+
+    import onnxruntime
+
+    from bridge.registry import REGISTRY
+    from ort_kernels import build
+
+    print(f"python {platform.python_version()}, torch {__import__('torch').__version__}, "
+          f"onnxruntime {onnxruntime.__version__}, onnx {__import__('onnx').__version__}")
+    include = os.environ.get(build.ORT_INCLUDE_ENV)
+    print(f"ORT C headers: {'official, from ' + include if include else 'opbridge declaration (C API v17)'}")
+    path = build.library_path(build=args.build)
+    built = path.is_file()
+    print(f"native library: {path}")
+    print(f"built: {'yes' if built else 'no (run `opbridge doctor --build`; a native session builds it too)'}")
+    if built:
+        options = onnxruntime.SessionOptions()
+        try:
+            options.register_custom_ops_library(str(path))
+            print("loads in onnxruntime: yes")
+        except Exception as e:
+            print(f"loads in onnxruntime: NO ({e})")
+            return 1
+    served = build.served_ops(REGISTRY)
+    print(f"serves {len(served)} ops in domains {sorted({d for d, _ in served})}:")
+    for (domain, name), dtypes in sorted(served.items()):
+        spec = REGISTRY.find(domain, name)
+        print(f"  {domain}::{name} v{spec.version} {','.join(str(d).replace('torch.', '') for d in dtypes)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="opbridge", description=__doc__.split("\n")[0])
     parser.add_argument("--ops", action="append", default=[], metavar="MODULE",
@@ -187,6 +223,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--inputs", help=".npz with one array per model input (default: MODEL.inputs.npz)")
     p.add_argument("--tier", default="function")
     p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("doctor", help="report the native kernel library: built?, loads?, ops and domains served")
+    p.add_argument("--build", action="store_true", help="build the library if it is not built yet")
+    p.set_defaults(func=cmd_doctor)
 
     p = sub.add_parser("check", help="export, run in ORT and compare against eager (parity table)")
     p.add_argument("--model", default=DEFAULT_MODEL, help="MODULE:FACTORY returning a ModelCase")

@@ -58,6 +58,28 @@ def resolve_functions(model: onnx.ModelProto, registry: Registry) -> list[str]:
     return [f"{d}::{t}" for d, t in custom_nodes(model)]
 
 
+def use_native(model: onnx.ModelProto, registry: Registry,
+               sess_options: ort.SessionOptions | None) -> ort.SessionOptions:
+    """Point the model's custom nodes at the native library; raise for ops it does not serve."""
+    from ort_kernels.build import library_path, served_ops
+
+    served = served_ops(registry)
+    missing = [f"{d}::{t}" for d, t in custom_nodes(model) if (d, t) not in served]
+    if missing:
+        raise UnsupportedInTier(
+            f"tier 'native' has no C++ kernel for {', '.join(missing)}. Got ops {missing}. Add "
+            "ort_kernels/cpu/<op>.cc (or native= on @bridge.op), or use tier='function'."
+        )
+    # NOTE: drop the model-local functions the library serves, so that the C++ kernels, not the
+    # function bodies, are what this session runs.
+    keep = [f for f in model.functions if (f.domain, f.name) not in served]
+    del model.functions[:]
+    model.functions.extend(keep)
+    options = sess_options or ort.SessionOptions()
+    options.register_custom_ops_library(str(library_path(registry)))
+    return options
+
+
 def session(
     model: str | os.PathLike | onnx.ModelProto | bytes,
     *,
@@ -86,9 +108,11 @@ def session(
     proto = load_model(model)
     if tier == "function":
         resolve_functions(proto, reg)
+    elif tier == "native":
+        sess_options = use_native(proto, reg, sess_options)
     else:
         raise UnsupportedInTier(f"tier {tier!r} is not available in this build. Got tier={tier!r}. "
-                                "Use tier='function'.")
+                                "Use tier='function' or 'native'.")
     with step(f"onnxruntime session ({tier} tier)"):
         try:
             return ort.InferenceSession(proto.SerializeToString(), sess_options,

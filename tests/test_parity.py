@@ -6,11 +6,12 @@ import torch
 import bridge
 from bridge.testing import OpModule, cases
 
-TIERS = ("function",)
+TIERS = ("function", "native")
 
 # NOTE: every expected failure carries its reason; an xfail without one is a test bug.
 XFAIL = {
     ("opbridge::numpy_sin", "function"): "mutating ops export through the functionalization rewrite (issue 4)",
+    ("opbridge::numpy_sin", "native"): "mutating ops export through the functionalization rewrite (issue 4)",
 }
 
 

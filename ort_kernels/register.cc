@@ -1,0 +1,297 @@
+// The registration unit: exports RegisterCustomOps(OrtSessionOptions*, const OrtApiBase*), the entry
+// point ONNX Runtime hosts call for a custom-op library (SessionOptions.register_custom_ops_library
+// in Python, RegisterCustomOpsLibrary in C/C++). Every op of the generated table is added to its
+// own domain; kernels see only the ORT-independent interface of opbridge_kernel.h.
+#include <algorithm>
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "opbridge_kernel.h"
+#include "opbridge_registry.h"
+#include "ort_abi.h"
+
+namespace opbridge {
+namespace {
+
+const OrtApi* g_api = nullptr;
+
+// Runs an ORT call; a failure becomes a Status carrying ORT's message.
+Status ort_call(OrtStatus* st, const char* what) {
+  if (st == nullptr) return Status::OK();
+  std::string msg = std::string(what) + ": " + g_api->GetErrorMessage(st);
+  g_api->ReleaseStatus(st);
+  return Status::Error(msg);
+}
+
+class OrtAttributes final : public Attributes {
+ public:
+  explicit OrtAttributes(const OrtKernelInfo* info) : info_(info) {}
+
+  Status get(const char* name, int64_t* out) const override {
+    return missing(name, g_api->KernelInfoGetAttribute_int64(info_, name, out));
+  }
+  Status get(const char* name, float* out) const override {
+    return missing(name, g_api->KernelInfoGetAttribute_float(info_, name, out));
+  }
+  Status get(const char* name, std::string* out) const override {
+    size_t size = 0;
+    OrtStatus* st = g_api->KernelInfoGetAttribute_string(info_, name, nullptr, &size);
+    if (st != nullptr) return missing(name, st);
+    out->assign(size, '\0');
+    OPBRIDGE_RETURN_IF_ERROR(missing(name, g_api->KernelInfoGetAttribute_string(info_, name, &(*out)[0], &size)));
+    out->resize(size > 0 ? size - 1 : 0);  // size counts the terminating NUL
+    return Status::OK();
+  }
+  Status get(const char* name, std::vector<int64_t>* out) const override {
+    size_t size = 0;
+    OrtStatus* st = g_api->KernelInfoGetAttributeArray_int64(info_, name, nullptr, &size);
+    if (st != nullptr) return missing(name, st);
+    out->resize(size);
+    return missing(name, g_api->KernelInfoGetAttributeArray_int64(info_, name, out->data(), &size));
+  }
+  Status get(const char* name, std::vector<float>* out) const override {
+    size_t size = 0;
+    OrtStatus* st = g_api->KernelInfoGetAttributeArray_float(info_, name, nullptr, &size);
+    if (st != nullptr) return missing(name, st);
+    out->resize(size);
+    return missing(name, g_api->KernelInfoGetAttributeArray_float(info_, name, out->data(), &size));
+  }
+
+ private:
+  static Status missing(const char* name, OrtStatus* st) {
+    if (st == nullptr) return Status::OK();
+    std::string msg = std::string("attribute '") + name + "' is missing or has the wrong type (" +
+                      g_api->GetErrorMessage(st) + ")";
+    g_api->ReleaseStatus(st);
+    return Status::Error(msg);
+  }
+  const OrtKernelInfo* info_;
+};
+
+class OrtContext final : public Context {
+ public:
+  explicit OrtContext(OrtKernelContext* ctx) : ctx_(ctx) {}
+
+  Status Load(size_t expected_inputs) {
+    size_t count = 0;
+    OPBRIDGE_RETURN_IF_ERROR(ort_call(g_api->KernelContext_GetInputCount(ctx_, &count), "GetInputCount"));
+    if (count != expected_inputs) return Fail("expected ", expected_inputs, " inputs, got ", count);
+    inputs_.resize(count);
+    for (size_t i = 0; i < count; ++i) {
+      const OrtValue* value = nullptr;
+      OPBRIDGE_RETURN_IF_ERROR(ort_call(g_api->KernelContext_GetInput(ctx_, i, &value), "GetInput"));
+      if (value == nullptr) continue;  // an omitted optional input
+      OPBRIDGE_RETURN_IF_ERROR(describe(value, &inputs_[i]));
+      void* data = nullptr;
+      OPBRIDGE_RETURN_IF_ERROR(ort_call(g_api->GetTensorMutableData(const_cast<OrtValue*>(value), &data),
+                                        "GetTensorMutableData"));
+      inputs_[i].data = data;
+    }
+    return Status::OK();
+  }
+
+  int num_inputs() const override { return static_cast<int>(inputs_.size()); }
+  const TensorView& input(int i) const override { return inputs_[static_cast<size_t>(i)]; }
+
+  Status output(int i, const std::vector<int64_t>& shape, void** data) override {
+    OrtValue* value = nullptr;
+    OPBRIDGE_RETURN_IF_ERROR(ort_call(
+        g_api->KernelContext_GetOutput(ctx_, static_cast<size_t>(i), shape.data(), shape.size(), &value),
+        "GetOutput"));
+    return ort_call(g_api->GetTensorMutableData(value, data), "GetTensorMutableData");
+  }
+
+  void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& fn) override {
+    if (n <= 0) return;
+    const int64_t chunks = std::max<int64_t>(1, std::min<int64_t>(n / std::max<int64_t>(grain, 1), 4 * threads()));
+    if (chunks == 1) {
+      fn(0, n);
+      return;
+    }
+    struct Job {
+      const std::function<void(int64_t, int64_t)>* fn;
+      int64_t n, chunks;
+    } job{&fn, n, chunks};
+    // NOTE: ORT's intra-op pool runs the chunks, so the session's thread settings apply.
+    OrtStatus* st = g_api->KernelContext_ParallelFor(
+        ctx_,
+        [](void* data, size_t chunk) {
+          const Job& j = *static_cast<const Job*>(data);
+          const int64_t c = static_cast<int64_t>(chunk);
+          (*j.fn)(j.n * c / j.chunks, j.n * (c + 1) / j.chunks);
+        },
+        static_cast<size_t>(chunks), 0, &job);
+    if (st != nullptr) {  // no pool available: run serially rather than fail
+      g_api->ReleaseStatus(st);
+      fn(0, n);
+    }
+  }
+
+ private:
+  static int64_t threads() {
+    static const int64_t n = std::max<unsigned>(1, std::thread::hardware_concurrency());
+    return n;
+  }
+
+  static Status describe(const OrtValue* value, TensorView* view) {
+    OrtTensorTypeAndShapeInfo* info = nullptr;
+    OPBRIDGE_RETURN_IF_ERROR(ort_call(g_api->GetTensorTypeAndShape(value, &info), "GetTensorTypeAndShape"));
+    ONNXTensorElementDataType type;
+    size_t rank = 0;
+    Status st = ort_call(g_api->GetTensorElementType(info, &type), "GetTensorElementType");
+    if (st.ok()) st = ort_call(g_api->GetDimensionsCount(info, &rank), "GetDimensionsCount");
+    if (st.ok()) {
+      view->shape.resize(rank);
+      st = ort_call(g_api->GetDimensions(info, view->shape.data(), rank), "GetDimensions");
+    }
+    g_api->ReleaseTensorTypeAndShapeInfo(info);
+    view->dtype = static_cast<DType>(type);
+    return st;
+  }
+
+  OrtKernelContext* ctx_;
+  std::vector<TensorView> inputs_;
+};
+
+OrtStatus* to_ort(const OpEntry& op, const Status& st) {
+  if (st.ok()) return nullptr;
+  std::string msg = std::string("opbridge: ") + op.domain + "::" + op.name + ": " + st.message();
+  return g_api->CreateStatus(ORT_INVALID_ARGUMENT, msg.c_str());
+}
+
+struct Kernel {
+  const OpEntry* op;
+  void* state;
+};
+
+// One OrtCustomOp per table entry; the entry pointer follows the struct (first member).
+struct TypedOp {
+  OrtCustomOp base;
+  const OpEntry* entry;
+};
+
+const OpEntry& entry_of(const OrtCustomOp* op) { return *reinterpret_cast<const TypedOp*>(op)->entry; }
+
+OrtCustomOp make_custom_op() {
+  OrtCustomOp op;
+  std::memset(&op, 0, sizeof op);
+  op.version = kOrtCustomOpVersion;
+  op.GetName = [](const OrtCustomOp* self) { return entry_of(self).name; };
+  op.GetExecutionProviderType = [](const OrtCustomOp*) -> const char* { return "CPUExecutionProvider"; };
+  op.GetInputType = [](const OrtCustomOp* self, size_t i) {
+    return static_cast<ONNXTensorElementDataType>(entry_of(self).input_types[i]);
+  };
+  op.GetInputTypeCount = [](const OrtCustomOp* self) { return static_cast<size_t>(entry_of(self).num_inputs); };
+  op.GetOutputType = [](const OrtCustomOp* self, size_t i) {
+    return static_cast<ONNXTensorElementDataType>(entry_of(self).output_types[i]);
+  };
+  op.GetOutputTypeCount = [](const OrtCustomOp* self) { return static_cast<size_t>(entry_of(self).num_outputs); };
+  op.KernelDestroy = [](void* kernel) {
+    auto* k = static_cast<Kernel*>(kernel);
+    if (k != nullptr) k->op->kernel->destroy(k->state);
+    delete k;
+  };
+  op.GetInputCharacteristic = [](const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; };
+  op.GetOutputCharacteristic = [](const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; };
+  op.GetInputMemoryType = [](const OrtCustomOp*, size_t) { return OrtMemTypeDefault; };
+  op.GetVariadicInputMinArity = [](const OrtCustomOp*) { return 1; };
+  op.GetVariadicInputHomogeneity = [](const OrtCustomOp*) { return 1; };
+  op.GetVariadicOutputMinArity = [](const OrtCustomOp*) { return 1; };
+  op.GetVariadicOutputHomogeneity = [](const OrtCustomOp*) { return 1; };
+  op.CreateKernelV2 = [](const OrtCustomOp* self, const OrtApi*, const OrtKernelInfo* info,
+                         void** kernel) -> OrtStatus* {
+    const OpEntry& e = entry_of(self);
+    OrtAttributes attrs(info);
+    Status st;
+    void* state = e.kernel->create(attrs, &st);  // attributes are read once, here
+    if (!st.ok()) return to_ort(e, st);
+    *kernel = new Kernel{&e, state};
+    return nullptr;
+  };
+  op.KernelComputeV2 = [](void* kernel, OrtKernelContext* context) -> OrtStatus* {
+    const Kernel& k = *static_cast<const Kernel*>(kernel);
+    OrtContext ctx(context);
+    Status st = ctx.Load(static_cast<size_t>(k.op->num_inputs));
+    if (st.ok()) st = k.op->kernel->compute(k.state, ctx);
+    return to_ort(*k.op, st);
+  };
+  op.GetStartVersion = [](const OrtCustomOp* self) { return entry_of(self).version; };
+  op.GetEndVersion = [](const OrtCustomOp* self) { return entry_of(self).version; };
+  return op;
+}
+
+struct Library {
+  std::vector<std::unique_ptr<TypedOp>> ops;
+  std::vector<OrtCustomOpDomain*> domains;
+  OrtStatus* error = nullptr;
+};
+
+// NOTE: ops and domains are built once per process and shared by every session; ORT requires
+// them to outlive the sessions that use them, so they are never released.
+Library* build_library() {
+  auto* lib = new Library();
+  std::map<std::string, OrtCustomOpDomain*> by_name;
+  for (size_t i = 0; i < kOpTableSize; ++i) {
+    const OpEntry& e = kOpTable[i];
+    auto op = std::make_unique<TypedOp>();
+    op->base = make_custom_op();
+    op->entry = &e;
+    OrtCustomOpDomain*& domain = by_name[e.domain];
+    if (domain == nullptr) {
+      if ((lib->error = g_api->CreateCustomOpDomain(e.domain, &domain)) != nullptr) return lib;
+      lib->domains.push_back(domain);
+    }
+    if ((lib->error = g_api->CustomOpDomain_Add(domain, &op->base)) != nullptr) return lib;
+    lib->ops.push_back(std::move(op));
+  }
+  return lib;
+}
+
+}  // namespace
+}  // namespace opbridge
+
+extern "C" __attribute__((visibility("default"))) OrtStatus* ORT_API_CALL
+RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
+  using namespace opbridge;
+  static std::once_flag once;
+  static Library* lib = nullptr;
+  static const OrtApi* api = nullptr;
+  std::call_once(once, [&] {
+    api = api_base->GetApi(kOrtApiVersionRequired);
+    if (api == nullptr) return;
+    g_api = api;
+    lib = build_library();
+  });
+  if (api == nullptr) {  // host older than the API we need: API 1 is always there to say so
+    const OrtApi* v1 = api_base->GetApi(1);
+    std::string msg = std::string("opbridge: this ONNX Runtime (") + api_base->GetVersionString() +
+                      ") lacks C API version " + std::to_string(kOrtApiVersionRequired) +
+                      "; the opbridge kernels need ONNX Runtime 1." + std::to_string(kOrtApiVersionRequired) + " or newer";
+    return v1 != nullptr ? v1->CreateStatus(ORT_FAIL, msg.c_str()) : nullptr;
+  }
+  if (lib->error != nullptr) return api->CreateStatus(ORT_FAIL, api->GetErrorMessage(lib->error));
+  for (OrtCustomOpDomain* domain : lib->domains) {
+    if (OrtStatus* st = api->AddCustomOpDomain(options, domain)) return st;
+  }
+  return nullptr;
+}
+
+// For hosts and tests that want to know what the library serves: "domain::name:version" lines.
+extern "C" __attribute__((visibility("default"))) const char* OpbridgeServedOps() {
+  static const std::string text = [] {
+    std::string s;
+    for (size_t i = 0; i < opbridge::kOpTableSize; ++i) {
+      const opbridge::OpEntry& e = opbridge::kOpTable[i];
+      s += std::string(e.domain) + "::" + e.name + ":" + std::to_string(e.version) + ":" +
+           opbridge::dtype_name(static_cast<opbridge::DType>(e.input_types[0])) + "\n";
+    }
+    return s;
+  }();
+  return text.c_str();
+}

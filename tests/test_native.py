@@ -1,0 +1,210 @@
+"""The native C++ custom-op library: build, ABI, safety, threads, tooling."""
+
+import ctypes
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+import bridge
+import bridge.demo as demo
+from ort_kernels import build
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+@pytest.fixture(scope="module")
+def library():
+    return build.library_path()
+
+
+def test_library_exports_entry_point_and_serves_the_registry(library):
+    lib = ctypes.CDLL(str(library))
+    assert hasattr(lib, "RegisterCustomOps")
+    lib.OpbridgeServedOps.restype = ctypes.c_char_p
+    served = lib.OpbridgeServedOps().decode().split()
+    expected = [f"{e.spec.domain}::{e.spec.name}:{e.spec.version}:{str(e.dtype).replace('torch.', '')}"
+                for e in build.native_entries(bridge.REGISTRY)]
+    assert sorted(served) == sorted(expected)
+    assert {s.split(":")[2] for s in served if s.startswith("bev::")} == {"bev_pool_v2"}
+    assert len(served) == 12  # 4 ops x 3 dtypes
+
+
+def test_library_loads_into_a_plain_onnxruntime_session(library):
+    options = ort.SessionOptions()
+    options.register_custom_ops_library(str(library))  # what any ORT host does
+
+
+def test_build_is_cached_by_key(library):
+    key = build.build_key(build.native_entries(bridge.REGISTRY))
+    assert library.parent.name == key
+    assert build.library_path() == library
+
+
+def _bad_input_results():
+    r = subprocess.run([sys.executable, str(ROOT / "tests/scripts/bad_inputs.py")], capture_output=True, text=True,
+                       env=ENV, timeout=600)
+    assert r.returncode == 0, f"bad-input run died (rc={r.returncode}):\n{r.stderr[-3000:]}"
+    return {d["case"]: d["error"] for d in map(json.loads, r.stdout.splitlines())}
+
+
+EXPECTED_ERRORS = {
+    "ranks_depth_high": "bev::bev_pool_v2: input 'ranks_depth' has value 1000000 at position 3, outside [0, 120)",
+    "ranks_depth_negative": "input 'ranks_depth' has value -1 at position 0",
+    "ranks_feat_high": "input 'ranks_feat' has value 1000000 at position 0, outside [0, 30)",
+    "ranks_bev_high": "input 'ranks_bev' has value 1000000 at position 0, outside [0, 40)",
+    "length_negative": "input 'interval_lengths' has value -5 at position 1, must be >= 0",
+    "interval_past_end": "interval 0 = [100000, 100005)",
+    "interval_start_negative": "interval 0 = [-100000, -99995)",
+    "short_ranks_feat": "must have one entry per point, got lengths 99, 98, 99",
+    "short_lengths": "'interval_starts' and 'interval_lengths' must have equal length, got 38 and 37",
+    "feat_wrong_channels": "C = 6 must equal feat.shape[4] = 7",
+    "depth_empty": "input 'ranks_depth' has value 4 at position 0, outside [0, 0)",
+    "bev_bad_attribute": "attribute 'bev_feat_shape' must be 5 sizes [B, Z, Y, X, C] >= 0, got [1, 2, 3]",
+    "identity_wrong_channels": "opbridge::identity_conv: input 'x' must be (N, channels=3, ...), got shape [1, 4, 2, 2]",
+    "paste_leading_dims": "opbridge::paste: inputs 'image' [2, 5, 5] and 'patch' [3, 2, 2] must share their leading",
+    "crop_bad_box": "opbridge::crop: attribute 'box' must be [left, top, right, bottom]",
+}
+
+
+def test_bad_inputs_give_errors_naming_op_input_and_value():
+    results = _bad_input_results()
+    for case, needle in EXPECTED_ERRORS.items():
+        assert results[case] is not None and needle in results[case], (case, results[case])
+    for case in ("valid", "identity_valid", "paste_valid", "crop_valid", "crop_empty_image"):
+        assert results[case] is None, (case, results[case])
+
+
+def test_hypothesis_fuzz_never_crashes_and_matches_eager():
+    r = subprocess.run([sys.executable, str(ROOT / "tests/scripts/fuzz_native.py"), "200"], capture_output=True,
+                       text=True, env=ENV, timeout=600)
+    assert r.returncode == 0, f"fuzz run failed (rc={r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
+    matched = int(r.stdout.split("fuzz: ")[1].split()[0])
+    assert matched >= 50, r.stdout
+
+
+@pytest.fixture(scope="module")
+def demo_native(tmp_path_factory):
+    case = demo.build()
+    path = tmp_path_factory.mktemp("native") / "demo.onnx"
+    bridge.export(case.model, case.args, path, dynamic_shapes=case.dynamic_shapes)
+    return case, path
+
+
+def test_demo_parity_native_tier(demo_native):
+    case, _ = demo_native
+    report = bridge.check_parity(case.model, case.args, dynamic_shapes=case.dynamic_shapes,
+                                 extra_args=case.extra_args, tier="native")
+    assert report.passed, report
+    assert report.tier == "native" and len(report.outputs) == 3
+
+
+def test_eight_threads_on_one_session_give_identical_results(demo_native):
+    case, path = demo_native
+    sess = bridge.session(path, tier="native")
+    feeds = [bridge.parity.ort_feed(sess, args) for args in (case.args, *case.extra_args)]
+    expected = [sess.run(None, f)[0] for f in feeds]
+    failures, barrier = [], threading.Barrier(8)
+
+    def worker(k):
+        barrier.wait()
+        for i in range(6):
+            j = (k + i) % len(feeds)
+            got = sess.run(None, feeds[j])[0]
+            if not np.array_equal(got, expected[j]):
+                failures.append((k, i, float(np.abs(got - expected[j]).max())))
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_result_does_not_depend_on_intra_op_threads(demo_native, threads):
+    case, path = demo_native
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    sess = bridge.session(path, tier="native", sess_options=options)
+    got = bridge.parity.run_ort(sess, case.args)[0]
+    with torch.no_grad():
+        assert bridge.compare("out", case.model(*case.args), got).passed
+
+
+def test_native_tier_names_ops_without_a_kernel(registry, fresh_name, tmp_path):
+    name = fresh_name("nokernel")
+
+    @bridge.op(name, fake=lambda x: torch.empty_like(x), registry=registry)
+    def nokernel(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return nokernel(x)
+
+    path = tmp_path / "m.onnx"
+    bridge.export(M(), (torch.ones(2),), path, registry=registry)
+    with pytest.raises(bridge.UnsupportedInTier, match=f"no C\\+\\+ kernel for {name}"):
+        bridge.session(path, tier="native", registry=registry)
+
+
+def test_half_conversion_matches_numpy(tmp_path):
+    harness = tmp_path / "half.cc"
+    harness.write_text(r'''
+#include <cstdio>
+#include <cstdint>
+#include "opbridge_kernel.h"
+int main() {
+  for (uint32_t h = 0; h < 65536; ++h) { float f = opbridge::half_to_float((uint16_t)h); fwrite(&f, 4, 1, stdout); }
+  float f;
+  while (fread(&f, 4, 1, stdin) == 1) { uint16_t h = opbridge::float_to_half(f); fwrite(&h, 2, 1, stdout); }
+}''')
+    exe = tmp_path / "half"
+    subprocess.run(["g++", "-O2", "-std=c++17", f"-I{build.INCLUDE_DIR}", str(harness),
+                    str(build.SOURCE_DIR / "cpu/common.cc"), "-o", str(exe)], check=True)
+    rng = np.random.default_rng(0)
+    bits = rng.integers(0, 2**32, 200_000, dtype=np.uint64).astype(np.uint32)
+    floats = np.concatenate([bits.view(np.float32), np.float32([0.0, -0.0, 65504, 65520, 65519.99, 6e-8, 3e-8,
+                                                                2.98e-8, np.inf, -np.inf, 1e-45])])
+    out = subprocess.run([str(exe)], input=floats.tobytes(), capture_output=True, check=True).stdout
+    to_float = np.frombuffer(out[:65536 * 4], np.float32)
+    all_half = np.arange(65536, dtype=np.uint16).view(np.float16).astype(np.float32)
+    np.testing.assert_array_equal(to_float, all_half)  # NaN == NaN for assert_array_equal
+    to_half = np.frombuffer(out[65536 * 4:], np.uint16).view(np.float16)
+    with np.errstate(over="ignore"):
+        expected = floats.astype(np.float16)
+    same = (to_half == expected) | (np.isnan(to_half) & np.isnan(expected))
+    assert same.all(), floats[~same][:5]
+
+
+def test_official_header_switch(tmp_path, monkeypatch):
+    monkeypatch.setenv(build.ORT_INCLUDE_ENV, str(tmp_path / "nowhere"))
+    with pytest.raises(bridge.OpBridgeError, match="must point at a folder holding onnxruntime_c_api.h"):
+        build.library_path()
+    # a folder with a header of that name: the build takes it through -DOPBRIDGE_OFFICIAL_ORT_HEADERS
+    shutil.copy(build.INCLUDE_DIR / "ort_abi_decl.h", tmp_path / "onnxruntime_c_api.h")
+    monkeypatch.setenv(build.ORT_INCLUDE_ENV, str(tmp_path))
+    monkeypatch.setenv("OPBRIDGE_CACHE_DIR", str(tmp_path / "cache"))
+    path = build.library_path()
+    assert "-DOPBRIDGE_OFFICIAL_ORT_HEADERS" in (path.parent / "build.txt").read_text()
+    options = ort.SessionOptions()
+    options.register_custom_ops_library(str(path))
+
+
+def test_doctor_reports_library_and_served_ops(library):
+    r = subprocess.run([sys.executable, "-m", "bridge", "doctor"], capture_output=True, text=True, env=ENV,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert str(library) in r.stdout and "built: yes" in r.stdout and "loads in onnxruntime: yes" in r.stdout
+    assert "bev::bev_pool_v2 v1 float32,float16,float64" in r.stdout
