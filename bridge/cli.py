@@ -74,7 +74,7 @@ def cmd_ops(args) -> int:
             "mutates": list(spec.mutated), "dtypes": [str(d).replace("torch.", "") for d in spec.dtypes],
             "fake": spec.has_fake, "autograd": spec.has_autograd, "reference": spec.reference is not None,
             "samples": spec.sample_inputs is not None,
-            "tiers": {"function": spec.function is not None and not spec.mutated,
+            "tiers": {"function": spec.function is not None,
                       "native": (spec.domain, spec.name) in native, "python": False},
             "missing": REGISTRY.missing(spec),
         })

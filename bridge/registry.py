@@ -32,6 +32,7 @@ class Registry:
 
     def __init__(self) -> None:
         self._ops: dict[str, OpSpec] = {}
+        self._twins: dict[str, OpSpec] = {}  # functional twins of mutating ops, by the op's qualname
 
     def __iter__(self) -> Iterator[OpSpec]:
         return iter(sorted(self._ops.values(), key=lambda s: s.qualname))
@@ -55,17 +56,26 @@ class Registry:
                 "Declare it with @bridge.op or import the module that does."
             ) from None
 
+    def exportable(self) -> list[OpSpec]:
+        """Specs that become ONNX nodes: functional ops, and the functional twins of mutating ones."""
+        return sorted([s for s in self._ops.values() if not s.mutated] + list(self._twins.values()),
+                      key=lambda s: s.qualname)
+
+    def functional(self, spec: OpSpec) -> OpSpec:
+        """The spec that stands for ``spec`` in ONNX: itself, or its functional twin if it mutates."""
+        return self._twins[spec.qualname] if spec.mutated else spec
+
     def find(self, domain: str, op_type: str) -> OpSpec | None:
         """The spec an ONNX node (domain, op_type) came from, if any."""
-        for spec in self._ops.values():
+        for spec in self.exportable():
             if spec.domain == domain and spec.name == op_type:
                 return spec
         return None
 
     def for_overload(self, overload) -> OpSpec | None:
-        """The spec of a torch OpOverload, if registered."""
+        """The spec of a torch OpOverload (a declared op or a functional twin), if registered."""
         name = overload.name().split(".")[0] if hasattr(overload, "name") else None
-        return self._ops.get(name)
+        return self._ops.get(name) or next((t for t in self._twins.values() if t.qualname == name), None)
 
     def check_free(self, qualname: str) -> None:
         """Raise if ``qualname`` is taken: a second declaration is an error, not an override."""
@@ -85,14 +95,22 @@ class Registry:
                 f"Got it again for {spec.qualname!r}. Pass domain= to put one op elsewhere."
             )
         _validate_translation(spec)
-        _validate_function(spec)
-        _register_onnx_schema(spec)
+        onnx_spec = spec
+        if spec.mutated:
+            from bridge.functional import make_functional_twin
+
+            onnx_spec = make_functional_twin(spec)
+        _validate_function(onnx_spec)
+        _register_onnx_schema(onnx_spec)
         self._ops[spec.qualname] = spec
+        if spec.mutated:
+            self._twins[spec.qualname] = onnx_spec
         return spec
 
     def remove(self, qualname: str) -> None:
         """Forget an op (tests use this); its ONNX schema is deregistered too."""
-        spec = self._ops.pop(qualname)
+        spec = self._twins.pop(qualname, None) or self._ops[qualname]
+        self._ops.pop(qualname)
         if defs.has(spec.name, spec.version, spec.domain):
             defs.deregister_schema(spec.name, spec.version, spec.domain)
 
@@ -107,8 +125,6 @@ class Registry:
             gaps.append("sample inputs (sample_inputs=): opcheck and parity tables need them")
         if spec.function is None:
             gaps.append("function body (function=): the portable ONNX-function tier needs it")
-        if spec.mutated:
-            gaps.append(f"export of mutated args {list(spec.mutated)}: not supported by the exporter yet")
         return gaps
 
     def check_complete(self, qualname: str | None = None) -> dict[str, list[str]]:
@@ -124,7 +140,7 @@ class Registry:
 
     def translation_table(self) -> dict:
         """``{OpOverload: translation}`` for ``torch.onnx.export(custom_translation_table=...)``."""
-        return {s.overload: s.translation for s in self if not s.mutated}
+        return {s.overload: s.translation for s in self.exportable()}
 
 
 def _validate_translation(spec: OpSpec) -> None:

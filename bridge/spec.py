@@ -130,6 +130,8 @@ class OpSpec:
     dtypes: tuple[torch.dtype, ...] = (torch.float32,)
     doc: str = ""
     custom_translation: Callable | None = None
+    onnx_name: str = ""  # the ONNX op_type; defaults to the torch name
+    functional_of: OpSpec | None = None  # set on the functional twin of a mutating op
 
     # -- identity -------------------------------------------------------------------
     @property
@@ -138,7 +140,8 @@ class OpSpec:
 
     @property
     def name(self) -> str:
-        return self.qualname.split("::")[1]
+        """The ONNX op_type (the torch op name unless ``onnx_name`` says otherwise)."""
+        return self.onnx_name or self.qualname.split("::")[1]
 
     @property
     def overload(self) -> torch._ops.OpOverload:

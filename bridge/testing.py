@@ -32,7 +32,13 @@ class OpModule(torch.nn.Module):
     def forward(self, *tensors):
         it = iter(tensors)
         args = [next(it) if a is None else a for a in self.template]
-        return self.spec.overload(*args, **self.call_kwargs)
+        out = self.spec.overload(*args, **self.call_kwargs)
+        if not self.spec.mutated:
+            return out
+        # a mutating op's results are the new values of what it wrote (read after the call)
+        names = [p.name for p in self.spec.params]
+        written = tuple(args[names.index(m)] for m in self.spec.mutated)
+        return written if out is None else (out, *written)
 
 
 @dataclasses.dataclass(frozen=True)

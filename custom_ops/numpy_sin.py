@@ -1,12 +1,16 @@
 """numpy_sin: writes ``sin(input)`` into ``output`` through NumPy (a mutating op).
 
-The seeds' mutating pattern (``mutates_args={"output"}``); it returns nothing.
+The seeds' mutating pattern (``mutates_args={"output"}``); it returns nothing. For export the
+bridge derives its functional twin ``numpy_sin_functional(input, output) -> Tensor`` (the new
+``output``); the function body and C++ kernel below are that functional form's.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+from onnxscript import opset20 as op
+from onnxscript import script, values
 
 import bridge
 from bridge import SampleInput
@@ -22,6 +26,11 @@ def _fake(input, output):
     _check(input, output)
 
 
+@script(values.Opset("opbridge", 1), default_opset=op)
+def numpy_sin(input, output):
+    return op.Sin(input)
+
+
 def reference(input: torch.Tensor, output: torch.Tensor) -> torch.Tensor:
     """Independent reference: the new value of ``output``, from torch.sin in float64."""
     return torch.sin(input.double()).to(input.dtype)
@@ -34,9 +43,9 @@ def sample_inputs(dtype: torch.dtype) -> list[SampleInput]:
             SampleInput((x[0], torch.zeros_like(x[0])), name="vector")]
 
 
-@bridge.op("opbridge::numpy_sin", mutates_args=("output",), fake=_fake, reference=reference,
+@bridge.op("opbridge::numpy_sin", mutates_args=("output",), fake=_fake, function=numpy_sin, reference=reference,
            sample_inputs=sample_inputs, dtypes=(torch.float32, torch.float64), device_types="cpu")
-def numpy_sin(input: torch.Tensor, output: torch.Tensor) -> None:
+def numpy_sin_op(input: torch.Tensor, output: torch.Tensor) -> None:
     """Write ``np.sin(input)`` into ``output`` (CPU tensors)."""
     _check(input, output)
     output.copy_(torch.from_numpy(np.sin(input.numpy())))

@@ -57,8 +57,9 @@ def check_program(program: torch.export.ExportedProgram, registry: Registry) -> 
             )
         if spec.mutated:
             raise OpBridgeError(
-                f"the model calls mutating op {spec.qualname} (writes {list(spec.mutated)}), whose export "
-                f"is not supported yet. Got node {node.name}. Use a functional op (return the new tensor)."
+                f"the model calls mutating op {spec.qualname} (writes {list(spec.mutated)}) after the "
+                f"functional rewrite. Got node {node.name}. Keep exporters.rewrites.functionalize_mutations "
+                "in `rewrites`."
             )
         bound = spec.bind(*node.args, **node.kwargs)
         for p in spec.attributes:
@@ -104,6 +105,15 @@ def _ensure_opset_imports(model: onnx.ModelProto, registry: Registry) -> None:
         model.opset_import.append(onnx.helper.make_opsetid(domain, max(versions or {1})))
 
 
+def _default_rewrites() -> tuple[Callable, ...]:
+    from exporters.rewrites import functionalize_mutations
+
+    return (functionalize_mutations,)
+
+
+DEFAULT_REWRITES = _default_rewrites()
+
+
 def export(
     model: torch.nn.Module,
     args: Sequence,
@@ -115,12 +125,12 @@ def export(
     functions: bool = True,
     opset_version: int = DEFAULT_OPSET,
     check: bool = True,
-    rewrites: Sequence[Callable] = (),
+    rewrites: Sequence[Callable] | None = None,
 ) -> onnx.ModelProto:
     """Export ``model`` with every registered custom op; return (and write to ``f``) the ModelProto.
 
-    Runs ``torch.export`` then ``torch.onnx.export(dynamo=True)`` with the registry's
-    translation table, attaches model-local function bodies (``functions=True``) so plain
+    Runs ``torch.export``, the graph rewrites (mutating ops -> functional twins), then
+    ``torch.onnx.export(dynamo=True)`` with the registry's translation table, attaches model-local function bodies (``functions=True``) so plain
     ONNX Runtime runs the file, and validates with ``onnx.checker`` (full check). Small
     models are written as one file.
 
@@ -138,7 +148,7 @@ def export(
     with step("torch.export"):
         program = torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
                                       strict=False)
-    for rewrite in rewrites:
+    for rewrite in DEFAULT_REWRITES if rewrites is None else rewrites:
         program = rewrite(program, reg)
     check_program(program, reg)
     with step("torch.onnx.export (dynamo)"):

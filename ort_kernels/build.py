@@ -70,8 +70,8 @@ def _io_types(spec, dtype: torch.dtype) -> tuple[tuple[int, ...], tuple[int, ...
 def native_entries(registry) -> list[NativeEntry]:
     """Every (op, dtype) the native library serves, derived from the registry."""
     entries = []
-    for spec in registry:
-        if spec.mutated or native_source(spec) is None:
+    for spec in registry.exportable():
+        if native_source(spec) is None:
             continue
         for dtype in spec.dtypes:
             inputs, outputs = _io_types(spec, dtype)
@@ -87,7 +87,7 @@ _served_cache: dict = {}
 
 def served_ops(registry) -> dict[tuple[str, str], tuple[torch.dtype, ...]]:
     """(domain, op_type) -> dtypes the native library serves (cached per registry content)."""
-    key = (id(registry), tuple(s.qualname for s in registry))
+    key = (id(registry), tuple(s.qualname for s in registry.exportable()))
     if key not in _served_cache:
         served: dict = {}
         for e in native_entries(registry):

@@ -130,15 +130,52 @@ def test_bad_attribute_value_fails_at_export_with_the_op_message():
         bridge.export(M(), (torch.ones(1, 3, 2, 2),))
 
 
-def test_mutating_op_export_is_a_clear_error_for_now():
+class _SinLocal(torch.nn.Module):
+    def forward(self, x):
+        out = torch.empty_like(x)
+        torch.ops.opbridge.numpy_sin(x, out)
+        return out * 2 + x  # reads the mutated tensor afterwards
+
+
+class _SinBuffer(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("state", torch.zeros(2, 3))
+
+    def forward(self, x):
+        torch.ops.opbridge.numpy_sin(x, self.state)
+        return self.state + 1, torch.relu(self.state)
+
+
+class _SinInput(torch.nn.Module):
+    def forward(self, x, y):
+        torch.ops.opbridge.numpy_sin(x, y)
+        return y * 3
+
+
+@pytest.mark.parametrize("tier", ["function", "native"])
+@pytest.mark.parametrize("model,args", [
+    (_SinLocal(), (torch.randn(2, 3),)),
+    (_SinBuffer(), (torch.randn(2, 3),)),
+    (_SinInput(), (torch.randn(2, 3), torch.zeros(2, 3))),
+], ids=["local", "buffer", "user_input"])
+def test_mutating_op_exports_through_its_functional_twin(model, args, tier):
+    report = bridge.check_parity(model, args, tier=tier)
+    assert report.passed, report
+    proto = bridge.export(model, args)
+    sin_nodes = [n for n in proto.graph.node if n.op_type == "numpy_sin"]
+    assert len(sin_nodes) == 1 and sin_nodes[0].domain == "opbridge" and len(sin_nodes[0].input) == 2
+
+
+def test_mutating_a_view_is_a_clear_error():
     class M(torch.nn.Module):
         def forward(self, x):
-            out = torch.empty_like(x)
-            torch.ops.opbridge.numpy_sin(x, out)
+            out = torch.zeros(4, 3)
+            torch.ops.opbridge.numpy_sin(x, out[1:3])
             return out
 
-    with pytest.raises(bridge.OpBridgeError, match="mutating op"):
-        bridge.export(M(), (torch.ones(3),))
+    with pytest.raises(bridge.OpBridgeError, match="'output' is a view of another tensor"):
+        bridge.export(M(), (torch.randn(2, 3),))
 
 
 def test_export_without_functions_then_session_attaches_them(tmp_path):

@@ -36,7 +36,7 @@ def test_library_exports_entry_point_and_serves_the_registry(library):
                 for e in build.native_entries(bridge.REGISTRY)]
     assert sorted(served) == sorted(expected)
     assert {s.split(":")[2] for s in served if s.startswith("bev::")} == {"bev_pool_v2"}
-    assert len(served) == 12  # 4 ops x 3 dtypes
+    assert len(served) == 14  # 4 ops x 3 dtypes + numpy_sin (functional form) x 2
 
 
 def test_library_loads_into_a_plain_onnxruntime_session(library):

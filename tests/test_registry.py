@@ -120,9 +120,9 @@ def test_check_complete_lists_missing_pieces(registry, fresh_name):
 
 def test_seed_ops_are_complete():
     done = bridge.REGISTRY.check_complete()
-    for name in ("bev::bev_pool_v2", "opbridge::identity_conv", "opbridge::crop", "opbridge::paste"):
+    for name in ("bev::bev_pool_v2", "opbridge::identity_conv", "opbridge::crop", "opbridge::paste",
+                 "opbridge::numpy_sin"):
         assert done[name] == [], (name, done[name])
-    assert any("mutated" in g for g in done["opbridge::numpy_sin"])
 
 
 def test_unknown_op_suggests_close_names():
@@ -164,3 +164,30 @@ def test_bool_and_float_attributes_round_trip(registry, fresh_name):
     report = bridge.check_parity(M(), (torch.randn(3),), registry=registry)
     assert report.passed, report
     assert report.outputs[0].max_abs == 0.0
+
+
+def test_mutating_op_gets_a_functional_twin_derived_from_its_schema():
+    spec = bridge.REGISTRY.get("opbridge::numpy_sin")
+    twin = bridge.REGISTRY.functional(spec)
+    assert spec.mutated == ("output",) and twin.mutated == ()
+    assert str(twin.overload._schema) == "opbridge::numpy_sin_functional(Tensor input, Tensor output) -> Tensor"
+    assert (twin.domain, twin.name, twin.num_outputs) == ("opbridge", "numpy_sin", 1)
+    x, out = torch.randn(4), torch.zeros(4)
+    new = twin.overload(x, out)
+    assert torch.equal(out, torch.zeros(4))  # the twin does not mutate
+    torch.testing.assert_close(new, torch.sin(x))
+    assert "opbridge::numpy_sin_functional" not in {s.qualname for s in bridge.REGISTRY}  # not listed as an op
+
+
+def test_mutating_op_with_result_twin_returns_result_then_new_values(registry, fresh_name):
+    name = fresh_name("acc")
+
+    @bridge.op(name, mutates_args=("total",), fake=lambda x, total: torch.empty_like(x), registry=registry)
+    def acc(x: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+        total.add_(x)
+        return x * 2
+
+    twin = registry.functional(registry.get(name))
+    assert str(twin.overload._schema).endswith("(Tensor x, Tensor total) -> (Tensor, Tensor)")
+    doubled, total = twin.overload(torch.ones(2), torch.full((2,), 5.0))
+    assert doubled.tolist() == [2.0, 2.0] and total.tolist() == [6.0, 6.0]

@@ -1,0 +1,53 @@
+"""The functional twin of a mutating op, derived from its schema.
+
+``ns::op(Tensor x, Tensor(a!) out) -> ()`` gets ``ns::op_functional(Tensor x, Tensor out) -> Tensor``:
+same arguments, returns the op's own results followed by the new value of each mutated tensor.
+The twin is what the exporter emits; its ONNX node keeps the original op's name, because ONNX
+has no mutation: the node *is* the op in functional form.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+
+import torch
+
+from bridge.spec import OpSpec
+
+SUFFIX = "_functional"
+
+
+def twin_schema(spec: OpSpec) -> str:
+    """The twin's schema string (without its name): alias annotations dropped, mutated values returned."""
+    schema = str(spec.overload._schema)
+    args = schema[schema.index("("):schema.rindex(") ->") + 1]
+    args = re.sub(r"Tensor\([a-z0-9]+!?\)", "Tensor", args)
+    returns = [str(r.type) for r in spec.overload._schema.returns] + ["Tensor"] * len(spec.mutated)
+    ret = returns[0] if len(returns) == 1 else "(" + ", ".join(returns) + ")"
+    return f"{args} -> {ret}"
+
+
+def make_functional_twin(spec: OpSpec) -> OpSpec:
+    """Define the twin torch op and return its spec (ONNX name = the mutating op's name)."""
+    names = [p.name for p in spec.params]
+    mutated_index = [names.index(m) for m in spec.mutated]
+
+    def functional(*args):
+        args = list(args)
+        for i in mutated_index:
+            args[i] = args[i].clone()
+        out = spec.overload(*args)
+        outs = () if out is None else (tuple(out) if isinstance(out, (tuple, list)) else (out,))
+        result = (*outs, *(args[i] for i in mutated_index))
+        return result[0] if len(result) == 1 else result
+
+    qualname = spec.qualname + SUFFIX
+    twin = torch.library.custom_op(qualname, functional, mutates_args=(), schema=twin_schema(spec))
+    twin.register_fake(functional)  # under fake tensors the original op runs its own fake kernel
+    params = tuple(dataclasses.replace(p, mutated=False) for p in spec.params)
+    return dataclasses.replace(
+        spec, qualname=qualname, custom_op=twin, params=params,
+        num_outputs=spec.num_outputs + len(spec.mutated), onnx_name=spec.name, functional_of=spec,
+        doc=f"functional form of {spec.qualname}: returns the new values of {list(spec.mutated)}",
+    )

@@ -1,0 +1,98 @@
+"""Graph rewrites that make programs torch.onnx can translate.
+
+``functionalize_mutations``: every call of a registered mutating op becomes a call of its
+functional twin (derived from the op's schema); later reads of the mutated tensors are
+rerouted to the twin's results, and mutated graph inputs/buffers keep their update outputs.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+
+from bridge.errors import OpBridgeError
+
+
+def _is_auto_functionalized(target) -> bool:
+    return isinstance(target, torch._ops.HigherOrderOperator) and target.name().startswith("auto_functionalized")
+
+
+def _calls_mutating_op(program, registry) -> bool:
+    for node in program.graph.nodes:
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+            spec = registry.for_overload(node.target)
+            if spec is not None and spec.mutated:
+                return True
+    return False
+
+
+def _twin_args(node, spec):
+    """Positional args of the twin call, read from an auto_functionalized node."""
+    kwargs = dict(node.kwargs)
+    bases = kwargs.pop("_all_bases", None)
+    args = []
+    for p in spec.params:
+        if not p.mutated:
+            args.append(kwargs.get(p.name, p.default))
+            continue
+        base = kwargs.get(f"_{p.name}_base_index")
+        view_keys = [k for k in kwargs if k.startswith(f"_{p.name}_") and k not in
+                     (f"_{p.name}_base_index", f"_{p.name}_alias")]
+        if bases is None or base is None or view_keys:
+            raise OpBridgeError(
+                f"{spec.qualname}: mutated argument '{p.name}' is a view of another tensor, which the "
+                f"functional rewrite does not support. Got view info {view_keys or 'none'}. "
+                f"Pass a whole tensor (e.g. .contiguous() copy) as '{p.name}'."
+            )
+        args.append(bases[base])
+    return tuple(args)
+
+
+def functionalize_mutations(program: torch.export.ExportedProgram, registry) -> torch.export.ExportedProgram:
+    """Replace mutating custom-op calls with their functional twins (see module docstring)."""
+    if not _calls_mutating_op(program, registry):
+        return program
+    # NOTE: functionalization (an empty decomposition table) turns each mutating call into
+    # auto_functionalized(op, ...) whose results already carry the rerouting; only the
+    # higher-order node itself, which torch.onnx cannot translate, is swapped for the twin.
+    program = program.run_decompositions({})
+    graph = program.graph
+    renames = {}
+    for node in list(graph.nodes):
+        if node.op != "call_function" or not _is_auto_functionalized(node.target):
+            continue
+        spec = registry.for_overload(node.args[0])
+        if spec is None:
+            continue  # not ours: torch.onnx reports it
+        twin = registry.functional(spec)
+        n_returns = spec.num_outputs
+        slots = n_returns if n_returns > 1 else 1  # auto_functionalized packs (out, *new_bases)
+        bases = {p.name: node.kwargs[f"_{p.name}_base_index"] for p in spec.params if p.mutated}
+        with graph.inserting_before(node):
+            new = graph.call_function(twin.overload, _twin_args(node, spec))
+        val = node.meta.get("val")
+        if val is not None:
+            outs = list(val[:n_returns]) + [val[slots + bases[m]] for m in spec.mutated]
+            new.meta["val"] = outs[0] if len(outs) == 1 else tuple(outs)
+        for user in list(node.users):
+            if user.target is not operator.getitem:
+                raise OpBridgeError(f"{spec.qualname}: unexpected use {user.format_node()} of its functional form. "
+                                    "Got a non-getitem user. Report this graph.")
+            index = user.args[1]
+            if index < slots:
+                position = index
+            else:
+                position = n_returns + [bases[m] for m in spec.mutated].index(index - slots)
+            if twin.num_outputs == 1:
+                user.replace_all_uses_with(new)
+                renames[user.name] = new.name
+                graph.erase_node(user)
+            else:
+                user.args = (new, position)
+        graph.erase_node(node)
+    for out in program.graph_signature.output_specs:
+        if getattr(out.arg, "name", None) in renames:
+            out.arg.name = renames[out.arg.name]
+    program.graph_module.recompile()
+    return program
