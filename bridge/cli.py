@@ -71,7 +71,7 @@ def cmd_ops(args) -> int:
             "op": spec.qualname, "onnx": f"{spec.domain}::{spec.name} v{spec.version}",
             "inputs": [p.name for p in spec.tensors],
             "attributes": {p.name: p.attr_type.name + ("(bool)" if p.is_bool else "") for p in spec.attributes},
-            "mutates": list(spec.mutated), "dtypes": [str(d).replace("torch.", "") for d in spec.dtypes],
+            "mutates": list(spec.mutated), "torchbind": list(spec.torchbind), "dtypes": [str(d).replace("torch.", "") for d in spec.dtypes],
             "fake": spec.has_fake, "autograd": spec.has_autograd, "reference": spec.reference is not None,
             "samples": spec.sample_inputs is not None,
             "tiers": {"function": spec.function is not None,
@@ -93,6 +93,8 @@ def cmd_ops(args) -> int:
         if i == 0:
             print("  ".join("-" * w for w in widths))
     for r in rows:
+        for method in r["torchbind"]:
+            print(f"note: {r['op']} also stands for torchbind {method} (object state -> attributes)")
         for gap in r["missing"]:
             print(f"note: {r['op']} lacks {gap}")
     print(f"{len(rows)} ops registered")

@@ -86,3 +86,39 @@ def build() -> ModelCase:
     return ModelCase(model, make_inputs(model), dynamic_shapes(),
                      extra_args=(make_inputs(model, jitter=1.0, seed=1), make_inputs(model, jitter=4.0, seed=2)),
                      name="BEVDemo (conv, identity_conv, depth softmax, bev_pool_v2, conv)")
+
+
+class IdentityModel(torch.nn.Module):
+    """The seeds' four layers: native conv, torchbind IdentityConvClass, identity_conv op, native conv."""
+
+    def __init__(self, channels=3):
+        super().__init__()
+        from custom_ops.identity_conv import IdentityConvClass
+
+        self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
+        self.identity = IdentityConvClass(channels)
+        self.conv2 = nn.Conv2d(channels, 2, 1)
+        self.channels = channels
+        # NOTE: weights on a grid of 1/8 (and integer inputs, see identity_model) make every conv
+        # sum exact in float32, so torch and ORT agree bit for bit whatever their summation order;
+        # bitwise parity then tests the custom layers in between.
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_((p * 8).round() / 8)
+
+    def forward(self, x):
+        x = self.conv1(x)
+        x = self.identity.forward(x)
+        x = torch.ops.opbridge.identity_conv(x, self.channels)
+        return self.conv2(x)
+
+
+def identity_model() -> ModelCase:
+    """IdentityModel with a dynamic batch; ``opbridge check --model bridge.demo:identity_model``."""
+    torch.manual_seed(0)
+    model = IdentityModel().eval()
+    batch = torch.export.Dim("batch")
+    g = torch.Generator().manual_seed(0)
+    images = [torch.randint(-4, 5, (n, 3, 8, 8), generator=g).float() for n in (2, 5)]
+    return ModelCase(model, (images[0],), ({0: batch},), extra_args=((images[1],),),
+                     name="IdentityModel (conv, torchbind, op, conv)")

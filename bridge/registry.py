@@ -72,6 +72,11 @@ class Registry:
                 return spec
         return None
 
+    def for_torchbind(self, class_name: str, method: str) -> OpSpec | None:
+        """The op standing for ``class_name.method`` (class as ``ns::Class``), if declared."""
+        wanted = f"{class_name}.{method}"
+        return next((s for s in self._ops.values() if wanted in s.torchbind), None)
+
     def for_overload(self, overload) -> OpSpec | None:
         """The spec of a torch OpOverload (a declared op or a functional twin), if registered."""
         name = overload.name().split(".")[0] if hasattr(overload, "name") else None
@@ -202,6 +207,7 @@ def op(
     version: int = 1,
     translation: Callable | None = None,
     device_types: str | Sequence[str] | None = None,
+    torchbind: Sequence[str] = (),
     registry: Registry | None = None,
 ):
     """Declare a custom op once; the torch op, ONNX schema and translation follow from it.
@@ -243,6 +249,7 @@ def op(
             domain=domain or ns, version=version, function=function, reference=reference,
             sample_inputs=sample_inputs, dtypes=tuple(dtypes),
             doc=(inspect.getdoc(fn) or "").split("\n\n")[0], custom_translation=translation,
+            torchbind=tuple(torchbind),
         )
         try:
             reg.add(spec)

@@ -131,6 +131,7 @@ class OpSpec:
     doc: str = ""
     custom_translation: Callable | None = None
     onnx_name: str = ""  # the ONNX op_type; defaults to the torch name
+    torchbind: tuple[str, ...] = ()  # "ns::Class.method" calls this op stands for (state -> attributes)
     functional_of: OpSpec | None = None  # set on the functional twin of a mutating op
 
     # -- identity -------------------------------------------------------------------

@@ -1,10 +1,16 @@
 """identity_conv: a 1x1 convolution with identity weights over ``channels`` channels (output == input).
 
-The stateless form of the seeds' ``IdentityConvClass(channels)``; ``channels`` is checked
-against the input's channel dim, so a wrong attribute is an error, not a silent copy.
+Also the op behind the torchbind class ``opbridge_classes::IdentityConvClass(channels)``
+(C++ in ``csrc/identity_conv_class.cpp``, built with torch.utils.cpp_extension on first use):
+export turns ``obj.forward(x)`` into ``identity_conv(x, channels=<obj state>)``. ``channels`` is
+checked against the input's channel dim, so a wrong attribute is an error, not a silent copy.
 """
 
 from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
 
 import torch
 from onnxscript import opset20 as op
@@ -61,9 +67,50 @@ def sample_inputs(dtype: torch.dtype) -> list[SampleInput]:
 @bridge.op(
     "opbridge::identity_conv", fake=_fake, backward=_backward, setup_context=_setup_context,
     function=identity_conv, reference=reference, sample_inputs=sample_inputs,
-    dtypes=(torch.float32, torch.float16, torch.float64),
+    dtypes=(torch.float32, torch.float16, torch.float64), torchbind=["opbridge_classes::IdentityConvClass.forward"],
 )
 def identity_conv_op(x: torch.Tensor, channels: int) -> torch.Tensor:
     """1x1 convolution with identity weights: returns a copy of ``x`` (N, channels, ...)."""
     _check(x, channels)
     return x.clone()
+
+
+class FakeIdentityConvClass:
+    """Fake (tracing) stand-in of IdentityConvClass: same state, fake forward."""
+
+    def __init__(self, channels: int):
+        self.channels = channels
+
+    @classmethod
+    def __obj_unflatten__(cls, flat):
+        return cls(**dict(flat))
+
+    def forward(self, x):
+        return _fake(x, self.channels)
+
+
+@functools.cache
+def load_identity_conv_class():
+    """Build (once, cached) and load the torchbind class; register its fake class. Returns the class.
+
+    The build uses torch.utils.cpp_extension (g++ and ninja); the cache lives in
+    ``$OPBRIDGE_CACHE_DIR`` or ``~/.cache/opbridge``.
+    """
+    from torch.utils import cpp_extension
+
+    from bridge.progress import step
+
+    cache = Path(os.environ.get("OPBRIDGE_CACHE_DIR") or Path.home() / ".cache" / "opbridge") / "torchbind"
+    cache.mkdir(parents=True, exist_ok=True)
+    source = Path(__file__).with_name("csrc") / "identity_conv_class.cpp"
+    with step("building/loading torchbind class IdentityConvClass"):
+        cpp_extension.load(name="opbridge_classes", sources=[str(source)], build_directory=str(cache),
+                           is_python_module=False, verbose=False)
+    torch._library.fake_class_registry.register_fake_class(
+        "opbridge_classes::IdentityConvClass", FakeIdentityConvClass)
+    return torch.classes.opbridge_classes.IdentityConvClass
+
+
+def IdentityConvClass(channels: int):
+    """A new ``torch.classes.opbridge_classes.IdentityConvClass(channels)`` (builds on first use)."""
+    return load_identity_conv_class()(channels)

@@ -106,9 +106,9 @@ def _ensure_opset_imports(model: onnx.ModelProto, registry: Registry) -> None:
 
 
 def _default_rewrites() -> tuple[Callable, ...]:
-    from exporters.rewrites import functionalize_mutations
+    from exporters.rewrites import functionalize_mutations, torchbind_to_ops
 
-    return (functionalize_mutations,)
+    return (torchbind_to_ops, functionalize_mutations)
 
 
 DEFAULT_REWRITES = _default_rewrites()
@@ -129,7 +129,8 @@ def export(
 ) -> onnx.ModelProto:
     """Export ``model`` with every registered custom op; return (and write to ``f``) the ModelProto.
 
-    Runs ``torch.export``, the graph rewrites (mutating ops -> functional twins), then
+    Runs ``torch.export``, the graph rewrites (torchbind method calls -> ops with the object's
+    state as attributes; mutating ops -> functional twins), then
     ``torch.onnx.export(dynamo=True)`` with the registry's translation table, attaches model-local function bodies (``functions=True``) so plain
     ONNX Runtime runs the file, and validates with ``onnx.checker`` (full check). Small
     models are written as one file.
