@@ -63,6 +63,7 @@ def _inputs_path(onnx_path: str) -> str:
 def cmd_ops(args) -> int:
     from bridge.registry import REGISTRY
     from ort_kernels.build import served_ops
+    from ort_kernels.python_tier import served as python_served
 
     native = served_ops(REGISTRY)
     rows = []
@@ -75,7 +76,7 @@ def cmd_ops(args) -> int:
             "fake": spec.has_fake, "autograd": spec.has_autograd, "reference": spec.reference is not None,
             "samples": spec.sample_inputs is not None,
             "tiers": {"function": spec.function is not None,
-                      "native": (spec.domain, spec.name) in native, "python": False},
+                      "native": (spec.domain, spec.name) in native, "python": python_served(spec)},
             "missing": REGISTRY.missing(spec),
         })
     if args.json:
@@ -151,7 +152,10 @@ def cmd_check(args) -> int:
         from bridge.testing import OpModule, cases
 
         spec = REGISTRY.get(args.op)
-        for case in cases([spec]):
+        import torch
+
+        # NOTE: the python tier runs float32 only; other dtypes would only report its guard
+        for case in cases([spec], dtypes=(torch.float32,) if args.tier == "python" else None):
             module, tensors = OpModule.from_sample(spec, case.sample)
             reports.append(check_parity(module, tensors, tier=args.tier, rtol=args.rtol, atol=args.atol,
                                         name=case.id))

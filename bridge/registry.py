@@ -208,6 +208,7 @@ def op(
     translation: Callable | None = None,
     device_types: str | Sequence[str] | None = None,
     torchbind: Sequence[str] = (),
+    native: str | None = None,
     registry: Registry | None = None,
 ):
     """Declare a custom op once; the torch op, ONNX schema and translation follow from it.
@@ -249,7 +250,7 @@ def op(
             domain=domain or ns, version=version, function=function, reference=reference,
             sample_inputs=sample_inputs, dtypes=tuple(dtypes),
             doc=(inspect.getdoc(fn) or "").split("\n\n")[0], custom_translation=translation,
-            torchbind=tuple(torchbind),
+            torchbind=tuple(torchbind), native_source=None if native is None else str(native),
         )
         try:
             reg.add(spec)

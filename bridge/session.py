@@ -17,9 +17,11 @@ _STANDARD = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft"}
 
 
 def load_model(model: str | os.PathLike | onnx.ModelProto | bytes) -> onnx.ModelProto:
-    """Load a model from a path, bytes or proto; missing or corrupt files raise OpBridgeError."""
+    """Load a model from a path, bytes or proto (copied: sessions edit their copy); errors are clear."""
     if isinstance(model, onnx.ModelProto):
-        return model
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        return copy
     if isinstance(model, bytes):
         try:
             return onnx.load_from_string(model)
@@ -92,6 +94,8 @@ def session(
 
     ``tier="function"`` runs each custom node through its model-local ONNX function (attached
     from the registry when the file lacks it), so plain ONNX Runtime needs nothing else.
+    ``tier="native"`` loads the C++ kernel library (built on first use); ``tier="python"`` runs
+    the ops' own eager implementations through onnxruntime-extensions (float32, prototyping).
 
     Example:
         >>> import numpy as np, torch, bridge, custom_ops
@@ -111,8 +115,10 @@ def session(
     elif tier == "native":
         sess_options = use_native(proto, reg, sess_options)
     else:
-        raise UnsupportedInTier(f"tier {tier!r} is not available in this build. Got tier={tier!r}. "
-                                "Use tier='function' or 'native'.")
+        from ort_kernels.python_tier import python_session
+
+        with step("onnxruntime session (python tier)"):
+            return python_session(proto, reg, sess_options, providers)
     with step(f"onnxruntime session ({tier} tier)"):
         try:
             return ort.InferenceSession(proto.SerializeToString(), sess_options,

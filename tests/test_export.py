@@ -228,3 +228,15 @@ def test_ort_error_on_bad_indices_is_an_exception_not_a_crash(demo_export):
     args[1] = args[1].clone().fill_(10**8)  # ranks_depth far outside depth
     with pytest.raises(bridge.OpBridgeError, match="onnxruntime failed"):
         bridge.parity.run_ort(sess, args)
+
+
+@pytest.mark.parametrize("tier", ["function", "native", "python"])
+def test_session_does_not_modify_the_callers_model(tier):
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.opbridge.crop(x, [0, 0, 2, 2])
+
+    proto = bridge.export(M(), (torch.ones(1, 3, 3),))
+    before = proto.SerializeToString()
+    bridge.session(proto, tier=tier)
+    assert proto.SerializeToString() == before

@@ -6,18 +6,22 @@ import torch
 import bridge
 from bridge.testing import OpModule, cases
 
-TIERS = ("function", "native")
+TIERS = ("function", "native", "python")
 
-# NOTE: every expected failure carries its reason; an xfail without one is a test bug.
-XFAIL: dict[tuple[str, str], str] = {}
+
+def xfail_reason(case, tier) -> str | None:
+    """Why (op, tier, dtype) is expected to fail; every expected failure carries its reason."""
+    if tier == "python" and case.dtype != torch.float32:
+        return "the python tier runs float32 only (onnxruntime-extensions aborts on float16); guarded"
+    return None
 
 
 def _params():
     out = []
     for tier in TIERS:
         for case in cases(bridge.REGISTRY):
-            reason = XFAIL.get((case.spec.qualname, tier))
-            marks = [pytest.mark.xfail(reason=reason, raises=bridge.OpBridgeError, strict=True)] if reason else []
+            reason = xfail_reason(case, tier)
+            marks = [pytest.mark.xfail(reason=reason, raises=bridge.UnsupportedInTier, strict=True)] if reason else []
             out.append(pytest.param(case, tier, marks=marks, id=f"{tier}-{case.id}"))
     return out
 

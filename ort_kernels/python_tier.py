@@ -1,0 +1,219 @@
+"""Python kernel tier: run any registered op in ONNX Runtime through onnxruntime-extensions.
+
+Each op's kernel is the op's own eager implementation (for a mutating op, its functional twin),
+so prototyping needs no extra code. onnxruntime-extensions' PyOp has sharp edges, each guarded
+here (measured on 0.15.2, see shared/FINDINGS.md):
+
+- an exception inside a kernel aborts the process: kernels catch everything, hand ORT a
+  placeholder, and the session's ``run`` raises the recorded error as OpBridgeError;
+- INTS/FLOATS attributes are unsupported: the session's copy of the model carries them as
+  comma-separated STRING attributes, parsed back in the kernel; every declared attribute must be
+  present, so defaults are written into the nodes;
+- float16 aborts the process: only float32 floating tensors are accepted, anything else is an
+  UnsupportedInTier error before ORT sees the model;
+- declaring an op after the library was registered with a session crashes later sessions: all
+  registered ops are declared before the first registration, and an op registered later gets
+  UnsupportedInTier (restart the process).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import torch
+
+from bridge.errors import OpBridgeError, UnsupportedInTier
+
+_lock = threading.Lock()
+_declared: dict[tuple[str, str], object] = {}  # (domain, op_type) -> OpSpec served
+_library_used = False
+_errors: list[str] = []  # kernel exceptions of the current run (ORT calls kernels synchronously)
+_ACCEPTED = {onnx.TensorProto.FLOAT, onnx.TensorProto.INT32, onnx.TensorProto.INT64, onnx.TensorProto.BOOL,
+             onnx.TensorProto.UINT8, onnx.TensorProto.INT8}
+
+
+def _list_attr(p) -> bool:
+    return p.attr_type in (onnx.defs.OpSchema.AttrType.INTS, onnx.defs.OpSchema.AttrType.FLOATS)
+
+
+def _parse_attr(p, value):
+    if _list_attr(p):
+        text = value.decode() if isinstance(value, bytes) else str(value)
+        items = [x for x in text.split(",") if x]
+        return p.from_onnx_value([int(x) if p.attr_type == onnx.defs.OpSchema.AttrType.INTS else float(x)
+                                  for x in items])
+    return p.from_onnx_value(value)
+
+
+def _placeholder(spec, tensors, attrs):
+    """Outputs of the right dtype for ORT to copy while the error travels back (zeros)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            fakes = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in tensors]
+            out = spec.overload(*fakes, **attrs)
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        return tuple(np.zeros(tuple(o.shape), dtype=np.float32 if o.dtype.is_floating_point else np.int64)
+                     for o in outs)
+    except Exception:
+        return tuple(np.zeros((0,), np.float32) for _ in range(spec.num_outputs))
+
+
+def _kernel(spec):
+    tensor_params = [p for p in spec.params if p.is_tensor]
+    attr_params = {p.name: p for p in spec.attributes}
+
+    def kernel(*arrays, **raw_attrs):
+        tensors, attrs = [], {}
+        try:
+            tensors = [torch.from_numpy(np.array(a)) for a in arrays]
+            attrs = {k: _parse_attr(attr_params[k], v) for k, v in raw_attrs.items()}
+            named = dict(zip((p.name for p in tensor_params), tensors))
+            args = [named.get(p.name) if p.is_tensor else attrs.get(p.name, p.default) for p in spec.params]
+            with torch.no_grad():
+                out = spec.overload(*args)
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            result = tuple(o.detach().contiguous().numpy() for o in outs)
+        except BaseException as e:  # noqa: BLE001  an escaping exception aborts the process
+            _errors.append(f"{spec.qualname}: the Python kernel raised {type(e).__name__}: {e}")
+            result = _placeholder(spec, tensors, attrs)
+        return result[0] if len(result) == 1 else result
+
+    return kernel
+
+
+def _io_dtypes(spec):
+    from ort_kernels.build import _io_types
+
+    from onnxruntime_extensions import PyCustomOpDef
+
+    by_onnx = {onnx.TensorProto.FLOAT: PyCustomOpDef.dt_float, onnx.TensorProto.INT32: PyCustomOpDef.dt_int32,
+               onnx.TensorProto.INT64: PyCustomOpDef.dt_int64, onnx.TensorProto.BOOL: PyCustomOpDef.dt_bool,
+               onnx.TensorProto.UINT8: PyCustomOpDef.dt_uint8, onnx.TensorProto.INT8: PyCustomOpDef.dt_int8}
+    inputs, outputs = _io_types(spec, torch.float32)
+    return [by_onnx[t] for t in inputs], [by_onnx[t] for t in outputs]
+
+
+def _declare_all(registry) -> None:
+    from onnxruntime_extensions import PyCustomOpDef, onnx_op
+
+    attr_types = {onnx.defs.OpSchema.AttrType.INT: PyCustomOpDef.dt_int64,
+                  onnx.defs.OpSchema.AttrType.FLOAT: PyCustomOpDef.dt_float,
+                  onnx.defs.OpSchema.AttrType.STRING: PyCustomOpDef.dt_string}
+    for spec in registry.exportable():
+        key = (spec.domain, spec.name)
+        if key in _declared or not served(spec):
+            continue
+        inputs, outputs = _io_dtypes(spec)
+        attrs = {p.name: attr_types.get(p.attr_type, PyCustomOpDef.dt_string) for p in spec.attributes}
+        onnx_op(op_type=f"{spec.domain}::{spec.name}", inputs=inputs, outputs=outputs, attrs=attrs)(_kernel(spec))
+        _declared[key] = spec
+
+
+def _custom_nodes(model):
+    from bridge.session import _STANDARD
+
+    return [n for n in model.graph.node if n.domain not in _STANDARD]
+
+
+def _check_types(model: onnx.ModelProto) -> None:
+    inferred = onnx.shape_inference.infer_shapes(model)
+    types = {v.name: v.type.tensor_type.elem_type for v in
+             list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output)}
+    for node in _custom_nodes(model):
+        for name in list(node.input) + list(node.output):
+            t = types.get(name)
+            if t is not None and t not in _ACCEPTED:
+                raise UnsupportedInTier(
+                    f"tier 'python' runs float32 only (onnxruntime-extensions aborts the process on float16 and "
+                    f"declares one type per op). Got {onnx.helper.tensor_dtype_to_string(t)} at "
+                    f"{node.domain}::{node.op_type} '{name}'. Use tier='function' or 'native'."
+                )
+
+
+def _rewrite_attributes(model: onnx.ModelProto) -> None:
+    """Lists -> comma-separated strings; defaults written in (PyOp needs every declared attribute)."""
+    for node in _custom_nodes(model):
+        spec = _declared[(node.domain, node.op_type)]
+        present = {a.name: a for a in node.attribute}
+        new = []
+        for p in spec.attributes:
+            if p.name in present:
+                value = onnx.helper.get_attribute_value(present[p.name])
+            elif p.has_default and p.default is not None:
+                value = p.to_onnx_value(p.default)
+            else:
+                raise OpBridgeError(f"{spec.qualname}: node {node.name!r} lacks required attribute '{p.name}'. "
+                                    "Got none. Export the model again with opbridge.")
+            if _list_attr(p):
+                value = ",".join(str(v) for v in value)
+            new.append(onnx.helper.make_attribute(p.name, value))
+        del node.attribute[:]
+        node.attribute.extend(new)
+
+
+def _kernel_error() -> str:
+    return _errors[0].rstrip(".") + ". Fix the inputs (the op's own eager checks apply in this tier)."
+
+
+class PythonTierSession(ort.InferenceSession):
+    """InferenceSession whose ``run`` raises the Python kernels' errors as OpBridgeError."""
+
+    def run(self, output_names, input_feed, run_options=None):
+        with _lock:  # NOTE: one run at a time: the error list is shared by every kernel
+            _errors.clear()
+            try:
+                result = super().run(output_names, input_feed, run_options)
+            except Exception as e:
+                if _errors:
+                    raise OpBridgeError(_kernel_error()) from e
+                raise
+            if _errors:
+                raise OpBridgeError(_kernel_error())
+            return result
+
+
+def python_session(model: onnx.ModelProto, registry, sess_options, providers) -> PythonTierSession:
+    """A session running ``model``'s custom nodes through their eager implementations."""
+    global _library_used
+    try:
+        from onnxruntime_extensions import get_library_path
+    except ImportError:
+        raise UnsupportedInTier("tier 'python' needs onnxruntime-extensions. Got no such package. "
+                                "pip install 'opbridge[python-tier]' (onnxruntime-extensions==0.15.*).") from None
+    with _lock:
+        if not _library_used:
+            _declare_all(registry)
+        missing = [f"{n.domain}::{n.op_type}" for n in _custom_nodes(model) if (n.domain, n.op_type) not in _declared]
+        if missing:
+            why = ("it was registered after this process's first python-tier session (declaring ops later "
+                   "crashes onnxruntime-extensions); restart the process" if _library_used and
+                   all(registry.find(*m.split("::")) for m in missing) else
+                   "no float32 sample inputs or it is not registered")
+            raise UnsupportedInTier(f"tier 'python' cannot run {', '.join(sorted(set(missing)))}: {why}. "
+                                    f"Got ops {sorted(set(missing))}. Use tier='function' or 'native'.")
+        _check_types(model)
+        _rewrite_attributes(model)
+        del model.functions[:]  # the Python kernels, not function bodies, run the custom nodes
+        options = sess_options or ort.SessionOptions()
+        options.register_custom_ops_library(get_library_path())
+        _library_used = True
+    try:
+        return PythonTierSession(model.SerializeToString(), options, providers=list(providers))
+    except Exception as e:
+        raise OpBridgeError(f"onnxruntime could not load the model for tier 'python'. Got {type(e).__name__}: "
+                            f"{str(e)[:500]}.") from e
+
+
+def declared_ops() -> list[str]:
+    """``domain::name`` of every op declared to onnxruntime-extensions in this process."""
+    return sorted(f"{d}::{n}" for d, n in _declared)
+
+
+def served(spec) -> bool:
+    """Whether the Python tier can serve ``spec``: float32 among its dtypes, samples to type it."""
+    return torch.float32 in spec.dtypes and spec.sample_inputs is not None

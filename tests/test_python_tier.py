@@ -1,0 +1,59 @@
+"""Python kernel tier through onnxruntime-extensions: parity, and every known failure guarded."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+import bridge
+import bridge.demo as demo
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def guards():
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    r = subprocess.run([sys.executable, str(ROOT / "tests/scripts/python_tier_guards.py")], capture_output=True,
+                       text=True, env=env, timeout=600)
+    assert r.returncode == 0, f"the guard run died (rc={r.returncode}):\n{r.stderr[-3000:]}"
+    return {d.pop("case"): d for d in map(json.loads, r.stdout.splitlines())}
+
+
+def test_kernel_exception_is_a_python_error_not_an_abort(guards):
+    err = guards["kernel_exception"]
+    assert not err["ok"] and err["type"] == "OpBridgeError"
+    assert "bev::bev_pool_v2: the Python kernel raised ValueError" in err["error"]
+    assert "ranks_depth values must lie in [0, 120)" in err["error"]
+    assert guards["after_exception"] == guards["valid"] and guards["valid"]["ok"]
+
+
+@pytest.mark.parametrize("case,dtype", [("float16", "FLOAT16"), ("float64", "DOUBLE")])
+def test_non_float32_is_unsupported_in_tier(guards, case, dtype):
+    err = guards[case]
+    assert err["type"] == "UnsupportedInTier" and "runs float32 only" in err["error"] and dtype in err["error"]
+
+
+def test_op_declared_after_the_library_is_registered_is_refused(guards):
+    err = guards["declared_after_register"]
+    assert err["type"] == "UnsupportedInTier" and "late::twice" in err["error"] and "restart" in err["error"]
+    assert guards["process_still_serves"] == guards["valid"]
+
+
+def test_demo_runs_in_the_python_tier():
+    case = demo.build()
+    report = bridge.check_parity(case.model, case.args, dynamic_shapes=case.dynamic_shapes, tier="python")
+    assert report.passed, report
+
+
+def test_list_attributes_travel_as_strings_and_defaults_are_written():
+    crop = bridge.REGISTRY.get("opbridge::crop")
+    from bridge.testing import OpModule
+
+    module, tensors = OpModule.from_sample(crop, bridge.SampleInput((torch.randn(1, 5, 5), [-1, 1, 3, 4])))
+    report = bridge.check_parity(module, tensors, tier="python", rtol=0, atol=0)
+    assert report.passed and report.outputs[0].shape == (1, 3, 4)
