@@ -172,6 +172,11 @@ def cmd_check(args) -> int:
     if args.json:
         with open(args.json, "w") as fh:
             json.dump([json.loads(r.to_json()) for r in reports], fh, indent=2)
+    if args.plot:
+        root, ext = os.path.splitext(args.plot)
+        for i, r in enumerate(reports):
+            target = args.plot if len(reports) == 1 else f"{root}-{i}{ext or '.png'}"
+            print(f"wrote {r.plot(target)}")
     return 0 if ok else 1
 
 
@@ -242,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--atol", type=float, help="override the per-dtype absolute tolerance")
     p.add_argument("-o", "--output", help="keep the exported .onnx here")
     p.add_argument("--json", help="write the report(s) as JSON to this file")
+    p.add_argument("--plot", metavar="PNG", help="write a histogram of the errors per output (needs matplotlib)")
     p.set_defaults(func=cmd_check)
     return parser
 

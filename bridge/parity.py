@@ -56,6 +56,30 @@ class OutputParity:
     atol: float
     passed: bool
     note: str = ""
+    worst: list = dataclasses.field(default_factory=list)  # top-k elements by abs error
+    errors: np.ndarray | None = dataclasses.field(default=None, repr=False, compare=False)  # |ort - eager|
+
+    def to_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "errors"}
+
+
+TOP_K = 5
+
+
+def _worst(diff: np.ndarray, expected: np.ndarray, actual: np.ndarray, k: int = TOP_K) -> list[dict]:
+    """The k largest errors: index tuple, eager value, ORT value, abs error (largest first)."""
+    flat = diff.reshape(-1)
+    if flat.size == 0 or not np.any(flat > 0):
+        return []
+    top = np.argsort(flat, kind="stable")[::-1][:k]
+    rows = []
+    for i in top:
+        if flat[i] <= 0:
+            break
+        index = tuple(int(j) for j in np.unravel_index(int(i), diff.shape))
+        rows.append({"index": list(index), "eager": float(expected.reshape(-1)[i]),
+                     "ort": float(actual.reshape(-1)[i]), "abs_err": float(flat[i])})
+    return rows
 
 
 def _to_numpy(t: torch.Tensor) -> np.ndarray:
@@ -94,7 +118,8 @@ def compare(name: str, expected: torch.Tensor, actual: np.ndarray, *, rtol=None,
     max_abs = float(diff.max()) if diff.size else 0.0
     max_rel = float(rel.max()) if rel.size else 0.0
     n_bad = int(bad.sum())
-    return OutputParity(name, shape, dtype, max_abs, max_rel, n_bad, int(diff.size), r, a, n_bad == 0)
+    return OutputParity(name, shape, dtype, max_abs, max_rel, n_bad, int(diff.size), r, a, n_bad == 0,
+                        worst=_worst(diff, e64, a64), errors=diff)
 
 
 TORCH_NUMPY_SAFE = (torch.float16, torch.float32, torch.float64, torch.int32, torch.int64, torch.bool)
@@ -115,7 +140,7 @@ class ParityReport:
 
     def to_dict(self) -> dict:
         return {"model": self.model, "tier": self.tier, "passed": self.passed,
-                "onnx_path": self.onnx_path, "outputs": [dataclasses.asdict(o) for o in self.outputs]}
+                "onnx_path": self.onnx_path, "outputs": [o.to_dict() for o in self.outputs]}
 
     def to_json(self, **kwargs) -> str:
         def clean(v):  # JSON has no inf
@@ -123,6 +148,36 @@ class ParityReport:
         d = self.to_dict()
         d["outputs"] = [{k: clean(v) for k, v in o.items()} for o in d["outputs"]]
         return json.dumps(d, **kwargs)
+
+    def plot(self, path: str | os.PathLike) -> str:
+        """Write a PNG histogram of log10 |ort - eager| per output (needs matplotlib); return the path."""
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot as plt
+        except ImportError:
+            raise OpBridgeError("plotting needs matplotlib. Got no matplotlib. pip install 'opbridge[plot]'.") from None
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for o in self.outputs:
+            if o.errors is None or o.errors.size == 0:
+                continue
+            err = o.errors.reshape(-1)
+            finite = err[np.isfinite(err)]
+            exact = int((finite == 0).sum())
+            logs = np.log10(finite[finite > 0]) if np.any(finite > 0) else np.array([])
+            ax.hist(logs, bins=40, alpha=0.6, label=f"{o.name} ({exact}/{err.size} exact, tol atol={o.atol:g})")
+        ax.set_xlabel("log10 |ORT - eager| (exact matches not shown)")
+        ax.set_ylabel("elements")
+        tolerances = sorted({o.atol for o in self.outputs if o.atol > 0})
+        for atol in tolerances:
+            ax.axvline(np.log10(atol), color="red", linestyle="--", linewidth=1)
+        ax.set_title(f"{self.model}\nORT tier {self.tier} vs eager; dashed: atol", fontsize=8)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(os.fspath(path), dpi=100)
+        plt.close(fig)
+        return os.fspath(path)
 
     def __str__(self) -> str:
         head = ("output", "shape", "dtype", "max abs", "max rel", "mismatch", "rtol/atol", "result")
@@ -138,6 +193,13 @@ class ParityReport:
             lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
             if i == 0:
                 lines.append("  ".join("-" * w for w in widths))
+        for o in self.outputs:
+            if o.passed or not o.worst:
+                continue
+            lines.append(f"worst elements of {o.name}:")
+            for w in o.worst:
+                lines.append(f"  at {tuple(w['index'])}: eager {w['eager']:.6g}  ort {w['ort']:.6g}  "
+                             f"abs err {w['abs_err']:.3g}")
         return "\n".join(lines)
 
     def assert_ok(self) -> None:

@@ -38,12 +38,13 @@ def test_export_run_check_on_the_demo(tmp_path):
     r = run("run", str(onnx_path))
     assert r.returncode == 0, r.stderr
     assert "shape [1, 8, 32, 32] float32" in r.stdout
-    r = run("-q", "check", "--json", str(tmp_path / "report.json"))
+    r = run("-q", "check", "--json", str(tmp_path / "report.json"), "--plot", str(tmp_path / "errors.png"))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "PASS" in r.stdout and "[run 3]" in r.stdout and "1 passed, 0 failed" in r.stdout
     assert r.stderr == ""
     report = json.loads((tmp_path / "report.json").read_text())
     assert report[0]["passed"] and len(report[0]["outputs"]) == 3
+    assert (tmp_path / "errors.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_check_one_op(tmp_path):

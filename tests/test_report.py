@@ -77,3 +77,28 @@ def test_check_parity_detects_a_wrong_function_body(registry, fresh_name):
     assert not report.passed and report.outputs[0].mismatches == 4
     with pytest.raises(AssertionError):
         bridge.assert_parity(M(), (torch.ones(4),), registry=registry)
+
+
+def test_worst_elements_are_listed_with_indices():
+    e = torch.zeros(3, 4)
+    a = np.zeros((3, 4), np.float32)
+    a[2, 1], a[0, 3], a[1, 0] = 0.5, -0.25, 1e-7
+    r = compare("y", e, a)
+    assert [w["index"] for w in r.worst] == [[2, 1], [0, 3], [1, 0]]
+    assert r.worst[0] == {"index": [2, 1], "eager": 0.0, "ort": 0.5, "abs_err": 0.5}
+    text = str(ParityReport("M", "function", [r]))
+    assert "worst elements of y:" in text and "at (2, 1): eager 0  ort 0.5  abs err 0.5" in text
+    assert json.loads(ParityReport("M", "function", [r]).to_json())["outputs"][0]["worst"][1]["index"] == [0, 3]
+
+
+def test_exact_outputs_list_no_worst_elements():
+    assert compare("y", torch.ones(4), np.ones(4, np.float32)).worst == []
+
+
+def test_plot_writes_a_png(tmp_path):
+    rng = np.random.default_rng(0)
+    e = torch.from_numpy(rng.standard_normal((50, 50)).astype(np.float32))
+    a = e.numpy() + rng.standard_normal((50, 50)).astype(np.float32) * 1e-6
+    report = ParityReport("M", "native", [compare("y", e, a), compare("z", e, e.numpy())])
+    path = report.plot(tmp_path / "errors.png")
+    assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
