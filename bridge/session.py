@@ -44,6 +44,40 @@ def custom_nodes(model: onnx.ModelProto) -> list[tuple[str, str]]:
     return sorted({(n.domain, n.op_type) for n in model.graph.node if n.domain not in _STANDARD})
 
 
+def check_nodes(model: onnx.ModelProto, registry: Registry) -> None:
+    """Custom nodes against their registered ops: domain version, attributes, input count."""
+    imported = {o.domain: o.version for o in model.opset_import}
+    for node in model.graph.node:
+        if node.domain in _STANDARD:
+            continue
+        spec = registry.find(node.domain, node.op_type)
+        if spec is None:
+            continue  # the tier reports ops it cannot run
+        where = f"node {node.name or node.op_type!r} ({node.domain}::{node.op_type})"
+        version = imported.get(node.domain)
+        if version != spec.version:
+            raise OpBridgeError(
+                f"{where} is imported at domain version {version}, but the registered op is version "
+                f"{spec.version}. Got opset_import {node.domain}={version}. Export the model again with this "
+                f"registry, or register the op with version={version}."
+            )
+        attrs = {a.name: a for a in node.attribute}
+        for p in spec.attributes:
+            if p.name not in attrs:
+                if not p.has_default:
+                    raise OpBridgeError(f"{where} lacks required attribute '{p.name}' ({p.attr_type.name}). "
+                                        f"Got attributes {sorted(attrs)}. Export the model again with opbridge.")
+            elif attrs[p.name].type != p.attr_type:
+                raise OpBridgeError(
+                    f"{where} has attribute '{p.name}' of type {onnx.AttributeProto.AttributeType.Name(attrs[p.name].type)}"
+                    f", the op declares {p.attr_type.name}. Got a type mismatch. Export the model again with opbridge."
+                )
+        required = sum(1 for p in spec.tensors if not p.optional)
+        if not required <= len(node.input) <= len(spec.tensors):
+            raise OpBridgeError(f"{where} has {len(node.input)} inputs; the op takes {required} to "
+                                f"{len(spec.tensors)}. Got inputs {list(node.input)}. Export the model again.")
+
+
 def resolve_functions(model: onnx.ModelProto, registry: Registry) -> list[str]:
     """Attach missing function bodies from the registry; raise for ops still unresolvable."""
     from exporters.export import attach_functions
@@ -60,8 +94,8 @@ def resolve_functions(model: onnx.ModelProto, registry: Registry) -> list[str]:
     return [f"{d}::{t}" for d, t in custom_nodes(model)]
 
 
-def use_native(model: onnx.ModelProto, registry: Registry,
-               sess_options: ort.SessionOptions | None) -> ort.SessionOptions:
+def use_native(model: onnx.ModelProto, registry: Registry, sess_options: ort.SessionOptions | None,
+               library: str | os.PathLike | None = None) -> ort.SessionOptions:
     """Point the model's custom nodes at the native library; raise for ops it does not serve."""
     from ort_kernels.build import library_path, served_ops
 
@@ -77,9 +111,31 @@ def use_native(model: onnx.ModelProto, registry: Registry,
     keep = [f for f in model.functions if (f.domain, f.name) not in served]
     del model.functions[:]
     model.functions.extend(keep)
+    library = library or os.environ.get("OPBRIDGE_NATIVE_LIBRARY") or library_path(registry)
+    if not os.path.isfile(library):
+        raise OpBridgeError(f"no native kernel library at {os.fspath(library)!r}. Got a missing file. Build one with "
+                            "`python -m ort_kernels.build` (prints its path) or drop native_library= to build here.")
     options = sess_options or ort.SessionOptions()
-    options.register_custom_ops_library(str(library_path(registry)))
+    try:
+        register_library(options, os.fspath(library))
+    except Exception as e:
+        raise OpBridgeError(f"onnxruntime could not load the native library {os.fspath(library)!r}. Got "
+                            f"{type(e).__name__}: {str(e)[:300]}. Rebuild it for this onnxruntime.") from None
     return options
+
+
+# NOTE: registering a library twice into one SessionOptions adds its domains twice, and every
+# later session on those options fails ("Domain already set in registry"). Options a library
+# went into are kept alive here, so their ids cannot be reused by other objects.
+_registered: dict[tuple[int, str], ort.SessionOptions] = {}
+
+
+def register_library(options: ort.SessionOptions, path: str) -> None:
+    """``options.register_custom_ops_library(path)``, once per (options, library)."""
+    key = (id(options), path)
+    if key not in _registered:
+        options.register_custom_ops_library(path)
+        _registered[key] = options
 
 
 def session(
@@ -89,12 +145,14 @@ def session(
     registry: Registry | None = None,
     providers: Sequence[str] = ("CPUExecutionProvider",),
     sess_options: ort.SessionOptions | None = None,
+    native_library: str | os.PathLike | None = None,
 ) -> ort.InferenceSession:
     """An ``onnxruntime.InferenceSession`` for ``model`` whose custom ops all have kernels.
 
     ``tier="function"`` runs each custom node through its model-local ONNX function (attached
     from the registry when the file lacks it), so plain ONNX Runtime needs nothing else.
-    ``tier="native"`` loads the C++ kernel library (built on first use); ``tier="python"`` runs
+    ``tier="native"`` loads the C++ kernel library (built on first use, or ``native_library=``
+    / ``$OPBRIDGE_NATIVE_LIBRARY`` for a prebuilt one); ``tier="python"`` runs
     the ops' own eager implementations through onnxruntime-extensions (float32, prototyping).
 
     Example:
@@ -110,10 +168,11 @@ def session(
         raise OpBridgeError(f"unknown kernel tier. Got {tier!r}. Use one of {TIERS}.")
     reg = REGISTRY if registry is None else registry
     proto = load_model(model)
+    check_nodes(proto, reg)
     if tier == "function":
         resolve_functions(proto, reg)
     elif tier == "native":
-        sess_options = use_native(proto, reg, sess_options)
+        sess_options = use_native(proto, reg, sess_options, native_library)
     else:
         from ort_kernels.python_tier import python_session
 

@@ -133,15 +133,19 @@ def _backward(ctx, grad_out):
 def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths,
                 bev_feat_shape: Sequence[int]):
     # NOTE: ONNX has no repeat_interleave: intervals expand to points with a cumsum over
-    # interval-start markers. Products are summed per interval in float64 by differences of a
-    # cumsum, then scattered once per interval: ScatterND-add over duplicate cells races in ORT's
-    # threaded kernel (measured: run-to-run differences), ScatterElements over unique rows does not.
+    # interval-start markers. Products accumulate in float64 with ScatterElements-add:
+    # ScatterND-add over duplicate cells races in ORT's threaded kernel (measured run-to-run
+    # differences), ScatterElements-add does not; prefix-sum differences were tried and dropped
+    # (an Inf/NaN or a huge value in one cell spoils every later cell).
+    # Negative indices would wrap around in Gather; they are sent out of range so ORT rejects them.
+    too_big = op.Constant(value_int=2**62)
     shape = op.Constant(value_ints=bev_feat_shape)
     zero, one = op.Constant(value_ints=[0]), op.Constant(value_ints=[1])
     axis0 = op.Constant(value_int=0)
     channels = op.Shape(feat, start=-1)
     n_cells = op.ReduceProd(op.Slice(shape, zero, op.Constant(value_ints=[-1])), keepdims=1)
     starts = op.Cast(interval_starts, to=INT64.dtype)
+    starts = op.Where(op.Less(starts, op.Constant(value_int=0)), too_big, starts)
     lengths = op.Cast(interval_lengths, to=INT64.dtype)
     offsets = op.Sub(op.CumSum(lengths, axis0), lengths)
     total = op.ReduceSum(lengths, keepdims=1)
@@ -149,20 +153,20 @@ def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts
                                 op.Expand(op.Constant(value_int=1), op.Shape(offsets)), reduction="add")
     interval_of = op.Sub(op.CumSum(op.Slice(marker, zero, total), axis0), one)
     k = op.Range(op.Constant(value_int=0), op.Squeeze(total), op.Constant(value_int=1))
-    point = op.Add(op.Gather(starts, interval_of), op.Sub(k, op.Gather(offsets, interval_of)))
-    d = op.Gather(op.Reshape(depth, op.Constant(value_ints=[-1])), op.Gather(ranks_depth, point))
-    f = op.Gather(op.Reshape(feat, op.Concat(op.Constant(value_ints=[-1]), channels, axis=0)),
-                  op.Gather(ranks_feat, point))
+    start_k = op.Gather(starts, interval_of)
+    point = op.Add(start_k, op.Sub(k, op.Gather(offsets, interval_of)))
+    rd = op.Cast(op.Gather(ranks_depth, point), to=INT64.dtype)
+    rf = op.Cast(op.Gather(ranks_feat, point), to=INT64.dtype)
+    rd = op.Where(op.Less(rd, op.Constant(value_int=0)), too_big, rd)
+    rf = op.Where(op.Less(rf, op.Constant(value_int=0)), too_big, rf)
+    d = op.Gather(op.Reshape(depth, op.Constant(value_ints=[-1])), rd)
+    f = op.Gather(op.Reshape(feat, op.Concat(op.Constant(value_ints=[-1]), channels, axis=0)), rf)
     prod = op.Mul(op.Cast(f, to=DOUBLE.dtype), op.Unsqueeze(op.Cast(d, to=DOUBLE.dtype), op.Constant(value_ints=[-1])))
-    running = op.Concat(op.Expand(op.Constant(value=DOUBLE_ZERO), op.Concat(one, channels, axis=0)),
-                        op.CumSum(prod, axis0), axis=0)
-    sums = op.Sub(op.Gather(running, op.Add(offsets, lengths)), op.Gather(running, offsets))
-    nonempty = op.Greater(lengths, op.Constant(value_int=0))
-    cells = op.Gather(op.Cast(ranks_bev, to=INT64.dtype), op.Compress(starts, nonempty))
-    sums = op.Compress(sums, nonempty, axis=0)
-    rows = op.Expand(op.Unsqueeze(cells, op.Constant(value_ints=[-1])), op.Shape(sums))
+    cell = op.Cast(op.Gather(ranks_bev, start_k), to=INT64.dtype)
+    cell = op.Where(op.Less(cell, op.Constant(value_int=0)), too_big, cell)
+    rows = op.Expand(op.Unsqueeze(cell, op.Constant(value_ints=[-1])), op.Shape(prod))
     acc = op.Expand(op.Constant(value=DOUBLE_ZERO), op.Concat(n_cells, channels, axis=0))
-    acc = op.ScatterElements(acc, rows, sums, axis=0, reduction="add")
+    acc = op.ScatterElements(acc, rows, prod, axis=0, reduction="add")
     out = op.Transpose(op.Reshape(acc, shape), perm=[0, 4, 1, 2, 3])
     return op.CastLike(out, feat)
 

@@ -49,10 +49,9 @@ def identity_conv(x, channels: int):
 
 
 def reference(x: torch.Tensor, channels: int) -> torch.Tensor:
-    """Independent reference: an actual conv with an identity kernel, in float64."""
-    weight = torch.eye(channels, dtype=torch.float64).reshape(channels, channels, *([1] * (x.dim() - 2)))
-    conv = {3: torch.nn.functional.conv1d, 4: torch.nn.functional.conv2d, 5: torch.nn.functional.conv3d}
-    return conv[x.dim()](x.double(), weight).to(x.dtype)
+    """Independent reference: output channel c gathers input channel c (an identity weight picks
+    exactly one input; NaN/Inf stay in their channel, as the 1x1 identity conv defines)."""
+    return x.index_select(1, torch.arange(channels)).clone()
 
 
 def sample_inputs(dtype: torch.dtype) -> list[SampleInput]:

@@ -40,7 +40,8 @@ def sample_inputs(dtype: torch.dtype) -> list[SampleInput]:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(4, 5, generator=g).to(dtype)
     return [SampleInput((x, torch.empty_like(x)), name="matrix"),
-            SampleInput((x[0], torch.zeros_like(x[0])), name="vector")]
+            SampleInput((x[0], torch.zeros_like(x[0])), name="vector"),
+            SampleInput((x[0, 0], torch.zeros_like(x[0, 0])), name="scalar")]
 
 
 @bridge.op("opbridge::numpy_sin", mutates_args=("output",), fake=_fake, function=numpy_sin, reference=reference,
@@ -48,4 +49,4 @@ def sample_inputs(dtype: torch.dtype) -> list[SampleInput]:
 def numpy_sin_op(input: torch.Tensor, output: torch.Tensor) -> None:
     """Write ``np.sin(input)`` into ``output`` (CPU tensors)."""
     _check(input, output)
-    output.copy_(torch.from_numpy(np.sin(input.numpy())))
+    output.copy_(torch.from_numpy(np.asarray(np.sin(input.numpy()))))  # asarray: 0-d gives a scalar

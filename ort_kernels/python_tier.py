@@ -127,7 +127,7 @@ def _check_types(model: onnx.ModelProto) -> None:
     for node in _custom_nodes(model):
         for name in list(node.input) + list(node.output):
             t = types.get(name)
-            if t is not None and t not in _ACCEPTED:
+            if t and t not in _ACCEPTED:  # 0: type not known yet
                 raise UnsupportedInTier(
                     f"tier 'python' runs float32 only (onnxruntime-extensions aborts the process on float16 and "
                     f"declares one type per op). Got {onnx.helper.tensor_dtype_to_string(t)} at "
@@ -199,8 +199,10 @@ def python_session(model: onnx.ModelProto, registry, sess_options, providers) ->
         _check_types(model)
         _rewrite_attributes(model)
         del model.functions[:]  # the Python kernels, not function bodies, run the custom nodes
+        from bridge.session import register_library
+
         options = sess_options or ort.SessionOptions()
-        options.register_custom_ops_library(get_library_path())
+        register_library(options, get_library_path())
         _library_used = True
     try:
         return PythonTierSession(model.SerializeToString(), options, providers=list(providers))

@@ -1,3 +1,5 @@
+import os
+
 import pytest
 import torch
 
@@ -26,3 +28,16 @@ def fresh_name():
 @pytest.fixture(autouse=True)
 def _seed():
     torch.manual_seed(0)
+
+
+def pytest_addoption(parser):
+    parser.addoption("--heavy", action="store_true",
+                     help="heavier reliability runs: slow-marked tests and 200 hypothesis examples per property")
+
+
+def pytest_configure(config):
+    if config.getoption("--heavy"):
+        os.environ.setdefault("OPBRIDGE_EXAMPLES", "200")
+        config.option.markexpr = ""  # run the slow-marked tests too
+
+

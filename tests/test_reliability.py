@@ -1,0 +1,94 @@
+"""Bad-input matrix across tiers, soak (RSS bounded), concurrency: each where a crash is possible,
+in a subprocess, so a crash is a failure rather than a dead test runner."""
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import bridge
+import bridge.demo as demo
+
+ROOT = Path(__file__).resolve().parents[1]
+ENV = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+SOAK_RUNS = 10_000
+RSS_BOUND = 32 * 2**20  # bytes of growth allowed over the soak (warm-up excluded)
+
+
+def script(name, *args):
+    r = subprocess.run([sys.executable, str(ROOT / "tests/scripts" / name), *map(str, args)], capture_output=True,
+                       text=True, env=ENV, timeout=900)
+    assert r.returncode == 0, f"{name} died (rc={r.returncode}):\n{r.stderr[-3000:]}"
+    return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture(scope="module")
+def matrix():
+    return {(d["tier"], d["case"]): d["error"] for d in script("bad_model_matrix.py")}
+
+
+EXPECTED = {
+    "wrong_dtype": "Unexpected input data type. Actual: (tensor(double)) , expected: (tensor(float))",
+    "wrong_index_dtype": "Actual: (tensor(int64)) , expected: (tensor(int32))",
+    "wrong_rank": "Invalid rank for input: feat Got: 1 Expected: 5",
+    "missing_attribute": "lacks required attribute 'bev_feat_shape' (INTS)",
+    "wrong_attribute_type": "has attribute 'bev_feat_shape' of type INT, the op declares INTS",
+    "wrong_domain_version": "imported at domain version 2, but the registered op is version 1",
+    "truncated_file": "is not a readable ONNX model (truncated or corrupt?)",
+    "corrupt_file": "is not a readable ONNX model (truncated or corrupt?)",
+}
+OUT_OF_RANGE = {
+    "function": "out of data bound",
+    "native": "bev::bev_pool_v2: input 'ranks_depth' has value 1000000 at position 0",
+    "python": "bev::bev_pool_v2: the Python kernel raised ValueError: opbridge: bev_pool_v2: ranks_depth values",
+}
+
+
+@pytest.mark.parametrize("tier", ["function", "native", "python"])
+def test_bad_input_matrix(matrix, tier):
+    assert matrix[(tier, "valid")] is None
+    for case, needle in EXPECTED.items():
+        assert matrix[(tier, case)] is not None and needle in matrix[(tier, case)], (tier, case, matrix[(tier, case)])
+    assert OUT_OF_RANGE[tier] in matrix[(tier, "index_out_of_range")]
+    assert matrix[(tier, "negative_length")] is not None  # function tier: ORT's own Expand error
+
+
+def test_missing_kernel_library(matrix):
+    assert "no native kernel library at" in matrix[("native", "missing_kernel_library")]
+
+
+@pytest.mark.parametrize("tier", ["function", "native", "python"])
+def test_soak_rss_bounded(tier):
+    (result,) = script("soak.py", tier, SOAK_RUNS)
+    growth = result["rss_after"] - result["rss_before"]
+    assert result["same_result"] and result["errors"] == SOAK_RUNS // 10, result
+    assert growth < RSS_BOUND, f"RSS grew {growth / 2**20:.1f} MiB over {SOAK_RUNS} runs ({tier})"
+
+
+@pytest.mark.parametrize("tier", ["function", "native"])
+def test_eight_threads_share_a_session(tier):
+    case = demo.build()
+    path_proto = bridge.export(case.model, case.args, dynamic_shapes=case.dynamic_shapes)
+    sess = bridge.session(path_proto, tier=tier)
+    feeds = [bridge.parity.ort_feed(sess, a) for a in (case.args, *case.extra_args)]
+    expected = [sess.run(None, f)[0] for f in feeds]
+    failures, barrier = [], threading.Barrier(8)
+
+    def worker(k):
+        barrier.wait()
+        for i in range(5):
+            j = (k + i) % len(feeds)
+            if not np.array_equal(sess.run(None, feeds[j])[0], expected[j]):
+                failures.append((k, i))
+
+    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert failures == []
