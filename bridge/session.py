@@ -33,7 +33,8 @@ def load_model(model: str | os.PathLike | onnx.ModelProto | bytes) -> onnx.Model
         raise OpBridgeError(f"no ONNX file at {path!r}. Got a path that does not exist. "
                             "Export one first with `opbridge export` or bridge.export(...).")
     try:
-        return onnx.load(path)
+        # NOTE: external tensors load only when the session must re-serialise (_with_external_data)
+        return onnx.load(path, load_external_data=False)
     except Exception as e:
         raise OpBridgeError(f"{path!r} is not a readable ONNX model (truncated or corrupt?). "
                             f"Got {type(e).__name__}: {str(e)[:200]}. Export it again.") from None
@@ -79,10 +80,11 @@ def check_nodes(model: onnx.ModelProto, registry: Registry) -> None:
 
 
 def resolve_functions(model: onnx.ModelProto, registry: Registry) -> list[str]:
-    """Attach missing function bodies from the registry; raise for ops still unresolvable."""
+    """Attach missing function bodies from the registry (returns the ops attached); raise for ops
+    still unresolvable."""
     from exporters.export import attach_functions
 
-    attach_functions(model, registry)
+    added = attach_functions(model, registry)
     local = {(f.domain, f.name) for f in model.functions}
     missing = [f"{d}::{t}" for d, t in custom_nodes(model) if (d, t) not in local]
     if missing:
@@ -91,7 +93,7 @@ def resolve_functions(model: onnx.ModelProto, registry: Registry) -> list[str]:
             f"registered function body. Got ops {missing}. Give the op a function= body, "
             "or use tier='native'."
         )
-    return [f"{d}::{t}" for d, t in custom_nodes(model)]
+    return added
 
 
 def use_native(model: onnx.ModelProto, registry: Registry, sess_options: ort.SessionOptions | None,
@@ -138,6 +140,16 @@ def register_library(options: ort.SessionOptions, path: str) -> None:
         _registered[key] = options
 
 
+def _with_external_data(proto: onnx.ModelProto, model) -> onnx.ModelProto:
+    """``proto`` with its external tensors loaded (models read from a path), ready to serialise."""
+    from onnx import external_data_helper
+
+    if isinstance(model, (str, os.PathLike)) and any(
+            external_data_helper.uses_external_data(t) for t in external_data_helper._get_all_tensors(proto)):
+        external_data_helper.load_external_data_for_model(proto, os.path.dirname(os.path.abspath(model)))
+    return proto
+
+
 def session(
     model: str | os.PathLike | onnx.ModelProto | bytes,
     *,
@@ -169,19 +181,25 @@ def session(
     reg = REGISTRY if registry is None else registry
     proto = load_model(model)
     check_nodes(proto, reg)
+    # NOTE: a file that needs no change goes to ORT by path: no second serialisation and parse
+    source = model if isinstance(model, (str, os.PathLike)) else None
     if tier == "function":
-        resolve_functions(proto, reg)
+        if resolve_functions(proto, reg):
+            source = None
     elif tier == "native":
+        n_functions = len(proto.functions)
         sess_options = use_native(proto, reg, sess_options, native_library)
+        if len(proto.functions) != n_functions:
+            source = None
     else:
         from ort_kernels.python_tier import python_session
 
         with step("onnxruntime session (python tier)"):
-            return python_session(proto, reg, sess_options, providers)
+            return python_session(_with_external_data(proto, model), reg, sess_options, providers)
     with step(f"onnxruntime session ({tier} tier)"):
         try:
-            return ort.InferenceSession(proto.SerializeToString(), sess_options,
-                                        providers=list(providers))
+            return ort.InferenceSession(os.fspath(source) if source is not None else _with_external_data(proto, model).SerializeToString(),
+                                        sess_options, providers=list(providers))
         except Exception as e:
             raise OpBridgeError(f"onnxruntime could not load the model. Got {type(e).__name__}: "
                                 f"{str(e)[:500]}. Check the op kernels for tier {tier!r}.") from e

@@ -240,3 +240,16 @@ def test_session_does_not_modify_the_callers_model(tier):
     before = proto.SerializeToString()
     bridge.session(proto, tier=tier)
     assert proto.SerializeToString() == before
+
+
+@pytest.mark.parametrize("tier", ["function", "native", "python"])
+def test_session_on_a_model_with_external_data(tmp_path, tier):
+    case = demo.build()
+    proto = bridge.export(case.model, case.args, dynamic_shapes=case.dynamic_shapes)
+    path = tmp_path / "ext.onnx"
+    onnx.save_model(proto, path, save_as_external_data=True, location="ext.onnx.data", size_threshold=1024)
+    assert (tmp_path / "ext.onnx.data").stat().st_size > 1000
+    sess = bridge.session(path, tier=tier)
+    got = bridge.parity.run_ort(sess, case.args)[0]
+    with torch.no_grad():
+        assert bridge.compare("out", case.model(*case.args), got).passed
