@@ -77,6 +77,15 @@ def main(argv=None):
         times = {"eager torch": median_ms(lambda: model(*inputs), args.repeats)}
         for tier, sess in sessions.items():
             times[f"ORT {tier}"] = median_ms(lambda s=sess: s.run(None, feed), args.repeats)
+        # thread scaling of the native kernel: one session per intra-op thread count
+        import onnxruntime as ort
+
+        threads = {}
+        for n in sorted({1, 2, os.cpu_count() or 1}):
+            options = ort.SessionOptions()
+            options.intra_op_num_threads = n
+            sess = bridge.session(path, tier="native", sess_options=options)
+            threads[n] = median_ms(lambda s=sess: s.run(None, feed), args.repeats)
 
     channels = shape[4]
     # bytes a kernel must move: per point a feat row, a depth value and three int32 ranks; plus the output
@@ -94,11 +103,14 @@ def main(argv=None):
     for name, ms in times.items():
         print(f"{name:<14}{ms:>10.2f}{ms / native:>10.2f}x{gbps[name]:>8.2f}{gbps[name] / copy_gbps:>10.0%}")
     print(f"{'memcpy':<14}{copy_ms:>10.2f}{'':>11}{copy_gbps:>8.2f}{1:>10.0%}")
+    print("native by intra-op threads: " + ", ".join(f"{n}: {ms:.2f} ms ({threads[1] / ms:.2f}x)"
+                                                    for n, ms in threads.items()))
     print(f"native is {times['eager torch'] / native:.1f}x faster than eager torch (target >= 3x) and "
           f"{times['ORT function'] / native:.1f}x faster than the ORT function tier (target >= 2x)")
     result = {"points": points, "intervals": intervals, "channels": channels, "median_ms": times,
               "memcpy_ms": copy_ms, "gbps": gbps, "memcpy_gbps": copy_gbps,
-              "speedup_vs_eager": times["eager torch"] / native, "speedup_vs_function": times["ORT function"] / native}
+              "speedup_vs_eager": times["eager torch"] / native, "speedup_vs_function": times["ORT function"] / native,
+              "native_ms_by_threads": threads}
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=2)

@@ -208,3 +208,10 @@ def test_doctor_reports_library_and_served_ops(library):
     assert r.returncode == 0, r.stderr
     assert str(library) in r.stdout and "built: yes" in r.stdout and "loads in onnxruntime: yes" in r.stdout
     assert "bev::bev_pool_v2 v1 float32,float16,float64" in r.stdout
+
+
+@pytest.mark.slow
+def test_heavy_native_fuzz():
+    r = subprocess.run([sys.executable, str(ROOT / "tests/scripts/fuzz_native.py"), "3000"], capture_output=True,
+                       text=True, env=ENV, timeout=1800)
+    assert r.returncode == 0, f"fuzz run failed (rc={r.returncode}):\n{r.stderr[-3000:]}"

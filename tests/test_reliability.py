@@ -92,3 +92,10 @@ def test_eight_threads_share_a_session(tier):
     for t in threads:
         t.join()
     assert failures == []
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tier", ["function", "native"])
+def test_heavy_soak_100k_runs(tier):
+    (result,) = script("soak.py", tier, 100_000)
+    assert result["same_result"] and result["rss_after"] - result["rss_before"] < RSS_BOUND, result
