@@ -105,7 +105,12 @@ class Registry:
             from bridge.functional import make_functional_twin
 
             onnx_spec = make_functional_twin(spec)
-        _validate_function(onnx_spec)
+        try:
+            _validate_function(onnx_spec)
+        except OpBridgeError:
+            if onnx_spec is not spec:
+                onnx_spec.custom_op._lib._destroy()  # the twin goes with the failed declaration
+            raise
         _register_onnx_schema(onnx_spec)
         self._ops[spec.qualname] = spec
         if spec.mutated:

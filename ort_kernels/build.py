@@ -49,7 +49,7 @@ def native_source(spec) -> Path | None:
     return path if path.is_file() else None
 
 
-def _io_types(spec, dtype: torch.dtype) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def io_types(spec, dtype: torch.dtype) -> tuple[tuple[int, ...], tuple[int, ...]]:
     # NOTE: element types per dtype come from the op's own sample inputs run through its fake
     # kernel: the torch schema says "Tensor", the samples say which tensors are int32.
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -74,7 +74,7 @@ def native_entries(registry) -> list[NativeEntry]:
         if native_source(spec) is None:
             continue
         for dtype in spec.dtypes:
-            inputs, outputs = _io_types(spec, dtype)
+            inputs, outputs = io_types(spec, dtype)
             if len(inputs) > MAX_INPUTS or len(outputs) > MAX_OUTPUTS:
                 raise OpBridgeError(f"{spec.qualname}: native kernels take at most {MAX_INPUTS} inputs and "
                                     f"{MAX_OUTPUTS} outputs. Got {len(inputs)}/{len(outputs)}. Split the op.")

@@ -87,14 +87,14 @@ def _kernel(spec):
 
 
 def _io_dtypes(spec):
-    from ort_kernels.build import _io_types
+    from ort_kernels.build import io_types
 
     from onnxruntime_extensions import PyCustomOpDef
 
     by_onnx = {onnx.TensorProto.FLOAT: PyCustomOpDef.dt_float, onnx.TensorProto.INT32: PyCustomOpDef.dt_int32,
                onnx.TensorProto.INT64: PyCustomOpDef.dt_int64, onnx.TensorProto.BOOL: PyCustomOpDef.dt_bool,
                onnx.TensorProto.UINT8: PyCustomOpDef.dt_uint8, onnx.TensorProto.INT8: PyCustomOpDef.dt_int8}
-    inputs, outputs = _io_types(spec, torch.float32)
+    inputs, outputs = io_types(spec, torch.float32)
     return [by_onnx[t] for t in inputs], [by_onnx[t] for t in outputs]
 
 
@@ -209,11 +209,6 @@ def python_session(model: onnx.ModelProto, registry, sess_options, providers) ->
     except Exception as e:
         raise OpBridgeError(f"onnxruntime could not load the model for tier 'python'. Got {type(e).__name__}: "
                             f"{str(e)[:500]}.") from e
-
-
-def declared_ops() -> list[str]:
-    """``domain::name`` of every op declared to onnxruntime-extensions in this process."""
-    return sorted(f"{d}::{n}" for d, n in _declared)
 
 
 def served(spec) -> bool:

@@ -6,7 +6,6 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -106,29 +105,6 @@ def test_demo_parity_native_tier(demo_native):
                                  extra_args=case.extra_args, tier="native")
     assert report.passed, report
     assert report.tier == "native" and len(report.outputs) == 3
-
-
-def test_eight_threads_on_one_session_give_identical_results(demo_native):
-    case, path = demo_native
-    sess = bridge.session(path, tier="native")
-    feeds = [bridge.parity.ort_feed(sess, args) for args in (case.args, *case.extra_args)]
-    expected = [sess.run(None, f)[0] for f in feeds]
-    failures, barrier = [], threading.Barrier(8)
-
-    def worker(k):
-        barrier.wait()
-        for i in range(6):
-            j = (k + i) % len(feeds)
-            got = sess.run(None, feeds[j])[0]
-            if not np.array_equal(got, expected[j]):
-                failures.append((k, i, float(np.abs(got - expected[j]).max())))
-
-    threads = [threading.Thread(target=worker, args=(k,)) for k in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert failures == []
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -12,7 +12,6 @@ import functools
 import os
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 import pytest
 import torch

@@ -9,7 +9,6 @@ import json
 import sys
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
