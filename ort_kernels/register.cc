@@ -49,21 +49,23 @@ class OrtAttributes final : public Attributes {
     return Status::OK();
   }
   Status get(const char* name, std::vector<int64_t>* out) const override {
-    size_t size = 0;
-    OrtStatus* st = g_api->KernelInfoGetAttributeArray_int64(info_, name, nullptr, &size);
-    if (st != nullptr) return missing(name, st);
-    out->resize(size);
-    return missing(name, g_api->KernelInfoGetAttributeArray_int64(info_, name, out->data(), &size));
+    return get_array(g_api->KernelInfoGetAttributeArray_int64, name, out);
   }
   Status get(const char* name, std::vector<float>* out) const override {
-    size_t size = 0;
-    OrtStatus* st = g_api->KernelInfoGetAttributeArray_float(info_, name, nullptr, &size);
-    if (st != nullptr) return missing(name, st);
-    out->resize(size);
-    return missing(name, g_api->KernelInfoGetAttributeArray_float(info_, name, out->data(), &size));
+    return get_array(g_api->KernelInfoGetAttributeArray_float, name, out);
   }
 
  private:
+  // ORT's array getters: a first call with no buffer gives the size, a second fills it.
+  template <typename T, typename Getter>
+  Status get_array(Getter getter, const char* name, std::vector<T>* out) const {
+    size_t size = 0;
+    OrtStatus* st = getter(info_, name, nullptr, &size);
+    if (st != nullptr) return missing(name, st);
+    out->resize(size);
+    return missing(name, getter(info_, name, out->data(), &size));
+  }
+
   static Status missing(const char* name, OrtStatus* st) {
     if (st == nullptr) return Status::OK();
     std::string msg = std::string("attribute '") + name + "' is missing or has the wrong type (" +

@@ -41,3 +41,22 @@ def pytest_configure(config):
         config.option.markexpr = ""  # run the slow-marked tests too
 
 
+
+
+@pytest.fixture
+def bare_op_model(registry, fresh_name, tmp_path):
+    """(name, path): a model calling an op that has a fake kernel and nothing else (no function
+    body, no C++ kernel), exported with the private registry."""
+    name = fresh_name("bare")
+
+    @bridge.op(name, fake=lambda x: torch.empty_like(x), registry=registry)
+    def bare(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return bare(x)
+
+    path = tmp_path / "bare.onnx"
+    bridge.export(M(), (torch.ones(2),), path, registry=registry)
+    return name, path

@@ -190,19 +190,8 @@ def test_export_without_functions_then_session_attaches_them(tmp_path):
     assert sess.run(None, {"x": np.ones((1, 3, 3), np.float32)})[0].shape == (1, 2, 2)
 
 
-def test_session_without_function_body_names_the_op(tmp_path, registry, fresh_name):
-    name = fresh_name("nobody")
-
-    @bridge.op(name, fake=lambda x: torch.empty_like(x), registry=registry)
-    def nobody(x: torch.Tensor) -> torch.Tensor:
-        return x.clone()
-
-    class M(torch.nn.Module):
-        def forward(self, x):
-            return nobody(x)
-
-    path = tmp_path / "m.onnx"
-    bridge.export(M(), (torch.ones(2),), path, registry=registry)
+def test_session_without_function_body_names_the_op(bare_op_model, registry):
+    name, path = bare_op_model
     with pytest.raises(bridge.UnsupportedInTier, match=f"{name}.*function= body"):
         bridge.session(path, registry=registry)
 

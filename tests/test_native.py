@@ -118,19 +118,8 @@ def test_result_does_not_depend_on_intra_op_threads(demo_native, threads):
         assert bridge.compare("out", case.model(*case.args), got).passed
 
 
-def test_native_tier_names_ops_without_a_kernel(registry, fresh_name, tmp_path):
-    name = fresh_name("nokernel")
-
-    @bridge.op(name, fake=lambda x: torch.empty_like(x), registry=registry)
-    def nokernel(x: torch.Tensor) -> torch.Tensor:
-        return x.clone()
-
-    class M(torch.nn.Module):
-        def forward(self, x):
-            return nokernel(x)
-
-    path = tmp_path / "m.onnx"
-    bridge.export(M(), (torch.ones(2),), path, registry=registry)
+def test_native_tier_names_ops_without_a_kernel(bare_op_model, registry):
+    name, path = bare_op_model
     with pytest.raises(bridge.UnsupportedInTier, match=f"no C\\+\\+ kernel for {name}"):
         bridge.session(path, tier="native", registry=registry)
 
