@@ -42,3 +42,13 @@ def test_readme_user_op_walkthrough(tmp_path):
                        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
     assert "mine::clamp_scale" in r.stdout and "6 ops registered" in r.stdout
     assert "note: mine::clamp_scale" not in r.stdout  # nothing missing
+
+
+def test_readme_use_example_runs(tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    code = re.search(r"## Use\n\n```python\n(.*?)```", readme, re.S).group(1)
+    (tmp_path / "use.py").write_text(code)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "use.py"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "| PASS" in r.stdout and (tmp_path / "bev.onnx").exists()
