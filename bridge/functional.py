@@ -48,6 +48,6 @@ def make_functional_twin(spec: OpSpec) -> OpSpec:
     params = tuple(dataclasses.replace(p, mutated=False) for p in spec.params)
     return dataclasses.replace(
         spec, qualname=qualname, custom_op=twin, params=params,
-        num_outputs=spec.num_outputs + len(spec.mutated), onnx_name=spec.name, functional_of=spec,
+        num_outputs=spec.num_outputs + len(spec.mutated), onnx_name=spec.name,
         doc=f"functional form of {spec.qualname}: returns the new values of {list(spec.mutated)}",
     )

@@ -198,8 +198,9 @@ def session(
             return python_session(_with_external_data(proto, model), reg, sess_options, providers)
     with step(f"onnxruntime session ({tier} tier)"):
         try:
-            return ort.InferenceSession(os.fspath(source) if source is not None else _with_external_data(proto, model).SerializeToString(),
-                                        sess_options, providers=list(providers))
+            content = os.fspath(source) if source is not None else \
+                _with_external_data(proto, model).SerializeToString()
+            return ort.InferenceSession(content, sess_options, providers=list(providers))
         except Exception as e:
             raise OpBridgeError(f"onnxruntime could not load the model. Got {type(e).__name__}: "
                                 f"{str(e)[:500]}. Check the op kernels for tier {tier!r}.") from e

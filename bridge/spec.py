@@ -133,7 +133,6 @@ class OpSpec:
     onnx_name: str = ""  # the ONNX op_type; defaults to the torch name
     torchbind: tuple[str, ...] = ()  # "ns::Class.method" calls this op stands for (state -> attributes)
     native_source: str | None = None  # the op's C++ kernel file, if not ort_kernels/cpu/<name>.cc
-    functional_of: OpSpec | None = None  # set on the functional twin of a mutating op
 
     # -- identity -------------------------------------------------------------------
     @property

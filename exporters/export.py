@@ -15,6 +15,7 @@ import torch
 from bridge.errors import OpBridgeError
 from bridge.progress import step
 from bridge.registry import REGISTRY, Registry, onnx_custom_domains
+from exporters.rewrites import functionalize_mutations, torchbind_to_ops
 from exporters.translation import symbolic_attribute_error
 
 # NOTE: torch.onnx warns about every absent torchvision op when it builds its registry.
@@ -105,13 +106,7 @@ def _ensure_opset_imports(model: onnx.ModelProto, registry: Registry) -> None:
         model.opset_import.append(onnx.helper.make_opsetid(domain, max(versions or {1})))
 
 
-def _default_rewrites() -> tuple[Callable, ...]:
-    from exporters.rewrites import functionalize_mutations, torchbind_to_ops
-
-    return (torchbind_to_ops, functionalize_mutations)
-
-
-DEFAULT_REWRITES = _default_rewrites()
+DEFAULT_REWRITES: tuple[Callable, ...] = (torchbind_to_ops, functionalize_mutations)
 
 
 def export(
@@ -130,9 +125,9 @@ def export(
     """Export ``model`` with every registered custom op; return (and write to ``f``) the ModelProto.
 
     Runs ``torch.export``, the graph rewrites (torchbind method calls -> ops with the object's
-    state as attributes; mutating ops -> functional twins), then
-    ``torch.onnx.export(dynamo=True)`` with the registry's translation table, attaches model-local function bodies (``functions=True``) so plain
-    ONNX Runtime runs the file, and validates with ``onnx.checker`` (full check). Small
+    state as attributes; mutating ops -> functional twins), then ``torch.onnx.export(dynamo=True)``
+    with the registry's translation table, attaches model-local function bodies
+    (``functions=True``) so plain ONNX Runtime runs the file, and validates with ``onnx.checker`` (full check). Small
     models are written as one file.
 
     Example:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import fcntl
+import functools
 import hashlib
 import os
 import shutil
@@ -82,18 +83,23 @@ def native_entries(registry) -> list[NativeEntry]:
     return entries
 
 
-_served_cache: dict = {}
+_entries_cache: dict = {}
+
+
+def cached_entries(registry) -> list[NativeEntry]:
+    """``native_entries`` once per registry content: sessions ask on every creation."""
+    key = (id(registry), tuple(s.qualname for s in registry.exportable()))
+    if key not in _entries_cache:
+        _entries_cache[key] = native_entries(registry)
+    return _entries_cache[key]
 
 
 def served_ops(registry) -> dict[tuple[str, str], tuple[torch.dtype, ...]]:
-    """(domain, op_type) -> dtypes the native library serves (cached per registry content)."""
-    key = (id(registry), tuple(s.qualname for s in registry.exportable()))
-    if key not in _served_cache:
-        served: dict = {}
-        for e in native_entries(registry):
-            served.setdefault((e.spec.domain, e.spec.name), []).append(e.dtype)
-        _served_cache[key] = {k: tuple(v) for k, v in served.items()}
-    return _served_cache[key]
+    """(domain, op_type) -> dtypes the native library serves."""
+    served: dict = {}
+    for e in cached_entries(registry):
+        served.setdefault((e.spec.domain, e.spec.name), []).append(e.dtype)
+    return {k: tuple(v) for k, v in served.items()}
 
 
 def _c_array(values) -> str:
@@ -122,6 +128,11 @@ def _compiler() -> str:
         raise OpBridgeError(f"no C++ compiler for the native kernels. Got CXX={cxx!r}, not on PATH. "
                             "Install g++ (apt-get install g++) or set CXX.")
     return cxx
+
+
+@functools.cache
+def _compiler_version(cxx: str) -> str:
+    return subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
 
 
 def _official_include() -> Path | None:
@@ -157,7 +168,7 @@ def build_key(entries) -> str:
         h.update(path.read_bytes())
     h.update(generate_table(entries).encode())
     h.update(onnxruntime.__version__.encode())
-    h.update(subprocess.run([_compiler(), "--version"], capture_output=True, text=True).stdout.encode())
+    h.update(_compiler_version(_compiler()).encode())
     return h.hexdigest()[:16]
 
 
@@ -171,7 +182,7 @@ def library_path(registry=None, *, build: bool = True) -> Path:
     """
     from bridge.registry import REGISTRY
 
-    entries = native_entries(REGISTRY if registry is None else registry)
+    entries = cached_entries(REGISTRY if registry is None else registry)
     target = cache_dir() / build_key(entries) / LIBRARY_NAME
     if target.is_file() or not build:
         return target
