@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bridge  # noqa: E402
 import custom_ops  # noqa: E402,F401
-from bridge.demo import frustum_coords  # noqa: E402
+from custom_ops.demo import frustum_coords  # noqa: E402
 from custom_ops.bev_pool_v2 import voxel_pooling_prepare  # noqa: E402
 
 

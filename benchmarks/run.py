@@ -31,7 +31,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bridge  # noqa: E402
-import bridge.demo as demo  # noqa: E402
+import custom_ops.demo as demo  # noqa: E402
 from bev_pool_v2 import Pool, bevdet_inputs  # noqa: E402
 
 

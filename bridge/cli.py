@@ -22,7 +22,7 @@ import time
 
 import numpy as np
 
-DEFAULT_MODEL = "bridge.demo:build"
+DEFAULT_MODEL = "custom_ops.demo:build"
 
 
 def _load_ops(modules: list[str]) -> None:

@@ -12,7 +12,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULES = ["bridge", "bridge.errors", "bridge.dtypes", "bridge.progress", "bridge.registry", "bridge.session",
-           "bridge.parity", "bridge.testing", "bridge.demo", "exporters.export"]
+           "bridge.parity", "bridge.testing", "custom_ops.demo", "exporters.export"]
 
 
 @pytest.mark.parametrize("name", MODULES)

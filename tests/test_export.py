@@ -6,7 +6,7 @@ import pytest
 import torch
 
 import bridge
-import bridge.demo as demo
+import custom_ops.demo as demo
 from custom_ops.bev_pool_v2 import random_case
 
 

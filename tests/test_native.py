@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import bridge
-import bridge.demo as demo
+import custom_ops.demo as demo
 from ort_kernels import build
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import bridge
-import bridge.demo as demo
+import custom_ops.demo as demo
 
 ROOT = Path(__file__).resolve().parents[1]
 

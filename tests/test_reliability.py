@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import bridge
-import bridge.demo as demo
+import custom_ops.demo as demo
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import bridge
-import bridge.demo as demo
+import custom_ops.demo as demo
 from custom_ops.identity_conv import IdentityConvClass
 
 

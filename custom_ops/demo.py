@@ -5,7 +5,7 @@ The frustum-to-grid geometry is synthetic (cameras on a ring looking outwards), 
 BEVDet's ``voxel_pooling_prepare_v2`` logic; the number of kept points varies with ``jitter``.
 
 Example:
-    >>> import bridge.demo as demo
+    >>> import custom_ops.demo as demo
     >>> case = demo.build()
     >>> tuple(case.model(*case.args).shape)
     (1, 8, 32, 32)
@@ -114,7 +114,7 @@ class IdentityModel(torch.nn.Module):
 
 
 def identity_model() -> ModelCase:
-    """IdentityModel with a dynamic batch; ``opbridge check --model bridge.demo:identity_model``."""
+    """IdentityModel with a dynamic batch; ``opbridge check --model custom_ops.demo:identity_model``."""
     torch.manual_seed(0)
     model = IdentityModel().eval()
     batch = torch.export.Dim("batch")
