@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bridge  # noqa: E402
 import custom_ops.demo as demo  # noqa: E402
 from bev_pool_v2 import Pool, bevdet_inputs  # noqa: E402
+from exporters.translation import translation_table  # noqa: E402
 
 
 def median_s(fn, repeats: int, warmup: int = 1) -> float:
@@ -53,7 +54,7 @@ def export_overhead(repeats: int) -> dict:
         program = torch.export.export(case.model, case.args, dynamic_shapes=case.dynamic_shapes, strict=False)
         with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            torch.onnx.export(program, dynamo=True, custom_translation_table=bridge.REGISTRY.translation_table(),
+            torch.onnx.export(program, dynamo=True, custom_translation_table=translation_table(bridge.REGISTRY),
                               opset_version=20, optimize=True, verify=False, external_data=False)
 
     def full():

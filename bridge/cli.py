@@ -9,43 +9,84 @@ Examples (the demo model is the default ``--model``)::
     opbridge check --op bev::bev_pool_v2  # one op over its dtypes and sample inputs
     opbridge check --tier native          # the same through the C++ kernel library
     opbridge doctor --build               # build the native library, say what it serves
+    opbridge build -o dist/               # the deployable native library + manifest.json
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import os
+import platform
+import shutil
 import sys
+import tempfile
 import time
+import traceback
+from pathlib import Path
 
 import numpy as np
+import onnx
+import onnxruntime
+import torch
+
+from bridge.errors import OpBridgeError
+from bridge.parity import check_parity
+from bridge.progress import enable as enable_progress
+from bridge.progress import format_table
+from bridge.registry import REGISTRY
+from bridge.sessions import session
+from bridge.testing import ModelCase, OpModule, cases
+from exporters.export import export
+from ort_kernels import build
+from ort_kernels.tiers import NAMES as TIER_NAMES
+from ort_kernels.tiers import TIERS
 
 DEFAULT_MODEL = "custom_ops.demo:build"
 
 
+def _import_error(name: str, e: BaseException) -> OpBridgeError:
+    """The module's own error, its last frame inside the module, not a traceback of the CLI."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if "importlib" not in f.filename]
+    where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return OpBridgeError(f"cannot import op module {name!r}. Got {type(e).__name__}: {e}{where}. Fix the module, "
+                         "or pass a module name importable from here or a path to a .py file to --ops.")
+
+
+def import_ops(name: str):
+    """Import ``--ops NAME``: a module name (the current folder on sys.path, as ``python -m`` has it)
+    or a path to a ``.py`` file (its folder goes on sys.path, so its own imports work)."""
+    path = Path(name)
+    if name.endswith(".py") or os.sep in name:
+        if not path.is_file():
+            raise OpBridgeError(f"no op module file at {name!r}. Got a path that does not exist. "
+                                "Pass a path to a .py file, or a module name.")
+        folder = str(path.resolve().parent)
+        if folder not in sys.path:
+            sys.path.insert(0, folder)
+        name = path.stem
+    elif "" not in sys.path and os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
+    try:
+        return importlib.import_module(name)
+    except Exception as e:  # noqa: BLE001  any error of the user's module becomes one line
+        raise _import_error(name, e) from None
+
+
 def _load_ops(modules: list[str]) -> None:
     for name in ["custom_ops", *modules]:
-        try:
-            importlib.import_module(name)
-        except ImportError as e:
-            from bridge.errors import OpBridgeError
-
-            raise OpBridgeError(f"cannot import op module {name!r}. Got {e}. "
-                                "Pass an importable module to --ops (is it on PYTHONPATH?).") from None
+        import_ops(name)
 
 
 def _load_case(spec: str):
-    from bridge.errors import OpBridgeError
-    from bridge.testing import ModelCase
-
     module_name, _, attr = spec.partition(":")
     if not attr:
         raise OpBridgeError(f"--model must be MODULE:FACTORY. Got {spec!r}. Use e.g. {DEFAULT_MODEL}.")
     try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
+        factory = getattr(import_ops(module_name), attr)
+    except AttributeError as e:
         raise OpBridgeError(f"cannot load model factory {spec!r}. Got {e}. "
                             "Pass MODULE:FACTORY of a function returning bridge.testing.ModelCase.") from None
     case = factory()
@@ -61,13 +102,9 @@ def _inputs_path(onnx_path: str) -> str:
 
 
 def cmd_ops(args) -> int:
-    from bridge.registry import REGISTRY
-    from ort_kernels.build import served_ops
-    from ort_kernels.python_tier import served as python_served
-
-    native = served_ops(REGISTRY)
     rows = []
     for spec in REGISTRY:
+        onnx_spec = REGISTRY.functional(spec)
         rows.append({
             "op": spec.qualname, "onnx": f"{spec.domain}::{spec.name} v{spec.version}",
             "inputs": [p.name for p in spec.tensors],
@@ -75,24 +112,21 @@ def cmd_ops(args) -> int:
             "mutates": list(spec.mutated), "torchbind": list(spec.torchbind), "dtypes": [str(d).replace("torch.", "") for d in spec.dtypes],
             "fake": spec.has_fake, "autograd": spec.has_autograd, "reference": spec.reference is not None,
             "samples": spec.sample_inputs is not None,
-            "tiers": {"function": spec.function is not None,
-                      "native": (spec.domain, spec.name) in native, "python": python_served(spec)},
+            "tiers": {name: tier.why_not(onnx_spec) is None for name, tier in TIERS.items()},
+            "skipped": {name: {str(d).replace("torch.", ""): why for d in spec.dtypes
+                               if (why := tier.why_not(onnx_spec, d)) and tier.why_not(onnx_spec) is None}
+                        for name, tier in TIERS.items()},
             "missing": REGISTRY.missing(spec),
         })
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
     mark = {True: "yes", False: "-"}
-    head = ("op", "onnx node", "attributes", "fake", "autograd", "ref", "samples", "function", "native", "python")
-    table = [head] + [(r["op"], r["onnx"], ",".join(f"{k}:{v}" for k, v in r["attributes"].items()) or "-",
-                       mark[r["fake"]], mark[r["autograd"]], mark[r["reference"]], mark[r["samples"]],
-                       mark[r["tiers"]["function"]], mark[r["tiers"]["native"]], mark[r["tiers"]["python"]])
-                      for r in rows]
-    widths = [max(len(t[i]) for t in table) for i in range(len(head))]
-    for i, t in enumerate(table):
-        print("  ".join(c.ljust(w) for c, w in zip(t, widths)).rstrip())
-        if i == 0:
-            print("  ".join("-" * w for w in widths))
+    head = ("op", "onnx node", "attributes", "fake", "autograd", "ref", "samples", *TIER_NAMES)
+    print(format_table([head] + [
+        (r["op"], r["onnx"], ",".join(f"{k}:{v}" for k, v in r["attributes"].items()) or "-",
+         mark[r["fake"]], mark[r["autograd"]], mark[r["reference"]], mark[r["samples"]],
+         *(mark[r["tiers"][t]] for t in TIER_NAMES)) for r in rows]))
     for r in rows:
         for method in r["torchbind"]:
             print(f"note: {r['op']} also stands for torchbind {method} (object state -> attributes)")
@@ -103,35 +137,43 @@ def cmd_ops(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from exporters.export import export
-
     case = _load_case(args.model)
-    export(case.model, case.args, args.output, dynamic_shapes=case.dynamic_shapes, functions=not args.no_functions)
+    proto = export(case.model, case.args, args.output, dynamic_shapes=case.dynamic_shapes,
+                   functions=not args.no_functions)
     tensors = [a.detach().numpy() for a in case.args]
-    np.savez(_inputs_path(args.output), *tensors)
+    np.savez(_inputs_path(args.output), **dict(zip((i.name for i in proto.graph.input), tensors)))
     size = os.path.getsize(args.output)
     print(f"wrote {args.output} ({size / 1024:.1f} KiB) and {_inputs_path(args.output)}")
     return 0
 
 
-def cmd_run(args) -> int:
-    from bridge.errors import OpBridgeError
-    from bridge.session import session
+def load_inputs(path: str, names: list[str]) -> dict[str, np.ndarray]:
+    """The feed from an ``.npz``: arrays keyed by input name, or ``arr_0``... in input order."""
+    try:
+        with np.load(path, allow_pickle=False) as data:
+            arrays = {k: data[k] for k in data.files}
+    except Exception as e:  # noqa: BLE001  not a zip, object arrays, truncated: one clear line
+        raise OpBridgeError(f"{path} is not a readable .npz of numeric arrays. Got {type(e).__name__}: "
+                            f"{str(e)[:200]}. Save the inputs with numpy.savez(path, name=array, ...).") from None
+    positional = [f"arr_{i}" for i in range(len(names))]
+    if set(arrays) == set(names):
+        return {n: arrays[n] for n in names}
+    if set(arrays) == set(positional):
+        return dict(zip(names, (arrays[k] for k in positional)))
+    raise OpBridgeError(f"{path} holds arrays {sorted(arrays)}; the model takes inputs {names}. Got a mismatch. "
+                        "Save one array per model input, keyed by input name (or arr_0... in input order).")
 
+
+def cmd_run(args) -> int:
     inputs_path = args.inputs or _inputs_path(args.model_file)
     if not os.path.isfile(inputs_path):
         raise OpBridgeError(f"no inputs for {args.model_file}. Got no file {inputs_path!r}. "
-                            "Pass --inputs FILE.npz (arrays in model input order), or export with `opbridge export`.")
+                            "Pass --inputs FILE.npz (arrays keyed by input name), or export with `opbridge export`.")
     sess = session(args.model_file, tier=args.tier)
-    with np.load(inputs_path) as data:
-        arrays = [data[k] for k in sorted(data.files, key=lambda k: int(k.split("_")[-1]))]
-    names = [i.name for i in sess.get_inputs()]
-    if len(arrays) != len(names):
-        raise OpBridgeError(f"{inputs_path} has {len(arrays)} arrays, the model takes {len(names)} {names}. "
-                            "Got a mismatch. Save one array per model input.")
+    feed = load_inputs(inputs_path, [i.name for i in sess.get_inputs()])
     start = time.perf_counter()
     try:
-        outputs = sess.run(None, dict(zip(names, arrays)))
+        outputs = sess.run(None, feed)
     except Exception as e:
         raise OpBridgeError(f"onnxruntime failed to run {args.model_file}. Got {type(e).__name__}: "
                             f"{str(e)[:600]}. Check the inputs.") from None
@@ -144,16 +186,9 @@ def cmd_run(args) -> int:
 
 
 def cmd_check(args) -> int:
-    from bridge.parity import check_parity
-
     reports = []
     if args.op:
-        from bridge.registry import REGISTRY
-        from bridge.testing import OpModule, cases
-
         spec = REGISTRY.get(args.op)
-        import torch
-
         # NOTE: the python tier runs float32 only; other dtypes would only report its guard
         for case in cases([spec], dtypes=(torch.float32,) if args.tier == "python" else None):
             module, tensors = OpModule.from_sample(spec, case.sample)
@@ -181,15 +216,8 @@ def cmd_check(args) -> int:
 
 
 def cmd_doctor(args) -> int:
-    import platform
-
-    import onnxruntime
-
-    from bridge.registry import REGISTRY
-    from ort_kernels import build
-
-    print(f"python {platform.python_version()}, torch {__import__('torch').__version__}, "
-          f"onnxruntime {onnxruntime.__version__}, onnx {__import__('onnx').__version__}")
+    print(f"python {platform.python_version()}, torch {torch.__version__}, "
+          f"onnxruntime {onnxruntime.__version__}, onnx {onnx.__version__}")
     include = os.environ.get(build.ORT_INCLUDE_ENV)
     print(f"ORT C headers: {'official, from ' + include if include else 'opbridge declaration (C API v17)'}")
     path = build.library_path(build=args.build)
@@ -204,18 +232,40 @@ def cmd_doctor(args) -> int:
         except Exception as e:
             print(f"loads in onnxruntime: NO ({e})")
             return 1
+    for name, tier in TIERS.items():
+        print(f"tier {name}: {tier.summary}")
+        for line in tier.report(REGISTRY):
+            print(f"  {line}")
+    return 0
+
+
+def cmd_build(args) -> int:
+    """Copy the native library (every registered op with a C++ kernel) and a manifest into ``-o DIR``."""
+    library = build.library_path(build=True)
     served = build.served_ops(REGISTRY)
-    print(f"serves {len(served)} ops in domains {sorted({d for d, _ in served})}:")
-    for (domain, name), dtypes in sorted(served.items()):
-        spec = REGISTRY.find(domain, name)
-        print(f"  {domain}::{name} v{spec.version} {','.join(str(d).replace('torch.', '') for d in dtypes)}")
+    manifest = {
+        "library": build.LIBRARY_NAME, "onnxruntime_c_api": 17, "built_with_onnxruntime": onnxruntime.__version__,
+        "ops": [{"op": REGISTRY.find(d, n).qualname, "domain": d, "name": n, "version": REGISTRY.find(d, n).version,
+                 "dtypes": [str(t).replace("torch.", "") for t in dtypes]} for (d, n), dtypes in sorted(served.items())],
+    }
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    # NOTE: each file lands whole or not at all (temp file in the target folder, then rename)
+    for name, write in ((build.LIBRARY_NAME, lambda f: shutil.copyfileobj(open(library, "rb"), f)),
+                        ("manifest.json", lambda f: f.write(json.dumps(manifest, indent=2).encode()))):
+        with tempfile.NamedTemporaryFile(dir=out, delete=False) as tmp:
+            write(tmp)
+        os.replace(tmp.name, out / name)
+    print(f"wrote {out / build.LIBRARY_NAME} ({len(served)} ops) and {out / 'manifest.json'}")
+    print("load it with onnxruntime.SessionOptions().register_custom_ops_library(PATH); no compiler needed")
     return 0
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="opbridge", description=__doc__.split("\n")[0])
     parser.add_argument("--ops", action="append", default=[], metavar="MODULE",
-                        help="import MODULE to register more ops (repeatable); custom_ops is always loaded")
+                        help="import MODULE (a module name or a path to a .py file) to register more ops "
+                             "(repeatable); custom_ops is always loaded")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -232,17 +282,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="run an .onnx file in ONNX Runtime on saved inputs")
     p.add_argument("model_file")
     p.add_argument("--inputs", help=".npz with one array per model input (default: MODEL.inputs.npz)")
-    p.add_argument("--tier", default="function")
+    p.add_argument("--tier", default="function", choices=TIER_NAMES)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("doctor", help="report the native kernel library: built?, loads?, ops and domains served")
     p.add_argument("--build", action="store_true", help="build the library if it is not built yet")
     p.set_defaults(func=cmd_doctor)
 
+    p = sub.add_parser("build", help="write the deployable native library (registered ops) and a manifest")
+    p.add_argument("-o", "--output", required=True, metavar="DIR", help="folder to write into (created)")
+    p.set_defaults(func=cmd_build)
+
     p = sub.add_parser("check", help="export, run in ORT and compare against eager (parity table)")
     p.add_argument("--model", default=DEFAULT_MODEL, help="MODULE:FACTORY returning a ModelCase")
     p.add_argument("--op", help="check one registered op over its dtypes and sample inputs instead")
-    p.add_argument("--tier", default="function")
+    p.add_argument("--tier", default="function", choices=TIER_NAMES)
     p.add_argument("--rtol", type=float, help="override the per-dtype relative tolerance")
     p.add_argument("--atol", type=float, help="override the per-dtype absolute tolerance")
     p.add_argument("-o", "--output", help="keep the exported .onnx here")
@@ -254,10 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from bridge import progress
-    from bridge.errors import OpBridgeError
-
-    progress.enable(not args.quiet)
+    enable_progress(not args.quiet)
     try:
         _load_ops(args.ops)
         return args.func(args)

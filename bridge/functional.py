@@ -28,26 +28,34 @@ def twin_schema(spec: OpSpec) -> str:
     return f"{args} -> {ret}"
 
 
-def make_functional_twin(spec: OpSpec) -> OpSpec:
-    """Define the twin torch op and return its spec (ONNX name = the mutating op's name)."""
+def define_twin(spec: OpSpec):
+    """Define the twin torch op ``<qualname>_functional`` (once per mutating op); return its CustomOpDef."""
     names = [p.name for p in spec.params]
     mutated_index = [names.index(m) for m in spec.mutated]
+    overload = spec.overload
 
     def functional(*args):
         args = list(args)
         for i in mutated_index:
             args[i] = args[i].clone()
-        out = spec.overload(*args)
+        out = overload(*args)
         outs = () if out is None else (tuple(out) if isinstance(out, (tuple, list)) else (out,))
         result = (*outs, *(args[i] for i in mutated_index))
         return result[0] if len(result) == 1 else result
 
-    qualname = spec.qualname + SUFFIX
-    twin = torch.library.custom_op(qualname, functional, mutates_args=(), schema=twin_schema(spec))
+    twin = torch.library.custom_op(spec.qualname + SUFFIX, functional, mutates_args=(), schema=twin_schema(spec))
     twin.register_fake(functional)  # under fake tensors the original op runs its own fake kernel
+    return twin
+
+
+def twin_spec(spec: OpSpec, twin) -> OpSpec:
+    """The twin's record: ``spec``'s pieces, the twin torch op, ONNX name = the mutating op's name.
+
+    Derived anew whenever ``spec`` changes (a piece attached later), over the same torch op.
+    """
     params = tuple(dataclasses.replace(p, mutated=False) for p in spec.params)
     return dataclasses.replace(
-        spec, qualname=qualname, custom_op=twin, params=params,
+        spec, qualname=spec.qualname + SUFFIX, custom_op=twin, params=params,
         num_outputs=spec.num_outputs + len(spec.mutated), onnx_name=spec.name,
         doc=f"functional form of {spec.qualname}: returns the new values of {list(spec.mutated)}",
     )

@@ -15,7 +15,9 @@ from torch.utils import _pytree as pytree
 
 from bridge.dtypes import numpy_dtype
 from bridge.errors import OpBridgeError
-from bridge.progress import step
+from bridge.progress import format_table, step
+from bridge.sessions import session
+from exporters.export import export
 
 # NOTE: (rtol, atol) per dtype; |ort - eager| <= atol + rtol * |eager| passes. float16's
 # rtol admits one ulp (2**-10); float32/float64 admit summation-order differences.
@@ -186,13 +188,8 @@ class ParityReport:
             rows.append((o.name, "x".join(map(str, o.shape)) or "scalar", o.dtype, f"{o.max_abs:.3g}",
                          f"{o.max_rel:.3g}", f"{o.mismatches}/{o.numel}", f"{o.rtol:g}/{o.atol:g}",
                          ("PASS" if o.passed else "FAIL") + (f" ({o.note})" if o.note else "")))
-        widths = [max(len(r[i]) for r in rows) for i in range(len(head))]
         lines = [f"parity: {self.model} | ORT tier {self.tier} vs eager torch | "
-                 f"{'PASS' if self.passed else 'FAIL'}"]
-        for i, row in enumerate(rows):
-            lines.append("  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip())
-            if i == 0:
-                lines.append("  ".join("-" * w for w in widths))
+                 f"{'PASS' if self.passed else 'FAIL'}", format_table(rows)]
         for o in self.outputs:
             if o.passed or not o.worst:
                 continue
@@ -260,9 +257,6 @@ def check_parity(
         >>> report.passed, report.outputs[0].max_abs
         (True, 0.0)
     """
-    from bridge.session import session
-    from exporters.export import export
-
     label = name or type(model).__name__
     with tempfile.TemporaryDirectory() as tmp:
         onnx_path = os.fspath(path) if path is not None else os.path.join(tmp, "model.onnx")

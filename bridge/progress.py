@@ -1,4 +1,4 @@
-"""Progress lines for long work (export, session start, runs), on stderr, off by default in the API."""
+"""Progress lines for long work (export, session start, runs; stderr, off by default in the API) and plain tables."""
 
 from __future__ import annotations
 
@@ -33,3 +33,18 @@ def step(label: str):
         print(f"[opbridge] {label} failed", file=sys.stderr, flush=True)
         raise
     print(f"[opbridge] {label} done ({time.perf_counter() - start:.1f} s)", file=sys.stderr, flush=True)
+
+
+def format_table(rows: list[tuple[str, ...]]) -> str:
+    """Plain-text table: the first row is the header, underlined; columns padded to their widest
+    cell (readable in a terminal and in CI logs alike).
+
+    >>> print(format_table([("op", "tiers"), ("bev::bev_pool_v2", "3")]))
+    op                tiers
+    ----------------  -----
+    bev::bev_pool_v2  3
+    """
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)

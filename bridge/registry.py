@@ -1,24 +1,21 @@
-"""The op registry and the ``@bridge.op`` declaration."""
+"""The op registry: frozen, validated records of every op the bridge knows."""
 
 from __future__ import annotations
 
 import difflib
 import inspect
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Iterator
 
-import onnx
-import torch
 from onnx import defs
 
 from bridge.errors import OpBridgeError
-from bridge.spec import OpSpec, function_signature, parse_params, validate_qualname
-
-# NOTE: what each tier needs from an op; `check_complete` reports from this table.
-PIECES = ("fake", "reference", "sample_inputs", "function")
+from bridge.functional import define_twin, twin_spec
+from bridge.spec import OpSpec, function_signature
 
 
 class Registry:
-    """All ops the bridge knows, by qualified name. Records are frozen and validated on entry.
+    """All ops the bridge knows, by qualified name. Records are frozen and validated on entry;
+    a change is a new record swapped in (:meth:`replace`), never a mutation.
 
     Example:
         >>> reg = Registry()
@@ -33,6 +30,7 @@ class Registry:
     def __init__(self) -> None:
         self._ops: dict[str, OpSpec] = {}
         self._twins: dict[str, OpSpec] = {}  # functional twins of mutating ops, by the op's qualname
+        self.generation = 0  # bumped on every change: caches derived from the registry key on it
 
     def __iter__(self) -> Iterator[OpSpec]:
         return iter(sorted(self._ops.values(), key=lambda s: s.qualname))
@@ -99,28 +97,44 @@ class Registry:
                 f"ONNX name {spec.domain}::{spec.name} is already used by {clash.qualname!r}. "
                 f"Got it again for {spec.qualname!r}. Pass domain= to put one op elsewhere."
             )
-        _validate_translation(spec)
-        onnx_spec = spec
+        _validate(spec)
+        twin = None
         if spec.mutated:
-            from bridge.functional import make_functional_twin
-
-            onnx_spec = make_functional_twin(spec)
-        try:
-            _validate_function(onnx_spec)
-        except OpBridgeError:
-            if onnx_spec is not spec:
-                onnx_spec.custom_op._lib._destroy()  # the twin goes with the failed declaration
-            raise
-        _register_onnx_schema(onnx_spec)
-        self._ops[spec.qualname] = spec
-        if spec.mutated:
-            self._twins[spec.qualname] = onnx_spec
+            twin = twin_spec(spec, define_twin(spec))
+            try:
+                _validate_function(twin)
+            except OpBridgeError:
+                twin.custom_op._lib._destroy()  # the twin goes with the failed declaration
+                raise
+        self._store(spec, twin)
         return spec
+
+    def replace(self, spec: OpSpec) -> OpSpec:
+        """Swap in a changed record of a registered op (same qualname, validated like a new one)."""
+        old = self.get(spec.qualname)
+        if (spec.domain, spec.name, spec.version) != (old.domain, old.name, old.version):
+            raise OpBridgeError(f"{spec.qualname}: a registered op keeps its ONNX identity. Got "
+                                f"{spec.domain}::{spec.name} v{spec.version} for {old.domain}::{old.name} "
+                                f"v{old.version}. Register a new op instead.")
+        _validate(spec)
+        twin = twin_spec(spec, self._twins[spec.qualname].custom_op) if spec.mutated else None
+        if twin is not None:
+            _validate_function(twin)
+        self._store(spec, twin)
+        return spec
+
+    def _store(self, spec: OpSpec, twin: OpSpec | None) -> None:
+        _register_onnx_schema(twin or spec)
+        self._ops[spec.qualname] = spec
+        if twin is not None:
+            self._twins[spec.qualname] = twin
+        self.generation += 1
 
     def remove(self, qualname: str) -> None:
         """Forget an op (tests use this); its ONNX schema is deregistered too."""
         spec = self._twins.pop(qualname, None) or self._ops[qualname]
         self._ops.pop(qualname)
+        self.generation += 1
         if defs.has(spec.name, spec.version, spec.domain):
             defs.deregister_schema(spec.name, spec.version, spec.domain)
 
@@ -130,11 +144,12 @@ class Registry:
         if not spec.has_fake:
             gaps.append("fake kernel (register_fake / fake=): export and shape inference need it")
         if spec.reference is None:
-            gaps.append("reference implementation (reference=): parity tests need an independent result")
+            gaps.append("reference implementation (register_reference / reference=): parity tests need an "
+                        "independent result")
         if spec.sample_inputs is None:
-            gaps.append("sample inputs (sample_inputs=): opcheck and parity tables need them")
+            gaps.append("sample inputs (register_samples / sample_inputs=): opcheck and parity tables need them")
         if spec.function is None:
-            gaps.append("function body (function=): the portable ONNX-function tier needs it")
+            gaps.append("function body (register_function / function=): the portable ONNX-function tier needs it")
         return gaps
 
     def check_complete(self, qualname: str | None = None) -> dict[str, list[str]]:
@@ -148,9 +163,11 @@ class Registry:
         specs = [self.get(qualname)] if qualname else list(self)
         return {s.qualname: self.missing(s) for s in specs}
 
-    def translation_table(self) -> dict:
-        """``{OpOverload: translation}`` for ``torch.onnx.export(custom_translation_table=...)``."""
-        return {s.overload: s.translation for s in self.exportable()}
+
+def _validate(spec: OpSpec) -> None:
+    _validate_translation(spec)
+    if not spec.mutated:
+        _validate_function(spec)
 
 
 def _validate_translation(spec: OpSpec) -> None:
@@ -195,80 +212,3 @@ def _register_onnx_schema(spec: OpSpec) -> None:
 
 
 REGISTRY = Registry()
-
-
-def op(
-    qualname: str,
-    *,
-    mutates_args: Iterable[str] | str = (),
-    fake: Callable | None = None,
-    backward: Callable | None = None,
-    setup_context: Callable | None = None,
-    function=None,
-    reference: Callable | None = None,
-    sample_inputs: Callable | None = None,
-    dtypes: Sequence[torch.dtype] = (torch.float32,),
-    domain: str | None = None,
-    version: int = 1,
-    translation: Callable | None = None,
-    device_types: str | Sequence[str] | None = None,
-    torchbind: Sequence[str] = (),
-    native: str | None = None,
-    registry: Registry | None = None,
-):
-    """Declare a custom op once; the torch op, ONNX schema and translation follow from it.
-
-    Wraps :func:`torch.library.custom_op` and returns its ``CustomOpDef`` (call it like the
-    function). ``function`` is an onnxscript function in ``Opset(domain, version)`` with the
-    op's name, used as the model-local ONNX-function kernel.
-
-    Example:
-        >>> import torch, bridge
-        >>> reg = bridge.Registry()
-        >>> @bridge.op("demo::twice", fake=lambda x: torch.empty_like(x), registry=reg)
-        ... def twice(x: torch.Tensor) -> torch.Tensor:
-        ...     return x * 2
-        >>> twice(torch.ones(2)).tolist()
-        [2.0, 2.0]
-        >>> spec = reg.get("demo::twice"); (spec.domain, spec.version, [p.name for p in spec.tensors])
-        ('demo', 1, ['x'])
-    """
-    ns, _ = validate_qualname(qualname)
-    reg = REGISTRY if registry is None else registry
-    reg.check_free(qualname)  # before torch defines anything
-    if not isinstance(version, int) or version < 1:
-        raise OpBridgeError(f"{qualname}: version must be an int >= 1. Got {version!r}. Use version=1.")
-    if (backward is None) != (setup_context is None) and backward is None:
-        raise OpBridgeError(f"{qualname}: setup_context given without backward. Got only one. Pass both.")
-
-    def decorate(fn: Callable):
-        mutates = (mutates_args,) if isinstance(mutates_args, str) else tuple(mutates_args)
-        schema_str = torch.library.infer_schema(fn, mutates_args=mutates)
-        params, n_out = parse_params(qualname, torch._C.parse_schema(qualname + schema_str))
-        custom = torch.library.custom_op(qualname, fn, mutates_args=mutates, device_types=device_types)
-        if fake is not None:
-            custom.register_fake(fake)
-        if backward is not None:
-            custom.register_autograd(backward, setup_context=setup_context)
-        spec = OpSpec(
-            qualname=qualname, custom_op=custom, params=params, num_outputs=n_out,
-            domain=domain or ns, version=version, function=function, reference=reference,
-            sample_inputs=sample_inputs, dtypes=tuple(dtypes),
-            doc=(inspect.getdoc(fn) or "").split("\n\n")[0], custom_translation=translation,
-            torchbind=tuple(torchbind), native_source=None if native is None else str(native),
-        )
-        try:
-            reg.add(spec)
-        except OpBridgeError:
-            custom._lib._destroy()  # leave torch as it was: the declaration failed as a whole
-            raise
-        custom.spec = spec
-        return custom
-
-    return decorate
-
-
-def onnx_custom_domains(model: onnx.ModelProto) -> set[str]:
-    """Domains of a model's nodes that are not standard ONNX."""
-    standard = {"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training"}
-    return {n.domain for n in model.graph.node if n.domain not in standard}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import onnx
 import torch
 from onnx import defs, helper
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
 from bridge.dtypes import ALL_TENSOR_TYPES, TORCH_TO_ONNX, torch_dtype
 
@@ -43,8 +45,6 @@ def build_onnx_schema(spec) -> defs.OpSchema:
 
 
 def _fake_input(mode, type_proto: onnx.TypeProto, first_hint: int, symbols: dict):
-    from torch.fx.experimental.symbolic_shapes import DimDynamic, StatelessSymbolicContext
-
     tt = type_proto.tensor_type
     dims, dynamic, params = [], [], []
     for i, d in enumerate(tt.shape.dim):
@@ -80,9 +80,6 @@ def infer_from_fake(spec, ctx) -> None:
     Input dims with a ``dim_param`` become symbols; an output dim equal to an input
     symbol keeps that name, a derived expression becomes an unnamed dim.
     """
-    from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.fx.experimental.symbolic_shapes import ShapeEnv
-
     mode = FakeTensorMode(shape_env=ShapeEnv())
     symbols: dict = {}
     args = []

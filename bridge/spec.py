@@ -17,8 +17,10 @@ from typing import Any
 import onnx
 import torch
 from onnx import defs
+from onnxscript import values
 
 from bridge.errors import OpBridgeError
+from bridge.schema import build_onnx_schema
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 NO_DEFAULT = inspect.Parameter.empty
@@ -112,10 +114,10 @@ def parse_params(qualname: str, schema: torch.FunctionSchema) -> tuple[tuple[Par
 
 @dataclasses.dataclass(frozen=True)
 class OpSpec:
-    """Frozen record of one registered op. Build it with :func:`bridge.op`.
+    """Frozen record of one registered op. Build it with :func:`bridge.op` or :func:`bridge.register`;
+    change it through the op object's ``register_*`` methods (the registry swaps in a new record).
 
-    Derived views (``onnx_schema``, ``onnx_op``, ``translation``) are computed once, on
-    first use.
+    Derived views (``onnx_schema``, ``onnx_op``) are computed once, on first use.
     """
 
     qualname: str
@@ -172,25 +174,12 @@ class OpSpec:
     # -- derived ONNX views ------------------------------------------------------------
     @functools.cached_property
     def onnx_schema(self) -> defs.OpSchema:
-        from bridge.schema import build_onnx_schema
-
         return build_onnx_schema(self)
 
     @functools.cached_property
-    def onnx_op(self):
+    def onnx_op(self) -> values.Op:
         """``onnxscript.values.Op`` that emits this op's node in its custom domain."""
-        from onnxscript import values
-
         return values.Op(values.Opset(self.domain, self.version), self.name, self.onnx_schema)
-
-    @functools.cached_property
-    def translation(self) -> Callable:
-        """The function the exporter's custom translation table maps this op to."""
-        if self.custom_translation is not None:
-            return self.custom_translation
-        from exporters.translation import build_translation
-
-        return build_translation(self)
 
     def bind(self, *args, **kwargs) -> dict[str, Any]:
         """Arguments by name, defaults filled, as the torch schema reads them."""

@@ -19,8 +19,9 @@ import torch
 from torch import nn
 
 import custom_ops  # noqa: F401  (registers the seed ops)
-from bridge.testing import ModelCase
+from bridge import ModelCase
 from custom_ops.bev_pool_v2 import voxel_pooling_prepare
+from custom_ops.identity_conv import IdentityConvClass
 
 
 class BEVDemo(nn.Module):
@@ -93,8 +94,6 @@ class IdentityModel(torch.nn.Module):
 
     def __init__(self, channels=3):
         super().__init__()
-        from custom_ops.identity_conv import IdentityConvClass
-
         self.conv1 = nn.Conv2d(channels, channels, 3, padding=1)
         self.identity = IdentityConvClass(channels)
         self.conv2 = nn.Conv2d(channels, 2, 1)

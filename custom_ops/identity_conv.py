@@ -18,6 +18,7 @@ from onnxscript import script, values
 
 import bridge
 from bridge import SampleInput
+from bridge.progress import step
 
 DOMAIN = values.Opset("opbridge", 1)
 
@@ -96,8 +97,6 @@ def load_identity_conv_class():
     ``$OPBRIDGE_CACHE_DIR`` or ``~/.cache/opbridge``.
     """
     from torch.utils import cpp_extension
-
-    from bridge.progress import step
 
     cache = Path(os.environ.get("OPBRIDGE_CACHE_DIR") or Path.home() / ".cache" / "opbridge") / "torchbind"
     cache.mkdir(parents=True, exist_ok=True)

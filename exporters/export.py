@@ -12,11 +12,12 @@ from collections.abc import Callable, Sequence
 import onnx
 import torch
 
+from bridge.domains import is_custom, is_onnx
 from bridge.errors import OpBridgeError
 from bridge.progress import step
-from bridge.registry import REGISTRY, Registry, onnx_custom_domains
+from bridge.registry import REGISTRY, Registry
 from exporters.rewrites import functionalize_mutations, torchbind_to_ops
-from exporters.translation import symbolic_attribute_error
+from exporters.translation import symbolic_attribute_error, translation_table
 
 # NOTE: torch.onnx warns about every absent torchvision op when it builds its registry.
 logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
@@ -80,14 +81,14 @@ def attach_functions(model: onnx.ModelProto, registry: Registry) -> list[str]:
     added = []
     for node in model.graph.node:
         key = (node.domain, node.op_type)
-        if node.domain in ("", "ai.onnx") or key in have:
+        if not is_custom(node.domain) or key in have:
             continue
         spec = registry.find(*key)
         if spec is None or spec.function is None:
             continue
         proto = spec.function.to_function_proto()
         for imp in proto.opset_import:
-            if imp.domain in ("", "ai.onnx") and imp.version != model_opsets.get("", imp.version):
+            if is_onnx(imp.domain) and imp.version != model_opsets.get("", imp.version):
                 raise OpBridgeError(
                     f"{spec.qualname}: function body uses ONNX opset {imp.version} but the model uses "
                     f"{model_opsets['']}. Got opset_version={model_opsets['']}. Export with "
@@ -101,7 +102,7 @@ def attach_functions(model: onnx.ModelProto, registry: Registry) -> list[str]:
 
 def _ensure_opset_imports(model: onnx.ModelProto, registry: Registry) -> None:
     present = {o.domain for o in model.opset_import}
-    for domain in sorted(onnx_custom_domains(model) - present):
+    for domain in sorted({n.domain for n in model.graph.node if is_custom(n.domain)} - present):
         versions = {s.version for s in registry if s.domain == domain}
         model.opset_import.append(onnx.helper.make_opsetid(domain, max(versions or {1})))
 
@@ -152,7 +153,7 @@ def export(
         with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             onnx_program = torch.onnx.export(
-                program, dynamo=True, custom_translation_table=reg.translation_table(),
+                program, dynamo=True, custom_translation_table=translation_table(reg),
                 opset_version=opset_version, optimize=True, verify=False, external_data=False,
             )
     proto = onnx_program.model_proto

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
+
 from bridge.errors import OpBridgeError
 from bridge.spec import OpSpec, python_signature
 
@@ -49,3 +51,20 @@ def build_translation(spec: OpSpec) -> Callable:
     translation.__name__ = translation.__qualname__ = spec.name
     translation.__doc__ = f"Translation of {spec.qualname} to {spec.domain}::{spec.name} v{spec.version}."
     return translation
+
+
+def translation(spec: OpSpec) -> Callable:
+    """The function the exporter's translation table maps ``spec``'s op to: the op's own
+    ``translation=`` if it gave one, else the one derived from its schema."""
+    return spec.custom_translation or build_translation(spec)
+
+
+def translation_table(registry) -> dict:
+    """``{OpOverload: translation}`` for ``torch.onnx.export(custom_translation_table=...)``.
+
+    >>> import bridge, custom_ops
+    >>> table = translation_table(bridge.REGISTRY)
+    >>> table[torch.ops.bev.bev_pool_v2.default].__name__
+    'bev_pool_v2'
+    """
+    return {s.overload: translation(s) for s in registry.exportable()}

@@ -17,11 +17,14 @@ import sys
 import tempfile
 from pathlib import Path
 
+import onnxruntime
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
 from bridge.dtypes import TORCH_TO_ONNX
 from bridge.errors import OpBridgeError
 from bridge.progress import step
+from bridge.registry import REGISTRY
 
 SOURCE_DIR = Path(__file__).resolve().parent
 INCLUDE_DIR = SOURCE_DIR / "include"
@@ -53,8 +56,6 @@ def native_source(spec) -> Path | None:
 def io_types(spec, dtype: torch.dtype) -> tuple[tuple[int, ...], tuple[int, ...]]:
     # NOTE: element types per dtype come from the op's own sample inputs run through its fake
     # kernel: the torch schema says "Tensor", the samples say which tensors are int32.
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     samples = spec.sample_inputs(dtype) if spec.sample_inputs else []
     if not samples:
         raise OpBridgeError(f"{spec.qualname}: a native kernel needs sample inputs to derive its types. "
@@ -88,7 +89,7 @@ _entries_cache: dict = {}
 
 def cached_entries(registry) -> list[NativeEntry]:
     """``native_entries`` once per registry content: sessions ask on every creation."""
-    key = (id(registry), tuple(s.qualname for s in registry.exportable()))
+    key = (id(registry), registry.generation)
     if key not in _entries_cache:
         _entries_cache[key] = native_entries(registry)
     return _entries_cache[key]
@@ -158,8 +159,6 @@ def cache_dir() -> Path:
 
 def build_key(entries) -> str:
     """Hash of everything the binary depends on: sources, table, compiler, ORT version, headers."""
-    import onnxruntime
-
     h = hashlib.sha256()
     include = _official_include()
     for path in sorted(INCLUDE_DIR.glob("*.h")) + _sources(entries) + (
@@ -180,8 +179,6 @@ def library_path(registry=None, *, build: bool = True) -> Path:
         >>> library_path(build=True).name
         'libopbridge_ort.so'
     """
-    from bridge.registry import REGISTRY
-
     entries = cached_entries(REGISTRY if registry is None else registry)
     target = cache_dir() / build_key(entries) / LIBRARY_NAME
     if target.is_file() or not build:
@@ -212,15 +209,3 @@ def _compile(entries, target: Path) -> None:
                                 f"{result.stderr[-3000:]}\nFix the C++ source named above.")
         os.replace(out, target)
         (target.parent / "build.txt").write_text(" ".join(cmd) + "\n")
-
-
-def main() -> int:
-    """``python -m ort_kernels.build``: build and print the library path (for deployment)."""
-    import custom_ops  # noqa: F401
-
-    print(library_path())
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -18,14 +18,21 @@ here (measured on 0.15.2, see shared/FINDINGS.md):
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
 
+from bridge.domains import is_custom
 from bridge.errors import OpBridgeError, UnsupportedInTier
+from bridge.registry import Registry
+from bridge.spec import OpSpec
+from ort_kernels.base import Prepared, Tier, with_library
+from ort_kernels.build import io_types
 
 _lock = threading.Lock()
 _declared: dict[tuple[str, str], object] = {}  # (domain, op_type) -> OpSpec served
@@ -50,8 +57,6 @@ def _parse_attr(p, value):
 
 def _placeholder(spec, tensors, attrs):
     """Outputs of the right dtype for ORT to copy while the error travels back (zeros)."""
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
     try:
         with FakeTensorMode(allow_non_fake_inputs=True) as mode:
             fakes = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in tensors]
@@ -87,8 +92,6 @@ def _kernel(spec):
 
 
 def _io_dtypes(spec):
-    from ort_kernels.build import io_types
-
     from onnxruntime_extensions import PyCustomOpDef
 
     by_onnx = {onnx.TensorProto.FLOAT: PyCustomOpDef.dt_float, onnx.TensorProto.INT32: PyCustomOpDef.dt_int32,
@@ -98,7 +101,7 @@ def _io_dtypes(spec):
     return [by_onnx[t] for t in inputs], [by_onnx[t] for t in outputs]
 
 
-def _declare_all(registry) -> None:
+def _declare_all(registry, tier) -> None:
     from onnxruntime_extensions import PyCustomOpDef, onnx_op
 
     attr_types = {onnx.defs.OpSchema.AttrType.INT: PyCustomOpDef.dt_int64,
@@ -106,7 +109,7 @@ def _declare_all(registry) -> None:
                   onnx.defs.OpSchema.AttrType.STRING: PyCustomOpDef.dt_string}
     for spec in registry.exportable():
         key = (spec.domain, spec.name)
-        if key in _declared or not served(spec):
+        if key in _declared or tier.why_not(spec) is not None:
             continue
         inputs, outputs = _io_dtypes(spec)
         attrs = {p.name: attr_types.get(p.attr_type, PyCustomOpDef.dt_string) for p in spec.attributes}
@@ -115,9 +118,7 @@ def _declare_all(registry) -> None:
 
 
 def _custom_nodes(model):
-    from bridge.session import _STANDARD
-
-    return [n for n in model.graph.node if n.domain not in _STANDARD]
+    return [n for n in model.graph.node if is_custom(n.domain)]
 
 
 def _check_types(model: onnx.ModelProto) -> None:
@@ -177,40 +178,44 @@ class PythonTierSession(ort.InferenceSession):
             return result
 
 
-def python_session(model: onnx.ModelProto, registry, sess_options, providers) -> PythonTierSession:
-    """A session running ``model``'s custom nodes through their eager implementations."""
-    global _library_used
-    try:
-        from onnxruntime_extensions import get_library_path
-    except ImportError:
-        raise UnsupportedInTier("tier 'python' needs onnxruntime-extensions. Got no such package. "
-                                "pip install 'opbridge[python-tier]' (onnxruntime-extensions==0.15.*).") from None
-    with _lock:
-        if not _library_used:
-            _declare_all(registry)
-        missing = [f"{n.domain}::{n.op_type}" for n in _custom_nodes(model) if (n.domain, n.op_type) not in _declared]
-        if missing:
-            why = ("it was registered after this process's first python-tier session (declaring ops later "
-                   "crashes onnxruntime-extensions); restart the process" if _library_used and
-                   all(registry.find(*m.split("::")) for m in missing) else
-                   "no float32 sample inputs or it is not registered")
-            raise UnsupportedInTier(f"tier 'python' cannot run {', '.join(sorted(set(missing)))}: {why}. "
-                                    f"Got ops {sorted(set(missing))}. Use tier='function' or 'native'.")
-        _check_types(model)
-        _rewrite_attributes(model)
-        del model.functions[:]  # the Python kernels, not function bodies, run the custom nodes
-        from bridge.session import register_library
+class PythonTier(Tier):
+    name = "python"
+    summary = "the op's own eager implementation via onnxruntime-extensions (prototyping; float32)"
 
-        options = sess_options or ort.SessionOptions()
-        register_library(options, get_library_path())
-        _library_used = True
-    try:
-        return PythonTierSession(model.SerializeToString(), options, providers=list(providers))
-    except Exception as e:
-        raise OpBridgeError(f"onnxruntime could not load the model for tier 'python'. Got {type(e).__name__}: "
-                            f"{str(e)[:500]}.") from e
+    def why_not(self, spec: OpSpec, dtype: torch.dtype | None = None) -> str | None:
+        if spec.sample_inputs is None:
+            return "no sample inputs to type its kernel (register_samples / sample_inputs=)"
+        if torch.float32 not in spec.dtypes:
+            return "float32 is not among the op's dtypes"
+        if dtype is not None and dtype != torch.float32:
+            return (f"runs float32 only (onnxruntime-extensions aborts the process on float16 and declares one "
+                    f"type per op); {str(dtype).replace('torch.', '')} is skipped")
+        return None
 
-
-def served(spec) -> bool:
-    """Whether the Python tier can serve ``spec``: float32 among its dtypes, samples to type it."""
-    return torch.float32 in spec.dtypes and spec.sample_inputs is not None
+    def prepare(self, model: onnx.ModelProto, registry: Registry, options: ort.SessionOptions | None,
+                library: str | os.PathLike | None = None) -> Prepared:
+        """Route ``model``'s custom nodes to their eager implementations."""
+        global _library_used
+        try:
+            from onnxruntime_extensions import get_library_path
+        except ImportError:
+            raise UnsupportedInTier("tier 'python' needs onnxruntime-extensions. Got no such package. "
+                                    "pip install 'opbridge[python-tier]' (onnxruntime-extensions==0.15.*).") from None
+        with _lock:
+            if not _library_used:
+                _declare_all(registry, self)
+            missing = [f"{n.domain}::{n.op_type}" for n in _custom_nodes(model)
+                       if (n.domain, n.op_type) not in _declared]
+            if missing:
+                why = ("it was registered after this process's first python-tier session (declaring ops later "
+                       "crashes onnxruntime-extensions); restart the process" if _library_used and
+                       all(registry.find(*m.split("::")) for m in missing) else
+                       "no float32 sample inputs or it is not registered")
+                raise UnsupportedInTier(f"tier 'python' cannot run {', '.join(sorted(set(missing)))}: {why}. "
+                                        f"Got ops {sorted(set(missing))}. Use tier='function' or 'native'.")
+            _check_types(model)
+            _rewrite_attributes(model)
+            del model.functions[:]  # the Python kernels, not function bodies, run the custom nodes
+            options = with_library(options, get_library_path())
+            _library_used = True
+        return Prepared(options, changed=True, session_class=PythonTierSession)

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULES = ["bridge", "bridge.errors", "bridge.dtypes", "bridge.progress", "bridge.registry", "bridge.session",
+MODULES = ["bridge", "bridge.errors", "bridge.dtypes", "bridge.domains", "bridge.progress", "bridge.registry",
+           "bridge.opdef", "bridge.sessions", "ort_kernels.tiers", "exporters.translation",
            "bridge.parity", "bridge.testing", "custom_ops.demo", "exporters.export"]
 
 

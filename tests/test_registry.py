@@ -1,5 +1,7 @@
 """Registration: derived schema, validation errors, check_complete."""
 
+from pathlib import Path
+
 import pytest
 import torch
 from onnx import defs
@@ -191,3 +193,105 @@ def test_mutating_op_with_result_twin_returns_result_then_new_values(registry, f
     assert str(twin.overload._schema).endswith("(Tensor x, Tensor total) -> (Tensor, Tensor)")
     doubled, total = twin.overload(torch.ones(2), torch.full((2,), 5.0))
     assert doubled.tolist() == [2.0, 2.0] and total.tolist() == [6.0, 6.0]
+
+
+def test_pieces_attach_after_declaration_as_new_records(registry, fresh_name):
+    name = fresh_name("times")  # the body below is named `times` too
+    ns, _ = name.split("::")
+
+    @bridge.op(name, fake=_fake, registry=registry)
+    def times_op(x: torch.Tensor, k: int) -> torch.Tensor:
+        return x * k
+
+    assert isinstance(times_op, bridge.BridgeOp)
+    first = registry.get(name)
+    assert [g.split(" ")[0] for g in registry.missing(first)] == ["reference", "sample", "function"]
+
+    @times_op.register_reference  # decorator form
+    def _(x, k):
+        return x * float(k)
+
+    @script(values.Opset(ns, 1), default_opset=op)
+    def times(x, k: int):
+        return op.Mul(x, op.CastLike(op.Constant(value_int=k), x))
+
+    assert times_op.register_function(times) is times  # call form
+    times_op.register_samples(lambda dtype: [bridge.SampleInput((torch.ones(2, dtype=dtype), 3))])
+    assert first.function is None and first.reference is None  # records are replaced, never mutated
+    assert registry.check_complete(name) == {name: []}
+    assert times_op.spec.function is times and times_op.spec is registry.get(name)
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return times_op(x, 3)
+
+    report = bridge.check_parity(M(), (torch.randn(4),), registry=registry)
+    assert report.passed and report.outputs[0].max_abs == 0.0
+
+
+def test_attached_body_is_validated_and_the_old_record_stays(registry, fresh_name):
+    name = fresh_name("strict")
+
+    @bridge.op(name, fake=_fake, registry=registry)
+    def strict(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    @script(values.Opset("elsewhere", 1), default_opset=op)
+    def wrong(x):
+        return op.Identity(x)
+
+    with pytest.raises(bridge.OpBridgeError, match="function body does not match the op"):
+        strict.register_function(wrong)
+    assert registry.get(name).function is None
+
+
+def test_register_native_resolves_against_the_calling_module(registry, fresh_name, tmp_path, monkeypatch):
+    name = fresh_name("nat")
+
+    @bridge.op(name, fake=_fake, registry=registry)
+    def nat(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    monkeypatch.chdir(tmp_path)  # the current folder must not matter
+    (tmp_path / "kernel.cc").write_text("// not this one\n")
+    with pytest.raises(bridge.OpBridgeError, match=r"native kernel source not found.*tried '/.*/tests/kernel.cc'"):
+        nat.register_native("kernel.cc")
+    kernel = Path(__file__).resolve().parent / "scripts" / "_kernel_for_test.cc"
+    kernel.write_text("// placeholder\n")
+    try:
+        nat.register_native("scripts/_kernel_for_test.cc")
+        assert registry.get(name).native_source == str(kernel)
+    finally:
+        kernel.unlink()
+
+
+def test_mutating_op_twin_follows_attached_pieces(registry, fresh_name):
+    name = fresh_name("absinto")  # the body below is named `absinto` too
+    ns, _ = name.split("::")
+
+    @bridge.op(name, mutates_args=("out",), fake=lambda x, out: None, registry=registry)
+    def absinto_op(x: torch.Tensor, out: torch.Tensor) -> None:
+        out.copy_(x.abs())
+
+    twin_before = registry.functional(registry.get(name))
+
+    @script(values.Opset(ns, 1), default_opset=op)
+    def absinto(x, out):
+        return op.Abs(x)
+
+    absinto_op.register_function(absinto)
+    twin = registry.functional(registry.get(name))
+    assert twin.function is absinto and twin_before.function is None
+    assert twin.custom_op is twin_before.custom_op  # the same torch twin op, a new record
+
+
+def test_tier_table_is_the_one_place_tier_names_live():
+    from ort_kernels.tiers import TIERS
+
+    assert bridge.TIERS == tuple(TIERS)
+    assert all(t.name == n and t.summary for n, t in TIERS.items())
+    with pytest.raises(bridge.OpBridgeError, match="unknown kernel tier. Got 'gpu'"):
+        bridge.session(b"", tier="gpu")
+    spec = bridge.REGISTRY.get("opbridge::crop")
+    assert TIERS["python"].why_not(spec, torch.float16).startswith("runs float32 only")
+    assert TIERS["function"].why_not(spec) is None

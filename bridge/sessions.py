@@ -1,4 +1,4 @@
-"""``bridge.session``: an onnxruntime InferenceSession with every custom op of the model resolvable."""
+"""Sessions: ``bridge.session`` opens an onnxruntime InferenceSession with every custom op of the model resolvable."""
 
 from __future__ import annotations
 
@@ -7,13 +7,13 @@ from collections.abc import Sequence
 
 import onnx
 import onnxruntime as ort
+from onnx import external_data_helper
 
-from bridge.errors import OpBridgeError, UnsupportedInTier
+from bridge.domains import is_custom
+from bridge.errors import OpBridgeError
 from bridge.progress import step
 from bridge.registry import REGISTRY, Registry
-
-TIERS = ("function", "native", "python")
-_STANDARD = {"", "ai.onnx", "ai.onnx.ml", "com.microsoft"}
+from ort_kernels import tiers
 
 
 def load_model(model: str | os.PathLike | onnx.ModelProto | bytes) -> onnx.ModelProto:
@@ -40,16 +40,11 @@ def load_model(model: str | os.PathLike | onnx.ModelProto | bytes) -> onnx.Model
                             f"Got {type(e).__name__}: {str(e)[:200]}. Export it again.") from None
 
 
-def custom_nodes(model: onnx.ModelProto) -> list[tuple[str, str]]:
-    """Sorted distinct (domain, op_type) of the main graph's non-standard nodes."""
-    return sorted({(n.domain, n.op_type) for n in model.graph.node if n.domain not in _STANDARD})
-
-
 def check_nodes(model: onnx.ModelProto, registry: Registry) -> None:
     """Custom nodes against their registered ops: domain version, attributes, input count."""
     imported = {o.domain: o.version for o in model.opset_import}
     for node in model.graph.node:
-        if node.domain in _STANDARD:
+        if not is_custom(node.domain):
             continue
         spec = registry.find(node.domain, node.op_type)
         if spec is None:
@@ -79,71 +74,8 @@ def check_nodes(model: onnx.ModelProto, registry: Registry) -> None:
                                 f"{len(spec.tensors)}. Got inputs {list(node.input)}. Export the model again.")
 
 
-def resolve_functions(model: onnx.ModelProto, registry: Registry) -> list[str]:
-    """Attach missing function bodies from the registry (returns the ops attached); raise for ops
-    still unresolvable."""
-    from exporters.export import attach_functions
-
-    added = attach_functions(model, registry)
-    local = {(f.domain, f.name) for f in model.functions}
-    missing = [f"{d}::{t}" for d, t in custom_nodes(model) if (d, t) not in local]
-    if missing:
-        raise UnsupportedInTier(
-            f"tier 'function' cannot run {', '.join(missing)}: no model-local function and no "
-            f"registered function body. Got ops {missing}. Give the op a function= body, "
-            "or use tier='native'."
-        )
-    return added
-
-
-def use_native(model: onnx.ModelProto, registry: Registry, sess_options: ort.SessionOptions | None,
-               library: str | os.PathLike | None = None) -> ort.SessionOptions:
-    """Point the model's custom nodes at the native library; raise for ops it does not serve."""
-    from ort_kernels.build import library_path, served_ops
-
-    served = served_ops(registry)
-    missing = [f"{d}::{t}" for d, t in custom_nodes(model) if (d, t) not in served]
-    if missing:
-        raise UnsupportedInTier(
-            f"tier 'native' has no C++ kernel for {', '.join(missing)}. Got ops {missing}. Add "
-            "ort_kernels/cpu/<op>.cc (or native= on @bridge.op), or use tier='function'."
-        )
-    # NOTE: drop the model-local functions the library serves, so that the C++ kernels, not the
-    # function bodies, are what this session runs.
-    keep = [f for f in model.functions if (f.domain, f.name) not in served]
-    del model.functions[:]
-    model.functions.extend(keep)
-    library = library or os.environ.get("OPBRIDGE_NATIVE_LIBRARY") or library_path(registry)
-    if not os.path.isfile(library):
-        raise OpBridgeError(f"no native kernel library at {os.fspath(library)!r}. Got a missing file. Build one with "
-                            "`python -m ort_kernels.build` (prints its path) or drop native_library= to build here.")
-    options = sess_options or ort.SessionOptions()
-    try:
-        register_library(options, os.fspath(library))
-    except Exception as e:
-        raise OpBridgeError(f"onnxruntime could not load the native library {os.fspath(library)!r}. Got "
-                            f"{type(e).__name__}: {str(e)[:300]}. Rebuild it for this onnxruntime.") from None
-    return options
-
-
-# NOTE: registering a library twice into one SessionOptions adds its domains twice, and every
-# later session on those options fails ("Domain already set in registry"). Options a library
-# went into are kept alive here, so their ids cannot be reused by other objects.
-_registered: dict[tuple[int, str], ort.SessionOptions] = {}
-
-
-def register_library(options: ort.SessionOptions, path: str) -> None:
-    """``options.register_custom_ops_library(path)``, once per (options, library)."""
-    key = (id(options), path)
-    if key not in _registered:
-        options.register_custom_ops_library(path)
-        _registered[key] = options
-
-
 def _with_external_data(proto: onnx.ModelProto, model) -> onnx.ModelProto:
     """``proto`` with its external tensors loaded (models read from a path), ready to serialise."""
-    from onnx import external_data_helper
-
     if isinstance(model, (str, os.PathLike)) and any(
             external_data_helper.uses_external_data(t) for t in external_data_helper._get_all_tensors(proto)):
         external_data_helper.load_external_data_for_model(proto, os.path.dirname(os.path.abspath(model)))
@@ -161,8 +93,9 @@ def session(
 ) -> ort.InferenceSession:
     """An ``onnxruntime.InferenceSession`` for ``model`` whose custom ops all have kernels.
 
-    ``tier="function"`` runs each custom node through its model-local ONNX function (attached
-    from the registry when the file lacks it), so plain ONNX Runtime needs nothing else.
+    ``tier`` names a kernel tier of ``ort_kernels.tiers``. ``"function"`` runs each custom node
+    through its model-local ONNX function (attached from the registry when the file lacks it), so
+    plain ONNX Runtime needs nothing else.
     ``tier="native"`` loads the C++ kernel library (built on first use, or ``native_library=``
     / ``$OPBRIDGE_NATIVE_LIBRARY`` for a prebuilt one); ``tier="python"`` runs
     the ops' own eager implementations through onnxruntime-extensions (float32, prototyping).
@@ -176,31 +109,18 @@ def session(
         >>> float(sess.run(None, {"x": np.full((1, 2, 3, 3), 5, np.float32)})[0].max())
         5.0
     """
-    if tier not in TIERS:
-        raise OpBridgeError(f"unknown kernel tier. Got {tier!r}. Use one of {TIERS}.")
+    kernels = tiers.get(tier)
     reg = REGISTRY if registry is None else registry
     proto = load_model(model)
     check_nodes(proto, reg)
+    prepared = kernels.prepare(proto, reg, sess_options, native_library)
     # NOTE: a file that needs no change goes to ORT by path: no second serialisation and parse
-    source = model if isinstance(model, (str, os.PathLike)) else None
-    if tier == "function":
-        if resolve_functions(proto, reg):
-            source = None
-    elif tier == "native":
-        n_functions = len(proto.functions)
-        sess_options = use_native(proto, reg, sess_options, native_library)
-        if len(proto.functions) != n_functions:
-            source = None
-    else:
-        from ort_kernels.python_tier import python_session
-
-        with step("onnxruntime session (python tier)"):
-            return python_session(_with_external_data(proto, model), reg, sess_options, providers)
+    path = model if isinstance(model, (str, os.PathLike)) and not prepared.changed else None
     with step(f"onnxruntime session ({tier} tier)"):
         try:
-            content = os.fspath(source) if source is not None else \
+            content = os.fspath(path) if path is not None else \
                 _with_external_data(proto, model).SerializeToString()
-            return ort.InferenceSession(content, sess_options, providers=list(providers))
+            return prepared.session_class(content, prepared.options, providers=list(providers))
         except Exception as e:
             raise OpBridgeError(f"onnxruntime could not load the model. Got {type(e).__name__}: "
                                 f"{str(e)[:500]}. Check the op kernels for tier {tier!r}.") from e

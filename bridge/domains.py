@@ -1,0 +1,41 @@
+"""ONNX domains: which are standard, which belong to a runtime, which are custom (defined once).
+
+Example:
+    >>> is_custom("bev"), is_custom(""), is_custom("com.microsoft.nchwc")
+    (True, False, False)
+"""
+
+from __future__ import annotations
+
+import onnx
+
+# NOTE: the ONNX standard's own domains; a node here is run by every conforming runtime.
+ONNX_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training"})
+# NOTE: onnxruntime's internal domains: they appear in files onnxruntime optimised and saved
+# (`optimized_model_filepath`); onnxruntime runs them itself, they are not custom ops.
+RUNTIME_DOMAINS = frozenset({
+    "com.microsoft", "com.microsoft.nchwc", "com.microsoft.experimental", "com.microsoft.dml",
+    "com.ms.internal.nhwc", "com.microsoft.mlfeaturizers",
+})
+
+
+def is_custom(domain: str) -> bool:
+    """Whether nodes of ``domain`` need a kernel from opbridge (neither ONNX nor onnxruntime's own)."""
+    return domain not in ONNX_DOMAINS and domain not in RUNTIME_DOMAINS
+
+
+def is_onnx(domain: str) -> bool:
+    """Whether ``domain`` is the standard ONNX operator set (``""`` or ``"ai.onnx"``)."""
+    return domain in ("", "ai.onnx")
+
+
+def custom_nodes(model: onnx.ModelProto) -> list[tuple[str, str]]:
+    """Sorted distinct (domain, op_type) of the main graph's custom nodes.
+
+    >>> from onnx import helper
+    >>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"]), helper.make_node("f", ["y"], ["z"], domain="d")],
+    ...                       "g", [], [])
+    >>> custom_nodes(helper.make_model(g))
+    [('d', 'f')]
+    """
+    return sorted({(n.domain, n.op_type) for n in model.graph.node if is_custom(n.domain)})

@@ -1,0 +1,211 @@
+"""The op object: ``@bridge.op`` declares a torch custom op and returns a :class:`BridgeOp` that the
+bridge's pieces attach to, as torch's ``CustomOpDef`` takes ``register_fake``/``register_autograd``.
+
+Every ``register_*`` call swaps a new frozen record into the registry; nothing is mutated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import os
+import sys
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from bridge.errors import OpBridgeError
+from bridge.registry import REGISTRY, Registry
+from bridge.spec import OpSpec, parse_params, validate_qualname
+
+
+def resolve_native(path: str | os.PathLike, base: str | os.PathLike | None, qualname: str) -> str:
+    """An op's C++ kernel file as an absolute path: relative paths are read against ``base``
+    (the folder of the module that declares the op), never the current folder."""
+    p = Path(path)
+    if not p.is_absolute() and base is not None:
+        p = Path(base) / p
+    p = p.resolve()
+    if not p.is_file():
+        raise OpBridgeError(f"{qualname}: native kernel source not found. Got native={os.fspath(path)!r}, tried "
+                            f"{str(p)!r}. Give a path relative to the module that declares the op, or an absolute one.")
+    return str(p)
+
+
+def _folder_of(filename: str | None) -> str | None:
+    """The folder of a source file; None for code without one (a REPL, doctest, exec)."""
+    if not filename or filename.startswith("<"):
+        return None
+    return os.path.dirname(os.path.abspath(filename))
+
+
+def _caller_folder(depth: int = 2) -> str | None:
+    return _folder_of(sys._getframe(depth).f_code.co_filename)
+
+
+class BridgeOp:
+    """A registered op: call it like the torch op; attach pieces with the ``register_*`` methods.
+
+    Example:
+        >>> import torch, bridge
+        >>> reg = bridge.Registry()
+        >>> @bridge.op("demo::halve", fake=lambda x: torch.empty_like(x), registry=reg)
+        ... def halve(x: torch.Tensor) -> torch.Tensor:
+        ...     return x / 2
+        >>> halve(torch.ones(2)).tolist()
+        [0.5, 0.5]
+        >>> @halve.register_reference
+        ... def _(x):
+        ...     return x * 0.5
+        >>> reg.check_complete("demo::halve")["demo::halve"][0].startswith("sample inputs")
+        True
+    """
+
+    def __init__(self, qualname: str, registry: Registry, custom_op: Any = None):
+        self.qualname = qualname
+        self._registry = registry
+        self._custom_op = custom_op  # torch's CustomOpDef when the bridge defined the torch op
+
+    @property
+    def spec(self) -> OpSpec:
+        """The op's current record in its registry."""
+        return self._registry.get(self.qualname)
+
+    def __call__(self, *args, **kwargs):
+        return self.spec.overload(*args, **kwargs)
+
+    def __repr__(self) -> str:
+        return f"<bridge op {self.qualname}>"
+
+    def __getattr__(self, name: str):
+        # NOTE: everything else (register_kernel, register_torch_dispatch, ...) is torch's own.
+        custom = self.__dict__.get("_custom_op")
+        if custom is None:
+            raise AttributeError(name)
+        return getattr(custom, name)
+
+    # -- torch pieces --------------------------------------------------------------------
+    def register_fake(self, fn: Callable) -> Callable:
+        """The fake (meta) kernel: output shapes and dtypes from input shapes (torch.library)."""
+        self._torch_op("register_fake").register_fake(fn)
+        return fn
+
+    def register_autograd(self, backward: Callable, *, setup_context: Callable | None = None) -> None:
+        """The backward formula (torch.library)."""
+        self._torch_op("register_autograd").register_autograd(backward, setup_context=setup_context)
+
+    def _torch_op(self, what: str):
+        if self._custom_op is None:
+            raise OpBridgeError(f"{self.qualname}: {what} needs the op's torch.library definition. Got an op "
+                                f"defined elsewhere. Call torch.library.{what}({self.qualname!r}, ...) instead.")
+        return self._custom_op
+
+    # -- bridge pieces -------------------------------------------------------------------
+    def _attach(self, **changes) -> None:
+        self._registry.replace(dataclasses.replace(self.spec, **changes))
+
+    def register_function(self, function=None):
+        """The model-local ONNX function body (an onnxscript function named like the op, in its domain).
+
+        Call form ``op.register_function(body)`` or decorator ``@op.register_function``.
+        """
+        def attach(fn):
+            self._attach(function=fn)
+            return fn
+        return attach if function is None else attach(function)
+
+    def register_reference(self, reference: Callable | None = None):
+        """An independent implementation (a plain loop) parity and property tests compare against."""
+        def attach(fn):
+            self._attach(reference=fn)
+            return fn
+        return attach if reference is None else attach(reference)
+
+    def register_samples(self, sample_inputs: Callable | None = None):
+        """``sample_inputs(dtype) -> list[SampleInput]`` for opcheck, parity tables and native typing."""
+        def attach(fn):
+            self._attach(sample_inputs=fn)
+            return fn
+        return attach if sample_inputs is None else attach(sample_inputs)
+
+    def register_native(self, source: str | os.PathLike) -> None:
+        """The op's C++ kernel file for the native tier; a relative path is read against the folder
+        of the calling module."""
+        self._attach(native_source=resolve_native(source, _caller_folder(), self.qualname))
+
+
+def op(
+    qualname: str,
+    *,
+    mutates_args: Iterable[str] | str = (),
+    fake: Callable | None = None,
+    backward: Callable | None = None,
+    setup_context: Callable | None = None,
+    function=None,
+    reference: Callable | None = None,
+    sample_inputs: Callable | None = None,
+    dtypes: Sequence[torch.dtype] = (torch.float32,),
+    domain: str | None = None,
+    version: int = 1,
+    translation: Callable | None = None,
+    device_types: str | Sequence[str] | None = None,
+    torchbind: Sequence[str] = (),
+    native: str | os.PathLike | None = None,
+    registry: Registry | None = None,
+):
+    """Declare a custom op once; the torch op, ONNX schema and translation follow from it.
+
+    Wraps :func:`torch.library.custom_op` and returns a :class:`BridgeOp` (call it like the
+    function). The keyword pieces are shortcuts for the op object's ``register_*`` methods:
+    ``function`` is an onnxscript function in ``Opset(domain, version)`` with the op's name, used
+    as the model-local ONNX-function kernel; ``native`` a C++ kernel file, relative to the
+    declaring module's folder.
+
+    Example:
+        >>> import torch, bridge
+        >>> reg = bridge.Registry()
+        >>> @bridge.op("demo::twice", fake=lambda x: torch.empty_like(x), registry=reg)
+        ... def twice(x: torch.Tensor) -> torch.Tensor:
+        ...     return x * 2
+        >>> twice(torch.ones(2)).tolist()
+        [2.0, 2.0]
+        >>> spec = reg.get("demo::twice"); (spec.domain, spec.version, [p.name for p in spec.tensors])
+        ('demo', 1, ['x'])
+    """
+    ns, _ = validate_qualname(qualname)
+    reg = REGISTRY if registry is None else registry
+    reg.check_free(qualname)  # before torch defines anything
+    if not isinstance(version, int) or version < 1:
+        raise OpBridgeError(f"{qualname}: version must be an int >= 1. Got {version!r}. Use version=1.")
+    if (backward is None) != (setup_context is None) and backward is None:
+        raise OpBridgeError(f"{qualname}: setup_context given without backward. Got only one. Pass both.")
+    base = _caller_folder()
+
+    def decorate(fn: Callable) -> BridgeOp:
+        mutates = (mutates_args,) if isinstance(mutates_args, str) else tuple(mutates_args)
+        schema_str = torch.library.infer_schema(fn, mutates_args=mutates)
+        params, n_out = parse_params(qualname, torch._C.parse_schema(qualname + schema_str))
+        source = None if native is None else resolve_native(
+            native, _folder_of(fn.__code__.co_filename) or base, qualname)
+        custom = torch.library.custom_op(qualname, fn, mutates_args=mutates, device_types=device_types)
+        if fake is not None:
+            custom.register_fake(fake)
+        if backward is not None:
+            custom.register_autograd(backward, setup_context=setup_context)
+        spec = OpSpec(
+            qualname=qualname, custom_op=custom, params=params, num_outputs=n_out,
+            domain=domain or ns, version=version, function=function, reference=reference,
+            sample_inputs=sample_inputs, dtypes=tuple(dtypes),
+            doc=(inspect.getdoc(fn) or "").split("\n\n")[0], custom_translation=translation,
+            torchbind=tuple(torchbind), native_source=source,
+        )
+        try:
+            reg.add(spec)
+        except OpBridgeError:
+            custom._lib._destroy()  # leave torch as it was: the declaration failed as a whole
+            raise
+        return BridgeOp(qualname, reg, custom)
+
+    return decorate

@@ -1,0 +1,67 @@
+"""The native tier: custom nodes run in the C++ custom-op library (``libopbridge_ort.so``), built from
+each op's ``ort_kernels/cpu/<op>.cc`` (or ``native=`` file) on first use, or prebuilt."""
+
+from __future__ import annotations
+
+import os
+
+import onnx
+import onnxruntime as ort
+import torch
+
+from bridge.domains import custom_nodes
+from bridge.errors import OpBridgeError, UnsupportedInTier
+from bridge.registry import Registry
+from bridge.spec import OpSpec
+from ort_kernels.base import Prepared, Tier, with_library
+from ort_kernels.build import library_path, native_source, served_ops
+
+# NOTE: the one env var naming a prebuilt library for every native session.
+LIBRARY_ENV = "OPBRIDGE_NATIVE_LIBRARY"
+
+
+class NativeTier(Tier):
+    name = "native"
+    summary = "the C++ custom-op library libopbridge_ort.so (the deployment artifact)"
+
+    def why_not(self, spec: OpSpec, dtype: torch.dtype | None = None) -> str | None:
+        if native_source(spec) is None:
+            return "no C++ kernel (ort_kernels/cpu/<op>.cc, native= or op.register_native)"
+        if dtype is not None and dtype not in spec.dtypes:
+            return f"{str(dtype).replace('torch.', '')} is not among the op's dtypes"
+        return None
+
+    def prepare(self, model: onnx.ModelProto, registry: Registry, options: ort.SessionOptions | None,
+                library: str | os.PathLike | None = None) -> Prepared:
+        served = served_ops(registry)
+        missing = [f"{d}::{t}" for d, t in custom_nodes(model) if (d, t) not in served]
+        if missing:
+            raise UnsupportedInTier(
+                f"tier 'native' has no C++ kernel for {', '.join(missing)}. Got ops {missing}. Add "
+                "ort_kernels/cpu/<op>.cc (or native= on @bridge.op, op.register_native), or use tier='function'."
+            )
+        # NOTE: drop the model-local functions the library serves, so that the C++ kernels, not the
+        # function bodies, are what this session runs.
+        keep = [f for f in model.functions if (f.domain, f.name) not in served]
+        changed = len(keep) != len(model.functions)
+        del model.functions[:]
+        model.functions.extend(keep)
+        library = os.fspath(library or os.environ.get(LIBRARY_ENV) or library_path(registry))
+        if not os.path.isfile(library):
+            raise OpBridgeError(f"no native kernel library at {library!r}. Got a missing file. Build one with "
+                                "`opbridge build -o DIR`, or drop native_library= to build here.")
+        try:
+            options = with_library(options, library)
+        except Exception as e:
+            raise OpBridgeError(f"onnxruntime could not load the native library {library!r}. Got "
+                                f"{type(e).__name__}: {str(e)[:300]}. Rebuild it for this onnxruntime.") from None
+        return Prepared(options, changed=changed)
+
+    def report(self, registry: Registry) -> list[str]:
+        served = served_ops(registry)
+        lines = [f"serves {len(served)} ops in domains {sorted({d for d, _ in served})}:"]
+        for (domain, name), dtypes in sorted(served.items()):
+            spec = registry.find(domain, name)
+            lines.append(f"  {domain}::{name} v{spec.version} "
+                         f"{','.join(str(d).replace('torch.', '') for d in dtypes)}")
+        return lines

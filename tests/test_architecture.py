@@ -1,0 +1,60 @@
+"""The layering of ARCHITECTURE.md holds: import-linter contracts, every module in a layer, no facade use."""
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+ROOT = Path(__file__).resolve().parents[1]
+LIBRARY = ("bridge", "exporters", "ort_kernels")
+
+
+def _modules(package: str) -> dict[str, Path]:
+    out = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        name = ".".join(path.relative_to(ROOT).with_suffix("").parts)
+        out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def _contracts() -> list[dict]:
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+
+
+def test_import_linter_contracts_are_kept():
+    # NOTE: import-linter (grimp) reads imports inside functions too: a hidden upward import breaks it
+    r = subprocess.run([sys.executable, "-c", "import sys; from importlinter.cli import lint_imports; "
+                        "sys.exit(lint_imports(config_filename='pyproject.toml'))"],
+                       capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert "BROKEN" not in r.stdout and r.stdout.count("KEPT") == len(_contracts())
+
+
+def test_every_library_module_sits_in_a_layer():
+    layers = next(c for c in _contracts() if c["type"] == "layers")["layers"]
+    named = {m.strip() for layer in layers for m in layer.split("|")}
+    packages = set(LIBRARY)  # package __init__ files: the facade and the package docstrings
+    loose = [m for p in LIBRARY for m in _modules(p) if m not in named | packages and m != "bridge.__main__"]
+    assert not loose, f"modules outside every layer of pyproject.toml: {loose}"
+
+
+@pytest.mark.parametrize("package", LIBRARY)
+def test_library_modules_never_import_the_facade_nor_hide_project_imports(package):
+    # NOTE: the facade loads names with importlib, which import-linter cannot see; a library
+    # module importing it would depend on every layer at once.
+    problems = []
+    for name, path in _modules(package).items():
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import) and any(a.name == "bridge" for a in node.names) or \
+                    isinstance(node, ast.ImportFrom) and node.module == "bridge" and node.level == 0:
+                problems.append(f"{name}:{node.lineno} imports the facade")
+        for fn in (n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))):
+            for node in ast.walk(fn):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in LIBRARY + ("custom_ops",):
+                    problems.append(f"{name}:{node.lineno} imports {node.module} inside {fn.name}()")
+    assert not problems, problems
