@@ -25,6 +25,7 @@ _PUBLIC: dict[str, tuple[str, str]] = {
     "SampleInput": ("bridge.spec", "SampleInput"),
     "op": ("bridge.opdef", "op"),
     "BridgeOp": ("bridge.opdef", "BridgeOp"),
+    "register": ("bridge.opdef", "register"),
     "export": ("exporters.export", "export"),
     "TIERS": ("ort_kernels.tiers", "NAMES"),
     "session": ("bridge.sessions", "session"),

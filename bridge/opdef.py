@@ -15,10 +15,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch._library import custom_ops
 
 from bridge.errors import OpBridgeError
 from bridge.registry import REGISTRY, Registry
-from bridge.spec import OpSpec, parse_params, validate_qualname
+from bridge.spec import OpSpec, has_fake_kernel, parse_params, validate_qualname
 
 
 def resolve_native(path: str | os.PathLike, base: str | os.PathLike | None, qualname: str) -> str:
@@ -136,6 +137,105 @@ class BridgeOp:
         self._attach(native_source=resolve_native(source, _caller_folder(), self.qualname))
 
 
+def torch_origin(qualname: str) -> str | None:
+    """Where torch's op ``qualname`` comes from, or None when torch has no such op."""
+    if not torch._C._jit_get_schemas_for_operator(qualname):
+        return None
+    opdef = custom_ops.OPDEFS.get(qualname)
+    if opdef is not None:
+        fn = opdef._init_fn
+        return f"torch.library.custom_op in module {fn.__module__!r}, {fn.__code__.co_filename}:{fn.__code__.co_firstlineno}"
+    return "defined in C++ (TORCH_LIBRARY, e.g. loaded with torch.ops.load_library) or with torch.library.define"
+
+
+def resolve_overload(op: Any) -> torch._ops.OpOverload:
+    """The torch OpOverload behind ``op``: ``"ns::name"`` (``"ns::name.overload"``),
+    ``torch.ops.ns.name`` (``.default``), or a CustomOpDef."""
+    if isinstance(op, BridgeOp):
+        raise OpBridgeError(f"{op.qualname} is already bridged. Got its op object. Attach more pieces with "
+                            "op.register_function(...), op.register_reference(...) and the like.")
+    if hasattr(op, "_opoverload"):  # torch.library.custom_op's CustomOpDef
+        return op._opoverload
+    if isinstance(op, torch._ops.OpOverloadPacket):
+        op = op.default
+    if isinstance(op, torch._ops.OpOverload):
+        return op
+    if isinstance(op, str):
+        name, _, overload = op.partition(".")
+        ns, short = validate_qualname(name)
+        if not torch._C._jit_get_schemas_for_operator(name):
+            raise OpBridgeError(f"torch has no op {name!r}. Got {op!r}. Import or load what defines it first "
+                                "(the package, or torch.ops.load_library(path) for a C++ library).")
+        packet = getattr(getattr(torch.ops, ns), short)
+        if overload and overload not in packet.overloads():
+            raise OpBridgeError(f"{name} has no overload {overload!r}. Got {op!r}. Use one of "
+                                f"{packet.overloads()}.")
+        return getattr(packet, overload or "default")
+    raise OpBridgeError(f"bridge.register takes an op: 'ns::name', torch.ops.ns.name(.default) or a CustomOpDef. "
+                        f"Got {type(op).__name__}. Pass the op itself.")
+
+
+def register(
+    op: Any,
+    *,
+    function=None,
+    reference: Callable | None = None,
+    sample_inputs: Callable | None = None,
+    native: str | os.PathLike | None = None,
+    fake: Callable | None = None,
+    dtypes: Sequence[torch.dtype] = (torch.float32,),
+    domain: str | None = None,
+    version: int = 1,
+    torchbind: Sequence[str] = (),
+    translation: Callable | None = None,
+    registry: Registry | None = None,
+) -> BridgeOp:
+    """Bridge an op that already exists: another package's ``torch.library.custom_op``, or a C++
+    ``TORCH_LIBRARY`` op. The schema is read from torch; the op's own kernel stays the eager truth
+    (never redefined nor wrapped), its own fake/meta kernel is used (``fake=`` registers one only
+    when it has none). Returns the op object, as :func:`op` does.
+
+    Example:
+        >>> import torch, bridge
+        >>> lib = torch.library.Library("vendor_doc", "DEF")
+        >>> _ = lib.define("scale(Tensor x, float s) -> Tensor")
+        >>> lib.impl("scale", lambda x, s: x * s, "CPU")
+        >>> reg = bridge.Registry()
+        >>> scale = bridge.register("vendor_doc::scale", fake=lambda x, s: torch.empty_like(x), registry=reg)
+        >>> [p.name for p in scale.spec.params], scale(torch.ones(2), 3.0).tolist()
+        (['x', 's'], [3.0, 3.0])
+    """
+    overload = resolve_overload(op)
+    if overload._overloadname != "default":
+        raise OpBridgeError(f"{overload.name()}: only the default overload can be bridged. Got overload "
+                            f"{overload._overloadname!r}. Wrap it in a torch.library.custom_op with its own name.")
+    qualname = overload.name()
+    reg = REGISTRY if registry is None else registry
+    reg.check_free(qualname)
+    if not isinstance(version, int) or version < 1:
+        raise OpBridgeError(f"{qualname}: version must be an int >= 1. Got {version!r}. Use version=1.")
+    params, n_out = parse_params(qualname, overload._schema)
+    custom = op if hasattr(op, "_opoverload") else None
+    target = custom if custom is not None else overload
+    if fake is not None:
+        if has_fake_kernel(target):
+            raise OpBridgeError(f"{qualname} already has a fake (meta) kernel. Got fake= as well. Drop fake=: "
+                                "the op's own one is used.")
+        torch.library.register_fake(qualname, fake)
+    elif not has_fake_kernel(target):
+        raise OpBridgeError(f"{qualname} has no fake (meta) kernel, which export and shape inference need. Got "
+                            f"none. Pass fake= to bridge.register, or call torch.library.register_fake({qualname!r}).")
+    spec = OpSpec(
+        qualname=qualname, custom_op=target, params=params, num_outputs=n_out,
+        domain=domain or overload.namespace, version=version, function=function, reference=reference,
+        sample_inputs=sample_inputs, dtypes=tuple(dtypes), doc=f"{qualname} (existing op, bridged)",
+        custom_translation=translation, torchbind=tuple(torchbind),
+        native_source=None if native is None else resolve_native(native, _caller_folder(), qualname),
+    )
+    reg.add(spec)
+    return BridgeOp(qualname, reg, custom)
+
+
 def op(
     qualname: str,
     *,
@@ -177,6 +277,11 @@ def op(
     ns, _ = validate_qualname(qualname)
     reg = REGISTRY if registry is None else registry
     reg.check_free(qualname)  # before torch defines anything
+    origin = torch_origin(qualname)
+    if origin is not None:
+        raise OpBridgeError(f"torch already has op {qualname} ({origin}). Got a second definition, which would "
+                            f"replace or shadow it. Bridge the existing op instead: bridge.register({qualname!r}, "
+                            "function=..., reference=..., sample_inputs=...).")
     if not isinstance(version, int) or version < 1:
         raise OpBridgeError(f"{qualname}: version must be an int >= 1. Got {version!r}. Use version=1.")
     if (backward is None) != (setup_context is None) and backward is None:

@@ -18,6 +18,7 @@ import onnx
 import torch
 from onnx import defs
 from onnxscript import values
+from torch._library import simple_registry
 
 from bridge.errors import OpBridgeError
 from bridge.schema import build_onnx_schema
@@ -121,7 +122,7 @@ class OpSpec:
     """
 
     qualname: str
-    custom_op: Any  # torch._library.custom_ops.CustomOpDef
+    custom_op: Any  # torch's CustomOpDef, or the OpOverload of an op defined elsewhere (bridge.register)
     params: tuple[Param, ...]
     num_outputs: int
     domain: str
@@ -148,7 +149,7 @@ class OpSpec:
 
     @property
     def overload(self) -> torch._ops.OpOverload:
-        return self.custom_op._opoverload
+        return getattr(self.custom_op, "_opoverload", self.custom_op)
 
     @property
     def tensors(self) -> tuple[Param, ...]:
@@ -165,11 +166,14 @@ class OpSpec:
     # -- pieces (read live from torch, so a later register_fake counts) ---------------
     @property
     def has_fake(self) -> bool:
-        return self.custom_op._abstract_fn is not None
+        return has_fake_kernel(self.custom_op)
 
     @property
     def has_autograd(self) -> bool:
-        return self.custom_op._backward_fn is not None
+        if hasattr(self.custom_op, "_backward_fn"):
+            return self.custom_op._backward_fn is not None
+        return any(torch._C._dispatch_has_kernel_for_dispatch_key(self.overload.name(), key)
+                   for key in ("Autograd", "AutogradCPU", "CompositeImplicitAutograd"))
 
     # -- derived ONNX views ------------------------------------------------------------
     @functools.cached_property
@@ -187,6 +191,17 @@ class OpSpec:
         bound = sig.bind(*args, **kwargs)
         bound.apply_defaults()
         return dict(bound.arguments)
+
+
+def has_fake_kernel(op: Any) -> bool:
+    """Whether torch can run ``op`` (a CustomOpDef or an OpOverload) on fake tensors: a fake kernel
+    from Python (register_fake), a Meta kernel from C++, or a composite kernel that traces through."""
+    if hasattr(op, "_abstract_fn"):  # torch.library.custom_op
+        return op._abstract_fn is not None
+    name = op.name()
+    entry = simple_registry.singleton.find(name)
+    return entry.fake_impl.kernel is not None or any(
+        torch._C._dispatch_has_kernel_for_dispatch_key(name, key) for key in ("Meta", "CompositeImplicitAutograd"))
 
 
 def python_signature(spec: OpSpec, annotate: bool = False) -> inspect.Signature:

@@ -1,26 +1,55 @@
 """identity_conv: a 1x1 convolution with identity weights over ``channels`` channels (output == input).
 
-Also the op behind the torchbind class ``opbridge_classes::IdentityConvClass(channels)``
-(C++ in ``csrc/identity_conv_class.cpp``, built with torch.utils.cpp_extension on first use):
-export turns ``obj.forward(x)`` into ``identity_conv(x, channels=<obj state>)``. ``channels`` is
+Written as its original form is: a C++ ``TORCH_LIBRARY(opbridge, m)`` op plus the torchbind class
+``opbridge::IdentityConvClass(channels)`` in one shared library (``csrc/identity_conv.cpp``), built
+with torch.utils.cpp_extension on first import (cached), loaded with ``torch.ops.load_library``;
+fake, fake class and autograd registered from Python; bridged with ``bridge.register`` only.
+Export turns ``obj.forward(x)`` into ``identity_conv(x, channels=<obj state>)``. ``channels`` is
 checked against the input's channel dim, so a wrong attribute is an error, not a silent copy.
 """
 
 from __future__ import annotations
 
-import functools
+import hashlib
 import os
 from pathlib import Path
 
 import torch
 from onnxscript import opset20 as op
 from onnxscript import script, values
+from torch.utils import cpp_extension
 
 import bridge
 from bridge import SampleInput
 from bridge.progress import step
 
 DOMAIN = values.Opset("opbridge", 1)
+SOURCE = Path(__file__).with_name("csrc") / "identity_conv.cpp"
+LIBRARY = "opbridge_identity_conv"
+
+
+def load_library() -> None:
+    """Build (once per source and torch version, cached) and load the C++ library into torch.
+
+    The cache lives in ``$OPBRIDGE_CACHE_DIR`` or ``~/.cache/opbridge``; a build that finished leaves
+    a ``built.ok`` marker, so later processes load the library directly, without the build tools.
+    """
+    if torch._C._jit_get_schemas_for_operator("opbridge::identity_conv"):
+        return
+    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:16]
+    folder = Path(os.environ.get("OPBRIDGE_CACHE_DIR") or Path.home() / ".cache" / "opbridge") / "torch_ext" / key
+    built = folder / f"{LIBRARY}.so"
+    if (folder / "built.ok").is_file() and built.is_file():
+        torch.ops.load_library(str(built))
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    with step("building C++ library identity_conv + IdentityConvClass (once)"):
+        cpp_extension.load(name=LIBRARY, sources=[str(SOURCE)], build_directory=str(folder),
+                           is_python_module=False, verbose=False)
+    (folder / "built.ok").write_text(str(built) + "\n")
+
+
+load_library()
 
 
 def _check(x: torch.Tensor, channels: int) -> None:
@@ -64,15 +93,12 @@ def sample_inputs(dtype: torch.dtype) -> list[SampleInput]:
     ]
 
 
-@bridge.op(
-    "opbridge::identity_conv", fake=_fake, backward=_backward, setup_context=_setup_context,
-    function=identity_conv, reference=reference, sample_inputs=sample_inputs,
-    dtypes=(torch.float32, torch.float16, torch.float64), torchbind=["opbridge_classes::IdentityConvClass.forward"],
+torch.library.register_fake("opbridge::identity_conv", _fake)
+torch.library.register_autograd("opbridge::identity_conv", _backward, setup_context=_setup_context)
+identity_conv_op = bridge.register(
+    "opbridge::identity_conv", function=identity_conv, reference=reference, sample_inputs=sample_inputs,
+    dtypes=(torch.float32, torch.float16, torch.float64), torchbind=["opbridge::IdentityConvClass.forward"],
 )
-def identity_conv_op(x: torch.Tensor, channels: int) -> torch.Tensor:
-    """1x1 convolution with identity weights: returns a copy of ``x`` (N, channels, ...)."""
-    _check(x, channels)
-    return x.clone()
 
 
 class FakeIdentityConvClass:
@@ -89,26 +115,9 @@ class FakeIdentityConvClass:
         return _fake(x, self.channels)
 
 
-@functools.cache
-def load_identity_conv_class():
-    """Build (once, cached) and load the torchbind class; register its fake class. Returns the class.
-
-    The build uses torch.utils.cpp_extension (g++ and ninja); the cache lives in
-    ``$OPBRIDGE_CACHE_DIR`` or ``~/.cache/opbridge``.
-    """
-    from torch.utils import cpp_extension
-
-    cache = Path(os.environ.get("OPBRIDGE_CACHE_DIR") or Path.home() / ".cache" / "opbridge") / "torchbind"
-    cache.mkdir(parents=True, exist_ok=True)
-    source = Path(__file__).with_name("csrc") / "identity_conv_class.cpp"
-    with step("building/loading torchbind class IdentityConvClass"):
-        cpp_extension.load(name="opbridge_classes", sources=[str(source)], build_directory=str(cache),
-                           is_python_module=False, verbose=False)
-    torch._library.fake_class_registry.register_fake_class(
-        "opbridge_classes::IdentityConvClass", FakeIdentityConvClass)
-    return torch.classes.opbridge_classes.IdentityConvClass
+torch._library.fake_class_registry.register_fake_class("opbridge::IdentityConvClass", FakeIdentityConvClass)
 
 
 def IdentityConvClass(channels: int):
-    """A new ``torch.classes.opbridge_classes.IdentityConvClass(channels)`` (builds on first use)."""
-    return load_identity_conv_class()(channels)
+    """A new ``torch.classes.opbridge.IdentityConvClass(channels)``."""
+    return torch.classes.opbridge.IdentityConvClass(channels)

@@ -91,17 +91,40 @@ def _kernel(spec):
     return kernel
 
 
-def _io_dtypes(spec):
+def _io_dtypes(spec, model_types: dict):
+    """ONNX element types of the op's inputs and outputs: from its float32 samples through its fake
+    kernel, else from the model's own (inferred) types; None when neither says."""
     from onnxruntime_extensions import PyCustomOpDef
 
     by_onnx = {onnx.TensorProto.FLOAT: PyCustomOpDef.dt_float, onnx.TensorProto.INT32: PyCustomOpDef.dt_int32,
                onnx.TensorProto.INT64: PyCustomOpDef.dt_int64, onnx.TensorProto.BOOL: PyCustomOpDef.dt_bool,
                onnx.TensorProto.UINT8: PyCustomOpDef.dt_uint8, onnx.TensorProto.INT8: PyCustomOpDef.dt_int8}
-    inputs, outputs = io_types(spec, torch.float32)
+    if spec.sample_inputs is not None:
+        inputs, outputs = io_types(spec, torch.float32)
+    elif (spec.domain, spec.name) in model_types:
+        inputs, outputs = model_types[(spec.domain, spec.name)]
+    else:
+        return None
     return [by_onnx[t] for t in inputs], [by_onnx[t] for t in outputs]
 
 
-def _declare_all(registry, tier) -> None:
+def _model_types(inferred: onnx.ModelProto) -> dict:
+    """(domain, op_type) -> (input types, output types) read off the first fully typed node of each op."""
+    types = _value_types(inferred)
+    out = {}
+    for node in _custom_nodes(inferred):
+        ins, outs = [types.get(n, 0) for n in node.input], [types.get(n, 0) for n in node.output]
+        if all(t in _ACCEPTED for t in ins + outs):
+            out.setdefault((node.domain, node.op_type), (tuple(ins), tuple(outs)))
+    return out
+
+
+def _value_types(inferred: onnx.ModelProto) -> dict[str, int]:
+    return {v.name: v.type.tensor_type.elem_type for v in
+            list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output)}
+
+
+def _declare_all(registry, tier, model_types: dict) -> None:
     from onnxruntime_extensions import PyCustomOpDef, onnx_op
 
     attr_types = {onnx.defs.OpSchema.AttrType.INT: PyCustomOpDef.dt_int64,
@@ -111,7 +134,10 @@ def _declare_all(registry, tier) -> None:
         key = (spec.domain, spec.name)
         if key in _declared or tier.why_not(spec) is not None:
             continue
-        inputs, outputs = _io_dtypes(spec)
+        typed = _io_dtypes(spec, model_types)
+        if typed is None:
+            continue  # NOTE: neither samples nor this model type it: a later session says so
+        inputs, outputs = typed
         attrs = {p.name: attr_types.get(p.attr_type, PyCustomOpDef.dt_string) for p in spec.attributes}
         onnx_op(op_type=f"{spec.domain}::{spec.name}", inputs=inputs, outputs=outputs, attrs=attrs)(_kernel(spec))
         _declared[key] = spec
@@ -121,10 +147,8 @@ def _custom_nodes(model):
     return [n for n in model.graph.node if is_custom(n.domain)]
 
 
-def _check_types(model: onnx.ModelProto) -> None:
-    inferred = onnx.shape_inference.infer_shapes(model)
-    types = {v.name: v.type.tensor_type.elem_type for v in
-             list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output)}
+def _check_types(model: onnx.ModelProto, inferred: onnx.ModelProto) -> None:
+    types = _value_types(inferred)
     for node in _custom_nodes(model):
         for name in list(node.input) + list(node.output):
             t = types.get(name)
@@ -183,8 +207,6 @@ class PythonTier(Tier):
     summary = "the op's own eager implementation via onnxruntime-extensions (prototyping; float32)"
 
     def why_not(self, spec: OpSpec, dtype: torch.dtype | None = None) -> str | None:
-        if spec.sample_inputs is None:
-            return "no sample inputs to type its kernel (register_samples / sample_inputs=)"
         if torch.float32 not in spec.dtypes:
             return "float32 is not among the op's dtypes"
         if dtype is not None and dtype != torch.float32:
@@ -201,19 +223,20 @@ class PythonTier(Tier):
         except ImportError:
             raise UnsupportedInTier("tier 'python' needs onnxruntime-extensions. Got no such package. "
                                     "pip install 'opbridge[python-tier]' (onnxruntime-extensions==0.15.*).") from None
+        inferred = onnx.shape_inference.infer_shapes(model)
         with _lock:
             if not _library_used:
-                _declare_all(registry, self)
+                _declare_all(registry, self, _model_types(inferred))
             missing = [f"{n.domain}::{n.op_type}" for n in _custom_nodes(model)
                        if (n.domain, n.op_type) not in _declared]
             if missing:
                 why = ("it was registered after this process's first python-tier session (declaring ops later "
                        "crashes onnxruntime-extensions); restart the process" if _library_used and
                        all(registry.find(*m.split("::")) for m in missing) else
-                       "no float32 sample inputs or it is not registered")
+                       "it is not registered, or neither its float32 samples nor this model give its types")
                 raise UnsupportedInTier(f"tier 'python' cannot run {', '.join(sorted(set(missing)))}: {why}. "
                                         f"Got ops {sorted(set(missing))}. Use tier='function' or 'native'.")
-            _check_types(model)
+            _check_types(model, inferred)
             _rewrite_attributes(model)
             del model.functions[:]  # the Python kernels, not function bodies, run the custom nodes
             options = with_library(options, get_library_path())

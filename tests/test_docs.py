@@ -4,6 +4,7 @@ import doctest
 import importlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -53,3 +54,39 @@ def test_readme_use_example_runs(tmp_path):
     r = subprocess.run([sys.executable, "use.py"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "| PASS" in r.stdout and (tmp_path / "bev.onnx").exists()
+
+
+def _readme_block(first_line: str) -> str:
+    readme = (ROOT / "README.md").read_text()
+    return re.search(r"```python\n" + re.escape(first_line) + r"\n(.*?)```", readme, re.S).group(1)
+
+
+def _user_lines(code: str) -> list[str]:
+    return [line for line in code.splitlines() if line.strip() and not line.strip().startswith("#")]
+
+
+def test_readme_bridges_a_packages_custom_op(tmp_path):
+    code = _readme_block("# bridge_swish.py")
+    assert len(_user_lines(code)) <= 15
+    (tmp_path / "bridge_swish.py").write_text(code)
+    (tmp_path / "vendor_pkg.py").write_text((ROOT / "tests/vendor/py_ops.py").read_text())
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]))
+    r = subprocess.run([sys.executable, "bridge_swish.py"], capture_output=True, text=True, env=env, cwd=tmp_path,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "| PASS" in r.stdout
+
+
+def test_readme_bridges_a_cpp_torch_library_op(tmp_path):
+    from tests.vendor import cpp_ops
+
+    code = _readme_block("# bridge_scale_shift.py")
+    assert len(_user_lines(code)) <= 15
+    (tmp_path / "build").mkdir()
+    shutil.copy(cpp_ops.build(), tmp_path / "build" / "libvendorcpp.so")
+    (tmp_path / "bridge_scale_shift.py").write_text(code)
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "bridge_scale_shift.py"], capture_output=True, text=True, env=env,
+                       cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "| PASS" in r.stdout and "max abs" in r.stdout

@@ -70,7 +70,7 @@ def test_identity_model_is_bitwise_equal_to_eager(case, tier):
 
 
 def test_method_without_an_op_is_a_clear_error(case, registry):
-    with pytest.raises(bridge.OpBridgeError, match=r"opbridge_classes::IdentityConvClass.forward.*torchbind=\["):
+    with pytest.raises(bridge.OpBridgeError, match=r"opbridge::IdentityConvClass.forward.*torchbind=\["):
         bridge.export(case.model, case.args, registry=registry)
 
 

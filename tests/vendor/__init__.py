@@ -1,0 +1,1 @@
+"""Stand-ins for other packages' ops: they import nothing of opbridge (tests bridge them)."""
