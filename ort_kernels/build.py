@@ -11,10 +11,13 @@ import fcntl
 import functools
 import hashlib
 import os
+import re
 import shutil
+import stat
 import subprocess
-import sys
 import tempfile
+import time
+import warnings
 from pathlib import Path
 
 import onnxruntime
@@ -56,15 +59,18 @@ def native_source(spec) -> Path | None:
 def io_types(spec, dtype: torch.dtype) -> tuple[tuple[int, ...], tuple[int, ...]]:
     # NOTE: element types per dtype come from the op's own sample inputs run through its fake
     # kernel: the torch schema says "Tensor", the samples say which tensors are int32.
+    # An optional input omitted in the first sample takes its type from a sample that gives it
+    # (else the sample dtype).
     samples = spec.sample_inputs(dtype) if spec.sample_inputs else []
     if not samples:
         raise OpBridgeError(f"{spec.qualname}: a native kernel needs sample inputs to derive its types. "
                             f"Got none for {dtype}. Pass sample_inputs= to @bridge.op.")
-    args = samples[0].args
-    inputs = tuple(TORCH_TO_ONNX[a.dtype] for a in args if isinstance(a, torch.Tensor))
+    bound = [spec.bind(*s.args, **s.kwargs) for s in samples]
+    inputs = tuple(next((TORCH_TO_ONNX[b[p.name].dtype] for b in bound if isinstance(b[p.name], torch.Tensor)),
+                        TORCH_TO_ONNX[dtype]) for p in spec.tensors)
     with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-        fake_args = [mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args]
-        out = spec.overload(*fake_args, **samples[0].kwargs)
+        fake_args = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in bound[0].items()}
+        out = spec.overload(**fake_args)
     outs = out if isinstance(out, (tuple, list)) else (out,)
     return inputs, tuple(TORCH_TO_ONNX[o.dtype] for o in outs)
 
@@ -107,6 +113,11 @@ def _c_array(values) -> str:
     return "{" + ", ".join(str(v) for v in values) + "}"
 
 
+def optional_mask(spec) -> int:
+    """Bit i set when the op's i-th tensor input is optional (``Tensor?``)."""
+    return sum(1 << i for i, p in enumerate(spec.tensors) if p.optional)
+
+
 def generate_table(entries: list[NativeEntry]) -> str:
     """C++ source of the op table compiled into the library."""
     names = sorted({e.spec.name for e in entries})
@@ -117,7 +128,8 @@ def generate_table(entries: list[NativeEntry]) -> str:
     for e in entries:
         lines.append(
             f'    {{"{e.spec.domain}", {e.spec.version}, "{e.spec.name}", &kernel_{e.spec.name}, '
-            f"{len(e.input_types)}, {_c_array(e.input_types)}, {len(e.output_types)}, {_c_array(e.output_types)}}},"
+            f"{len(e.input_types)}, {_c_array(e.input_types)}, {optional_mask(e.spec)}u, "
+            f"{len(e.output_types)}, {_c_array(e.output_types)}}},"
         )
     lines += ["};", f"const size_t kOpTableSize = {len(entries)};", "", "}  // namespace opbridge", ""]
     return "\n".join(lines)
@@ -127,7 +139,8 @@ def _compiler() -> str:
     cxx = os.environ.get("CXX", "g++")
     if shutil.which(cxx) is None:
         raise OpBridgeError(f"no C++ compiler for the native kernels. Got CXX={cxx!r}, not on PATH. "
-                            "Install g++ (apt-get install g++) or set CXX.")
+                            "Install g++ (apt-get install g++) or set CXX, or use a library built elsewhere "
+                            "(`opbridge build -o DIR`, then native_library= or $OPBRIDGE_NATIVE_LIBRARY).")
     return cxx
 
 
@@ -152,13 +165,45 @@ def _sources(entries) -> list[Path]:
     return [SOURCE_DIR / s for s in COMMON_SOURCES] + op_sources
 
 
+def _private_folder(path: Path) -> Path:
+    """``path`` as a folder only this user can write: created 0700; refused when it is a symlink,
+    not a folder, owned by someone else, or writable by others."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.lstat()
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise NotADirectoryError(f"{path} is a symlink or not a folder")
+    if info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise PermissionError(f"{path} belongs to uid {info.st_uid} with mode {oct(info.st_mode & 0o777)}")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise PermissionError(f"{path} is not writable")
+    return path
+
+
+@functools.cache
+def _fallback_cache() -> Path:
+    return Path(tempfile.mkdtemp(prefix="opbridge-cache-"))
+
+
 def cache_dir() -> Path:
-    """Where built libraries live: ``$OPBRIDGE_CACHE_DIR`` or ``~/.cache/opbridge``."""
-    return Path(os.environ.get("OPBRIDGE_CACHE_DIR") or Path.home() / ".cache" / "opbridge") / "native"
+    """Where built libraries live: ``$OPBRIDGE_CACHE_DIR/native`` or ``~/.cache/opbridge/native``, a
+    folder only this user can write; when that is not possible, a private temp folder (with a warning)."""
+    wanted = Path(os.environ.get("OPBRIDGE_CACHE_DIR") or Path.home() / ".cache" / "opbridge") / "native"
+    try:
+        return _private_folder(wanted)
+    except OSError as e:
+        fallback = _fallback_cache()
+        warnings.warn(f"opbridge: the native cache {str(wanted)!r} cannot be used safely ({e}). Got an unusable "
+                      f"folder. Building in {fallback} for this process; set OPBRIDGE_CACHE_DIR to a private folder.",
+                      stacklevel=2)
+        return _private_folder(fallback)
 
 
 def build_key(entries) -> str:
-    """Hash of everything the binary depends on: sources, table, compiler, ORT version, headers."""
+    """Hash of everything the binary depends on: sources, table, ORT version, headers.
+
+    The compiler is not part of the key, so a machine without one loads a library built earlier
+    (``build.txt`` beside it records the compiler used).
+    """
     h = hashlib.sha256()
     include = _official_include()
     for path in sorted(INCLUDE_DIR.glob("*.h")) + _sources(entries) + (
@@ -167,12 +212,46 @@ def build_key(entries) -> str:
         h.update(path.read_bytes())
     h.update(generate_table(entries).encode())
     h.update(onnxruntime.__version__.encode())
-    h.update(_compiler_version(_compiler()).encode())
     return h.hexdigest()[:16]
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verified(library: Path) -> bool:
+    """Whether ``library`` is the file this cache built: a regular file (not a symlink) whose
+    SHA-256 matches the digest recorded when it was built. Nothing else is ever loaded."""
+    digest = library.with_name(library.name + ".sha256")
+    try:
+        if not stat.S_ISREG(library.lstat().st_mode) or not stat.S_ISREG(digest.lstat().st_mode):
+            return False
+        return digest.read_text().strip() == file_sha256(library)
+    except OSError:
+        return False
+
+
+_STALE_S = 3600  # an interrupted build's temp folder older than this is removed
+
+
+def _clean_stale(folder: Path) -> None:
+    for tmp in folder.glob("tmp*"):
+        try:
+            if tmp.is_dir() and not tmp.is_symlink() and time.time() - tmp.lstat().st_mtime > _STALE_S:
+                shutil.rmtree(tmp, ignore_errors=True)
+        except OSError:
+            pass
 
 
 def library_path(registry=None, *, build: bool = True) -> Path:
     """Path of the native library for ``registry`` (default: the global one), building it if asked.
+
+    A cached library is used only when it verifies (see :func:`verified`); a truncated, empty or
+    planted file is replaced by a fresh build.
 
     Example:
         >>> import bridge, custom_ops
@@ -181,12 +260,15 @@ def library_path(registry=None, *, build: bool = True) -> Path:
     """
     entries = cached_entries(REGISTRY if registry is None else registry)
     target = cache_dir() / build_key(entries) / LIBRARY_NAME
-    if target.is_file() or not build:
+    if verified(target) or not build:
         return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.parent / "build.lock", "w") as lock:
+    folder = _private_folder(target.parent)
+    # NOTE: O_NOFOLLOW: a lock planted as a symlink is refused instead of truncating its target
+    fd = os.open(folder / "build.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # one build per key, even across processes
-        if not target.is_file():
+        if not verified(target):
+            _clean_stale(folder)
             _compile(entries, target)
     return target
 
@@ -197,15 +279,36 @@ def _compile(entries, target: Path) -> None:
         table = Path(tmp) / "op_table.cc"
         table.write_text(generate_table(entries))
         out = Path(tmp) / LIBRARY_NAME
+        # NOTE: --no-undefined: a kernel entry missing from its .cc fails here, naming the symbol,
+        # not later inside onnxruntime's dlopen
         cmd = [_compiler(), "-std=c++17", "-O3", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden",
-               "-Wall", "-Wextra", f"-I{INCLUDE_DIR}", *map(str, _sources(entries)), str(table), "-o", str(out)]
+               "-Wall", "-Wextra", "-Wl,--no-undefined", f"-I{INCLUDE_DIR}", *map(str, _sources(entries)),
+               str(table), "-o", str(out)]
         if include is not None:
             cmd[1:1] = ["-DOPBRIDGE_OFFICIAL_ORT_HEADERS", f"-I{include}"]
         cmd += os.environ.get("OPBRIDGE_CXXFLAGS", "").split()
         with step(f"building native kernels ({len(entries)} typed kernels)"):
             result = subprocess.run(cmd, capture_output=True, text=True)
         if result.returncode != 0:
-            raise OpBridgeError(f"the native kernel build failed. Got exit {result.returncode}:\n"
-                                f"{result.stderr[-3000:]}\nFix the C++ source named above.")
+            raise _build_error(entries, result)
+        digest = Path(tmp) / (LIBRARY_NAME + ".sha256")
+        digest.write_text(file_sha256(out) + "\n")
+        (Path(tmp) / "build.txt").write_text(" ".join(cmd) + "\n" + _compiler_version(cmd[0]))
+        # NOTE: the digest lands after the library: a reader never sees a digest without its file
         os.replace(out, target)
-        (target.parent / "build.txt").write_text(" ".join(cmd) + "\n")
+        os.replace(Path(tmp) / "build.txt", target.parent / "build.txt")
+        os.replace(digest, target.with_name(LIBRARY_NAME + ".sha256"))
+
+
+def _build_error(entries, result) -> OpBridgeError:
+    """The build failure, with a missing kernel entry named plainly."""
+    missing = sorted(set(re.findall(r"undefined reference to `opbridge::kernel_(\w+)'", result.stderr)))
+    if missing:
+        where = {e.spec.name: native_source(e.spec) for e in entries}
+        lines = [f"{where.get(n)} must define `extern const KernelDef kernel_{n} = make_kernel<...>();` in "
+                 f"namespace opbridge" for n in missing]
+        return OpBridgeError(f"the native kernel build found no entry symbol for {', '.join(missing)}. Got: "
+                             + "; ".join(lines) + ". Name the entry kernel_<op name> (see "
+                             "ort_kernels/include/opbridge_kernel.h and ort_kernels/cpu/identity_conv.cc).")
+    return OpBridgeError(f"the native kernel build failed. Got exit {result.returncode}:\n"
+                         f"{result.stderr[-3000:]}\nFix the C++ source named above.")

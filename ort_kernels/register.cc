@@ -8,6 +8,8 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <new>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
@@ -83,8 +85,8 @@ class OrtContext final : public Context {
   Status Load(size_t expected_inputs) {
     size_t count = 0;
     OPBRIDGE_RETURN_IF_ERROR(ort_call(g_api->KernelContext_GetInputCount(ctx_, &count), "GetInputCount"));
-    if (count != expected_inputs) return Fail("expected ", expected_inputs, " inputs, got ", count);
-    inputs_.resize(count);
+    if (count > expected_inputs) return Fail("expected at most ", expected_inputs, " inputs, got ", count);
+    inputs_.assign(expected_inputs, TensorView{});  // trailing omitted optional inputs stay kUndefined
     for (size_t i = 0; i < count; ++i) {
       const OrtValue* value = nullptr;
       OPBRIDGE_RETURN_IF_ERROR(ort_call(g_api->KernelContext_GetInput(ctx_, i, &value), "GetInput"));
@@ -167,6 +169,21 @@ OrtStatus* to_ort(const OpEntry& op, const Status& st) {
   return g_api->CreateStatus(ORT_INVALID_ARGUMENT, msg.c_str());
 }
 
+// Runs fn, mapping any C++ exception to an error status (bad_alloc: the allocation was too large).
+template <typename Fn>
+OrtStatus* guarded(const OpEntry& op, const char* what, Fn&& fn) {
+  try {
+    return to_ort(op, fn());
+  } catch (const std::bad_alloc&) {
+    return to_ort(op, Fail("out of memory while ", what, " (an input or attribute asks for more memory than ",
+                           "the machine has; check the sizes)"));
+  } catch (const std::exception& e) {
+    return to_ort(op, Fail("C++ exception while ", what, ": ", e.what()));
+  } catch (...) {
+    return to_ort(op, Fail("unknown C++ exception while ", what));
+  }
+}
+
 struct Kernel {
   const OpEntry* op;
   void* state;
@@ -199,29 +216,37 @@ OrtCustomOp make_custom_op() {
     if (k != nullptr) k->op->kernel->destroy(k->state);
     delete k;
   };
-  op.GetInputCharacteristic = [](const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; };
+  op.GetInputCharacteristic = [](const OrtCustomOp* self, size_t i) {
+    return (entry_of(self).optional_mask >> i) & 1u ? INPUT_OUTPUT_OPTIONAL : INPUT_OUTPUT_REQUIRED;
+  };
   op.GetOutputCharacteristic = [](const OrtCustomOp*, size_t) { return INPUT_OUTPUT_REQUIRED; };
   op.GetInputMemoryType = [](const OrtCustomOp*, size_t) { return OrtMemTypeDefault; };
   op.GetVariadicInputMinArity = [](const OrtCustomOp*) { return 1; };
   op.GetVariadicInputHomogeneity = [](const OrtCustomOp*) { return 1; };
   op.GetVariadicOutputMinArity = [](const OrtCustomOp*) { return 1; };
   op.GetVariadicOutputHomogeneity = [](const OrtCustomOp*) { return 1; };
+  // NOTE: no C++ exception may cross into ONNX Runtime (it would terminate the host): both entry
+  // points turn every exception into an error status naming the op.
   op.CreateKernelV2 = [](const OrtCustomOp* self, const OrtApi*, const OrtKernelInfo* info,
                          void** kernel) -> OrtStatus* {
     const OpEntry& e = entry_of(self);
-    OrtAttributes attrs(info);
-    Status st;
-    void* state = e.kernel->create(attrs, &st);  // attributes are read once, here
-    if (!st.ok()) return to_ort(e, st);
-    *kernel = new Kernel{&e, state};
-    return nullptr;
+    return guarded(e, "creating the kernel", [&]() -> Status {
+      OrtAttributes attrs(info);
+      Status st;
+      void* state = e.kernel->create(attrs, &st);  // attributes are read once, here
+      if (!st.ok()) return st;
+      *kernel = new Kernel{&e, state};
+      return Status::OK();
+    });
   };
   op.KernelComputeV2 = [](void* kernel, OrtKernelContext* context) -> OrtStatus* {
     const Kernel& k = *static_cast<const Kernel*>(kernel);
-    OrtContext ctx(context);
-    Status st = ctx.Load(static_cast<size_t>(k.op->num_inputs));
-    if (st.ok()) st = k.op->kernel->compute(k.state, ctx);
-    return to_ort(*k.op, st);
+    return guarded(*k.op, "running", [&]() -> Status {
+      OrtContext ctx(context);
+      Status st = ctx.Load(static_cast<size_t>(k.op->num_inputs));
+      if (st.ok()) st = k.op->kernel->compute(k.state, ctx);
+      return st;
+    });
   };
   op.GetStartVersion = [](const OrtCustomOp* self) { return entry_of(self).version; };
   op.GetEndVersion = [](const OrtCustomOp* self) { return entry_of(self).version; };
@@ -268,7 +293,11 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
     api = api_base->GetApi(kOrtApiVersionRequired);
     if (api == nullptr) return;
     g_api = api;
-    lib = build_library();
+    try {
+      lib = build_library();
+    } catch (...) {
+      lib = nullptr;
+    }
   });
   if (api == nullptr) {  // host older than the API we need: API 1 is always there to say so
     const OrtApi* v1 = api_base->GetApi(1);
@@ -277,6 +306,7 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
                       "; the opbridge kernels need ONNX Runtime 1." + std::to_string(kOrtApiVersionRequired) + " or newer";
     return v1 != nullptr ? v1->CreateStatus(ORT_FAIL, msg.c_str()) : nullptr;
   }
+  if (lib == nullptr) return api->CreateStatus(ORT_FAIL, "opbridge: the op table could not be built (out of memory)");
   if (lib->error != nullptr) return api->CreateStatus(ORT_FAIL, api->GetErrorMessage(lib->error));
   for (OrtCustomOpDomain* domain : lib->domains) {
     if (OrtStatus* st = api->AddCustomOpDomain(options, domain)) return st;

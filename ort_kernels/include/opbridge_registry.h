@@ -13,7 +13,8 @@ struct OpEntry {
   const char* name;
   const KernelDef* kernel;
   int num_inputs;
-  int input_types[16];  // DType numbers
+  int input_types[16];     // DType numbers
+  unsigned optional_mask;  // bit i set: input i is optional (Tensor? in the schema) and may be omitted
   int num_outputs;
   int output_types[8];
 };
