@@ -121,6 +121,7 @@ def export(
     opset_version: int = DEFAULT_OPSET,
     check: bool = True,
     rewrites: Sequence[Callable] | None = None,
+    inline: bool = False,
 ) -> onnx.ModelProto:
     """Export ``model`` with every registered custom op; return (and write to ``f``) the ModelProto.
 
@@ -128,7 +129,8 @@ def export(
     state as attributes; mutating ops -> functional twins), then ``torch.onnx.export(dynamo=True)``
     with the registry's translation table, attaches model-local function bodies
     (``functions=True``) so plain ONNX Runtime runs the file, and validates with ``onnx.checker`` (full check). Small
-    models are written as one file.
+    models are written as one file. ``inline=True`` replaces every custom node by its body
+    (standard ONNX only, for runtimes other than onnxruntime; see ``exporters.inline``).
 
     Example:
         >>> import torch, bridge, custom_ops
@@ -159,7 +161,11 @@ def export(
     _ensure_opset_imports(proto, reg)
     if functions:
         attach_functions(proto, reg)
-    if check:
+    if inline:
+        from exporters.inline import inline_functions
+
+        proto = inline_functions(proto, reg)  # runs the full check itself
+    if check and not inline:
         with step("onnx.checker (full)"):
             onnx.checker.check_model(proto, full_check=True)
     if f is not None:
