@@ -4,10 +4,13 @@ Examples (the demo model is the default ``--model``)::
 
     opbridge ops
     opbridge export -o demo.onnx          # also writes demo.inputs.npz
+    opbridge export --inline -o demo_inline.onnx   # custom nodes replaced by their ONNX bodies
+    opbridge inline demo.onnx -o demo_inline.onnx  # the same for a file exported earlier
     opbridge run demo.onnx
     opbridge check                        # export + ORT + parity table; exit 1 on mismatch
     opbridge check --op bev::bev_pool_v2  # one op over its dtypes and sample inputs
     opbridge check --tier native          # the same through the C++ kernel library
+    opbridge check --inline --runtime openvino     # the inlined file in OpenVINO
     opbridge doctor --build               # build the native library, say what it serves
     opbridge build -o dist/               # the deployable native library + manifest.json
 """
@@ -40,6 +43,7 @@ from bridge.registry import REGISTRY
 from bridge.sessions import session
 from bridge.testing import ModelCase, OpModule, cases
 from exporters.export import export
+from exporters.inline import custom_op_types, inline_file
 from ort_kernels import build
 from ort_kernels.tiers import NAMES as TIER_NAMES
 from ort_kernels.tiers import TIERS
@@ -139,7 +143,7 @@ def cmd_ops(args) -> int:
 def cmd_export(args) -> int:
     case = _load_case(args.model)
     proto = export(case.model, case.args, args.output, dynamic_shapes=case.dynamic_shapes,
-                   functions=not args.no_functions)
+                   functions=not args.no_functions, inline=args.inline)
     tensors = [a.detach().numpy() for a in case.args]
     np.savez(_inputs_path(args.output), **dict(zip((i.name for i in proto.graph.input), tensors)))
     size = os.path.getsize(args.output)
@@ -193,12 +197,13 @@ def cmd_check(args) -> int:
         for case in cases([spec], dtypes=(torch.float32,) if args.tier == "python" else None):
             module, tensors = OpModule.from_sample(spec, case.sample)
             reports.append(check_parity(module, tensors, tier=args.tier, rtol=args.rtol, atol=args.atol,
-                                        name=case.id))
+                                        name=case.id, inline=args.inline, runtime=args.runtime))
     else:
         case = _load_case(args.model)
         reports.append(check_parity(case.model, case.args, dynamic_shapes=case.dynamic_shapes,
                                     extra_args=case.extra_args, tier=args.tier, rtol=args.rtol,
-                                    atol=args.atol, path=args.output, name=case.name or args.model))
+                                    atol=args.atol, path=args.output, name=case.name or args.model,
+                                    inline=args.inline, runtime=args.runtime))
     for r in reports:
         print(r)
         print()
@@ -213,6 +218,15 @@ def cmd_check(args) -> int:
             target = args.plot if len(reports) == 1 else f"{root}-{i}{ext or '.png'}"
             print(f"wrote {r.plot(target)}")
     return 0 if ok else 1
+
+
+def cmd_inline(args) -> int:
+    output = args.output or os.path.splitext(args.model_file)[0] + "_inline.onnx"
+    original, inlined = inline_file(args.model_file, output)
+    ops = ", ".join(f"{d}::{t}" for d, t in custom_op_types(original)) or "none"
+    print(f"inlined {ops}: {len(original.graph.node)} -> {len(inlined.graph.node)} nodes")
+    print(f"wrote {output} ({os.path.getsize(output) / 1024:.1f} KiB)")
+    return 0
 
 
 def cmd_doctor(args) -> int:
@@ -277,7 +291,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=DEFAULT_MODEL, help="MODULE:FACTORY returning a ModelCase")
     p.add_argument("-o", "--output", default="model.onnx")
     p.add_argument("--no-functions", action="store_true", help="do not attach model-local function bodies")
+    p.add_argument("--inline", action="store_true", help="replace each custom node by its ONNX body (standard ONNX only)")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("inline", help="replace each custom node of an .onnx file by its ONNX function body")
+    p.add_argument("model_file")
+    p.add_argument("-o", "--output", help="where to write (default: MODEL_inline.onnx); written atomically")
+    p.set_defaults(func=cmd_inline)
 
     p = sub.add_parser("run", help="run an .onnx file in ONNX Runtime on saved inputs")
     p.add_argument("model_file")
@@ -297,6 +317,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=DEFAULT_MODEL, help="MODULE:FACTORY returning a ModelCase")
     p.add_argument("--op", help="check one registered op over its dtypes and sample inputs instead")
     p.add_argument("--tier", default="function", choices=TIER_NAMES)
+    p.add_argument("--inline", action="store_true", help="check the inlined file (custom nodes replaced by bodies)")
+    p.add_argument("--runtime", default="onnxruntime", choices=("onnxruntime", "openvino"),
+                   help="run the file in this runtime (openvino needs --inline and `pip install openvino`)")
     p.add_argument("--rtol", type=float, help="override the per-dtype relative tolerance")
     p.add_argument("--atol", type=float, help="override the per-dtype absolute tolerance")
     p.add_argument("-o", "--output", help="keep the exported .onnx here")

@@ -15,6 +15,7 @@ from torch.utils import _pytree as pytree
 
 from bridge.dtypes import numpy_dtype
 from bridge.errors import OpBridgeError
+from bridge.openvino_runtime import session as openvino_session
 from bridge.progress import format_table, step
 from bridge.sessions import session
 from exporters.export import export
@@ -124,6 +125,7 @@ def compare(name: str, expected: torch.Tensor, actual: np.ndarray, *, rtol=None,
                         worst=_worst(diff, e64, a64), errors=diff)
 
 
+RUNTIMES = ("onnxruntime", "openvino")
 TORCH_NUMPY_SAFE = (torch.float16, torch.float32, torch.float64, torch.int32, torch.int64, torch.bool)
 
 
@@ -135,13 +137,14 @@ class ParityReport:
     tier: str
     outputs: list[OutputParity]
     onnx_path: str | None = None
+    runtime: str = "onnxruntime"
 
     @property
     def passed(self) -> bool:
         return bool(self.outputs) and all(o.passed for o in self.outputs)
 
     def to_dict(self) -> dict:
-        return {"model": self.model, "tier": self.tier, "passed": self.passed,
+        return {"model": self.model, "tier": self.tier, "runtime": self.runtime, "passed": self.passed,
                 "onnx_path": self.onnx_path, "outputs": [o.to_dict() for o in self.outputs]}
 
     def to_json(self, **kwargs) -> str:
@@ -188,7 +191,8 @@ class ParityReport:
             rows.append((o.name, "x".join(map(str, o.shape)) or "scalar", o.dtype, f"{o.max_abs:.3g}",
                          f"{o.max_rel:.3g}", f"{o.mismatches}/{o.numel}", f"{o.rtol:g}/{o.atol:g}",
                          ("PASS" if o.passed else "FAIL") + (f" ({o.note})" if o.note else "")))
-        lines = [f"parity: {self.model} | ORT tier {self.tier} vs eager torch | "
+        runner = {"onnxruntime": "ORT", "openvino": "OpenVINO"}.get(self.runtime, self.runtime)
+        lines = [f"parity: {self.model} | {runner} tier {self.tier} vs eager torch | "
                  f"{'PASS' if self.passed else 'FAIL'}", format_table(rows)]
         for o in self.outputs:
             if o.passed or not o.worst:
@@ -224,6 +228,8 @@ def run_ort(sess, args: Sequence, kwargs: dict | None = None) -> list[np.ndarray
     feed = ort_feed(sess, args, kwargs)
     try:
         return sess.run(None, feed)
+    except OpBridgeError:
+        raise  # another runtime's session (bridge.openvino_runtime) words its own errors
     except Exception as e:
         raise OpBridgeError(f"onnxruntime failed to run the model. Got {type(e).__name__}: "
                             f"{str(e)[:600]}. Check the inputs against the kernel's contract.") from e
@@ -242,11 +248,15 @@ def check_parity(
     extra_args: Sequence[Sequence] = (),
     registry=None,
     name: str | None = None,
+    inline: bool = False,
+    runtime: str = "onnxruntime",
 ) -> ParityReport:
     """Export ``model``, run eager and ORT on ``args`` (and each of ``extra_args``), compare outputs.
 
     Tolerances default per dtype (see ``TOLERANCES``); ``rtol``/``atol`` override with a float
     or a ``{dtype: float}`` map. ``extra_args`` reuse the same ONNX file (dynamic shapes).
+    ``inline=True`` checks the inlined file (custom nodes replaced by their bodies; tier
+    "inlined"); ``runtime="openvino"`` runs it in OpenVINO (``bridge.openvino_runtime``).
 
     Example:
         >>> import torch, bridge, custom_ops
@@ -258,13 +268,22 @@ def check_parity(
         (True, 0.0)
     """
     label = name or type(model).__name__
+    if runtime not in RUNTIMES:
+        raise OpBridgeError(f"unknown runtime. Got {runtime!r}. Use one of {RUNTIMES}.")
+    if inline and tier != "function":
+        raise OpBridgeError(f"an inlined file has no custom nodes for tier {tier!r} to run. Got inline=True, "
+                            f"tier={tier!r}. Drop tier= to check the inlined file, or inline= to check the tier.")
     with tempfile.TemporaryDirectory() as tmp:
         onnx_path = os.fspath(path) if path is not None else os.path.join(tmp, "model.onnx")
-        export(model, args, onnx_path, kwargs=kwargs, dynamic_shapes=dynamic_shapes, registry=registry)
-        sess = session(onnx_path, tier=tier, registry=registry)
+        export(model, args, onnx_path, kwargs=kwargs, dynamic_shapes=dynamic_shapes, registry=registry,
+               inline=inline)
+        if runtime == "openvino":
+            sess = openvino_session(onnx_path)
+        else:
+            sess = session(onnx_path, tier=tier, registry=registry)
         rows: list[OutputParity] = []
         for run, run_args in enumerate([tuple(args), *map(tuple, extra_args)]):
-            with step(f"eager + onnxruntime run {run + 1}"), torch.no_grad():
+            with step(f"eager + {runtime} run {run + 1}"), torch.no_grad():
                 expected = _tensor_leaves(model(*run_args, **(kwargs or {})))
                 actual = run_ort(sess, run_args, kwargs)
             suffix = f" [run {run + 1}]" if extra_args else ""
@@ -274,7 +293,8 @@ def check_parity(
                                     f"Got outputs {names}. Return tensors only from forward().")
             for out_name, e, a in zip(names, expected, actual):
                 rows.append(compare(out_name + suffix, e, a, rtol=rtol, atol=atol))
-    return ParityReport(label, tier, rows, onnx_path if path is not None else None)
+    return ParityReport(label, "inlined" if inline else tier, rows, onnx_path if path is not None else None,
+                        runtime)
 
 
 def assert_parity(model: torch.nn.Module, args: Sequence, **kwargs) -> ParityReport:

@@ -12,10 +12,11 @@ from collections.abc import Callable, Sequence
 import onnx
 import torch
 
-from bridge.domains import is_custom, is_onnx
 from bridge.errors import OpBridgeError
 from bridge.progress import step
 from bridge.registry import REGISTRY, Registry
+from exporters.functions import attach_functions, ensure_opset_imports
+from exporters.inline import inline_functions
 from exporters.rewrites import functionalize_mutations, torchbind_to_ops
 from exporters.translation import symbolic_attribute_error, translation_table
 
@@ -71,42 +72,6 @@ def check_program(program: torch.export.ExportedProgram, registry: Registry) -> 
                 raise symbolic_attribute_error(spec, p.name, shown)
 
 
-def attach_functions(model: onnx.ModelProto, registry: Registry) -> list[str]:
-    """Add each custom node's function body to ``model.functions``; return the ops added.
-
-    The function's standard-ONNX opset import is aligned to the model's own.
-    """
-    have = {(f.domain, f.name) for f in model.functions}
-    model_opsets = {o.domain: o.version for o in model.opset_import}
-    added = []
-    for node in model.graph.node:
-        key = (node.domain, node.op_type)
-        if not is_custom(node.domain) or key in have:
-            continue
-        spec = registry.find(*key)
-        if spec is None or spec.function is None:
-            continue
-        proto = spec.function.to_function_proto()
-        for imp in proto.opset_import:
-            if is_onnx(imp.domain) and imp.version != model_opsets.get("", imp.version):
-                raise OpBridgeError(
-                    f"{spec.qualname}: function body uses ONNX opset {imp.version} but the model uses "
-                    f"{model_opsets['']}. Got opset_version={model_opsets['']}. Export with "
-                    f"opset_version={imp.version}, or write the body with onnxscript.opset{model_opsets['']}."
-                )
-        model.functions.append(proto)
-        have.add(key)
-        added.append(spec.qualname)
-    return added
-
-
-def _ensure_opset_imports(model: onnx.ModelProto, registry: Registry) -> None:
-    present = {o.domain for o in model.opset_import}
-    for domain in sorted({n.domain for n in model.graph.node if is_custom(n.domain)} - present):
-        versions = {s.version for s in registry if s.domain == domain}
-        model.opset_import.append(onnx.helper.make_opsetid(domain, max(versions or {1})))
-
-
 DEFAULT_REWRITES: tuple[Callable, ...] = (torchbind_to_ops, functionalize_mutations)
 
 
@@ -122,6 +87,7 @@ def export(
     opset_version: int = DEFAULT_OPSET,
     check: bool = True,
     rewrites: Sequence[Callable] | None = None,
+    inline: bool = False,
 ) -> onnx.ModelProto:
     """Export ``model`` with every registered custom op; return (and write to ``f``) the ModelProto.
 
@@ -129,7 +95,8 @@ def export(
     state as attributes; mutating ops -> functional twins), then ``torch.onnx.export(dynamo=True)``
     with the registry's translation table, attaches model-local function bodies
     (``functions=True``) so plain ONNX Runtime runs the file, and validates with ``onnx.checker`` (full check). Small
-    models are written as one file.
+    models are written as one file. ``inline=True`` replaces every custom node by its body
+    (standard ONNX only, for runtimes other than onnxruntime; see ``exporters.inline``).
 
     Example:
         >>> import torch, bridge, custom_ops
@@ -157,10 +124,12 @@ def export(
                 opset_version=opset_version, optimize=True, verify=False, external_data=False,
             )
     proto = onnx_program.model_proto
-    _ensure_opset_imports(proto, reg)
+    ensure_opset_imports(proto, reg)
     if functions:
         attach_functions(proto, reg)
-    if check:
+    if inline:
+        proto = inline_functions(proto, reg)  # runs the full check itself
+    if check and not inline:
         with step("onnx.checker (full)"):
             onnx.checker.check_model(proto, full_check=True)
     if f is not None:

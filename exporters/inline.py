@@ -1,0 +1,150 @@
+"""Inlining: every custom node replaced by its ONNX function body, for runtimes that do not inline.
+
+onnxruntime expands a model-local function itself; other runtimes (OpenVINO, measured) stop at
+a node of an unknown domain. ``inline_functions`` writes each custom op's body into the graph,
+so the file holds standard ONNX only and any ONNX runtime reads it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+
+import onnx
+import onnx.inliner
+
+from bridge.errors import OpBridgeError
+from bridge.progress import step
+from bridge.registry import REGISTRY, Registry
+from exporters.functions import attach_functions
+
+# NOTE: domains every ONNX runtime knows; a node in any other domain must be inlined away.
+STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml"})
+_SINGLE_FILE_LIMIT = 1 << 31  # protobuf cannot serialise a model past 2 GiB
+
+
+def _graphs(graph: onnx.GraphProto):
+    """``graph`` and every subgraph (If/Loop/Scan bodies) inside it."""
+    yield graph
+    for node in graph.node:
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.GRAPH:
+                yield from _graphs(attr.g)
+            elif attr.type == onnx.AttributeProto.GRAPHS:
+                for g in attr.graphs:
+                    yield from _graphs(g)
+
+
+def _nodes(model: onnx.ModelProto):
+    for graph in _graphs(model.graph):
+        yield from graph.node
+
+
+def custom_op_types(model: onnx.ModelProto) -> list[tuple[str, str]]:
+    """Sorted distinct (domain, op_type) of nodes outside the standard domains (subgraphs too)."""
+    return sorted({(n.domain, n.op_type) for n in _nodes(model) if n.domain not in STANDARD_DOMAINS})
+
+
+def _check_bodies(model: onnx.ModelProto) -> None:
+    local = {(f.domain, f.name) for f in model.functions}
+    missing = [f"{d}::{t}" for d, t in custom_op_types(model) if (d, t) not in local]
+    if missing:
+        raise OpBridgeError(
+            f"cannot inline {', '.join(missing)}: no ONNX function body in the file or the registry "
+            f"(a native-only op has a C++ kernel, which no other runtime can load). Got ops without a "
+            f"body: {missing}. Give each op a function= body on @bridge.op (or import the module that "
+            "declares it), or deploy the non-inlined file with the native library (tier='native')."
+        )
+
+
+def inline_functions(model: onnx.ModelProto, registry: Registry | None = None) -> onnx.ModelProto:
+    """A copy of ``model`` with every custom node replaced by its ONNX function body.
+
+    Bodies come from the file (``model.functions``); ops whose body the file lacks get the
+    registry's (``registry``, default ``bridge.REGISTRY``). The result holds standard ONNX only:
+    no functions, no custom nodes, no custom opset imports; shapes are inferred and
+    ``onnx.checker`` (full check) passes. A custom op without a body raises ``OpBridgeError``
+    naming it (native-only ops cannot be inlined).
+
+    Example:
+        >>> import torch, bridge, custom_ops
+        >>> from exporters.inline import inline_functions
+        >>> class M(torch.nn.Module):
+        ...     def forward(self, x):
+        ...         return torch.ops.opbridge.crop(x, [0, 0, 2, 2]) * 2
+        >>> proto = bridge.export(M(), (torch.randn(1, 3, 4, 4),))
+        >>> [n.op_type for n in proto.graph.node]
+        ['crop', 'Mul']
+        >>> flat = inline_functions(proto)
+        >>> len(flat.functions), sorted({n.domain for n in flat.graph.node}), len(flat.graph.node) > 2
+        (0, [''], True)
+    """
+    reg = REGISTRY if registry is None else registry
+    proto = onnx.ModelProto()
+    proto.CopyFrom(model)
+    # NOTE: a body may call another custom op; each round attaches and inlines one level more.
+    rounds = 0
+    while custom_op_types(proto):
+        if rounds == 16:
+            raise OpBridgeError(f"function bodies still call custom ops after 16 rounds of inlining. Got "
+                                f"{custom_op_types(proto)}. Break the cycle between these ops' bodies.")
+        attach_functions(proto, reg)
+        _check_bodies(proto)
+        with step("inline function bodies"):
+            proto = onnx.inliner.inline_local_functions(proto)
+        rounds += 1
+    del proto.functions[:]
+    used = {n.domain for n in _nodes(proto)}
+    keep = [o for o in proto.opset_import if o.domain in used or o.domain in STANDARD_DOMAINS]
+    del proto.opset_import[:]
+    proto.opset_import.extend(keep)
+    with step("shape inference + onnx.checker (full)"):
+        proto = onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
+        onnx.checker.check_model(proto, full_check=True)
+    return proto
+
+
+def _load(path: str) -> onnx.ModelProto:
+    if not os.path.isfile(path):
+        raise OpBridgeError(f"no ONNX file at {path!r}. Got a path that does not exist. "
+                            "Export one first with `opbridge export` or bridge.export(...).")
+    try:
+        return onnx.load(path)  # external tensors too: the inlined file is written whole
+    except Exception as e:
+        raise OpBridgeError(f"{path!r} is not a readable ONNX model (truncated or corrupt?). "
+                            f"Got {type(e).__name__}: {str(e)[:200]}. Export it again.") from None
+
+
+def save_atomic(model: onnx.ModelProto, path: str | os.PathLike) -> None:
+    """Write ``model`` to ``path`` through a temporary file in the same folder and ``os.replace``:
+    readers see the old file or the whole new one, never half of it."""
+    path = os.fspath(path)
+    size = model.ByteSize()
+    if size >= _SINGLE_FILE_LIMIT:
+        raise OpBridgeError(f"the inlined model is {size / 2**30:.1f} GiB, past protobuf's 2 GiB for one "
+                            f"file. Got {path!r}. Keep the non-inlined file with external data for this model.")
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(model.SerializeToString())
+            fh.flush()
+            os.fsync(fh.fileno())
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+
+
+def inline_file(src: str | os.PathLike, dst: str | os.PathLike,
+                registry: Registry | None = None) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """Inline the ONNX file ``src`` into ``dst`` (written atomically); return (original, inlined)."""
+    original = _load(os.fspath(src))
+    inlined = inline_functions(original, registry)
+    save_atomic(inlined, dst)
+    return original, inlined
