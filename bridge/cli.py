@@ -132,6 +132,10 @@ def cmd_ops(args) -> int:
          mark[r["fake"]], mark[r["autograd"]], mark[r["reference"]], mark[r["samples"]],
          *(mark[r["tiers"][t]] for t in TIER_NAMES)) for r in rows]))
     for r in rows:
+        for tier_name, dtypes in r["skipped"].items():
+            for why in sorted(set(dtypes.values())):
+                names = ", ".join(d for d, w in dtypes.items() if w == why)
+                print(f"tier {tier_name} skips {r['op']} {names}: {why}")
         for method in r["torchbind"]:
             print(f"note: {r['op']} also stands for torchbind {method} (object state -> attributes)")
         for gap in r["missing"]:
@@ -190,11 +194,19 @@ def cmd_run(args) -> int:
 
 
 def cmd_check(args) -> int:
-    reports = []
+    reports, skipped = [], []
     if args.op:
         spec = REGISTRY.get(args.op)
-        # NOTE: the python tier runs float32 only; other dtypes would only report its guard
-        for case in cases([spec], dtypes=(torch.float32,) if args.tier == "python" else None):
+        tier = TIERS[args.tier]
+        why = tier.why_not(REGISTRY.functional(spec))
+        if why is not None and not args.inline:
+            raise OpBridgeError(f"tier {args.tier!r} cannot run {spec.qualname}: {why}. Got --tier {args.tier}. "
+                                "Pick another tier (opbridge ops shows which run it), or add what it lacks.")
+        # NOTE: dtypes a tier does not run are reported as skipped, with the tier's reason
+        run = [d for d in spec.dtypes if args.inline or tier.why_not(REGISTRY.functional(spec), d) is None]
+        skipped = [f"{spec.qualname} {str(d).replace('torch.', '')} (tier {args.tier} "
+                   f"{tier.why_not(REGISTRY.functional(spec), d)})" for d in spec.dtypes if d not in run]
+        for case in cases([spec], dtypes=tuple(run)):
             module, tensors = OpModule.from_sample(spec, case.sample)
             reports.append(check_parity(module, tensors, tier=args.tier, rtol=args.rtol, atol=args.atol,
                                         name=case.id, inline=args.inline, runtime=args.runtime))
@@ -207,8 +219,11 @@ def cmd_check(args) -> int:
     for r in reports:
         print(r)
         print()
+    for line in skipped:
+        print(f"skipped {line}")
     ok = all(r.passed for r in reports)
-    print(f"{sum(r.passed for r in reports)} passed, {sum(not r.passed for r in reports)} failed")
+    print(f"{sum(r.passed for r in reports)} passed, {sum(not r.passed for r in reports)} failed"
+          + (f", {len(skipped)} dtypes skipped" if skipped else ""))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump([json.loads(r.to_json()) for r in reports], fh, indent=2)

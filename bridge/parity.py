@@ -119,7 +119,9 @@ def compare(name: str, expected: torch.Tensor, actual: np.ndarray, *, rtol=None,
         bad = diff > a + r * np.abs(e64)
         rel = np.where(diff == 0, 0.0, diff / np.maximum(np.abs(e64), np.finfo(np.float64).tiny))
     max_abs = float(diff.max()) if diff.size else 0.0
-    max_rel = float(rel.max()) if rel.size else 0.0
+    # NOTE: integers compare exactly; a relative error of an int (e.g. 1/tiny) means nothing
+    exact = not (expected.dtype.is_floating_point or expected.dtype.is_complex)
+    max_rel = math.nan if exact else (float(rel.max()) if rel.size else 0.0)
     n_bad = int(bad.sum())
     return OutputParity(name, shape, dtype, max_abs, max_rel, n_bad, int(diff.size), r, a, n_bad == 0,
                         worst=_worst(diff, e64, a64), errors=diff)
@@ -189,7 +191,7 @@ class ParityReport:
         rows = [head]
         for o in self.outputs:
             rows.append((o.name, "x".join(map(str, o.shape)) or "scalar", o.dtype, f"{o.max_abs:.3g}",
-                         f"{o.max_rel:.3g}", f"{o.mismatches}/{o.numel}", f"{o.rtol:g}/{o.atol:g}",
+                         "-" if math.isnan(o.max_rel) else f"{o.max_rel:.3g}", f"{o.mismatches}/{o.numel}", f"{o.rtol:g}/{o.atol:g}",
                          ("PASS" if o.passed else "FAIL") + (f" ({o.note})" if o.note else "")))
         runner = {"onnxruntime": "ORT", "openvino": "OpenVINO"}.get(self.runtime, self.runtime)
         lines = [f"parity: {self.model} | {runner} tier {self.tier} vs eager torch | "

@@ -9,6 +9,9 @@ import torch
 from bridge.spec import OpSpec, SampleInput
 
 
+_TENSOR = object()  # a tensor slot of a sample (None stays an omitted optional input)
+
+
 class OpModule(torch.nn.Module):
     """``forward(*tensors)`` calls ``spec``'s op with the sample's non-tensor args fixed.
 
@@ -26,12 +29,12 @@ class OpModule(torch.nn.Module):
     @classmethod
     def from_sample(cls, spec: OpSpec, sample: SampleInput) -> tuple[OpModule, tuple]:
         tensors = tuple(a for a in sample.args if isinstance(a, torch.Tensor))
-        template = tuple(None if isinstance(a, torch.Tensor) else a for a in sample.args)
+        template = tuple(_TENSOR if isinstance(a, torch.Tensor) else a for a in sample.args)
         return cls(spec, template, dict(sample.kwargs)), tensors
 
     def forward(self, *tensors):
         it = iter(tensors)
-        args = [next(it) if a is None else a for a in self.template]
+        args = [next(it) if a is _TENSOR else a for a in self.template]
         out = self.spec.overload(*args, **self.call_kwargs)
         if not self.spec.mutated:
             return out

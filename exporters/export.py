@@ -6,6 +6,8 @@ import contextlib
 import io
 import logging
 import os
+import shutil
+import tempfile
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -17,6 +19,7 @@ from bridge.progress import step
 from bridge.registry import REGISTRY, Registry
 from exporters.functions import attach_functions, ensure_opset_imports
 from exporters.inline import inline_functions
+from exporters.names import dim_names, name_custom_outputs, name_graph_io, rename_dims
 from exporters.rewrites import functionalize_mutations, torchbind_to_ops
 from exporters.translation import symbolic_attribute_error, translation_table
 
@@ -87,6 +90,8 @@ def export(
     opset_version: int = DEFAULT_OPSET,
     check: bool = True,
     rewrites: Sequence[Callable] | None = None,
+    input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None,
     inline: bool = False,
 ) -> onnx.ModelProto:
     """Export ``model`` with every registered custom op; return (and write to ``f``) the ModelProto.
@@ -97,6 +102,8 @@ def export(
     (``functions=True``) so plain ONNX Runtime runs the file, and validates with ``onnx.checker`` (full check). Small
     models are written as one file. ``inline=True`` replaces every custom node by its body
     (standard ONNX only, for runtimes other than onnxruntime; see ``exporters.inline``).
+    ``input_names``/``output_names`` rename the graph's inputs/outputs; dynamic dims take the
+    names of their ``torch.export.Dim``; outputs of multi-output custom nodes are ``<op>_out<i>``.
 
     Example:
         >>> import torch, bridge, custom_ops
@@ -109,6 +116,7 @@ def export(
     """
     reg = REGISTRY if registry is None else registry
     args = tuple(args)
+    warn_training_mode(model)
     with step("torch.export"):
         program = torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
                                       strict=False)
@@ -125,6 +133,9 @@ def export(
             )
     proto = onnx_program.model_proto
     ensure_opset_imports(proto, reg)
+    name_custom_outputs(proto, reg)
+    name_graph_io(proto, input_names, output_names)
+    rename_dims(proto, dim_names(program, model, args, kwargs, dynamic_shapes))
     if functions:
         attach_functions(proto, reg)
     if inline:
@@ -138,7 +149,41 @@ def export(
 
 
 def save(proto: onnx.ModelProto, f: str | os.PathLike) -> None:
-    """Write one file; only models past protobuf's 2 GiB limit get an external data file."""
+    """Write one file; only models past protobuf's 2 GiB limit get an external data file.
+
+    The write is atomic: the file is written in a temp folder beside the target and renamed into
+    place, so a failed write (disk full, interrupted) leaves an existing file as it was.
+    """
+    target = os.path.abspath(os.fspath(f))
+    folder, name = os.path.split(target)
+    if not os.path.isdir(folder):
+        raise OpBridgeError(f"cannot write {os.fspath(f)!r}: its folder does not exist. Got {folder!r}. "
+                            "Create the folder first or pick another path.")
     external = proto.ByteSize() >= _SINGLE_FILE_LIMIT
-    onnx.save_model(proto, os.fspath(f), save_as_external_data=external,
-                    location=os.path.basename(os.fspath(f)) + ".data" if external else None)
+    tmp = tempfile.mkdtemp(prefix=".opbridge-", dir=folder)
+    try:
+        onnx.save_model(proto, os.path.join(tmp, name), save_as_external_data=external,
+                        location=name + ".data" if external else None)
+        if external:
+            os.replace(os.path.join(tmp, name + ".data"), target + ".data")
+        os.replace(os.path.join(tmp, name), target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+# NOTE: layers whose forward differs between train() and eval(); ONNX gets their eval behaviour.
+_MODE_DEPENDENT = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.modules.dropout._DropoutNd,
+                   torch.nn.modules.instancenorm._InstanceNorm)
+
+
+def warn_training_mode(model: torch.nn.Module) -> None:
+    """Warn when layers that behave differently in training are in training mode."""
+    if not isinstance(model, torch.nn.Module):
+        return
+    training = [name or type(model).__name__ for name, m in model.named_modules()
+                if m.training and isinstance(m, _MODE_DEPENDENT)]
+    if training:
+        warnings.warn(f"opbridge: {', '.join(training[:5])}{' ...' if len(training) > 5 else ''} "
+                      f"{'is' if len(training) == 1 else 'are'} in training mode, but the exported ONNX graph "
+                      "computes eval behaviour, so parity against this module will differ. Got model.training "
+                      "layers. Call model.eval() before exporting.", stacklevel=3)

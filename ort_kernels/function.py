@@ -35,4 +35,36 @@ class FunctionTier(Tier):
                 f"registered function body. Got ops {missing}. Give the op a function= body "
                 "(op.register_function), or use tier='native'."
             )
+        _check_optional_inputs(model, registry)
         return Prepared(options, changed=bool(added))
+
+
+def _check_optional_inputs(model: onnx.ModelProto, registry: Registry) -> None:
+    """A body that never reads an optional input was written for the case where it is omitted: a
+    node that gives that input would silently lose it, so that is an error."""
+    bodies = {(f.domain, f.name): f for f in model.functions}
+    for node in model.graph.node:
+        body = bodies.get((node.domain, node.op_type))
+        spec = registry.find(node.domain, node.op_type)
+        if body is None or spec is None:
+            continue
+        optional = {p.name for p in spec.tensors if p.optional}
+        used = _names_read(body.node) | set(body.output)
+        for formal, actual in zip(body.input, node.input):
+            if actual and formal in optional and formal not in used:
+                raise UnsupportedInTier(
+                    f"the function body of {node.domain}::{node.op_type} ignores its input '{formal}' (it handles "
+                    f"only the case where '{formal}' is omitted). Got node {node.name!r} giving it as {actual!r}. "
+                    "Use tier='native' or 'python', or write a body that reads it."
+                )
+
+
+def _names_read(nodes) -> set[str]:
+    """Every value name the nodes read, subgraphs (If/Loop/Scan bodies) included."""
+    names: set[str] = set()
+    for n in nodes:
+        names.update(n.input)
+        for a in n.attribute:
+            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                names |= _names_read(g.node) | {o.name for o in g.output}
+    return names

@@ -35,7 +35,10 @@ from ort_kernels.base import Prepared, Tier, with_library
 from ort_kernels.build import io_types
 
 _lock = threading.Lock()
-_declared: dict[tuple[str, str], object] = {}  # (domain, op_type) -> OpSpec served
+_declared: dict[tuple[str, str], tuple] = {}  # (domain, op_type) -> (OpSpec served, its input ONNX types)
+# NOTE: PyOp inputs are all required: an omitted optional input is fed an empty placeholder and
+# named in this attribute, so the kernel passes None for it.
+ABSENT_ATTR = "opbridge_absent"
 _library_used = False
 _errors: list[str] = []  # kernel exceptions of the current run (ORT calls kernels synchronously)
 _ACCEPTED = {onnx.TensorProto.FLOAT, onnx.TensorProto.INT32, onnx.TensorProto.INT64, onnx.TensorProto.BOOL,
@@ -75,7 +78,8 @@ def _kernel(spec):
     def kernel(*arrays, **raw_attrs):
         tensors, attrs = [], {}
         try:
-            tensors = [torch.from_numpy(np.array(a)) for a in arrays]
+            absent = {int(i) for i in str(raw_attrs.pop(ABSENT_ATTR, "") or "").split(",") if i}
+            tensors = [None if i in absent else torch.from_numpy(np.array(a)) for i, a in enumerate(arrays)]
             attrs = {k: _parse_attr(attr_params[k], v) for k, v in raw_attrs.items()}
             named = dict(zip((p.name for p in tensor_params), tensors))
             args = [named.get(p.name) if p.is_tensor else attrs.get(p.name, p.default) for p in spec.params]
@@ -139,8 +143,10 @@ def _declare_all(registry, tier, model_types: dict) -> None:
             continue  # NOTE: neither samples nor this model type it: a later session says so
         inputs, outputs = typed
         attrs = {p.name: attr_types.get(p.attr_type, PyCustomOpDef.dt_string) for p in spec.attributes}
+        if any(p.optional for p in spec.tensors):
+            attrs[ABSENT_ATTR] = PyCustomOpDef.dt_string
         onnx_op(op_type=f"{spec.domain}::{spec.name}", inputs=inputs, outputs=outputs, attrs=attrs)(_kernel(spec))
-        _declared[key] = spec
+        _declared[key] = (spec, _onnx_input_types(spec, model_types))
 
 
 def _custom_nodes(model):
@@ -160,12 +166,32 @@ def _check_types(model: onnx.ModelProto, inferred: onnx.ModelProto) -> None:
                 )
 
 
+def _onnx_input_types(spec, model_types: dict) -> tuple[int, ...]:
+    if spec.sample_inputs is not None:
+        return io_types(spec, torch.float32)[0]
+    return model_types[(spec.domain, spec.name)][0]
+
+
 def _rewrite_attributes(model: onnx.ModelProto) -> None:
-    """Lists -> comma-separated strings; defaults written in (PyOp needs every declared attribute)."""
+    """Lists -> comma-separated strings; defaults written in (PyOp needs every declared attribute);
+    omitted optional inputs fed an empty placeholder and listed in ``opbridge_absent``."""
+    placeholders: dict[int, str] = {}
     for node in _custom_nodes(model):
-        spec = _declared[(node.domain, node.op_type)]
+        spec, input_types = _declared[(node.domain, node.op_type)]
         present = {a.name: a for a in node.attribute}
         new = []
+        if any(p.optional for p in spec.tensors):
+            names = list(node.input) + [""] * (len(spec.tensors) - len(node.input))
+            absent = [i for i, n in enumerate(names) if not n]
+            for i in absent:
+                t = input_types[i]
+                if t not in placeholders:
+                    placeholders[t] = f"opbridge_absent_{t}"
+                    model.graph.initializer.append(onnx.helper.make_tensor(placeholders[t], t, [0], []))
+                names[i] = placeholders[t]
+            del node.input[:]
+            node.input.extend(names)
+            new.append(onnx.helper.make_attribute(ABSENT_ATTR, ",".join(map(str, absent))))
         for p in spec.attributes:
             if p.name in present:
                 value = onnx.helper.get_attribute_value(present[p.name])
@@ -210,8 +236,7 @@ class PythonTier(Tier):
         if torch.float32 not in spec.dtypes:
             return "float32 is not among the op's dtypes"
         if dtype is not None and dtype != torch.float32:
-            return (f"runs float32 only (onnxruntime-extensions aborts the process on float16 and declares one "
-                    f"type per op); {str(dtype).replace('torch.', '')} is skipped")
+            return "runs float32 only (onnxruntime-extensions aborts on float16 and declares one type per op)"
         return None
 
     def prepare(self, model: onnx.ModelProto, registry: Registry, options: ort.SessionOptions | None,

@@ -123,3 +123,11 @@ def test_register_errors_name_the_fix(registry):
     with pytest.raises(bridge.OpBridgeError, match="already bridged"):
         bridge.register(ok, registry=registry)
     assert registry.get("vendor_err::nofake").has_fake
+
+
+def test_multi_output_custom_node_values_are_named_after_the_op(registry):
+    bridge_both(registry)
+    proto = bridge.export(Both(), (torch.randn(5, 6),), registry=registry)
+    node = next(n for n in proto.graph.node if n.op_type == "affine_head")
+    assert list(node.output) == ["affine_head_out0", "affine_head_out1"]
+    assert not any(v.startswith("getitem") for n in proto.graph.node for v in n.output)
