@@ -29,8 +29,23 @@ def is_onnx(domain: str) -> bool:
     return domain in ("", "ai.onnx")
 
 
+def graphs(graph: onnx.GraphProto):
+    """``graph`` and every subgraph inside it (If/Loop/Scan bodies), depth first."""
+    yield graph
+    for node in graph.node:
+        for a in node.attribute:
+            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                yield from graphs(g)
+
+
+def all_nodes(model: onnx.ModelProto):
+    """Every node of the model's graph and its subgraphs (not inside model-local functions)."""
+    for g in graphs(model.graph):
+        yield from g.node
+
+
 def custom_nodes(model: onnx.ModelProto) -> list[tuple[str, str]]:
-    """Sorted distinct (domain, op_type) of the main graph's custom nodes.
+    """Sorted distinct (domain, op_type) of the model's custom nodes, subgraphs included.
 
     >>> from onnx import helper
     >>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"]), helper.make_node("f", ["y"], ["z"], domain="d")],
@@ -38,4 +53,4 @@ def custom_nodes(model: onnx.ModelProto) -> list[tuple[str, str]]:
     >>> custom_nodes(helper.make_model(g))
     [('d', 'f')]
     """
-    return sorted({(n.domain, n.op_type) for n in model.graph.node if is_custom(n.domain)})
+    return sorted({(n.domain, n.op_type) for n in all_nodes(model) if is_custom(n.domain)})

@@ -9,7 +9,7 @@ import onnx
 import onnxruntime as ort
 from onnx import external_data_helper
 
-from bridge.domains import is_custom
+from bridge.domains import all_nodes, is_custom
 from bridge.errors import OpBridgeError
 from bridge.progress import step
 from bridge.registry import REGISTRY, Registry
@@ -21,10 +21,12 @@ def load_model(model: str | os.PathLike | onnx.ModelProto | bytes) -> onnx.Model
     if isinstance(model, onnx.ModelProto):
         copy = onnx.ModelProto()
         copy.CopyFrom(model)
-        return copy
+        return _readable(copy, "the model")
     if isinstance(model, bytes):
         try:
-            return onnx.load_from_string(model)
+            return _readable(onnx.load_from_string(model), "the model bytes")
+        except OpBridgeError:
+            raise
         except Exception as e:
             raise OpBridgeError(f"the model bytes are not an ONNX model. Got {type(e).__name__}: {e}. "
                                 "Pass the bytes of a saved .onnx file.") from None
@@ -34,16 +36,27 @@ def load_model(model: str | os.PathLike | onnx.ModelProto | bytes) -> onnx.Model
                             "Export one first with `opbridge export` or bridge.export(...).")
     try:
         # NOTE: external tensors load only when the session must re-serialise (_with_external_data)
-        return onnx.load(path, load_external_data=False)
+        return _readable(onnx.load(path, load_external_data=False), repr(path))
+    except OpBridgeError:
+        raise
     except Exception as e:
         raise OpBridgeError(f"{path!r} is not a readable ONNX model (truncated or corrupt?). "
                             f"Got {type(e).__name__}: {str(e)[:200]}. Export it again.") from None
 
 
+def _readable(model: onnx.ModelProto, what: str) -> onnx.ModelProto:
+    """``model`` when its names are text; protobuf hands invalid UTF-8 back as bytes (a damaged file)."""
+    for node in [*all_nodes(model), *(n for f in model.functions for n in f.node)]:
+        if not all(isinstance(v, str) for v in (node.domain, node.op_type, *node.input, *node.output)):
+            raise OpBridgeError(f"{what} is damaged: node names are not valid text. Got {node.op_type!r} in domain "
+                                f"{node.domain!r}. Export the model again.")
+    return model
+
+
 def check_nodes(model: onnx.ModelProto, registry: Registry) -> None:
     """Custom nodes against their registered ops: domain version, attributes, input count."""
     imported = {o.domain: o.version for o in model.opset_import}
-    for node in model.graph.node:
+    for node in all_nodes(model):
         if not is_custom(node.domain):
             continue
         spec = registry.find(node.domain, node.op_type)

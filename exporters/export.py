@@ -41,8 +41,10 @@ def _walk(value):
 
 
 def check_program(program: torch.export.ExportedProgram, registry: Registry) -> None:
-    """Raise OpBridgeError for unregistered custom ops and symbolic list/scalar attributes."""
-    for node in program.graph.nodes:
+    """Raise OpBridgeError for unregistered custom ops and symbolic list/scalar attributes, in the
+    graph and in every subgraph (torch.cond / map branches)."""
+    graphs = [m.graph for m in program.graph_module.modules() if isinstance(m, torch.fx.GraphModule)]
+    for node in (n for g in graphs for n in g.nodes):
         if node.op != "call_function":
             continue
         target = node.target
@@ -58,8 +60,8 @@ def check_program(program: torch.export.ExportedProgram, registry: Registry) -> 
         if spec is None:
             raise OpBridgeError(
                 f"the model calls custom op {target.name()}, which opbridge has no record of. "
-                f"Got node {node.name}. Declare it with @bridge.op (or import the module that does) "
-                "before exporting."
+                f"Got node {node.name}. Bridge it with bridge.register({target.name()!r}, function=...) (or "
+                "import the module that does), or declare a new op with @bridge.op, before exporting."
             )
         if spec.mutated:
             raise OpBridgeError(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import onnx
 
-from bridge.domains import is_custom, is_onnx
+from bridge.domains import all_nodes, is_custom, is_onnx
 from bridge.errors import OpBridgeError
 from bridge.registry import Registry
 
@@ -17,7 +17,7 @@ def attach_functions(model: onnx.ModelProto, registry: Registry) -> list[str]:
     have = {(f.domain, f.name) for f in model.functions}
     model_opsets = {o.domain: o.version for o in model.opset_import}
     added = []
-    for node in model.graph.node:
+    for node in all_nodes(model):
         key = (node.domain, node.op_type)
         if not is_custom(node.domain) or key in have:
             continue
@@ -41,6 +41,6 @@ def attach_functions(model: onnx.ModelProto, registry: Registry) -> list[str]:
 def ensure_opset_imports(model: onnx.ModelProto, registry: Registry) -> None:
     """Import every custom domain the model's nodes use, at the registered version."""
     present = {o.domain for o in model.opset_import}
-    for domain in sorted({n.domain for n in model.graph.node if is_custom(n.domain)} - present):
+    for domain in sorted({n.domain for n in all_nodes(model) if is_custom(n.domain)} - present):
         versions = {s.version for s in registry if s.domain == domain}
         model.opset_import.append(onnx.helper.make_opsetid(domain, max(versions or {1})))

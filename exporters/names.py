@@ -10,16 +10,8 @@ from collections.abc import Sequence
 import onnx
 import torch
 
-from bridge.domains import is_custom
+from bridge.domains import all_nodes, graphs, is_custom
 from bridge.errors import OpBridgeError
-
-
-def _graphs(graph: onnx.GraphProto):
-    yield graph
-    for node in graph.node:
-        for a in node.attribute:
-            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                yield from _graphs(g)
 
 
 def rename_values(model: onnx.ModelProto, mapping: dict[str, str]) -> None:
@@ -35,7 +27,7 @@ def rename_values(model: onnx.ModelProto, mapping: dict[str, str]) -> None:
     """
     if not mapping:
         return
-    for graph in _graphs(model.graph):
+    for graph in graphs(model.graph):
         for node in graph.node:
             node.input[:] = [mapping.get(n, n) for n in node.input]
             node.output[:] = [mapping.get(n, n) for n in node.output]
@@ -47,7 +39,7 @@ def rename_values(model: onnx.ModelProto, mapping: dict[str, str]) -> None:
 
 def _taken(model: onnx.ModelProto) -> set[str]:
     names = set()
-    for graph in _graphs(model.graph):
+    for graph in graphs(model.graph):
         names |= {v.name for v in [*graph.input, *graph.output, *graph.value_info]}
         names |= {t.name for t in graph.initializer}
         for node in graph.node:
@@ -60,7 +52,7 @@ def name_custom_outputs(model: onnx.ModelProto, registry) -> None:
     exporter's ``getitem``/``getitem_1``."""
     taken = _taken(model)
     mapping = {}
-    for node in model.graph.node:
+    for node in all_nodes(model):
         if not is_custom(node.domain) or len(node.output) < 2:
             continue
         for i, out in enumerate(node.output):
@@ -125,7 +117,7 @@ def rename_dims(model: onnx.ModelProto, mapping: dict[str, str]) -> None:
     if not mapping:
         return
     pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(mapping, key=len, reverse=True))) + r")\b")
-    for graph in _graphs(model.graph):
+    for graph in graphs(model.graph):
         for v in [*graph.input, *graph.output, *graph.value_info]:
             for d in v.type.tensor_type.shape.dim:
                 if d.HasField("dim_param"):

@@ -52,6 +52,12 @@ class Tier(abc.ABC):
         return [f"serves {len(served)} ops: {', '.join(served) or 'none'}"]
 
 
+def helper_functions(model: onnx.ModelProto, registry: Registry) -> set[tuple[str, str]]:
+    """(domain, name) of model-local functions that are not registered ops: helpers an exporter
+    or tool put there (any runtime runs them from their bodies), not custom nodes for a tier."""
+    return {(f.domain, f.name) for f in model.functions if registry.find(f.domain, f.name) is None}
+
+
 # NOTE: registering a library twice into one SessionOptions adds its domains twice, and every
 # later session on those options fails ("Domain already set in registry"). Options a library
 # went into are kept alive here, so their ids cannot be reused by other objects.

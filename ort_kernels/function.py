@@ -9,7 +9,7 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from bridge.domains import custom_nodes
+from bridge.domains import all_nodes, custom_nodes
 from bridge.errors import UnsupportedInTier
 from bridge.registry import Registry
 from bridge.spec import OpSpec
@@ -43,7 +43,7 @@ def _check_optional_inputs(model: onnx.ModelProto, registry: Registry) -> None:
     """A body that never reads an optional input was written for the case where it is omitted: a
     node that gives that input would silently lose it, so that is an error."""
     bodies = {(f.domain, f.name): f for f in model.functions}
-    for node in model.graph.node:
+    for node in all_nodes(model):
         body = bodies.get((node.domain, node.op_type))
         spec = registry.find(node.domain, node.op_type)
         if body is None or spec is None:

@@ -13,7 +13,7 @@ from bridge.domains import custom_nodes
 from bridge.errors import OpBridgeError, UnsupportedInTier
 from bridge.registry import Registry
 from bridge.spec import OpSpec
-from ort_kernels.base import Prepared, Tier, with_library
+from ort_kernels.base import Prepared, Tier, helper_functions, with_library
 from ort_kernels.build import library_path, native_source, served_ops
 
 # NOTE: the one env var naming a prebuilt library for every native session.
@@ -34,7 +34,8 @@ class NativeTier(Tier):
     def prepare(self, model: onnx.ModelProto, registry: Registry, options: ort.SessionOptions | None,
                 library: str | os.PathLike | None = None) -> Prepared:
         served = served_ops(registry)
-        missing = [f"{d}::{t}" for d, t in custom_nodes(model) if (d, t) not in served]
+        helpers = helper_functions(model, registry)
+        missing = [f"{d}::{t}" for d, t in custom_nodes(model) if (d, t) not in served and (d, t) not in helpers]
         if missing:
             raise UnsupportedInTier(
                 f"tier 'native' has no C++ kernel for {', '.join(missing)}. Got ops {missing}. Add "

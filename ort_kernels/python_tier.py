@@ -27,11 +27,11 @@ import onnxruntime as ort
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from bridge.domains import is_custom
+from bridge.domains import all_nodes, is_custom
 from bridge.errors import OpBridgeError, UnsupportedInTier
 from bridge.registry import Registry
 from bridge.spec import OpSpec
-from ort_kernels.base import Prepared, Tier, with_library
+from ort_kernels.base import Prepared, Tier, helper_functions, with_library
 from ort_kernels.build import io_types
 
 _lock = threading.Lock()
@@ -59,16 +59,24 @@ def _parse_attr(p, value):
 
 
 def _placeholder(spec, tensors, attrs):
-    """Outputs of the right dtype for ORT to copy while the error travels back (zeros)."""
+    """Empty outputs of the right dtype for ORT to copy while the error travels back (run() raises
+    it). Empty, so a failed huge output cannot fail again while making its stand-in."""
     try:
         with FakeTensorMode(allow_non_fake_inputs=True) as mode:
             fakes = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in tensors]
             out = spec.overload(*fakes, **attrs)
         outs = out if isinstance(out, (tuple, list)) else (out,)
-        return tuple(np.zeros(tuple(o.shape), dtype=np.float32 if o.dtype.is_floating_point else np.int64)
-                     for o in outs)
-    except Exception:
+        return tuple(np.zeros((0,), dtype=np.float32 if o.dtype.is_floating_point else np.int64) for o in outs)
+    except BaseException:  # noqa: BLE001  nothing may escape into onnxruntime-extensions
         return tuple(np.zeros((0,), np.float32) for _ in range(spec.num_outputs))
+
+
+def _describe(e: BaseException) -> str:
+    """``Type: message``, even when the message itself cannot be made into text."""
+    try:
+        return f"{type(e).__name__}: {e}"
+    except BaseException:  # noqa: BLE001
+        return f"{type(e).__name__} (its message could not be converted to text)"
 
 
 def _kernel(spec):
@@ -88,7 +96,7 @@ def _kernel(spec):
             outs = out if isinstance(out, (tuple, list)) else (out,)
             result = tuple(o.detach().contiguous().numpy() for o in outs)
         except BaseException as e:  # noqa: BLE001  an escaping exception aborts the process
-            _errors.append(f"{spec.qualname}: the Python kernel raised {type(e).__name__}: {e}")
+            _errors.append(f"{spec.qualname}: the Python kernel raised {_describe(e)}")
             result = _placeholder(spec, tensors, attrs)
         return result[0] if len(result) == 1 else result
 
@@ -150,12 +158,17 @@ def _declare_all(registry, tier, model_types: dict) -> None:
 
 
 def _custom_nodes(model):
-    return [n for n in model.graph.node if is_custom(n.domain)]
+    return [n for n in all_nodes(model) if is_custom(n.domain)]
+
+
+def _served_nodes(model):
+    """Custom nodes this tier runs (helper functions the model carries bodies for run as they are)."""
+    return [n for n in _custom_nodes(model) if (n.domain, n.op_type) in _declared]
 
 
 def _check_types(model: onnx.ModelProto, inferred: onnx.ModelProto) -> None:
     types = _value_types(inferred)
-    for node in _custom_nodes(model):
+    for node in _served_nodes(model):
         for name in list(node.input) + list(node.output):
             t = types.get(name)
             if t and t not in _ACCEPTED:  # 0: type not known yet
@@ -176,7 +189,7 @@ def _rewrite_attributes(model: onnx.ModelProto) -> None:
     """Lists -> comma-separated strings; defaults written in (PyOp needs every declared attribute);
     omitted optional inputs fed an empty placeholder and listed in ``opbridge_absent``."""
     placeholders: dict[int, str] = {}
-    for node in _custom_nodes(model):
+    for node in _served_nodes(model):
         spec, input_types = _declared[(node.domain, node.op_type)]
         present = {a.name: a for a in node.attribute}
         new = []
@@ -248,12 +261,18 @@ class PythonTier(Tier):
         except ImportError:
             raise UnsupportedInTier("tier 'python' needs onnxruntime-extensions. Got no such package. "
                                     "pip install 'opbridge[python-tier]' (onnxruntime-extensions==0.15.*).") from None
-        inferred = onnx.shape_inference.infer_shapes(model)
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+        except Exception as e:  # noqa: BLE001  a fake kernel refusing the node's shapes or attributes
+            raise OpBridgeError(f"tier 'python' cannot type the model's custom nodes. Got "
+                                f"{type(e).__name__}: {str(e)[:400]}. Fix the node's inputs or attributes "
+                                "(export the model again with opbridge).") from None
         with _lock:
             if not _library_used:
                 _declare_all(registry, self, _model_types(inferred))
+            helpers = helper_functions(model, registry)
             missing = [f"{n.domain}::{n.op_type}" for n in _custom_nodes(model)
-                       if (n.domain, n.op_type) not in _declared]
+                       if (n.domain, n.op_type) not in _declared and (n.domain, n.op_type) not in helpers]
             if missing:
                 why = ("it was registered after this process's first python-tier session (declaring ops later "
                        "crashes onnxruntime-extensions); restart the process" if _library_used and
@@ -263,7 +282,10 @@ class PythonTier(Tier):
                                         f"Got ops {sorted(set(missing))}. Use tier='function' or 'native'.")
             _check_types(model, inferred)
             _rewrite_attributes(model)
-            del model.functions[:]  # the Python kernels, not function bodies, run the custom nodes
+            # the Python kernels, not function bodies, run the custom nodes; helper functions stay
+            keep = [f for f in model.functions if (f.domain, f.name) in helpers]
+            del model.functions[:]
+            model.functions.extend(keep)
             options = with_library(options, get_library_path())
             _library_used = True
         return Prepared(options, changed=True, session_class=PythonTierSession)

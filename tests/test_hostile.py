@@ -1,0 +1,191 @@
+"""Hostile inputs: damaged files, helper functions, control flow, failing kernels, failed writes, bad
+CLI invocations. Whatever can crash runs in a subprocess, so a crash is a failed test."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import helper
+
+import bridge
+import custom_ops  # noqa: F401
+
+ROOT = Path(__file__).resolve().parents[1]
+FUZZ_EXAMPLES = int(os.environ.get("OPBRIDGE_FUZZ_EXAMPLES", "60"))
+
+
+def _python(code: str, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), **kwargs)
+
+
+def test_fuzzed_files_never_crash_the_loader_or_the_kernels():
+    r = subprocess.run([sys.executable, str(ROOT / "tests/scripts/fuzz_loader.py"), str(FUZZ_EXAMPLES)],
+                       capture_output=True, text=True, timeout=900, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0, f"rc={r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
+    assert f"fuzz_loader: {FUZZ_EXAMPLES} examples" in r.stdout and "0 crashes" in r.stdout
+
+
+class _Ident(torch.nn.Module):
+    def forward(self, x):
+        return torch.ops.opbridge.identity_conv(x, 2)
+
+
+@pytest.mark.parametrize("tier", bridge.TIERS)
+def test_model_local_helper_functions_of_other_domains_run_in_every_tier(tier):
+    proto = bridge.export(_Ident(), (torch.randn(1, 2, 3, 3),))
+    proto.functions.append(helper.make_function(
+        "pkg.helpers", "twice", ["a"], ["b"], [helper.make_node("Add", ["a", "a"], ["b"])],
+        [helper.make_opsetid("", 20)]))
+    proto.opset_import.append(helper.make_opsetid("pkg.helpers", 1))
+    proto.graph.node.append(helper.make_node("twice", [proto.graph.output[0].name], ["doubled"],
+                                             domain="pkg.helpers"))
+    proto.graph.output[0].name = "doubled"
+    x = np.arange(18, dtype=np.float32).reshape(1, 2, 3, 3)
+    sess = bridge.session(proto, tier=tier)
+    np.testing.assert_array_equal(sess.run(None, {sess.get_inputs()[0].name: x})[0], 2 * x)
+
+
+class _Cond(torch.nn.Module):
+    def forward(self, x):
+        return torch.cond(x.sum() > 0, lambda x: torch.ops.opbridge.crop(x, [0, 0, 2, 2]),
+                          lambda x: torch.ops.opbridge.crop(x * 2, [1, 1, 3, 3]), (x,))
+
+
+@pytest.mark.parametrize("tier", ["function", "native"])
+def test_custom_ops_inside_torch_cond_export_with_bodies_and_run(tier):
+    proto = bridge.export(_Cond(), (torch.randn(3, 4, 4),))
+    assert {(f.domain, f.name) for f in proto.functions} == {("opbridge", "crop")}
+    sess = bridge.session(proto, tier=tier)
+    for sign in (1.0, -1.0):
+        x = sign * torch.rand(3, 4, 4)
+        got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
+        np.testing.assert_array_equal(got, _Cond()(x).numpy())
+
+
+def test_unregistered_op_inside_torch_cond_gets_the_bridges_message():
+    @torch.library.custom_op("hostile_unreg::g", mutates_args=())
+    def g(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    g.register_fake(lambda x: torch.empty_like(x))
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.cond(x.sum() > 0, lambda x: torch.ops.hostile_unreg.g(x), lambda x: x * 2, (x,))
+
+    with pytest.raises(bridge.OpBridgeError, match=r"calls custom op hostile_unreg::g.*bridge.register"):
+        bridge.export(M(), (torch.randn(3),))
+
+
+@pytest.mark.parametrize("failure", ["unprintable", "memory"])
+def test_python_kernel_failures_become_errors_not_aborts(failure):
+    body = {"unprintable": "raise Unprintable()", "memory": "raise MemoryError()"}[failure]
+    code = f"""
+import torch, bridge, numpy as np
+class Unprintable(Exception):
+    def __str__(self):
+        raise RuntimeError("no text")
+@bridge.op("hostile_py::boom", fake=lambda x: torch.empty_like(x),
+           sample_inputs=lambda dtype: [bridge.SampleInput((torch.ones(2, dtype=dtype),))])
+def boom(x: torch.Tensor) -> torch.Tensor:
+    if x.numel() > 2:
+{chr(10).join('        ' + line for line in body.splitlines())}
+    return x.clone()
+class M(torch.nn.Module):
+    def forward(self, x):
+        return boom(x)
+sess = bridge.session(bridge.export(M(), (torch.ones(2),), dynamic_shapes=({{0: torch.export.Dim("n")}},)), tier="python")
+try:
+    sess.run(None, {{sess.get_inputs()[0].name: np.ones(5, np.float32)}})
+except bridge.OpBridgeError as e:
+    print("ERROR", e)
+"""
+    r = _python(code)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "ERROR opbridge: hostile_py::boom: the Python kernel raised" in r.stdout, r.stdout
+    assert ("could not be converted" if failure == "unprintable" else "MemoryError") in r.stdout
+
+
+def test_a_failed_export_leaves_the_existing_file_whole(tmp_path, monkeypatch):
+    path = tmp_path / "m.onnx"
+    bridge.export(_Ident(), (torch.randn(1, 2, 3, 3),), path)
+    good = path.read_bytes()
+
+    def full_disk(proto, f, *args, **kwargs):
+        Path(f).write_bytes(b"\x08" * 100)  # a partial write, then the disk fills
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(onnx, "save_model", full_disk)
+    with pytest.raises(OSError, match="No space left"):
+        bridge.export(_Ident(), (torch.randn(1, 2, 3, 3),), path)
+    assert path.read_bytes() == good and sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+def test_ten_thousand_sessions_keep_memory_bounded():
+    code = """
+import gc, psutil, torch, bridge, custom_ops
+class M(torch.nn.Module):
+    def forward(self, x):
+        return torch.ops.opbridge.identity_conv(x, 2)
+data = bridge.export(M(), (torch.randn(1, 2, 3, 3),)).SerializeToString()
+proc = psutil.Process()
+for i in range(10000):
+    bridge.session(data, tier="native")
+    if i == 999:
+        gc.collect(); start = proc.memory_info().rss
+gc.collect()
+print("GROWTH_MB", (proc.memory_info().rss - start) / 2**20)
+"""
+    r = _python(code)
+    assert r.returncode == 0, r.stderr[-2000:]
+    growth = float(r.stdout.split("GROWTH_MB")[1])
+    assert growth < 64, f"RSS grew {growth:.1f} MiB over 9,000 sessions"
+
+
+def _cli(*args, cwd):
+    return subprocess.run([sys.executable, "-m", "bridge", "-q", *args], capture_output=True, text=True, cwd=cwd,
+                          env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=600)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("cli")
+    path = folder / "m.onnx"
+    bridge.export(_Ident(), (torch.randn(1, 2, 3, 3),), path)
+    return path
+
+
+@pytest.mark.parametrize("case,needle", [
+    ("not_a_zip", "is not a readable .npz"),
+    ("object_array", "is not a readable .npz"),
+    ("empty", "holds arrays []"),
+    ("wrong_names", "holds arrays ['a', 'b']"),
+    ("empty_model_module", "cannot load model factory"),
+    ("missing_output_folder", "its folder does not exist"),
+])
+def test_bad_cli_invocations_are_one_line_errors(case, needle, exported, tmp_path):
+    inputs = tmp_path / "x.npz"
+    if case == "not_a_zip":
+        inputs.write_bytes(b"PK but not really")
+    elif case == "object_array":
+        np.savez(inputs, x=np.array([{"a": 1}], dtype=object))
+    elif case == "empty":
+        np.savez(inputs)
+    elif case == "wrong_names":
+        np.savez(inputs, a=np.zeros(1), b=np.zeros(1))
+    if case == "empty_model_module":
+        (tmp_path / "empty_mod.py").write_text("")
+        r = _cli("export", "--model", "empty_mod:build", "-o", str(tmp_path / "o.onnx"), cwd=tmp_path)
+    elif case == "missing_output_folder":
+        r = _cli("export", "-o", str(tmp_path / "no" / "such" / "m.onnx"), cwd=tmp_path)
+    else:
+        r = _cli("run", str(exported), "--inputs", str(inputs), cwd=tmp_path)
+    assert r.returncode == 2, r.stdout + r.stderr
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: opbridge: ") and needle in lines[0], r.stderr
