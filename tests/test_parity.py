@@ -20,8 +20,9 @@ def exported(tmp_path_factory):
     def get(case):
         if case.id not in paths:
             module, tensors = OpModule.from_sample(case.entry.spec, case.sample)
-            paths[case.id] = root / f"{len(paths)}.onnx"
-            bridge.export(module, tensors, paths[case.id])
+            path = root / f"{len(paths)}.onnx"
+            bridge.export(module, tensors, path)
+            paths[case.id] = path  # only once exported: a failed export is retried, not half-reused
         return paths[case.id]
 
     return get
