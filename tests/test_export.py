@@ -7,7 +7,8 @@ import torch
 
 import bridge
 import custom_ops.demo as demo
-from custom_ops.bev_pool_v2 import random_case
+from models import PoolBatchFromInput, pool_case
+from op_db import TIERS
 
 
 @pytest.fixture(scope="module")
@@ -74,33 +75,24 @@ def test_graph_inputs_keep_dynamic_point_dims(demo_export):
 
 
 def test_float16_model_exports_and_matches(tmp_path):
-    class Pool(torch.nn.Module):
-        def forward(self, depth, feat, rd, rf, rb, s, n):
-            return torch.ops.bev.bev_pool_v2(depth, feat, rd, rf, rb, s, n, [1, 2, 4, 5, 6])
-
-    args = random_case(dtype=torch.float16)[:7]
-    report = bridge.check_parity(Pool(), args, path=tmp_path / "p.onnx")
+    pool, args = pool_case(dtype=torch.float16)
+    report = bridge.check_parity(pool, args, path=tmp_path / "p.onnx")
     assert report.passed, report
     assert onnx.load(tmp_path / "p.onnx").graph.output[0].type.tensor_type.elem_type == onnx.TensorProto.FLOAT16
 
 
-class _BatchFromShape(torch.nn.Module):
-    def forward(self, depth, feat, rd, rf, rb, s, n):
-        return torch.ops.bev.bev_pool_v2(depth, feat, rd, rf, rb, s, n, [depth.shape[0], 2, 4, 5, 6])
-
-
 def test_symbolic_list_attribute_is_a_clear_error():
-    args = random_case(b=2)[:7]
+    pool, args = pool_case(PoolBatchFromInput, b=2)
     batch = torch.export.Dim("batch")
     dyn = ({0: batch}, {0: batch}, None, None, None, None, None)
     with pytest.raises(bridge.OpBridgeError, match="attribute 'bev_feat_shape' must be a constant") as err:
-        bridge.export(_BatchFromShape(), args, dynamic_shapes=dyn)
+        bridge.export(pool, args, dynamic_shapes=dyn)
     assert "dynamic_shapes" in str(err.value)
 
 
 def test_static_shape_taken_into_attribute_exports():
-    args = random_case()[:7]
-    proto = bridge.export(_BatchFromShape(), args)
+    pool, args = pool_case(PoolBatchFromInput)
+    proto = bridge.export(pool, args)
     assert [n.op_type for n in proto.graph.node] == ["bev_pool_v2"]
 
 
@@ -219,7 +211,7 @@ def test_ort_error_on_bad_indices_is_an_exception_not_a_crash(demo_export):
         bridge.parity.run_ort(sess, args)
 
 
-@pytest.mark.parametrize("tier", ["function", "native", "python"])
+@pytest.mark.parametrize("tier", TIERS)
 def test_session_does_not_modify_the_callers_model(tier):
     class M(torch.nn.Module):
         def forward(self, x):
@@ -231,7 +223,7 @@ def test_session_does_not_modify_the_callers_model(tier):
     assert proto.SerializeToString() == before
 
 
-@pytest.mark.parametrize("tier", ["function", "native", "python"])
+@pytest.mark.parametrize("tier", TIERS)
 def test_session_on_a_model_with_external_data(tmp_path, tier):
     case = demo.build()
     proto = bridge.export(case.model, case.args, dynamic_shapes=case.dynamic_shapes)

@@ -1,7 +1,6 @@
 """The native C++ custom-op library: build, ABI, safety, threads, tooling."""
 
 import ctypes
-import json
 import os
 import shutil
 import subprocess
@@ -15,6 +14,7 @@ import torch
 
 import bridge
 import custom_ops.demo as demo
+from op_db import OPS
 from ort_kernels import build
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,7 +35,12 @@ def test_library_exports_entry_point_and_serves_the_registry(library):
                 for e in build.native_entries(bridge.REGISTRY)]
     assert sorted(served) == sorted(expected)
     assert {s.split(":")[2] for s in served if s.startswith("bev::")} == {"bev_pool_v2"}
-    assert len(served) == 14  # 4 ops x 3 dtypes + numpy_sin (functional form) x 2
+    # every op of the test table, in each of its dtypes (a mutating op through its functional form)
+    table = set()
+    for entry in OPS:
+        spec = bridge.REGISTRY.functional(entry.spec)
+        table |= {f"{spec.domain}::{spec.name}:{spec.version}:{str(d).replace('torch.', '')}" for d in entry.dtypes}
+    assert sorted(served) == sorted(table)
 
 
 def test_library_loads_into_a_plain_onnxruntime_session(library):
@@ -47,40 +52,6 @@ def test_build_is_cached_by_key(library):
     key = build.build_key(build.native_entries(bridge.REGISTRY))
     assert library.parent.name == key
     assert build.library_path() == library
-
-
-def _bad_input_results():
-    r = subprocess.run([sys.executable, str(ROOT / "tests/scripts/bad_inputs.py")], capture_output=True, text=True,
-                       env=ENV, timeout=600)
-    assert r.returncode == 0, f"bad-input run died (rc={r.returncode}):\n{r.stderr[-3000:]}"
-    return {d["case"]: d["error"] for d in map(json.loads, r.stdout.splitlines())}
-
-
-EXPECTED_ERRORS = {
-    "ranks_depth_high": "bev::bev_pool_v2: input 'ranks_depth' has value 1000000 at position 3, outside [0, 120)",
-    "ranks_depth_negative": "input 'ranks_depth' has value -1 at position 0",
-    "ranks_feat_high": "input 'ranks_feat' has value 1000000 at position 0, outside [0, 30)",
-    "ranks_bev_high": "input 'ranks_bev' has value 1000000 at position 0, outside [0, 40)",
-    "length_negative": "input 'interval_lengths' has value -5 at position 1, must be >= 0",
-    "interval_past_end": "interval 0 = [100000, 100005)",
-    "interval_start_negative": "interval 0 = [-100000, -99995)",
-    "short_ranks_feat": "must have one entry per point, got lengths 99, 98, 99",
-    "short_lengths": "'interval_starts' and 'interval_lengths' must have equal length, got 38 and 37",
-    "feat_wrong_channels": "C = 6 must equal feat.shape[4] = 7",
-    "depth_empty": "input 'ranks_depth' has value 4 at position 0, outside [0, 0)",
-    "bev_bad_attribute": "attribute 'bev_feat_shape' must be 5 sizes [B, Z, Y, X, C] >= 0, got [1, 2, 3]",
-    "identity_wrong_channels": "opbridge::identity_conv: input 'x' must be (N, channels=3, ...), got shape [1, 4, 2, 2]",
-    "paste_leading_dims": "opbridge::paste: inputs 'image' [2, 5, 5] and 'patch' [3, 2, 2] must share their leading",
-    "crop_bad_box": "opbridge::crop: attribute 'box' must be [left, top, right, bottom]",
-}
-
-
-def test_bad_inputs_give_errors_naming_op_input_and_value():
-    results = _bad_input_results()
-    for case, needle in EXPECTED_ERRORS.items():
-        assert results[case] is not None and needle in results[case], (case, results[case])
-    for case in ("valid", "identity_valid", "paste_valid", "crop_valid", "crop_empty_image"):
-        assert results[case] is None, (case, results[case])
 
 
 def test_hypothesis_fuzz_never_crashes_and_matches_eager():

@@ -1,61 +1,84 @@
-"""Seed ops: eager vs independent reference, torch.library.opcheck, gradcheck in float64."""
+"""Seed ops: eager vs independent reference, torch.library.opcheck, eager bad inputs (generated
+from tests/op_db.py), gradcheck in float64."""
 
 import pytest
 import torch
 
 import bridge
-from bridge.testing import cases
-from custom_ops.bev_pool_v2 import random_case
-
-ALL = cases(bridge.REGISTRY)
+import op_db
+from models import Pool, pool_case
+from op_db import F32, F64, OP_DB, eager_bad_params, sample_params
 
 
 def _eager_result(case):
     args = [a.clone() if isinstance(a, torch.Tensor) else a for a in case.sample.args]
-    out = case.spec.overload(*args)
-    if case.spec.mutated:  # a mutating op's result is the new value of its mutated tensor
-        index = [p.name for p in case.spec.params].index(case.spec.mutated[0])
+    out = case.entry.spec.overload(*args)
+    if case.entry.spec.mutated:  # a mutating op's result is the new value of its mutated tensor
+        index = [p.name for p in case.entry.spec.params].index(case.entry.spec.mutated[0])
         return args[index]
     return out
 
 
-@pytest.mark.parametrize("case", ALL, ids=[c.id for c in ALL])
+@pytest.mark.parametrize("case", sample_params("eager"))
 def test_eager_matches_reference(case):
-    expected = case.spec.reference(*case.sample.args)
+    expected = case.entry.spec.reference(*case.sample.args)
     got = _eager_result(case)
-    rtol, atol = bridge.parity.tolerance(case.dtype)
+    rtol, atol = case.entry.tolerance(case.dtype, None, "eager")
     torch.testing.assert_close(got, expected, rtol=rtol, atol=atol)
 
 
-OPCHECK = cases(bridge.REGISTRY, dtypes=(torch.float32, torch.float64))
-
-
-@pytest.mark.parametrize("case", OPCHECK, ids=[c.id for c in OPCHECK])
+@pytest.mark.parametrize("case", sample_params("opcheck", dtypes=(F32, F64)))
 def test_opcheck(case):
-    grad = case.spec.has_autograd
+    grad = case.entry.spec.has_autograd
     args = tuple(a.clone().requires_grad_(grad and a.is_floating_point()) if isinstance(a, torch.Tensor) else a
                  for a in case.sample.args)
-    torch.library.opcheck(case.spec.overload, args)
+    torch.library.opcheck(case.entry.spec.overload, args)
 
 
-def test_every_seed_op_is_declared():
-    assert {s.qualname for s in bridge.REGISTRY} >= {
-        "bev::bev_pool_v2", "opbridge::identity_conv", "opbridge::crop", "opbridge::paste", "opbridge::numpy_sin"}
+@pytest.mark.parametrize("entry,bad", eager_bad_params())
+def test_eager_rejects_bad_input(entry, bad):
+    _, args = entry.bad_call(bad)
+    with pytest.raises(ValueError, match=f"opbridge: {entry.spec.name}:? {bad.eager}"):
+        entry.spec.overload(*args)
+
+
+def test_table_has_one_entry_per_registered_op():
+    assert set(OP_DB) == {s.qualname for s in bridge.REGISTRY}
+
+
+def test_table_refuses_an_xfail_without_a_reason():
+    with pytest.raises(TypeError):
+        op_db.xfail()  # reason is a required argument
+    for reason in ("", "  ", None):
+        with pytest.raises(op_db.TableError, match="xfail needs a non-empty reason"):
+            op_db.xfail(reason, tier="native")
+    with pytest.raises(op_db.TableError, match="unknown tier"):
+        op_db.xfail("a reason", tier="gpu")
+
+
+def test_table_tolerance_overrides_are_scoped():
+    bev = OP_DB["bev::bev_pool_v2"]
+    default = bridge.parity.tolerance(torch.float16)
+    assert bev.tolerance(torch.float16, "native", "property") == (2e-3, 2e-3)
+    assert bev.tolerance(torch.float16, "function", "property") == default
+    assert bev.tolerance(torch.float16, "native", "parity") == default
+    assert OP_DB["opbridge::numpy_sin"].tolerance(F32, "native", "parity") == (1e-6, 1e-5)
 
 
 def test_bev_pool_v2_gradcheck():
-    depth, feat, *rest = random_case(b=1, n=2, d=3, h=2, w=3, c=4, grid=(3, 3, 2), dtype=torch.float64, seed=3)
+    pool, (depth, feat, *ranks) = pool_case(b=1, n=2, d=3, h=2, w=3, c=4, grid=(3, 3, 2), dtype=torch.float64, seed=3)
     depth.requires_grad_()
     feat.requires_grad_()
-    assert torch.autograd.gradcheck(lambda d, f: torch.ops.bev.bev_pool_v2(d, f, *rest), (depth, feat))
+    assert torch.autograd.gradcheck(lambda d, f: pool(d, f, *ranks), (depth, feat))
 
 
 def test_bev_pool_v2_backward_matches_autograd_of_reference_math():
-    depth, feat, rd, rf, rb, starts, lengths, shape = random_case(dtype=torch.float64, seed=4)
+    pool, (depth, feat, rd, rf, rb, starts, lengths) = pool_case(dtype=torch.float64, seed=4)
+    shape = pool.bev_feat_shape
     depth.requires_grad_()
     feat.requires_grad_()
     grad = torch.randn(shape[0], shape[4], *shape[1:4], dtype=torch.float64)
-    torch.ops.bev.bev_pool_v2(depth, feat, rd, rf, rb, starts, lengths, shape).backward(grad)
+    pool(depth, feat, rd, rf, rb, starts, lengths).backward(grad)
     # independent: the same pooling with differentiable torch ops, one interval at a time
     d2, f2 = depth.detach().clone().requires_grad_(), feat.detach().clone().requires_grad_()
     out = torch.zeros(shape[0] * shape[1] * shape[2] * shape[3], shape[4], dtype=torch.float64)
@@ -95,35 +118,9 @@ def test_bev_pool_v2_float16_accumulates_in_float32():
     feat = torch.ones(1, 1, 1, 1, 1, dtype=torch.float16)
     rd = torch.arange(n, dtype=torch.int32)
     zeros = torch.zeros(n, dtype=torch.int32)
-    out = torch.ops.bev.bev_pool_v2(depth, feat, rd, zeros, zeros, torch.tensor([0], dtype=torch.int32),
-                                    torch.tensor([n], dtype=torch.int32), [1, 1, 1, 1, 1])
+    out = Pool([1, 1, 1, 1, 1])(depth, feat, rd, zeros, zeros, torch.tensor([0], dtype=torch.int32),
+                                torch.tensor([n], dtype=torch.int32))
     assert out.item() == 3000.0
-
-
-@pytest.mark.parametrize("mutate,match", [
-    (lambda a: a.__setitem__(2, a[2].clone().fill_(10**6)), "ranks_depth values must lie"),
-    (lambda a: a.__setitem__(4, a[4].clone().fill_(-1)), "ranks_bev values must lie"),
-    (lambda a: a.__setitem__(6, a[6].clone().fill_(-3)), "interval_lengths must be >= 0"),
-    (lambda a: a.__setitem__(5, a[5] + 10**5), "intervals must lie"),
-    (lambda a: a.__setitem__(2, a[2].long()), "ranks_depth must be a 1-D int32"),
-    (lambda a: a.__setitem__(7, [1, 2, 3]), r"bev_feat_shape must be \[B, Z, Y, X, C\]"),
-    (lambda a: a.__setitem__(7, [1, 2, 4, 5, 99]), r"bev_feat_shape\[4\] \(C\) must equal feat.shape"),
-])
-def test_bev_pool_v2_rejects_bad_input(mutate, match):
-    args = list(random_case())
-    mutate(args)
-    with pytest.raises(ValueError, match="opbridge: bev_pool_v2: " + match):
-        torch.ops.bev.bev_pool_v2(*args)
-
-
-def test_identity_conv_rejects_wrong_channels():
-    with pytest.raises(ValueError, match="channels=4.*Got shape \\(1, 3, 2, 2\\)"):
-        torch.ops.opbridge.identity_conv(torch.ones(1, 3, 2, 2), 4)
-
-
-def test_crop_rejects_bad_box():
-    with pytest.raises(ValueError, match="right >= left"):
-        torch.ops.opbridge.crop(torch.ones(2, 2), [3, 0, 1, 1])
 
 
 def test_numpy_sin_writes_output_in_place():

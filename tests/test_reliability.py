@@ -1,8 +1,9 @@
-"""Bad-input matrix across tiers, soak (RSS bounded), concurrency: each where a crash is possible,
-in a subprocess, so a crash is a failure rather than a dead test runner."""
+"""Bad inputs across tiers (the table's, and bad models), soak (RSS bounded), concurrency: each where
+a crash is possible, in a subprocess, so a crash is a failure rather than a dead test runner."""
 
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -13,6 +14,7 @@ import pytest
 
 import bridge
 import custom_ops.demo as demo
+from op_db import OPS, TIERS, bad_input_params
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
@@ -25,6 +27,38 @@ def script(name, *args):
                        text=True, env=ENV, timeout=900)
     assert r.returncode == 0, f"{name} died (rc={r.returncode}):\n{r.stderr[-3000:]}"
     return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+
+
+@pytest.fixture(scope="module")
+def bad_inputs():
+    """{(op, case, tier): {"type", "error"}} for the table's bad inputs and their valid controls."""
+    return {(d["op"], d["case"], d["tier"]): d for d in script("bad_inputs.py")}
+
+
+@pytest.mark.parametrize("entry,bad,tier", bad_input_params("bad_input"))
+def test_bad_input_is_rejected(bad_inputs, entry, bad, tier):
+    result = bad_inputs[(entry.qualname, bad.name, tier)]
+    assert result["error"] is not None, f"tier {tier} accepted the bad input"
+    assert result["type"] == "OpBridgeError", result  # one error class in every tier
+    if tier in bad.detail:
+        assert bad.detail[tier] in result["error"], result["error"]
+
+
+@pytest.mark.parametrize("entry,bad,tier", bad_input_params("bad_input_message"))
+def test_bad_input_error_names_op_and_input(bad_inputs, entry, bad, tier):
+    message = bad_inputs[(entry.qualname, bad.name, tier)]["error"] or ""
+    assert entry.qualname in message, message
+    assert re.search(rf"(?<!\w){re.escape(bad.input)}(?!\w)", message), (bad.input, message)
+    missing = [fragment for fragment in bad.error if fragment not in message]
+    assert not missing, (missing, message)
+
+
+@pytest.mark.parametrize("tier", TIERS)
+@pytest.mark.parametrize("entry", OPS, ids=[e.qualname for e in OPS])
+def test_valid_controls_run_in_every_tier(bad_inputs, entry, tier):
+    controls = {case: r for (op, case, t), r in bad_inputs.items()
+                if op == entry.qualname and t == tier and case.startswith("valid:")}
+    assert controls and all(r["error"] is None for r in controls.values()), controls
 
 
 @pytest.fixture(scope="module")
@@ -49,7 +83,7 @@ OUT_OF_RANGE = {
 }
 
 
-@pytest.mark.parametrize("tier", ["function", "native", "python"])
+@pytest.mark.parametrize("tier", TIERS)
 def test_bad_input_matrix(matrix, tier):
     assert matrix[(tier, "valid")] is None
     for case, needle in EXPECTED.items():
@@ -62,7 +96,7 @@ def test_missing_kernel_library(matrix):
     assert "no native kernel library at" in matrix[("native", "missing_kernel_library")]
 
 
-@pytest.mark.parametrize("tier", ["function", "native", "python"])
+@pytest.mark.parametrize("tier", TIERS)
 def test_soak_rss_bounded(tier):
     (result,) = script("soak.py", tier, SOAK_RUNS)
     growth = result["rss_after"] - result["rss_before"]

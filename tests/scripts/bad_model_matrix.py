@@ -7,20 +7,17 @@ import json
 import os
 import sys
 import tempfile
+from pathlib import Path
 
 import numpy as np
 import onnx
 import onnxruntime as ort
-import torch
 
-import bridge
-import custom_ops  # noqa: F401
-from custom_ops.bev_pool_v2 import random_case
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: models, op_db
 
-
-class Pool(torch.nn.Module):
-    def forward(self, depth, feat, rd, rf, rb, s, n):
-        return torch.ops.bev.bev_pool_v2(depth, feat, rd, rf, rb, s, n, [1, 2, 4, 5, 6])
+import bridge  # noqa: E402
+from models import pool_case, pool_dynamic_shapes  # noqa: E402
+from op_db import TIERS  # noqa: E402
 
 
 def attempt(fn):
@@ -32,10 +29,8 @@ def attempt(fn):
 
 
 def main():
-    args = random_case()[:7]
-    points, intervals = torch.export.Dim("points"), torch.export.Dim("intervals")
-    dyn = (None, None, {0: points}, {0: points}, {0: points}, {0: intervals}, {0: intervals})
-    good = bridge.export(Pool(), args, dynamic_shapes=dyn)
+    pool, args = pool_case()
+    good = bridge.export(pool, args, dynamic_shapes=pool_dynamic_shapes())
     feed_arrays = [a.numpy() for a in args]
     quiet = ort.SessionOptions()
     quiet.log_severity_level = 4
@@ -69,7 +64,7 @@ def main():
         open(truncated, "wb").write(data[: len(data) // 2])
         corrupt = os.path.join(tmp, "corrupt.onnx")
         open(corrupt, "wb").write(bytes(b ^ 0x5A for b in data[:200]) + data[200:])
-        for tier in ("function", "native", "python"):
+        for tier in TIERS:
             def run(arrays, model=good_path):
                 sess = bridge.session(model, tier=tier, sess_options=quiet if tier != "python" else None)
                 return sess.run(None, {i.name: a for i, a in zip(sess.get_inputs(), arrays)})

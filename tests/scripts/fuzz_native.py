@@ -9,34 +9,31 @@ import os
 import sys
 import tempfile
 
+from pathlib import Path
+
 import numpy as np
 import onnxruntime as ort
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import bridge
-import custom_ops  # noqa: F401
-from custom_ops.bev_pool_v2 import random_case
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: models
+
+import bridge  # noqa: E402
+from models import pool_case, pool_dynamic_shapes  # noqa: E402
 
 B, Z, Y, X, C = 1, 2, 4, 5, 6
 stats = {"ok": 0, "rejected": 0}
 
 
-class Pool(torch.nn.Module):
-    def forward(self, depth, feat, rd, rf, rb, s, n):
-        return torch.ops.bev.bev_pool_v2(depth, feat, rd, rf, rb, s, n, [B, Z, Y, X, C])
-
-
 def build_session(tmp):
-    args = random_case(grid=(X, Y, Z), c=C)[:7]
-    points, intervals = torch.export.Dim("points"), torch.export.Dim("intervals")
-    dyn = (None, None, {0: points}, {0: points}, {0: points}, {0: intervals}, {0: intervals})
+    pool, args = pool_case(grid=(X, Y, Z), c=C)
+    assert pool.bev_feat_shape == [B, Z, Y, X, C]
     path = os.path.join(tmp, "pool.onnx")
-    bridge.export(Pool(), args, path, dynamic_shapes=dyn, functions=False)
+    bridge.export(pool, args, path, dynamic_shapes=pool_dynamic_shapes(), functions=False)
     options = ort.SessionOptions()
     options.log_severity_level = 4  # the rejections are expected; keep stderr readable
-    return bridge.session(path, tier="native", sess_options=options), args
+    return bridge.session(path, tier="native", sess_options=options), pool, args
 
 
 def index_arrays(limit_hint):
@@ -45,12 +42,11 @@ def index_arrays(limit_hint):
 
 def main(n_examples):
     with tempfile.TemporaryDirectory() as tmp:
-        sess, args = build_session(tmp)
+        sess, pool, args = build_session(tmp)
         depth, feat = args[0].numpy(), args[1].numpy()
         names = [i.name for i in sess.get_inputs()]
 
-        @settings(max_examples=n_examples, deadline=None, derandomize=True,
-                  suppress_health_check=list(HealthCheck))
+        @settings(max_examples=n_examples, deadline=None, derandomize=True)
         @given(st.data())
         def check(data):
             n = data.draw(st.integers(0, 30))
@@ -72,7 +68,7 @@ def main(n_examples):
             arrays = [depth, feat] + [np.asarray(v, np.int32).reshape(-1) for v in (rd, rf, rb, starts, lengths)]
             tensors = [torch.from_numpy(a) for a in arrays]
             try:
-                expected = torch.ops.bev.bev_pool_v2(*tensors, [B, Z, Y, X, C])
+                expected = pool(*tensors)
             except ValueError:
                 expected = None
             try:

@@ -6,14 +6,16 @@ dead process here is a test failure, not a dead test runner.
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
 
-import bridge
-import custom_ops  # noqa: F401
-from bridge.testing import OpModule
-from custom_ops.bev_pool_v2 import random_case
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: models
+
+import bridge  # noqa: E402
+from bridge.testing import OpModule  # noqa: E402
+from models import pool_case  # noqa: E402
 
 
 def outcome(fn):
@@ -24,15 +26,10 @@ def outcome(fn):
         return {"ok": False, "type": type(e).__name__, "error": str(e)}
 
 
-class Pool(torch.nn.Module):
-    def forward(self, *args):
-        return torch.ops.bev.bev_pool_v2(*args, [1, 2, 4, 5, 6])
-
-
 def main():
     results = {}
-    args = random_case()[:7]
-    proto = bridge.export(Pool(), args, functions=False)
+    pool, args = pool_case()
+    proto = bridge.export(pool, args, functions=False)
     sess = bridge.session(proto, tier="python")
     feed = bridge.parity.ort_feed(sess, args)
     results["valid"] = outcome(lambda: float(np.abs(sess.run(None, feed)[0]).sum()))
@@ -41,7 +38,7 @@ def main():
     results["kernel_exception"] = outcome(lambda: sess.run(None, bad))
     results["after_exception"] = outcome(lambda: float(np.abs(sess.run(None, feed)[0]).sum()))
 
-    half = bridge.export(Pool(), random_case(dtype=torch.float16)[:7], functions=False)
+    half = bridge.export(*pool_case(dtype=torch.float16), functions=False)
     results["float16"] = outcome(lambda: bridge.session(half, tier="python"))
     crop = bridge.REGISTRY.get("opbridge::crop")
     module, tensors = OpModule.from_sample(crop, bridge.SampleInput((torch.randn(2, 4, 4, dtype=torch.float64),

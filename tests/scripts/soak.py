@@ -5,24 +5,20 @@ Usage: soak.py TIER N
 
 import json
 import sys
+from pathlib import Path
 
 import numpy as np
 import psutil
-import torch
 
-import bridge
-import custom_ops  # noqa: F401
-from custom_ops.bev_pool_v2 import random_case
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: models
 
-
-class Pool(torch.nn.Module):
-    def forward(self, *args):
-        return torch.ops.bev.bev_pool_v2(*args, [1, 2, 4, 5, 6])
+import bridge  # noqa: E402
+from models import pool_case  # noqa: E402
 
 
 def main(tier, n):
-    args = random_case()[:7]
-    sess = bridge.session(bridge.export(Pool(), args), tier=tier)
+    pool, args = pool_case()
+    sess = bridge.session(bridge.export(pool, args), tier=tier)
     feed = bridge.parity.ort_feed(sess, args)
     bad = dict(feed)
     bad[list(feed)[2]] = np.full_like(feed[list(feed)[2]], -1)  # every 10th run fails: error paths must not leak

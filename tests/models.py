@@ -1,0 +1,56 @@
+"""Shared test models: the bev_pool_v2 pooling module, for pytest tests and tests/scripts alike.
+
+Tests import it as ``models`` (pytest puts tests/ on sys.path); the scripts in tests/scripts,
+run in subprocesses, put tests/ on sys.path themselves. bev_pool_v2 is called by keyword, so
+the module keeps working whatever the position of ``bev_feat_shape`` in the op's schema.
+"""
+
+from __future__ import annotations
+
+import torch
+
+import bridge
+import custom_ops  # noqa: F401  (registers the seed ops)
+from custom_ops.bev_pool_v2 import random_case
+
+# the tensor inputs of Pool.forward, in order: the ONNX graph inputs of an exported Pool
+POOL_INPUTS = ("depth", "feat", "ranks_depth", "ranks_feat", "ranks_bev", "interval_starts", "interval_lengths")
+
+
+class Pool(torch.nn.Module):
+    """``forward(*POOL_INPUTS)``: bev_pool_v2 into a fixed ``bev_feat_shape`` [B, Z, Y, X, C]."""
+
+    def __init__(self, bev_feat_shape):
+        super().__init__()
+        self.bev_feat_shape = [int(s) for s in bev_feat_shape]
+
+    def grid(self, depth: torch.Tensor) -> list:
+        return self.bev_feat_shape
+
+    def forward(self, depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths):
+        return torch.ops.bev.bev_pool_v2(depth=depth, feat=feat, ranks_depth=ranks_depth, ranks_feat=ranks_feat,
+                                         ranks_bev=ranks_bev, interval_starts=interval_starts,
+                                         interval_lengths=interval_lengths, bev_feat_shape=self.grid(depth))
+
+
+class PoolBatchFromInput(Pool):
+    """Pool whose B is read from ``depth.shape[0]`` (a symbolic size when the batch is dynamic)."""
+
+    def grid(self, depth):
+        return [depth.shape[0], *self.bev_feat_shape[1:]]
+
+
+def pool_case(model=Pool, **random_case_kwargs) -> tuple[Pool, tuple]:
+    """(module, the POOL_INPUTS tensors) from ``custom_ops.bev_pool_v2.random_case(**kwargs)``.
+
+    The random case is read by the op's parameter names, not by position.
+    """
+    spec = bridge.REGISTRY.get("bev::bev_pool_v2")
+    named = dict(zip((p.name for p in spec.params), random_case(**random_case_kwargs)))
+    return model(named["bev_feat_shape"]), tuple(named[n] for n in POOL_INPUTS)
+
+
+def pool_dynamic_shapes() -> tuple:
+    """dynamic_shapes for Pool: a dynamic point count and a dynamic interval count."""
+    points, intervals = torch.export.Dim("points"), torch.export.Dim("intervals")
+    return (None, None, {0: points}, {0: points}, {0: points}, {0: intervals}, {0: intervals})
