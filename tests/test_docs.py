@@ -78,7 +78,7 @@ def test_readme_bridges_a_packages_custom_op(tmp_path):
 
 
 def test_readme_bridges_a_cpp_torch_library_op(tmp_path):
-    from tests.vendor import cpp_ops
+    from vendor import cpp_ops
 
     code = _readme_block("# bridge_scale_shift.py")
     assert len(_user_lines(code)) <= 15

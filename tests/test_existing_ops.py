@@ -13,7 +13,7 @@ from onnxscript import opset20 as op
 from onnxscript import script, values
 
 import bridge
-from tests.vendor import cpp_ops, py_ops
+from vendor import cpp_ops, py_ops
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -65,10 +65,10 @@ def test_registered_ops_run_in_the_python_tier_through_their_own_kernels(tmp_pat
     # NOTE: a subprocess: the python tier declares every op at a process's first session
     script_ = f"""
 import json, sys, torch
-sys.path.insert(0, {str(ROOT)!r})
+sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / "tests")!r}]
 import bridge
-from tests import test_existing_ops as t
-from tests.vendor import py_ops
+import test_existing_ops as t
+from vendor import py_ops
 t.bridge_both()
 g = torch.Generator().manual_seed(1)
 reports = [bridge.check_parity(t.Both(), (torch.randn(n, 6, generator=g),), tier="python",
@@ -86,7 +86,7 @@ print(json.dumps({{"passed": [r.passed for r in reports], "calls": py_ops.CALLS[
 
 def test_bridge_op_on_an_existing_name_is_refused_and_the_op_keeps_working(registry):
     with pytest.raises(bridge.OpBridgeError, match=r"torch already has op vendor::swish \(torch.library.custom_op "
-                                                   r"in module 'tests.vendor.py_ops'.*bridge.register\('vendor::swish'"):
+                                                   r"in module 'vendor.py_ops'.*bridge.register\('vendor::swish'"):
         @bridge.op("vendor::swish", registry=registry)
         def impostor(x: torch.Tensor, beta: float) -> torch.Tensor:
             return x
