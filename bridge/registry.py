@@ -31,6 +31,9 @@ class Registry:
         self._ops: dict[str, OpSpec] = {}
         self._twins: dict[str, OpSpec] = {}  # functional twins of mutating ops, by the op's qualname
         self.generation = 0  # bumped on every change: caches derived from the registry key on it
+        # NOTE: onnx's schema table is process-wide: an op also registered elsewhere (another
+        # registry) gets its schema back when this registry forgets the op.
+        self._displaced: dict[str, defs.OpSchema] = {}
 
     def __iter__(self) -> Iterator[OpSpec]:
         return iter(sorted(self._ops.values(), key=lambda s: s.qualname))
@@ -124,7 +127,10 @@ class Registry:
         return spec
 
     def _store(self, spec: OpSpec, twin: OpSpec | None) -> None:
-        _register_onnx_schema(twin or spec)
+        onnx_spec = twin or spec
+        if spec.qualname not in self._ops and defs.has(onnx_spec.name, onnx_spec.version, onnx_spec.domain):
+            self._displaced[spec.qualname] = defs.get_schema(onnx_spec.name, onnx_spec.version, onnx_spec.domain)
+        _register_onnx_schema(onnx_spec)
         self._ops[spec.qualname] = spec
         if twin is not None:
             self._twins[spec.qualname] = twin
@@ -137,6 +143,9 @@ class Registry:
         self.generation += 1
         if defs.has(spec.name, spec.version, spec.domain):
             defs.deregister_schema(spec.name, spec.version, spec.domain)
+        displaced = self._displaced.pop(qualname, None)
+        if displaced is not None:
+            defs.register_schema(displaced)
 
     def missing(self, spec: OpSpec) -> list[str]:
         """What ``spec`` still lacks, as short phrases (empty when complete)."""

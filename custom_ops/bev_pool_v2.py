@@ -29,8 +29,8 @@ def _fail(msg: str, got, fix: str):
     raise ValueError(f"opbridge: bev_pool_v2: {msg}. Got {got}. {fix}")
 
 
-def _check_static(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths,
-                  bev_feat_shape) -> None:
+def _check_static(depth, feat, ranks_depth, ranks_feat, ranks_bev, bev_feat_shape, interval_starts,
+                  interval_lengths) -> None:
     """Checks that need no data: ranks, dtypes and the grid shape (shared by eager and fake)."""
     if depth.dim() != 5 or feat.dim() != 5:
         _fail("depth must be (B,N,D,H,W) and feat (B,N,H,W,C)", (tuple(depth.shape), tuple(feat.shape)),
@@ -48,8 +48,8 @@ def _check_static(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_star
               "Pass the feature channel count as C.")
 
 
-def _check_values(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths,
-                  bev_feat_shape) -> None:
+def _check_values(depth, feat, ranks_depth, ranks_feat, ranks_bev, bev_feat_shape, interval_starts,
+                  interval_lengths) -> None:
     """Index range checks: nothing outside the tensors is ever read or written."""
     n_points = ranks_depth.numel()
     if ranks_feat.numel() != n_points or ranks_bev.numel() != n_points:
@@ -90,9 +90,9 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _fake(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths, bev_feat_shape):
-    _check_static(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths,
-                  bev_feat_shape)
+def _fake(depth, feat, ranks_depth, ranks_feat, ranks_bev, bev_feat_shape, interval_starts, interval_lengths):
+    _check_static(depth, feat, ranks_depth, ranks_feat, ranks_bev, bev_feat_shape, interval_starts,
+                  interval_lengths)
     b, z, y, x, c = bev_feat_shape
     return feat.new_empty((b, c, z, y, x))
 
@@ -121,7 +121,8 @@ def _(grad_out, depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts
 
 
 def _setup_context(ctx, inputs, output):
-    ctx.save_for_backward(*inputs[:7])
+    depth, feat, ranks_depth, ranks_feat, ranks_bev, _, interval_starts, interval_lengths = inputs
+    ctx.save_for_backward(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths)
 
 
 def _backward(ctx, grad_out):
@@ -171,8 +172,8 @@ def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts
     return op.CastLike(out, feat)
 
 
-def reference(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths,
-              bev_feat_shape) -> torch.Tensor:
+def reference(depth, feat, ranks_depth, ranks_feat, ranks_bev, bev_feat_shape, interval_starts,
+              interval_lengths) -> torch.Tensor:
     """Independent reference: a plain loop over intervals and points, accumulating in float64."""
     b, z, y, x, c = bev_feat_shape
     out = np.zeros((b * z * y * x, c), np.float64)
@@ -210,6 +211,13 @@ def voxel_pooling_prepare(coords: torch.Tensor, grid: Sequence[int]):
     return tuple(t.int().contiguous() for t in (ranks_depth, ranks_feat, ranks_bev, starts, lengths))
 
 
+def voxel_pooling_prepare_v2(coords: torch.Tensor, grid: Sequence[int]):
+    """:func:`voxel_pooling_prepare` with BEVDet's return order:
+    ``ranks_bev, ranks_depth, ranks_feat, interval_starts, interval_lengths`` (int32)."""
+    ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths = voxel_pooling_prepare(coords, grid)
+    return ranks_bev, ranks_depth, ranks_feat, interval_starts, interval_lengths
+
+
 def random_case(b=1, n=2, d=4, h=3, w=5, c=6, grid=(5, 4, 2), keep=0.8, dtype=torch.float32, seed=0):
     """Random depth/feat and prepared ranks; ``keep`` is roughly the fraction of points in the grid."""
     g = torch.Generator().manual_seed(seed)
@@ -219,19 +227,20 @@ def random_case(b=1, n=2, d=4, h=3, w=5, c=6, grid=(5, 4, 2), keep=0.8, dtype=to
     ranks = voxel_pooling_prepare(coords, grid)
     depth = torch.rand(b, n, d, h, w, generator=g).softmax(2).to(dtype)
     feat = torch.randn(b, n, h, w, c, generator=g).to(dtype)
-    return (depth, feat, *ranks, [b, gz, gy, gx, c])
+    rd, rf, rb, starts, lengths = ranks
+    return (depth, feat, rd, rf, rb, [b, gz, gy, gx, c], starts, lengths)
 
 
 def edge_case(dtype=torch.float32):
     """Zero-length intervals (first, middle, trailing at start == points), two intervals on one cell,
     and points no interval covers."""
-    depth, feat, *_, shape = random_case(dtype=dtype, seed=5)
+    depth, feat, _, _, _, shape, _, _ = random_case(dtype=dtype, seed=5)
     rd = torch.tensor([0, 5, 9, 17, 33, 2, 8, 40], dtype=torch.int32)
     rf = torch.tensor([0, 1, 2, 3, 4, 5, 6, 7], dtype=torch.int32)
     rb = torch.tensor([3, 3, 7, 7, 7, 3, 11, 12], dtype=torch.int32)
     starts = torch.tensor([0, 0, 2, 5, 5, 8], dtype=torch.int32)
     lengths = torch.tensor([0, 2, 3, 0, 1, 0], dtype=torch.int32)
-    return (depth, feat, rd, rf, rb, starts, lengths, shape)
+    return (depth, feat, rd, rf, rb, shape, starts, lengths)
 
 
 def sample_inputs(dtype: torch.dtype) -> list[SampleInput]:
@@ -250,10 +259,14 @@ def sample_inputs(dtype: torch.dtype) -> list[SampleInput]:
     dtypes=(torch.float32, torch.float16, torch.float64), device_types="cpu",
 )
 def bev_pool_v2_op(depth: torch.Tensor, feat: torch.Tensor, ranks_depth: torch.Tensor,
-                   ranks_feat: torch.Tensor, ranks_bev: torch.Tensor, interval_starts: torch.Tensor,
-                   interval_lengths: torch.Tensor, bev_feat_shape: list[int]) -> torch.Tensor:
-    """BEVDet bev_pool_v2: pool depth-weighted image features into a (B, C, Z, Y, X) BEV grid."""
-    args = (depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths, bev_feat_shape)
+                   ranks_feat: torch.Tensor, ranks_bev: torch.Tensor, bev_feat_shape: list[int],
+                   interval_starts: torch.Tensor, interval_lengths: torch.Tensor) -> torch.Tensor:
+    """BEVDet bev_pool_v2: pool depth-weighted image features into a (B, C, Z, Y, X) BEV grid.
+
+    BEVDet's own call order: ``bev_feat_shape`` (a tuple or list ``(B, Z, Y, X, C)``) comes before
+    ``interval_starts``; keyword calls by argument name work too.
+    """
+    args = (depth, feat, ranks_depth, ranks_feat, ranks_bev, bev_feat_shape, interval_starts, interval_lengths)
     _check_static(*args)
     _check_values(*args)
     acc = _acc_dtype(feat.dtype)

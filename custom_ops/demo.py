@@ -43,8 +43,8 @@ class BEVDemo(nn.Module):
         h, w = x.shape[-2:]
         depth = x[:, :d].softmax(dim=1).reshape(b, n, d, h, w)
         feat = x[:, d:].permute(0, 2, 3, 1).reshape(b, n, h, w, c)
-        bev = torch.ops.bev.bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev,
-                                        interval_starts, interval_lengths, [b, gz, gy, gx, c])
+        bev = torch.ops.bev.bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, (b, gz, gy, gx, c),
+                                        interval_starts, interval_lengths)  # BEVDet's argument order
         return self.bev_conv(bev.flatten(1, 2))
 
 

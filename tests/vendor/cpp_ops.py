@@ -5,6 +5,7 @@ import os
 from pathlib import Path
 
 import torch
+from torch._library import simple_registry
 from torch.utils import cpp_extension
 
 SOURCE = r"""
@@ -46,11 +47,12 @@ def build() -> Path:
 
 
 def load() -> None:
-    """Build and load the library; register the fake kernel of affine_head from Python."""
-    if torch._C._jit_get_schemas_for_operator("vendorcpp::affine_head"):
-        return
+    """Build and load the library; register the fake kernel of affine_head from Python (once, whoever
+    loaded the library first)."""
     build()
+    if simple_registry.singleton.find("vendorcpp::affine_head").fake_impl.kernel is None:
+        torch.library.register_fake("vendorcpp::affine_head", _affine_head_fake)
 
-    @torch.library.register_fake("vendorcpp::affine_head")
-    def _(x, k, scale, offsets):
-        return torch.empty_like(x), x.new_empty((x.shape[0],), dtype=torch.int64)
+
+def _affine_head_fake(x, k, scale, offsets):
+    return torch.empty_like(x), x.new_empty((x.shape[0],), dtype=torch.int64)
