@@ -12,10 +12,12 @@ from collections.abc import Callable, Sequence
 import onnx
 import torch
 
-from bridge.domains import is_custom, is_onnx
+from bridge.domains import is_custom
 from bridge.errors import OpBridgeError
 from bridge.progress import step
 from bridge.registry import REGISTRY, Registry
+from exporters.opsets import attach_functions, convert_model, onnx_opset
+from exporters.portable import relativize_paths, stamp_ir_version
 from exporters.rewrites import functionalize_mutations, torchbind_to_ops
 from exporters.translation import symbolic_attribute_error, translation_table
 
@@ -23,6 +25,7 @@ from exporters.translation import symbolic_attribute_error, translation_table
 logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
 
 DEFAULT_OPSET = 20
+TORCH_MIN_OPSET = 18  # NOTE: below it, torch.onnx writes 18 and the bridge converts (exporters.opsets)
 # NOTE: namespaces torch.onnx translates by itself; any other op must come from the registry.
 _TORCH_NAMESPACES = {"aten", "prim", "prims", "_operator", "math", "higher_order", "torchvision"}
 _SINGLE_FILE_LIMIT = 1 << 31  # protobuf's 2 GiB: past it the weights go to external data
@@ -71,35 +74,6 @@ def check_program(program: torch.export.ExportedProgram, registry: Registry) -> 
                 raise symbolic_attribute_error(spec, p.name, shown)
 
 
-def attach_functions(model: onnx.ModelProto, registry: Registry) -> list[str]:
-    """Add each custom node's function body to ``model.functions``; return the ops added.
-
-    The function's standard-ONNX opset import is aligned to the model's own.
-    """
-    have = {(f.domain, f.name) for f in model.functions}
-    model_opsets = {o.domain: o.version for o in model.opset_import}
-    added = []
-    for node in model.graph.node:
-        key = (node.domain, node.op_type)
-        if not is_custom(node.domain) or key in have:
-            continue
-        spec = registry.find(*key)
-        if spec is None or spec.function is None:
-            continue
-        proto = spec.function.to_function_proto()
-        for imp in proto.opset_import:
-            if is_onnx(imp.domain) and imp.version != model_opsets.get("", imp.version):
-                raise OpBridgeError(
-                    f"{spec.qualname}: function body uses ONNX opset {imp.version} but the model uses "
-                    f"{model_opsets['']}. Got opset_version={model_opsets['']}. Export with "
-                    f"opset_version={imp.version}, or write the body with onnxscript.opset{model_opsets['']}."
-                )
-        model.functions.append(proto)
-        have.add(key)
-        added.append(spec.qualname)
-    return added
-
-
 def _ensure_opset_imports(model: onnx.ModelProto, registry: Registry) -> None:
     present = {o.domain for o in model.opset_import}
     for domain in sorted({n.domain for n in model.graph.node if is_custom(n.domain)} - present):
@@ -129,7 +103,9 @@ def export(
     state as attributes; mutating ops -> functional twins), then ``torch.onnx.export(dynamo=True)``
     with the registry's translation table, attaches model-local function bodies
     (``functions=True``) so plain ONNX Runtime runs the file, and validates with ``onnx.checker`` (full check). Small
-    models are written as one file.
+    models are written as one file. Any ``opset_version`` from 17 up works: function bodies are
+    converted to it. The file carries the lowest IR version it needs (opset <= 20: IR <= 9) and
+    no absolute path of this machine (source locations are relative to their package).
 
     Example:
         >>> import torch, bridge, custom_ops
@@ -154,12 +130,19 @@ def export(
             warnings.simplefilter("ignore")
             onnx_program = torch.onnx.export(
                 program, dynamo=True, custom_translation_table=translation_table(reg),
-                opset_version=opset_version, optimize=True, verify=False, external_data=False,
+                opset_version=max(opset_version, TORCH_MIN_OPSET), optimize=True, verify=False, external_data=False,
             )
     proto = onnx_program.model_proto
+    if opset_version < TORCH_MIN_OPSET:
+        proto = convert_model(proto, opset_version, reg, attach=False)
+    if onnx_opset(proto) != opset_version:
+        raise OpBridgeError(f"torch.onnx could not write the model at ONNX opset {opset_version}. Got opset "
+                            f"{onnx_opset(proto)}. Export at opset_version={onnx_opset(proto)} or higher.")
+    relativize_paths(proto)
     _ensure_opset_imports(proto, reg)
     if functions:
         attach_functions(proto, reg)
+    stamp_ir_version(proto)
     if check:
         with step("onnx.checker (full)"):
             onnx.checker.check_model(proto, full_check=True)
