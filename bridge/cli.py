@@ -40,7 +40,7 @@ from bridge.progress import format_table
 from bridge.registry import REGISTRY
 from bridge.sessions import load_model, session
 from bridge.testing import ModelCase, OpModule, cases
-from exporters.export import export
+from exporters.export import DEFAULT_OPSET, export
 from exporters.opsets import attach_functions, onnx_opset
 from exporters.portable import required_ir_version
 from ort_kernels import build
@@ -142,7 +142,7 @@ def cmd_ops(args) -> int:
 def cmd_export(args) -> int:
     case = _load_case(args.model)
     proto = export(case.model, case.args, args.output, dynamic_shapes=case.dynamic_shapes,
-                   functions=not args.no_functions)
+                   functions=not args.no_functions, opset_version=args.opset)
     tensors = [a.detach().numpy() for a in case.args]
     np.savez(_inputs_path(args.output), **dict(zip((i.name for i in proto.graph.input), tensors)))
     size = os.path.getsize(args.output)
@@ -309,6 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", default=DEFAULT_MODEL, help="MODULE:FACTORY returning a ModelCase")
     p.add_argument("-o", "--output", default="model.onnx")
     p.add_argument("--no-functions", action="store_true", help="do not attach model-local function bodies")
+    p.add_argument("--opset", type=int, default=DEFAULT_OPSET, help=f"ONNX opset, 17 and up (default {DEFAULT_OPSET})")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("run", help="run an .onnx file in ONNX Runtime on saved inputs")

@@ -7,8 +7,9 @@ converted node by node. Between two opsets an ONNX op either changed only its ty
 do), gained optional attributes or inputs (free going up; going down only when the node leaves them
 unset), or changed its signature; the last kind is adapted here (``Pad`` axes, ``Reduce*`` and
 ``Squeeze``/``Unsqueeze`` axes, ``Split``, ``GridSample`` modes) or refused with an error naming
-the op. New attribute values (``ScatterElements`` reduction max/min, ``Pad`` mode wrap, ...) are
-refused below the opset that introduced them. ``onnx.checker`` (full) checks the result's types.
+the op (an op ONNX deprecated, like GroupNormalization-18, counts as absent). New attribute values
+(``ScatterElements`` reduction max/min, ``Pad`` mode wrap, ...) are refused below the opset that
+introduced them. ``onnx.checker`` (full) checks the result's types.
 
 Example:
     >>> import bridge, custom_ops
@@ -307,8 +308,6 @@ ADAPTERS: dict[tuple[str, int], tuple[Callable, Callable]] = {
     ("Pad", 18): (lambda node, ctx: [node], _pad_axes_down),
     ("GridSample", 20): (_grid_sample({"bilinear": "linear", "bicubic": "cubic"}),
                          _grid_sample({"linear": "bilinear", "cubic": "bicubic"})),
-    ("GroupNormalization", 21): (_refuse("GroupNormalization's scale and bias changed from per group to per "
-                                         "channel at opset 21"),) * 2,
     ("DFT", 20): (_refuse("DFT's axis moved from an attribute (default 1) to an input (default -2) at opset 20"),) * 2,
 }
 
@@ -377,7 +376,7 @@ def _convert_nodes(nodes: Nodes, source: int, ctx: _Context) -> Nodes:
             out.append(converted)
             continue
         if _schema(converted.op_type, source) is None:
-            raise ctx.error(converted, f"{converted.op_type} is not an ONNX op at the body's opset {source}",
+            raise ctx.error(converted, f"{converted.op_type} is deprecated or absent at the body's opset {source}",
                             "Fix the body.")
         if _schema(converted.op_type, ctx.target) is None:
             since = [v for v in _since_versions(converted.op_type)]
@@ -423,6 +422,38 @@ def convert_function(function: onnx.FunctionProto, opset: int) -> onnx.FunctionP
     return result
 
 
+def portable_constants(function: onnx.FunctionProto) -> onnx.FunctionProto:
+    """``function`` with each literal ``Constant(value_ints=...)``/``value_floats`` written as a 1-D
+    tensor (``value=``), the form every consumer reads.
+
+    NOTE: the shape inference of onnxruntime <= 1.22 reads a list constant inside a function body
+    as a tensor without dims (measured: ``Pad``'s pads then fail to load, "'pads' input must be a
+    1D tensor"). Constants taken from the function's attributes (``ref_attr_name``) stay as they are.
+
+    Example:
+        >>> from onnx import helper
+        >>> f = helper.make_function("d", "f", [], ["y"], [helper.make_node("Constant", [], ["y"], value_ints=[1, 2])],
+        ...                          [helper.make_opsetid("", 20)])
+        >>> t = portable_constants(f).node[0].attribute[0]
+        >>> t.name, list(t.t.dims), list(t.t.int64_data) or list(onnx.numpy_helper.to_array(t.t))
+        ('value', [2], [1, 2])
+    """
+    result = onnx.FunctionProto()
+    result.CopyFrom(function)
+    for node in _walk_nodes(result.node):
+        if node.op_type != "Constant" or not is_onnx(node.domain) or len(node.attribute) != 1:
+            continue
+        attr = node.attribute[0]
+        if attr.ref_attr_name or attr.name not in ("value_ints", "value_floats"):
+            continue
+        ints = attr.name == "value_ints"
+        values = list(attr.ints if ints else attr.floats)
+        tensor = helper.make_tensor("", onnx.TensorProto.INT64 if ints else onnx.TensorProto.FLOAT, [len(values)], values)
+        del node.attribute[:]
+        node.attribute.append(helper.make_attribute("value", tensor))
+    return result
+
+
 def _custom_calls(model: onnx.ModelProto) -> list[tuple[str, str]]:
     """Distinct (domain, op_type) of custom nodes in the main graph (and its subgraphs) and in the
     model's functions, in order of first appearance."""
@@ -439,7 +470,8 @@ def attach_functions(model: onnx.ModelProto, registry: Registry | None = None) -
 
     Bodies the model already has but at another ONNX opset than the model's own (a file passed
     through ``onnx.version_converter``, which leaves or drops them) are converted to the model's
-    opset. Edits ``model`` in place; the caller saves it (``opbridge attach`` does both).
+    opset. List constants in the bodies become 1-D tensors (:func:`portable_constants`). Edits
+    ``model`` in place; the caller saves it (``opbridge attach`` does both).
 
     Example:
         >>> import onnx, onnx.version_converter, torch, bridge, custom_ops
@@ -461,7 +493,7 @@ def attach_functions(model: onnx.ModelProto, registry: Registry | None = None) -
     for index, function in enumerate(model.functions):
         source = onnx_opset(function)
         if target is not None and source is not None and source != target:
-            model.functions[index].CopyFrom(convert_function(function, target))
+            model.functions[index].CopyFrom(portable_constants(convert_function(function, target)))
             changed.append(name_of(function.domain, function.name))
     have = {(f.domain, f.name) for f in model.functions}
     while True:  # an attached body may call further custom ops
@@ -472,7 +504,8 @@ def attach_functions(model: onnx.ModelProto, registry: Registry | None = None) -
             have.add(key)
             if spec is not None and spec.function is not None:
                 proto = spec.function.to_function_proto()
-                bodies.append((spec.qualname, convert_function(proto, target) if target is not None else proto))
+                proto = convert_function(proto, target) if target is not None else proto
+                bodies.append((spec.qualname, portable_constants(proto)))
         if not bodies:
             return changed
         for qualname, proto in bodies:
