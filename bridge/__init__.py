@@ -27,6 +27,7 @@ _PUBLIC: dict[str, tuple[str, str]] = {
     "BridgeOp": ("bridge.opdef", "BridgeOp"),
     "register": ("bridge.opdef", "register"),
     "export": ("exporters.export", "export"),
+    "attach_functions": ("exporters.opsets", "attach_functions"),
     "TIERS": ("ort_kernels.tiers", "NAMES"),
     "session": ("bridge.sessions", "session"),
     "check_parity": ("bridge.parity", "check_parity"),

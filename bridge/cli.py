@@ -13,6 +13,7 @@ Examples (the demo model is the default ``--model``)::
     opbridge check --inline --runtime openvino     # the inlined file in OpenVINO
     opbridge doctor --build               # build the native library, say what it serves
     opbridge build -o dist/               # the deployable native library + manifest.json
+    opbridge attach in.onnx -o out.onnx   # re-attach function bodies at the file's opset
 """
 
 from __future__ import annotations
@@ -40,10 +41,12 @@ from bridge.parity import check_parity
 from bridge.progress import enable as enable_progress
 from bridge.progress import format_table
 from bridge.registry import REGISTRY
-from bridge.sessions import session
+from bridge.sessions import load_model, session
 from bridge.testing import ModelCase, OpModule, cases
-from exporters.export import export
+from exporters.export import DEFAULT_OPSET, export
 from exporters.inline import custom_op_types, inline_file
+from exporters.opsets import attach_functions, onnx_opset
+from exporters.portable import required_ir_version
 from ort_kernels import build
 from ort_kernels.tiers import NAMES as TIER_NAMES
 from ort_kernels.tiers import TIERS
@@ -147,7 +150,7 @@ def cmd_ops(args) -> int:
 def cmd_export(args) -> int:
     case = _load_case(args.model)
     proto = export(case.model, case.args, args.output, dynamic_shapes=case.dynamic_shapes,
-                   functions=not args.no_functions, inline=args.inline)
+                   functions=not args.no_functions, inline=args.inline, opset_version=args.opset)
     tensors = [a.detach().numpy() for a in case.args]
     np.savez(_inputs_path(args.output), **dict(zip((i.name for i in proto.graph.input), tensors)))
     size = os.path.getsize(args.output)
@@ -290,6 +293,35 @@ def cmd_build(args) -> int:
     return 0
 
 
+def cmd_attach(args) -> int:
+    """Give a file (e.g. one ``onnx.version_converter`` or another tool rewrote) the registered
+    function bodies it lacks, at its own opset; write it whole or not at all."""
+    proto = load_model(args.model_file)
+    onnx.external_data_helper.load_external_data_for_model(proto, os.path.dirname(os.path.abspath(args.model_file)))
+    changed = attach_functions(proto, REGISTRY)
+    proto.ir_version = max(proto.ir_version, required_ir_version(proto))
+    try:
+        onnx.checker.check_model(proto, full_check=True)
+    except Exception as e:  # noqa: BLE001  checker errors are one line for the user
+        raise OpBridgeError(f"{args.model_file} fails onnx.checker after attaching bodies. Got {type(e).__name__}: "
+                            f"{str(e)[:300]}. Export the model again with opbridge.") from None
+    target = Path(args.output or args.model_file)
+    external = proto.ByteSize() >= 1 << 31  # NOTE: protobuf's 2 GiB limit
+    # NOTE: the .onnx lands whole or not at all (temp file in the target folder, then rename)
+    with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".onnx", delete=False) as tmp:
+        pass
+    try:
+        onnx.save_model(proto, tmp.name, save_as_external_data=external,
+                        location=target.name + ".data" if external else None)
+        os.replace(tmp.name, target)
+    finally:
+        if os.path.exists(tmp.name):
+            os.unlink(tmp.name)
+    print(f"{'attached or converted ' + ', '.join(changed) if changed else 'nothing to attach'} "
+          f"(ONNX opset {onnx_opset(proto)}); wrote {target}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="opbridge", description=__doc__.split("\n")[0])
     parser.add_argument("--ops", action="append", default=[], metavar="MODULE",
@@ -307,6 +339,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", default="model.onnx")
     p.add_argument("--no-functions", action="store_true", help="do not attach model-local function bodies")
     p.add_argument("--inline", action="store_true", help="replace each custom node by its ONNX body (standard ONNX only)")
+    p.add_argument("--opset", type=int, default=DEFAULT_OPSET, help=f"ONNX opset, 17 and up (default {DEFAULT_OPSET})")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("inline", help="replace each custom node of an .onnx file by its ONNX function body")
@@ -327,6 +360,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("build", help="write the deployable native library (registered ops) and a manifest")
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="folder to write into (created)")
     p.set_defaults(func=cmd_build)
+
+    p = sub.add_parser("attach", help="re-attach the registered function bodies a file lacks, at its opset")
+    p.add_argument("model_file")
+    p.add_argument("-o", "--output", help="file to write (default: replace MODEL_FILE, atomically)")
+    p.set_defaults(func=cmd_attach)
 
     p = sub.add_parser("check", help="export, run in ORT and compare against eager (parity table)")
     p.add_argument("--model", default=DEFAULT_MODEL, help="MODULE:FACTORY returning a ModelCase")

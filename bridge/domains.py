@@ -12,10 +12,13 @@ import onnx
 # NOTE: the ONNX standard's own domains; a node here is run by every conforming runtime.
 ONNX_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training"})
 # NOTE: onnxruntime's internal domains: they appear in files onnxruntime optimised and saved
-# (`optimized_model_filepath`); onnxruntime runs them itself, they are not custom ops.
+# (`optimized_model_filepath`); onnxruntime runs them itself, they are not custom ops. A file saved
+# at ORT_ENABLE_ALL (onnxruntime 1.32) imports com.microsoft(.nchwc/.experimental), org.pytorch.aten,
+# ai.onnx.training and ai.onnx.preview besides the ONNX domains.
 RUNTIME_DOMAINS = frozenset({
     "com.microsoft", "com.microsoft.nchwc", "com.microsoft.experimental", "com.microsoft.dml",
-    "com.ms.internal.nhwc", "com.microsoft.mlfeaturizers",
+    "com.ms.internal.nhwc", "com.microsoft.mlfeaturizers", "org.pytorch.aten", "ai.onnx.training",
+    "ai.onnx.preview",
 })
 
 

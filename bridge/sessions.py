@@ -107,8 +107,9 @@ def session(
     """An ``onnxruntime.InferenceSession`` for ``model`` whose custom ops all have kernels.
 
     ``tier`` names a kernel tier of ``ort_kernels.tiers``. ``"function"`` runs each custom node
-    through its model-local ONNX function (attached from the registry when the file lacks it), so
-    plain ONNX Runtime needs nothing else.
+    through its model-local ONNX function (attached from the registry when the file lacks it, and
+    converted to the file's opset, e.g. after ``onnx.version_converter``), so plain ONNX Runtime
+    needs nothing else.
     ``tier="native"`` loads the C++ kernel library (built on first use, or ``native_library=``
     / ``$OPBRIDGE_NATIVE_LIBRARY`` for a prebuilt one); ``tier="python"`` runs
     the ops' own eager implementations through onnxruntime-extensions (float32, prototyping).

@@ -14,12 +14,14 @@ from collections.abc import Callable, Sequence
 import onnx
 import torch
 
+from bridge.domains import all_nodes, is_custom
 from bridge.errors import OpBridgeError
 from bridge.progress import step
 from bridge.registry import REGISTRY, Registry
-from exporters.functions import attach_functions, ensure_opset_imports
 from exporters.inline import inline_functions
 from exporters.names import dim_names, name_custom_outputs, name_graph_io, rename_dims
+from exporters.opsets import attach_functions, convert_model, onnx_opset
+from exporters.portable import relativize_paths, stamp_ir_version
 from exporters.rewrites import functionalize_mutations, torchbind_to_ops
 from exporters.translation import symbolic_attribute_error, translation_table
 
@@ -27,6 +29,7 @@ from exporters.translation import symbolic_attribute_error, translation_table
 logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
 
 DEFAULT_OPSET = 20
+TORCH_MIN_OPSET = 18  # NOTE: below it, torch.onnx writes 18 and the bridge converts (exporters.opsets)
 # NOTE: namespaces torch.onnx translates by itself; any other op must come from the registry.
 _TORCH_NAMESPACES = {"aten", "prim", "prims", "_operator", "math", "higher_order", "torchvision"}
 _SINGLE_FILE_LIMIT = 1 << 31  # protobuf's 2 GiB: past it the weights go to external data
@@ -77,6 +80,13 @@ def check_program(program: torch.export.ExportedProgram, registry: Registry) -> 
                 raise symbolic_attribute_error(spec, p.name, shown)
 
 
+def _ensure_opset_imports(model: onnx.ModelProto, registry: Registry) -> None:
+    present = {o.domain for o in model.opset_import}
+    for domain in sorted({n.domain for n in all_nodes(model) if is_custom(n.domain)} - present):
+        versions = {s.version for s in registry if s.domain == domain}
+        model.opset_import.append(onnx.helper.make_opsetid(domain, max(versions or {1})))
+
+
 DEFAULT_REWRITES: tuple[Callable, ...] = (torchbind_to_ops, functionalize_mutations)
 
 
@@ -102,10 +112,13 @@ def export(
     state as attributes; mutating ops -> functional twins), then ``torch.onnx.export(dynamo=True)``
     with the registry's translation table, attaches model-local function bodies
     (``functions=True``) so plain ONNX Runtime runs the file, and validates with ``onnx.checker`` (full check). Small
-    models are written as one file. ``inline=True`` replaces every custom node by its body
-    (standard ONNX only, for runtimes other than onnxruntime; see ``exporters.inline``).
-    ``input_names``/``output_names`` rename the graph's inputs/outputs; dynamic dims take the
-    names of their ``torch.export.Dim``; outputs of multi-output custom nodes are ``<op>_out<i>``.
+    models are written as one file. Any ``opset_version`` from 17 up works: function bodies are
+    converted to it. The file carries the lowest IR version it needs (opset <= 20: IR <= 9) and
+    no absolute path of this machine (source locations are relative to their package).
+    ``inline=True`` replaces every custom node by its body (standard ONNX only, for runtimes other
+    than onnxruntime; see ``exporters.inline``). ``input_names``/``output_names`` rename the graph's
+    inputs/outputs; dynamic dims take the names of their ``torch.export.Dim``; outputs of
+    multi-output custom nodes are ``<op>_out<i>``.
 
     Example:
         >>> import torch, bridge, custom_ops
@@ -131,15 +144,22 @@ def export(
             warnings.simplefilter("ignore")
             onnx_program = torch.onnx.export(
                 program, dynamo=True, custom_translation_table=translation_table(reg),
-                opset_version=opset_version, optimize=True, verify=False, external_data=False,
+                opset_version=max(opset_version, TORCH_MIN_OPSET), optimize=True, verify=False, external_data=False,
             )
     proto = onnx_program.model_proto
-    ensure_opset_imports(proto, reg)
+    if opset_version < TORCH_MIN_OPSET:
+        proto = convert_model(proto, opset_version, reg, attach=False)
+    if onnx_opset(proto) != opset_version:
+        raise OpBridgeError(f"torch.onnx could not write the model at ONNX opset {opset_version}. Got opset "
+                            f"{onnx_opset(proto)}. Export at opset_version={onnx_opset(proto)} or higher.")
+    relativize_paths(proto)
+    _ensure_opset_imports(proto, reg)
     name_custom_outputs(proto, reg)
     name_graph_io(proto, input_names, output_names)
     rename_dims(proto, dim_names(program, model, args, kwargs, dynamic_shapes))
     if functions:
         attach_functions(proto, reg)
+    stamp_ir_version(proto)
     if inline:
         proto = inline_functions(proto, reg)  # runs the full check itself
     if check and not inline:

@@ -17,7 +17,7 @@ import onnx.inliner
 from bridge.errors import OpBridgeError
 from bridge.progress import step
 from bridge.registry import REGISTRY, Registry
-from exporters.functions import attach_functions
+from exporters.opsets import attach_functions
 
 # NOTE: domains every ONNX runtime knows; a node in any other domain must be inlined away.
 STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml"})

@@ -13,7 +13,7 @@ from bridge.domains import all_nodes, custom_nodes
 from bridge.errors import UnsupportedInTier
 from bridge.registry import Registry
 from bridge.spec import OpSpec
-from exporters.functions import attach_functions
+from exporters.opsets import attach_functions
 from ort_kernels.base import Prepared, Tier
 
 

@@ -13,7 +13,8 @@ from bridge.domains import custom_nodes
 from bridge.errors import OpBridgeError, UnsupportedInTier
 from bridge.registry import Registry
 from bridge.spec import OpSpec
-from ort_kernels.base import Prepared, Tier, helper_functions, with_library
+from exporters.opsets import attach_functions
+from ort_kernels.base import Prepared, Tier, with_library
 from ort_kernels.build import library_path, native_source, served_ops
 
 # NOTE: the one env var naming a prebuilt library for every native session.
@@ -34,17 +35,22 @@ class NativeTier(Tier):
     def prepare(self, model: onnx.ModelProto, registry: Registry, options: ort.SessionOptions | None,
                 library: str | os.PathLike | None = None) -> Prepared:
         served = served_ops(registry)
-        helpers = helper_functions(model, registry)
-        missing = [f"{d}::{t}" for d, t in custom_nodes(model) if (d, t) not in served and (d, t) not in helpers]
+        # NOTE: a node with neither a C++ kernel nor a model-local body runs its registered body,
+        # attached at the file's opset (helper functions the model carries run as they are)
+        unserved = [key for key in custom_nodes(model) if key not in served]
+        attached = bool(unserved) and bool(attach_functions(model, registry))
+        local = {(f.domain, f.name) for f in model.functions}
+        missing = [f"{d}::{t}" for d, t in unserved if (d, t) not in local]
         if missing:
             raise UnsupportedInTier(
-                f"tier 'native' has no C++ kernel for {', '.join(missing)}. Got ops {missing}. Add "
-                "ort_kernels/cpu/<op>.cc (or native= on @bridge.op, op.register_native), or use tier='function'."
+                f"tier 'native' has no C++ kernel for {', '.join(missing)}, nor a function body to run instead. "
+                f"Got ops {missing}. "
+                "Add ort_kernels/cpu/<op>.cc (or native= on @bridge.op, op.register_native), or a function body."
             )
         # NOTE: drop the model-local functions the library serves, so that the C++ kernels, not the
         # function bodies, are what this session runs.
         keep = [f for f in model.functions if (f.domain, f.name) not in served]
-        changed = len(keep) != len(model.functions)
+        changed = attached or len(keep) != len(model.functions)
         del model.functions[:]
         model.functions.extend(keep)
         library = os.fspath(library or os.environ.get(LIBRARY_ENV) or library_path(registry))

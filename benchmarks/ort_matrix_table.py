@@ -1,0 +1,96 @@
+"""Render an ORT-matrix JSON (``benchmarks/ort_matrix.py``) as a markdown table; optionally put it
+into the README between ``<!-- ort-matrix:start -->`` and ``<!-- ort-matrix:end -->``.
+
+    python benchmarks/ort_matrix_table.py [benchmarks/results/ort_matrix.json] [--readme README.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+DEFAULT_JSON = ROOT / "benchmarks" / "results" / "ort_matrix.json"
+START, END = "<!-- ort-matrix:start -->", "<!-- ort-matrix:end -->"
+
+
+def refusal(error: str) -> str:
+    """A short reason for a file onnxruntime would not load (its own words, shortened)."""
+    m = re.search(r"[Uu]nsupported model IR version: (\d+), max supported IR version: (\d+)", error)
+    if m:
+        return f"IR {m.group(1)} > {m.group(2)}"
+    m = re.search(r"[Oo]pset (\d+) is under development", error)
+    if m:
+        top = re.search(r"is till opset (\d+)", error)
+        return f"opset {m.group(1)} > {top.group(1)}" if top else f"opset {m.group(1)} unknown"
+    return error.split("\n")[0][:60]
+
+
+def cell(rows: list[dict]) -> str:
+    passed = [r for r in rows if r["status"] == "pass"]
+    if len(passed) == len(rows):
+        return f"{len(passed)}/{len(rows)} pass"
+    errors = {refusal(r["error"]) for r in rows if r["status"] == "error"}
+    if not passed and len(errors) == 1 and all(r["status"] == "error" for r in rows):
+        return f"refused ({errors.pop()})"
+    bad = sorted({r["case"] for r in rows if r["status"] != "pass"})
+    return f"{len(passed)}/{len(rows)} pass; fail: {', '.join(bad)}"
+
+
+def render(result: dict) -> str:
+    """The markdown table (plus one line saying what was run) of one matrix result: one row per
+    onnxruntime release, one column per opset; a cell says both tiers' result when they agree."""
+    opsets, tiers = result["opsets"], ("function", "native")
+    head = ["onnxruntime (numpy)"] + [f"opset {o}" for o in opsets]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for v in result["versions"]:
+        label = f"{v['onnxruntime']} ({v['numpy']})" if v.get("onnxruntime") else f"{v['requested']} (not installed)"
+        cells = []
+        for o in opsets:
+            if not v["rows"]:
+                cells.append(f"not run ({v.get('error', '?')[:50]})")
+                continue
+            per_tier = {t: cell([r for r in v["rows"] if r["opset"] == o and r["tier"] == t]) for t in tiers}
+            same = len(set(per_tier.values())) == 1
+            cells.append(per_tier["function"] if same else "; ".join(f"{t}: {c}" for t, c in per_tier.items()))
+        lines.append("| " + " | ".join([label, *cells]) + " |")
+    ir = result.get("ir_versions", {})
+    lines.append("| file IR version | " + " | ".join(str(ir.get(str(o), "?")) for o in opsets) + " |")
+    made = result["exported_with"]
+    lines.append("")
+    lines.append(f"Each cell: {len(result['cases'])} files ({', '.join(result['cases'])}) in the function tier "
+                 "(the file as exported) and in the native tier (the library registered); one result when both "
+                 f"agree. Files exported once per opset by "
+                 f"opbridge (torch {made['torch']}, onnx {made['onnx']}); native: `opbridge build` (C API "
+                 f"{result['c_api']}) built with onnxruntime {made['onnxruntime']}; each onnxruntime in its own venv "
+                 f"with only onnxruntime + numpy; outputs compared with eager torch at the parity tolerances; "
+                 f"{result['date']}.")
+    return "\n".join(lines)
+
+
+def update_readme(readme: Path, table: str) -> None:
+    text = readme.read_text()
+    if START not in text or END not in text:
+        raise SystemExit(f"{readme} has no {START} ... {END} markers")
+    before, rest = text.split(START, 1)
+    _, after = rest.split(END, 1)
+    readme.write_text(f"{before}{START}\n{table}\n{END}{after}")
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("json", nargs="?", default=str(DEFAULT_JSON))
+    parser.add_argument("--readme", help="README to update between the ort-matrix markers")
+    args = parser.parse_args(argv)
+    table = render(json.loads(Path(args.json).read_text()))
+    if args.readme:
+        update_readme(Path(args.readme), table)
+    print(table)
+    return table
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
