@@ -16,6 +16,7 @@ from bridge.domains import is_custom, is_onnx
 from bridge.errors import OpBridgeError
 from bridge.progress import step
 from bridge.registry import REGISTRY, Registry
+from exporters.derive import attach_derived
 from exporters.rewrites import functionalize_mutations, torchbind_to_ops
 from exporters.translation import symbolic_attribute_error, translation_table
 
@@ -74,7 +75,8 @@ def check_program(program: torch.export.ExportedProgram, registry: Registry) -> 
 def attach_functions(model: onnx.ModelProto, registry: Registry) -> list[str]:
     """Add each custom node's function body to ``model.functions``; return the ops added.
 
-    The function's standard-ONNX opset import is aligned to the model's own.
+    The function's standard-ONNX opset import is aligned to the model's own. An op with no written
+    body gets one derived from its PyTorch implementation (``exporters.derive.attach_derived``).
     """
     have = {(f.domain, f.name) for f in model.functions}
     model_opsets = {o.domain: o.version for o in model.opset_import}
@@ -97,7 +99,7 @@ def attach_functions(model: onnx.ModelProto, registry: Registry) -> list[str]:
         model.functions.append(proto)
         have.add(key)
         added.append(spec.qualname)
-    return added
+    return added + attach_derived(model, registry)
 
 
 def _ensure_opset_imports(model: onnx.ModelProto, registry: Registry) -> None:
