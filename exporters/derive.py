@@ -291,9 +291,16 @@ _onnx_registries: dict[int, Any] = {}
 
 
 def _onnx_export(program, opset: int, registry: Registry):
-    nested = {node.target: registry.for_overload(node.target) for node in program.graph.nodes
-              if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
-              and registry.for_overload(node.target) is not None}
+    nested = {}
+    for node in program.graph.nodes:
+        inner = registry.for_overload(node.target) if isinstance(node.target, torch._ops.OpOverload) else None
+        if inner is None:
+            continue
+        if inner.function is not None:
+            nested[node.target] = inner  # NOTE: stays a node, run by its written body
+        elif not torch._C._dispatch_has_kernel_for_dispatch_key(inner.overload.name(), "CompositeImplicitAutograd"):
+            raise _Untraceable(f"its implementation calls custom op {inner.qualname}, which has no written body "
+                               "(derived bodies do not nest)")
     if nested or _onnx_core is None:  # NOTE: an implementation calling bridged ops: their translations
         return torch.onnx.export(program, dynamo=True, opset_version=opset, optimize=True, verify=False,
                                  external_data=False,
@@ -766,10 +773,9 @@ def _derive(spec: OpSpec, fn: Callable, site: Site, opset: int, registry: Regist
                            f"{spec.num_outputs} tensors")
     model = _to_onnx(program, opset, registry)
     for node in model.graph.node:
-        inner = registry.find(node.domain, node.op_type) if is_custom(node.domain) else None
-        if is_custom(node.domain) and (inner is None or inner.function is None):
-            raise _Untraceable(f"its implementation calls custom op {node.domain}::{node.op_type}, which has no "
-                               "written body (derived bodies do not nest)")
+        if is_custom(node.domain) and registry.find(node.domain, node.op_type) is None:
+            raise _Untraceable(f"its trace holds custom node {node.domain}::{node.op_type}, which opbridge has "
+                               "no record of")
     _avoid_racy_scatter(model)
     racy = _racy_nodes(model.graph.node)
     if racy:
