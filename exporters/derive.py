@@ -72,8 +72,8 @@ class NoPortableBody(OpBridgeError):
 
     def __init__(self, qualname: str, reason: str):
         self.qualname, self.reason = qualname, reason
-        super().__init__(f"{qualname} has no portable ONNX body: {reason}. Got no function= body and an "
-                         "implementation that cannot be traced. Give the op a function= body "
+        super().__init__(f"{qualname} has no portable ONNX body: {reason}. Got no function= body, and none "
+                         "can be derived from its implementation. Give the op a function= body "
                          "(op.register_function), or use tier='native' or 'python'.")
 
 
@@ -102,10 +102,6 @@ class Site:
         """What any body for this site must agree on: dtypes, ranks, present inputs, list lengths."""
         return (tuple(None if t is None else (t.dtype, len(t.dims)) for t in self.tensors),
                 tuple((n, len(v)) if isinstance(v, (list, tuple)) else (n, type(v).__name__) for n, v in self.attrs))
-
-    @property
-    def symbolic(self) -> bool:
-        return any(isinstance(d, str) for t in self.tensors if t is not None for d in t.dims)
 
     def describe(self) -> str:
         shown = [f"{str(t.dtype).replace('torch.', '')}[{','.join(map(str, t.dims))}]" if t else "None"
@@ -476,7 +472,7 @@ def _function(spec: OpSpec, model: onnx.ModelProto, roles: dict[str, tuple], par
     graph = model.graph
     names = _Names({p.name for p in spec.params})
     nodes: list[onnx.NodeProto] = []
-    whole: dict[str, str] = {}  # list attribute -> the value holding all its elements
+    whole: set[str] = set()  # int[] attributes whose Constant (all elements) is emitted
     for inp in graph.input:
         role = roles[inp.name]
         if role[0] == "tensor" or role[2] is None:  # a tensor, or an int attribute: the op's own name
@@ -489,7 +485,7 @@ def _function(spec: OpSpec, model: onnx.ModelProto, roles: dict[str, tuple], par
             continue
         _, p, j = role  # one element of an int[] attribute
         if p.name not in whole:
-            whole[p.name] = p.name
+            whole.add(p.name)
             node = helper.make_node("Constant", [], [p.name])
             node.attribute.append(_ref("value_ints", onnx.AttributeProto.INTS, p.name))
             nodes.append(node)
