@@ -3,6 +3,7 @@
 Examples (the demo model is the default ``--model``)::
 
     opbridge ops
+    opbridge ops --show-body opbridge::crop   # the op's portable ONNX body (written or derived)
     opbridge export -o demo.onnx          # also writes demo.inputs.npz
     opbridge export --inline -o demo_inline.onnx   # custom nodes replaced by their ONNX bodies
     opbridge inline demo.onnx -o demo_inline.onnx  # the same for a file exported earlier
@@ -43,6 +44,7 @@ from bridge.progress import format_table
 from bridge.registry import REGISTRY
 from bridge.sessions import load_model, session
 from bridge.testing import ModelCase, OpModule, cases
+from exporters.derive import body_status, show_body
 from exporters.export import DEFAULT_OPSET, export
 from exporters.inline import custom_op_types, inline_file
 from exporters.opsets import attach_functions, onnx_opset
@@ -109,16 +111,21 @@ def _inputs_path(onnx_path: str) -> str:
 
 
 def cmd_ops(args) -> int:
+    if args.show_body:
+        spec = REGISTRY.functional(REGISTRY.get(args.show_body))
+        print(show_body(spec, opset=DEFAULT_OPSET))
+        return 0
     rows = []
     for spec in REGISTRY:
         onnx_spec = REGISTRY.functional(spec)
+        body, body_note = body_status(onnx_spec, opset=DEFAULT_OPSET)
         rows.append({
             "op": spec.qualname, "onnx": f"{spec.domain}::{spec.name} v{spec.version}",
             "inputs": [p.name for p in spec.tensors],
             "attributes": {p.name: p.attr_type.name + ("(bool)" if p.is_bool else "") for p in spec.attributes},
             "mutates": list(spec.mutated), "torchbind": list(spec.torchbind), "dtypes": [str(d).replace("torch.", "") for d in spec.dtypes],
             "fake": spec.has_fake, "autograd": spec.has_autograd, "reference": spec.reference is not None,
-            "samples": spec.sample_inputs is not None,
+            "samples": spec.sample_inputs is not None, "body": body, "body_note": body_note,
             "tiers": {name: tier.why_not(onnx_spec) is None for name, tier in TIERS.items()},
             "skipped": {name: {str(d).replace("torch.", ""): why for d in spec.dtypes
                                if (why := tier.why_not(onnx_spec, d)) and tier.why_not(onnx_spec) is None}
@@ -129,10 +136,10 @@ def cmd_ops(args) -> int:
         print(json.dumps(rows, indent=2))
         return 0
     mark = {True: "yes", False: "-"}
-    head = ("op", "onnx node", "attributes", "fake", "autograd", "ref", "samples", *TIER_NAMES)
+    head = ("op", "onnx node", "attributes", "fake", "autograd", "ref", "samples", "body", *TIER_NAMES)
     print(format_table([head] + [
         (r["op"], r["onnx"], ",".join(f"{k}:{v}" for k, v in r["attributes"].items()) or "-",
-         mark[r["fake"]], mark[r["autograd"]], mark[r["reference"]], mark[r["samples"]],
+         mark[r["fake"]], mark[r["autograd"]], mark[r["reference"]], mark[r["samples"]], r["body"],
          *(mark[r["tiers"][t]] for t in TIER_NAMES)) for r in rows]))
     for r in rows:
         for tier_name, dtypes in r["skipped"].items():
@@ -143,6 +150,10 @@ def cmd_ops(args) -> int:
             print(f"note: {r['op']} also stands for torchbind {method} (object state -> attributes)")
         for gap in r["missing"]:
             print(f"note: {r['op']} lacks {gap}")
+        if r["body"] == "none":
+            print(f"note: {r['op']} has no portable body (function tier): {r['body_note']}")
+        elif r["body_note"]:
+            print(f"note: {r['op']} body: {r['body_note']}")
     print(f"{len(rows)} ops registered")
     return 0
 
@@ -205,6 +216,8 @@ def cmd_check(args) -> int:
         if why is not None and not args.inline:
             raise OpBridgeError(f"tier {args.tier!r} cannot run {spec.qualname}: {why}. Got --tier {args.tier}. "
                                 "Pick another tier (opbridge ops shows which run it), or add what it lacks.")
+        if args.tier == "function" and body_status(REGISTRY.functional(spec), opset=DEFAULT_OPSET)[0] == "derived":
+            print(f"note: {spec.qualname} runs the ONNX body derived from its PyTorch implementation")
         # NOTE: dtypes a tier does not run are reported as skipped, with the tier's reason
         run = [d for d in spec.dtypes if args.inline or tier.why_not(REGISTRY.functional(spec), d) is None]
         skipped = [f"{spec.qualname} {str(d).replace('torch.', '')} (tier {args.tier} "
@@ -332,6 +345,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("ops", help="list registered ops, their pieces and kernel tiers")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--show-body", metavar="NS::NAME",
+                   help="print the op's portable ONNX body (written, or derived from its first sample)")
     p.set_defaults(func=cmd_ops)
 
     p = sub.add_parser("export", help="export a model to ONNX (+ its example inputs as .inputs.npz)")

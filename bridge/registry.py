@@ -148,7 +148,9 @@ class Registry:
             defs.register_schema(displaced)
 
     def missing(self, spec: OpSpec) -> list[str]:
-        """What ``spec`` still lacks, as short phrases (empty when complete)."""
+        """What ``spec`` still lacks, as short phrases (empty when complete). A function body is not
+        among them: without one, export derives it from the implementation (``opbridge ops`` says
+        whether it can)."""
         gaps = []
         if not spec.has_fake:
             gaps.append("fake kernel (register_fake / fake=): export and shape inference need it")
@@ -157,8 +159,6 @@ class Registry:
                         "independent result")
         if spec.sample_inputs is None:
             gaps.append("sample inputs (register_samples / sample_inputs=): opcheck and parity tables need them")
-        if spec.function is None:
-            gaps.append("function body (register_function / function=): the portable ONNX-function tier needs it")
         return gaps
 
     def check_complete(self, qualname: str | None = None) -> dict[str, list[str]]:

@@ -44,7 +44,7 @@ def build_onnx_schema(spec) -> defs.OpSchema:
     return schema
 
 
-def _fake_input(mode, type_proto: onnx.TypeProto, first_hint: int, symbols: dict):
+def _fake_input(mode, type_proto: onnx.TypeProto, first_hint: int, symbols: dict, hints: dict):
     tt = type_proto.tensor_type
     dims, dynamic, params = [], [], []
     for i, d in enumerate(tt.shape.dim):
@@ -52,7 +52,9 @@ def _fake_input(mode, type_proto: onnx.TypeProto, first_hint: int, symbols: dict
             dims.append(d.dim_value)
             dynamic.append(DimDynamic.STATIC)
         else:
-            dims.append(first_hint + i)
+            # NOTE: one dim_param, one hint: the ShapeEnv (duck sizing) gives equal hints one symbol,
+            # so dims the model says are equal stay equal in the fake kernel
+            dims.append(hints.setdefault(d.dim_param, first_hint + i) if d.HasField("dim_param") else first_hint + i)
             dynamic.append(DimDynamic.DYNAMIC)
         params.append(d.dim_param if d.HasField("dim_param") else None)
     real = torch.empty(dims, dtype=torch_dtype(tt.elem_type), device="meta")
@@ -82,6 +84,7 @@ def infer_from_fake(spec, ctx) -> None:
     """
     mode = FakeTensorMode(shape_env=ShapeEnv())
     symbols: dict = {}
+    hints: dict = {}
     args = []
     index = 0
     for p in spec.params:
@@ -96,7 +99,7 @@ def infer_from_fake(spec, ctx) -> None:
                 return  # input type unknown yet: nothing to infer
             if not tp.HasField("tensor_type") or not tp.tensor_type.HasField("shape"):
                 return
-            args.append(_fake_input(mode, tp, _HINT_BASE + 8 * index, symbols))
+            args.append(_fake_input(mode, tp, _HINT_BASE + 8 * index, symbols, hints))
         else:
             attr = ctx.get_attribute(p.name)
             if attr is None:

@@ -18,6 +18,7 @@ from bridge.domains import all_nodes, is_custom
 from bridge.errors import OpBridgeError
 from bridge.progress import step
 from bridge.registry import REGISTRY, Registry
+from exporters.derive import attach_derived
 from exporters.inline import inline_functions
 from exporters.names import dim_names, name_custom_outputs, name_graph_io, rename_dims
 from exporters.opsets import attach_functions, convert_model, onnx_opset
@@ -159,6 +160,7 @@ def export(
     rename_dims(proto, dim_names(program, model, args, kwargs, dynamic_shapes))
     if functions:
         attach_functions(proto, reg)
+        attach_derived(proto, reg)  # ops with no written body get one from their implementation
     stamp_ir_version(proto)
     if inline:
         proto = inline_functions(proto, reg)  # runs the full check itself

@@ -1,5 +1,6 @@
 """The function tier: each custom node runs its model-local ONNX function body (standard ONNX ops),
-so plain onnxruntime, or any runtime that inlines functions, runs the file with nothing else."""
+so plain onnxruntime, or any runtime that inlines functions, runs the file with nothing else.
+The body is the op's written one, or one derived from its PyTorch implementation (exporters.derive)."""
 
 from __future__ import annotations
 
@@ -9,10 +10,12 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from bridge.domains import all_nodes, custom_nodes
+from bridge.domains import all_nodes, is_custom
 from bridge.errors import UnsupportedInTier
 from bridge.registry import Registry
 from bridge.spec import OpSpec
+from exporters.derive import attach_derived, body_status, last_failure
+from exporters.export import DEFAULT_OPSET
 from exporters.opsets import attach_functions
 from ort_kernels.base import Prepared, Tier
 
@@ -22,18 +25,23 @@ class FunctionTier(Tier):
     summary = "the op's ONNX function body, stored in the model: plain onnxruntime runs the file"
 
     def why_not(self, spec: OpSpec, dtype: torch.dtype | None = None) -> str | None:
-        return None if spec.function is not None else "no function body (register_function / function=)"
+        kind, note = body_status(spec, dtype, DEFAULT_OPSET)
+        return f"no portable body: no function= body, and none derived ({note})" if kind == "none" else None
 
     def prepare(self, model: onnx.ModelProto, registry: Registry, options: ort.SessionOptions | None,
                 library: str | os.PathLike | None = None) -> Prepared:
-        added = attach_functions(model, registry)
-        local = {(f.domain, f.name) for f in model.functions}
-        missing = [f"{d}::{t}" for d, t in custom_nodes(model) if (d, t) not in local]
+        added = attach_functions(model, registry) + attach_derived(model, registry)
+        local = {(f.domain, f.name, f.overload) for f in model.functions}
+        missing = sorted({(n.domain, n.op_type) for n in all_nodes(model)
+                          if is_custom(n.domain) and (n.domain, n.op_type, n.overload) not in local})
         if missing:
+            why = [f"{d}::{t}: {_why(registry, d, t)}" for d, t in missing]
+            missing = [f"{d}::{t}" for d, t in missing]
             raise UnsupportedInTier(
-                f"tier 'function' cannot run {', '.join(missing)}: no model-local function and no "
-                f"registered function body. Got ops {missing}. Give the op a function= body "
-                "(op.register_function), or use tier='native'."
+                f"tier 'function' cannot run {', '.join(missing)}: no model-local function, no written "
+                f"function body and none derived from the implementation. Got {'; '.join(why)}. Give the op "
+                "a function= body (op.register_function), make its implementation traceable, or use "
+                "tier='native' or 'python'."
             )
         _check_optional_inputs(model, registry)
         return Prepared(options, changed=bool(added))
@@ -68,3 +76,10 @@ def _names_read(nodes) -> set[str]:
             for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
                 names |= _names_read(g.node) | {o.name for o in g.output}
     return names
+
+
+def _why(registry: Registry, domain: str, name: str) -> str:
+    spec = registry.find(domain, name)
+    if spec is None:
+        return "not registered"
+    return last_failure(spec.qualname) or "no body"

@@ -46,12 +46,13 @@ def pytest_configure(config):
 @pytest.fixture
 def bare_op_model(registry, fresh_name, tmp_path):
     """(name, path): a model calling an op that has a fake kernel and nothing else (no function
-    body, no C++ kernel), exported with the private registry."""
+    body, no C++ kernel, a NumPy implementation no body can be derived from), exported with the
+    private registry."""
     name = fresh_name("bare")
 
     @bridge.op(name, fake=lambda x: torch.empty_like(x), registry=registry)
     def bare(x: torch.Tensor) -> torch.Tensor:
-        return x.clone()
+        return torch.from_numpy(x.numpy().copy())
 
     class M(torch.nn.Module):
         def forward(self, x):

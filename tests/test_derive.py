@@ -1,0 +1,268 @@
+"""Bodies derived from an op's PyTorch implementation (exporters/derive.py): ops with no ONNX code."""
+
+import dataclasses
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from torch.export import Dim
+
+import bridge
+from bridge.testing import OpModule, cases
+from exporters import derive
+from ort_kernels.tiers import TIERS
+from tests.vendor import plain_ops
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _run_plain_ort(path, feeds):
+    """Plain onnxruntime, no opbridge: the file must carry everything."""
+    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
+    names = [i.name for i in sess.get_inputs()]
+    return [sess.run(None, dict(zip(names, (t.numpy() for t in feed)))) for feed in feeds]
+
+
+def _assert_matches(model, feeds, results, **tol):
+    with torch.no_grad():
+        for feed, got in zip(feeds, results):
+            expected = model(*feed)
+            expected = expected if isinstance(expected, tuple) else (expected,)
+            for e, g in zip(expected, got):
+                np.testing.assert_allclose(g, e.numpy(), **tol)
+
+
+def _no_racy_scatter(proto):
+    return not any(n.op_type == "ScatterND" and any(a.name == "reduction" and a.s != b"none" for a in n.attribute)
+                   for f in proto.functions for n in f.node)
+
+
+@pytest.fixture
+def without_written_body():
+    """Strip a registered op's written body for one test (the registry swaps records back after)."""
+    kept = []
+
+    def strip(qualname):
+        spec = bridge.REGISTRY.get(qualname)
+        kept.append(spec)
+        bridge.REGISTRY.replace(dataclasses.replace(spec, function=None))
+        return bridge.REGISTRY.get(qualname)
+
+    yield strip
+    for spec in kept:
+        bridge.REGISTRY.replace(spec)
+
+
+def test_plain_torch_op_without_function_exports_and_runs_in_plain_ort_at_two_sizes(registry, fresh_name, tmp_path):
+    name = fresh_name("window_mix")
+
+    @bridge.op(name, fake=lambda x, index, k, gain, window: torch.empty_like(x), registry=registry)
+    def window_mix(x: torch.Tensor, index: torch.Tensor, k: int, gain: float, window: list[int]) -> torch.Tensor:
+        lo, hi = window
+        scores = (x[:, lo:x.shape[1] - hi] * gain).exp().sum(-1, keepdim=True)   # elementwise + reduction
+        picked = torch.zeros_like(x).index_add_(0, index, x.index_select(0, index) * k)  # indexing
+        return picked / scores
+
+    class M(torch.nn.Module):
+        def forward(self, x, index):
+            return window_mix(x, index, 3, 0.5, [1, 2])
+
+    g = torch.Generator().manual_seed(0)
+    feeds = [(torch.randn(6, 9, generator=g), torch.tensor([0, 2, 2, 5, 2, 0, 1, 1, 3, 2])),
+             (torch.randn(11, 13, generator=g), torch.tensor([10, 4, 4, 4]))]
+    path = tmp_path / "m.onnx"
+    proto = bridge.export(M(), feeds[0], path, registry=registry,
+                          dynamic_shapes=({0: Dim("n"), 1: Dim("c")}, {0: Dim("m")}))
+    body = next(f for f in proto.functions if f.name == "window_mix")
+    assert "derived by opbridge" in body.doc_string
+    assert list(body.input) == ["x", "index"] and set(body.attribute) == {"k", "window"}  # ints stay attributes
+    assert _no_racy_scatter(proto)  # index_add became ScatterElements
+    results = _run_plain_ort(path, feeds)
+    _assert_matches(M(), feeds, results, rtol=1e-5, atol=1e-6)
+    # duplicate indices accumulate in one order: the same bits on every run
+    again = [_run_plain_ort(path, feeds[:1])[0][0] for _ in range(5)]
+    assert all(np.array_equal(a, results[0][0]) for a in again)
+
+
+def test_derived_scatter_of_two_index_columns_with_negative_indices(registry, fresh_name, tmp_path):
+    name = fresh_name("grid_add")
+
+    @bridge.op(name, fake=lambda grid, rows, cols, values: torch.empty_like(grid), registry=registry)
+    def grid_add(grid: torch.Tensor, rows: torch.Tensor, cols: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+        return grid.index_put((rows, cols), values, accumulate=True)
+
+    class M(torch.nn.Module):
+        def forward(self, grid, rows, cols, values):
+            return grid_add(grid, rows, cols, values)
+
+    feeds = [(torch.randn(4, 5, 3), torch.tensor([0, -1, 3, 0]), torch.tensor([1, 1, -5, 1]), torch.randn(4, 3)),
+             (torch.randn(7, 6, 3), torch.tensor([6, 6, -7]), torch.tensor([0, 0, 5]), torch.randn(3, 3))]
+    path = tmp_path / "g.onnx"
+    proto = bridge.export(M(), feeds[0], path, registry=registry, dynamic_shapes=(
+        {0: Dim("h"), 1: Dim("w")}, {0: Dim("p")}, {0: Dim("p")}, {0: Dim("p")}))
+    assert _no_racy_scatter(proto)
+    _assert_matches(M(), feeds, _run_plain_ort(path, feeds), rtol=1e-5, atol=1e-6)
+
+
+def test_op_registered_from_a_plain_torch_package_with_nothing_else(registry, tmp_path):
+    bridge.register(plain_ops.gated_pool, registry=registry)  # no function=, reference nor samples
+
+    class M(torch.nn.Module):
+        def forward(self, x, index):
+            return torch.ops.vendor_plain.gated_pool(x, index, 2, 1.5, [2, 1])
+
+    g = torch.Generator().manual_seed(1)
+    feeds = [(torch.randn(5, 8, generator=g), torch.tensor([4, 0, 0, 3])),
+             (torch.randn(12, 6, generator=g), torch.tensor([1, 11, 11, 11, 0, 7, 3]))]
+    path = tmp_path / "vendor.onnx"
+    proto = bridge.export(M(), feeds[0], path, registry=registry,
+                          dynamic_shapes=({0: Dim("n"), 1: Dim("c")}, {0: Dim("m")}))
+    assert [(f.domain, f.name) for f in proto.functions] == [("vendor_plain", "gated_pool")]
+    _assert_matches(M(), feeds, _run_plain_ort(path, feeds), rtol=1e-5, atol=1e-6)
+
+
+def test_composite_kernel_of_an_op_defined_elsewhere_is_its_body(registry):
+    # NOTE: torch.export decomposes such an op inside models by itself; its own body comes from the
+    # same decomposition (what `opbridge ops` and --show-body use)
+    op = bridge.register("vendor_plain::soft_clip", registry=registry,
+                         sample_inputs=lambda dtype: [bridge.SampleInput((torch.randn(3, 4).to(dtype), 0.5))])
+    assert derive.body_status(op.spec, registry=registry) == ("derived", None)
+    assert "Tanh" in derive.show_body(op.spec, registry=registry)
+
+
+def test_numpy_op_has_no_portable_body_and_still_runs_native(without_written_body, tmp_path):
+    spec = without_written_body("opbridge::numpy_sin")
+    twin = bridge.REGISTRY.functional(spec)
+    kind, reason = derive.body_status(twin)
+    assert kind == "none" and ".numpy()" in reason and "\n" not in reason
+    assert "no portable body" in TIERS["function"].why_not(twin)
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            out = torch.empty_like(x)
+            torch.ops.opbridge.numpy_sin(x, out)
+            return out
+
+    x = torch.randn(3, 4)
+    path = tmp_path / "np.onnx"
+    proto = bridge.export(M(), (x,), path)  # export still works: no body attached
+    assert not proto.functions
+    with pytest.raises(bridge.UnsupportedInTier, match=r"opbridge::numpy_sin: tracing its implementation failed "
+                                                       r"\(RuntimeError: \.numpy\(\)"):
+        bridge.session(path)
+    assert bridge.check_parity(M(), (x,), tier="native").passed
+
+
+def _derived_cases():
+    out = []
+    for name in ("opbridge::crop", "opbridge::paste"):
+        spec = bridge.REGISTRY.get(name)
+        out += cases([spec], dtypes=(torch.float32,))
+        out += [c for d in (torch.float16, torch.float64) for c in cases([spec], dtypes=(d,))[:1]]
+    return out
+
+
+DERIVED = _derived_cases()
+ALL_SEED = cases([bridge.REGISTRY.get("opbridge::crop"), bridge.REGISTRY.get("opbridge::paste")])
+
+
+def _derived_vs_written(case, strip):
+    module, tensors = OpModule.from_sample(case.spec, case.sample)
+    written = bridge.check_parity(module, tensors)
+    assert written.passed, written
+    strip(case.spec.qualname)
+    module, tensors = OpModule.from_sample(bridge.REGISTRY.get(case.spec.qualname), case.sample)
+    proto = bridge.export(module, tensors)
+    assert all("derived by opbridge" in f.doc_string for f in proto.functions)
+    derived = bridge.check_parity(module, tensors)
+    assert derived.passed, derived
+    assert all(o.max_abs == 0 for o in derived.outputs)  # crop and paste move values: exact
+
+
+@pytest.mark.parametrize("case", DERIVED, ids=[c.id for c in DERIVED])
+def test_crop_and_paste_with_derived_and_written_bodies_match_eager(case, without_written_body):
+    _derived_vs_written(case, without_written_body)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", ALL_SEED, ids=[c.id for c in ALL_SEED])
+def test_crop_and_paste_derived_over_every_sample_and_dtype(case, without_written_body):
+    _derived_vs_written(case, without_written_body)
+
+
+def test_crop_derived_at_a_dynamic_size_serves_other_sizes(without_written_body, tmp_path):
+    without_written_body("opbridge::crop")
+
+    class M(torch.nn.Module):
+        def forward(self, img):
+            return torch.ops.opbridge.crop(img, [1, 2, 5, 4]), torch.ops.opbridge.crop(img, [2, 0, 4, 3])
+
+    g = torch.Generator().manual_seed(2)
+    feeds = [(torch.randn(3, 6, 7, generator=g),), (torch.randn(2, 9, 11, generator=g),)]
+    path = tmp_path / "crop.onnx"
+    proto = bridge.export(M(), feeds[0], path, dynamic_shapes=({0: Dim("n"), 1: Dim("h"), 2: Dim("w")},))
+    assert [list(f.attribute) for f in proto.functions] == [["box"]]  # one body, box read from each node
+    _assert_matches(M(), feeds, _run_plain_ort(path, feeds), rtol=0, atol=0)
+
+
+def test_body_keyed_by_baked_values_gets_one_overload_each(registry, fresh_name, tmp_path):
+    name = fresh_name("scale")
+
+    @bridge.op(name, fake=lambda x, s: torch.empty_like(x), registry=registry)
+    def scale(x: torch.Tensor, s: float) -> torch.Tensor:
+        return x * s
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return scale(x, 2.0) + scale(x, 0.25) + scale(x, 2.0)
+
+    x = torch.randn(4)
+    proto = bridge.export(M(), (x,), tmp_path / "s.onnx", registry=registry)
+    overloads = sorted(f.overload for f in proto.functions)
+    assert len(overloads) == 2 and all(o.startswith("derived_") for o in overloads)
+    assert bridge.check_parity(M(), (x,), registry=registry).passed
+
+
+def test_cli_shows_body_kind_and_the_body():
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    r = subprocess.run([sys.executable, "-m", "bridge", "ops", "--show-body", "opbridge::crop"],
+                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("# opbridge::crop: written body") and "crop <box>(img) =>" in r.stdout
+    onnx.parser.parse_function(r.stdout.split("\n", 1)[1])  # the onnx.printer text parses back
+
+
+def test_cli_names_the_op_without_portable_body_and_why(tmp_path):
+    (tmp_path / "np_ops.py").write_text(
+        "import dataclasses, torch, bridge\n"
+        "spec = bridge.REGISTRY.get('opbridge::numpy_sin')\n"
+        "bridge.REGISTRY.replace(dataclasses.replace(spec, function=None))\n"
+        "@bridge.op('np_cli::halve', fake=lambda x: torch.empty_like(x), reference=lambda x: x / 2,\n"
+        "           sample_inputs=lambda dtype: [bridge.SampleInput((torch.randn(3, 4).to(dtype),))])\n"
+        "def halve(x: torch.Tensor) -> torch.Tensor:\n"
+        "    return x / 2\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]))
+
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "bridge", "-q", "--ops", "np_ops", *args], capture_output=True,
+                              text=True, env=env, cwd=tmp_path, timeout=600)
+
+    r = run("ops")
+    assert r.returncode == 0, r.stderr
+    assert ("note: opbridge::numpy_sin has no portable body (function tier): tracing its implementation failed "
+            "(RuntimeError: .numpy() is not supported") in r.stdout
+    row = next(line for line in r.stdout.splitlines() if line.startswith("np_cli::halve"))
+    assert " derived " in row
+    r = run("ops", "--show-body", "np_cli::halve")
+    assert r.returncode == 0 and "derived from its implementation at float32[3,4]" in r.stdout, r.stderr
+    r = run("check", "--op", "opbridge::numpy_sin")
+    assert r.returncode == 2 and "tier 'function' cannot run opbridge::numpy_sin: no portable body" in r.stderr
+    assert ".numpy()" in r.stderr and "Traceback" not in r.stderr
+    r = run("check", "--op", "opbridge::numpy_sin", "--tier", "native")
+    assert r.returncode == 0 and "0 failed" in r.stdout, r.stdout + r.stderr
