@@ -21,7 +21,6 @@ import re
 import time
 from collections.abc import Callable, Sequence
 
-import numpy as np
 import onnx
 import torch
 from torch.export.graph_signature import InputKind
@@ -31,6 +30,7 @@ from bridge.domains import is_custom
 from bridge.errors import OpBridgeError
 from bridge.progress import format_table, step
 from bridge.sessions import load_model, session
+from ort_kernels.function import FunctionTier
 
 _FX_NODE_KEY = "pkg.torch.onnx.fx_node"
 _FX_NAME = re.compile(r"^%([\w.]+)\s*:")
@@ -43,8 +43,9 @@ class NodeParity:
     ``node``: the ONNX node's name; ``op``: ``domain::op_type`` and the torch op it came from;
     ``inputs``: the compared values it depends on (through ONNX-only values in between);
     ``inputs_ok``: all of those within tolerance; ``via``: the ONNX nodes between those inputs and
-    this node's outputs (one torch op often becomes several ONNX nodes); ``body``: the op types of
-    the model-local function a custom node calls (the function tier runs them).
+    this node's outputs (one torch op often becomes several ONNX nodes); ``body``: in the function
+    tier, the op types of the model-local function a custom node runs (its values are not compared:
+    eager has none inside a custom op).
     """
 
     index: int  # position in the ONNX graph (topological order)
@@ -83,7 +84,8 @@ class NodeParity:
     def describe(self) -> str:
         """One line: node, op, what went wrong, and whether its inputs were fine."""
         o = self.worst_output
-        what = o.note or f"max abs err {o.max_abs:.3g}, {o.mismatches}/{o.numel} elements past rtol/atol {o.rtol:g}/{o.atol:g}"
+        what = o.note or (f"max abs err {o.max_abs:.3g}, {o.mismatches}/{o.numel} elements past rtol/atol "
+                          f"{o.rtol:g}/{o.atol:g}")
         inputs = ", ".join(self.inputs) or "graph inputs and constants only"
         state = "within tolerance" if self.inputs_ok else "NOT all within tolerance"
         return f"ONNX node {self.node!r} {self.op}: output {o.name!r} {what}; its inputs ({inputs}) are {state}"
@@ -147,15 +149,15 @@ class Localization:
         return format_table([head] + rows)
 
     def __str__(self) -> str:
-        lines = [f"localization (run {self.run}, ORT tier {self.tier} vs eager, node by node; "
-                 f"{len(self.nodes)} nodes compared, {self.uncompared} ONNX-only nodes covered by them; "
+        lines = [f"localization (run {self.run}, ORT tier {self.tier} vs eager, node by node: {len(self.nodes)} "
+                 f"nodes compared, {self.uncompared} ONNX-only nodes checked through the nodes they feed; "
                  f"{self.seconds:.2f} s):", self.summary()]
         d = self.first_divergence
         if d is not None:
             if len(d.via) > 1:
                 lines.append(f"  computed by ONNX nodes: {', '.join(d.via)}")
             if d.body:
-                lines.append(f"  runs a model-local function in the function tier: {', '.join(d.body)}")
+                lines.append(f"  its model-local function body (not compared inside): {', '.join(d.body)}")
             lines.append(f"  worst elements of {d.worst_output.name}:")
             for w in d.worst:
                 lines.append(f"    at {tuple(w['index'])}: eager {w['eager']:.6g}  ort {w['ort']:.6g}  "
@@ -243,17 +245,24 @@ def eager_values(program: torch.export.ExportedProgram, args: Sequence, kwargs: 
     return recorder.values
 
 
-def with_outputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
-    """A copy of ``model`` whose main graph also outputs the values ``names`` (typed from value_info)."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
-    have = {o.name for o in out.graph.output}
-    typed = {v.name: v for v in out.graph.value_info}
+def add_outputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto:
+    """Make the main graph of ``model`` (edited in place) also output the values ``names``, typed from
+    its value_info where known (onnxruntime infers the rest); return it.
+
+    >>> from onnx import helper
+    >>> x, z = helper.make_tensor_value_info("x", 1, [2]), helper.make_tensor_value_info("z", 1, [2])
+    >>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"]), helper.make_node("Neg", ["y"], ["z"])],
+    ...                       "g", [x], [z])
+    >>> [o.name for o in add_outputs(helper.make_model(g), ["y", "z"]).graph.output]
+    ['z', 'y']
+    """
+    have = {o.name for o in model.graph.output}
+    typed = {v.name: v for v in model.graph.value_info}
     for name in names:
         if name not in have:
-            out.graph.output.append(typed[name] if name in typed else onnx.helper.make_empty_tensor_value_info(name))
+            model.graph.output.append(typed[name] if name in typed else onnx.helper.make_empty_tensor_value_info(name))
             have.add(name)
-    return out
+    return model
 
 
 def _ort_feed(sess, args: Sequence, kwargs: dict | None) -> dict:
@@ -285,7 +294,7 @@ def localize(
     kwargs: dict | None = None,
     *,
     compare: Callable,
-    tier: str = "function",
+    tier: str = FunctionTier.name,
     registry=None,
     rtol=None,
     atol=None,
@@ -312,16 +321,15 @@ def localize(
         ([('node_relu', True), ('node_identity_conv', True), ('node_add', True)], None)
     """
     start = time.perf_counter()
-    proto = load_model(model)
+    proto = load_model(model)  # a private copy: the probe outputs go into it
     with step("localize: eager intermediates"):
         eager = eager_values(program, args, kwargs)
     graph = proto.graph
     exact = {i.name for i in graph.input} | {t.name for t in graph.initializer}
     candidates = [out for node in graph.node for out in node.output
                   if out and out in eager and out not in exact]
-    probe = with_outputs(proto, candidates)
     with step(f"localize: onnxruntime intermediates ({tier} tier)"):
-        sess = session(probe, tier=tier, registry=registry)
+        sess = session(add_outputs(proto, candidates), tier=tier, registry=registry)
         available = {o.name for o in sess.get_outputs()}
         names = [n for n in candidates if n in available]
         try:
@@ -331,7 +339,9 @@ def localize(
                                 f"Got {type(e).__name__}: {str(e)[:500]}. Check the inputs against the kernels' "
                                 "contract (the check itself ran them).") from e
     results = {n: compare(n, eager[n], values[n], rtol=rtol, atol=atol) for n in names}
-    nodes, uncompared = _walk(graph, results, _fx_targets(program), _bodies(proto))
+    # NOTE: only the function tier runs the bodies; the other tiers drop the ones they serve
+    bodies = _bodies(proto) if tier == FunctionTier.name else {}
+    nodes, uncompared = _walk(graph, results, _fx_targets(program), bodies)
     first = next((n for n in nodes if not n.passed and n.inputs_ok), None) or \
         next((n for n in nodes if not n.passed), None)
     return Localization(tier, run, nodes, first, uncompared, time.perf_counter() - start)
@@ -368,7 +378,9 @@ def _walk(graph: onnx.GraphProto, results: dict, targets: dict[str, str], bodies
         if not compared:
             uncompared += 1
             continue
-        fx = next((o for o in node.output if o in results), "")
+        # NOTE: the node's own FX node (metadata) first: the optimizer may have renamed its output
+        # after a later no-op node (a copy), whose eager value is the same tensor
+        fx = _fx_name(node) or next(o for o in node.output if o in results)
         inputs = sorted(ancestors, key=producer.__getitem__)
         via = [f"{graph.node[j].name} ({graph.node[j].op_type})" for j in sorted(segment)
                if graph.node[j].op_type != "Constant"]
@@ -376,7 +388,7 @@ def _walk(graph: onnx.GraphProto, results: dict, targets: dict[str, str], bodies
         body = bodies.get((domain, node.op_type), []) if is_custom(domain) else []
         nodes.append(NodeParity(
             index=i, node=node.name or f"#{i}", onnx_op=f"{domain}::{node.op_type}",
-            torch_op=targets.get(fx) or targets.get(_fx_name(node) or "", ""), fx_node=_fx_name(node) or fx,
+            torch_op=targets.get(fx, ""), fx_node=fx,
             outputs=compared, inputs=inputs, inputs_ok=all(results[a].passed for a in ancestors),
             via=via, body=body))
     return nodes, uncompared

@@ -10,6 +10,7 @@ Two deliberately broken models:
 """
 
 import importlib
+import re
 import json
 import os
 import subprocess
@@ -283,3 +284,35 @@ def test_python_tier_runs_the_leaky_ops_eager_code_so_its_body_bug_cannot_show(t
     # NOTE: the python tier's kernel is the op's own eager implementation, not its function body
     out = _python_tier(_PYTHON_TIER_LEAKY, tmp_path)
     assert out["passed"] and not out["localized"], out["text"]
+
+
+def _skeleton(text: str) -> list[str]:
+    """The text without its numbers and column padding: what a fresh run must reproduce exactly."""
+    number = re.compile(r"-?\d+(\.\d+)?(e[-+]?\d+)?")
+    return [" ".join(number.sub("#", line).split()) for line in text.strip().splitlines()]
+
+
+def test_readme_parity_failure_example_prints_what_the_readme_shows(tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    code = re.search(r"```python\n# parity_failure.py\n(.*?)```", readme, re.S).group(1)
+    shown = re.search(r"checks this block against a fresh run\):\n\n```text\n(.*?)```", readme, re.S).group(1)
+    (tmp_path / "parity_failure.py").write_text(code)
+    r = subprocess.run([sys.executable, "parity_failure.py"], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert _skeleton(r.stdout) == _skeleton(shown)
+    assert "first divergence at ONNX node 'node_leaky' mine::leaky" in r.stdout
+
+
+@pytest.mark.slow
+def test_localize_cost_benchmark_runs(tmp_path):
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import localize_cost
+
+    result = localize_cost.main(["--repeats", "1", "--json", str(tmp_path / "cost.json")])
+    passing, failing = result["passing"]["calls"], result["failing"]["calls"]
+    assert passing["True"] == passing["False"] == {"sessions": 1, "eager interpretations": 0, "passed": True,
+                                                     "localization_s": 0.0}
+    assert (failing["False"]["sessions"], failing["True"]["sessions"]) == (1, 2)
+    assert failing["True"]["eager interpretations"] == 1 and not failing["True"]["passed"]
+    assert (tmp_path / "cost.json").exists()
