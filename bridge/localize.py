@@ -176,9 +176,8 @@ class Localization:
         ax.set_xticks(range(len(names)))
         ax.set_xticklabels(names, rotation=90, fontsize=6)
         ax.set_ylabel("max |ORT - eager| per node")
-        title = "red: first divergence" if self.first_divergence else "no divergence"
-        if self.first_divergence is not None:
-            title += f" ({self.first_divergence.node}, {self.first_divergence.op})"
+        d = self.first_divergence
+        title = f"red: first divergence ({d.node}, {d.op}); orange: fails after it" if d else "no divergence"
         ax.set_title(title, fontsize=8)
 
 
