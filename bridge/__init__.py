@@ -36,8 +36,8 @@ _PUBLIC: dict[str, tuple[str, str]] = {
     "ParityReport": ("bridge.parity", "ParityReport"),
     "ModelCase": ("bridge.testing", "ModelCase"),
 }
-_SUBMODULES = ("cli", "domains", "dtypes", "errors", "functional", "opdef", "parity", "progress", "registry",
-               "schema", "sessions", "spec", "testing")
+_SUBMODULES = ("cli", "domains", "dtypes", "errors", "functional", "localize", "opdef", "parity", "progress",
+               "registry", "schema", "sessions", "spec", "testing")
 
 __all__ = sorted(_PUBLIC)
 

@@ -12,6 +12,7 @@ Examples (the demo model is the default ``--model``)::
     opbridge check --op bev::bev_pool_v2  # one op over its dtypes and sample inputs
     opbridge check --tier native          # the same through the C++ kernel library
     opbridge check --inline --runtime openvino     # the inlined file in OpenVINO
+    opbridge check --localize             # on a mismatch, name the first ONNX node that diverges
     opbridge doctor --build               # build the native library, say what it serves
     opbridge build -o dist/               # the deployable native library + manifest.json
     opbridge attach in.onnx -o out.onnx   # re-attach function bodies at the file's opset
@@ -225,13 +226,14 @@ def cmd_check(args) -> int:
         for case in cases([spec], dtypes=tuple(run)):
             module, tensors = OpModule.from_sample(spec, case.sample)
             reports.append(check_parity(module, tensors, tier=args.tier, rtol=args.rtol, atol=args.atol,
-                                        name=case.id, inline=args.inline, runtime=args.runtime))
+                                        name=case.id, inline=args.inline, runtime=args.runtime,
+                                        localize=args.localize))
     else:
         case = _load_case(args.model)
         reports.append(check_parity(case.model, case.args, dynamic_shapes=case.dynamic_shapes,
                                     extra_args=case.extra_args, tier=args.tier, rtol=args.rtol,
                                     atol=args.atol, path=args.output, name=case.name or args.model,
-                                    inline=args.inline, runtime=args.runtime))
+                                    inline=args.inline, runtime=args.runtime, localize=args.localize))
     for r in reports:
         print(r)
         print()
@@ -393,6 +395,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", help="keep the exported .onnx here")
     p.add_argument("--json", help="write the report(s) as JSON to this file")
     p.add_argument("--plot", metavar="PNG", help="write a histogram of the errors per output (needs matplotlib)")
+    p.add_argument("--localize", nargs="?", const=True, default=False, choices=["always"],
+                   help="on a failure, compare every intermediate value and name the first node that diverges "
+                        "(--localize always: also when the check passes)")
     p.set_defaults(func=cmd_check)
     return parser
 

@@ -16,9 +16,11 @@ from torch.utils import _pytree as pytree
 from bridge.dtypes import numpy_dtype
 from bridge.errors import OpBridgeError
 from bridge.openvino_runtime import session as openvino_session
+from bridge.localize import Localization, wanted
+from bridge.localize import localize as localize_run
 from bridge.progress import format_table, step
 from bridge.sessions import session
-from exporters.export import export
+from exporters.export import export_with_program
 
 # NOTE: (rtol, atol) per dtype; |ort - eager| <= atol + rtol * |eager| passes. float16's
 # rtol admits one ulp (2**-10); float32/float64 admit summation-order differences.
@@ -140,14 +142,22 @@ class ParityReport:
     outputs: list[OutputParity]
     onnx_path: str | None = None
     runtime: str = "onnxruntime"
+    localization: Localization | None = None  # node by node, when check_parity(localize=...) ran it
 
     @property
     def passed(self) -> bool:
         return bool(self.outputs) and all(o.passed for o in self.outputs)
 
+    @property
+    def first_divergence(self):
+        """The first ONNX node whose outputs leave tolerance while its inputs are within it (a
+        ``bridge.localize.NodeParity``), when localization ran and found one; else None."""
+        return None if self.localization is None else self.localization.first_divergence
+
     def to_dict(self) -> dict:
         return {"model": self.model, "tier": self.tier, "runtime": self.runtime, "passed": self.passed,
-                "onnx_path": self.onnx_path, "outputs": [o.to_dict() for o in self.outputs]}
+                "onnx_path": self.onnx_path, "outputs": [o.to_dict() for o in self.outputs],
+                "localization": None if self.localization is None else self.localization.to_dict()}
 
     def to_json(self, **kwargs) -> str:
         def clean(v):  # JSON has no inf
@@ -165,7 +175,9 @@ class ParityReport:
             import matplotlib.pyplot as plt
         except ImportError:
             raise OpBridgeError("plotting needs matplotlib. Got no matplotlib. pip install 'opbridge[plot]'.") from None
-        fig, ax = plt.subplots(figsize=(7, 4))
+        fig, axes = plt.subplots(2 if self.localization else 1, 1, squeeze=False,
+                                 figsize=(7, 8 if self.localization else 4))
+        ax = axes[0][0]
         for o in self.outputs:
             if o.errors is None or o.errors.size == 0:
                 continue
@@ -181,6 +193,8 @@ class ParityReport:
             ax.axvline(np.log10(atol), color="red", linestyle="--", linewidth=1)
         ax.set_title(f"{self.model}\nORT tier {self.tier} vs eager; dashed: atol", fontsize=8)
         ax.legend(fontsize=7)
+        if self.localization is not None:
+            self.localization.plot(axes[1][0])
         fig.tight_layout()
         fig.savefig(os.fspath(path), dpi=100)
         plt.close(fig)
@@ -203,12 +217,15 @@ class ParityReport:
             for w in o.worst:
                 lines.append(f"  at {tuple(w['index'])}: eager {w['eager']:.6g}  ort {w['ort']:.6g}  "
                              f"abs err {w['abs_err']:.3g}")
+        if self.localization is not None:
+            lines.append(str(self.localization))
         return "\n".join(lines)
 
     def assert_ok(self) -> None:
-        """Raise AssertionError with the table when any output fails."""
+        """Raise AssertionError with the table (first line: the divergent node, if localized) when any output fails."""
         if not self.passed:
-            raise AssertionError("opbridge parity failed\n" + str(self))
+            where = f": {self.localization.summary()}" if self.localization is not None else ""
+            raise AssertionError(f"opbridge parity failed{where}\n" + str(self))
 
 
 def _tensor_leaves(tree) -> list[torch.Tensor]:
@@ -252,6 +269,7 @@ def check_parity(
     name: str | None = None,
     inline: bool = False,
     runtime: str = "onnxruntime",
+    localize: bool | str = False,
 ) -> ParityReport:
     """Export ``model``, run eager and ORT on ``args`` (and each of ``extra_args``), compare outputs.
 
@@ -259,6 +277,9 @@ def check_parity(
     or a ``{dtype: float}`` map. ``extra_args`` reuse the same ONNX file (dynamic shapes).
     ``inline=True`` checks the inlined file (custom nodes replaced by their bodies; tier
     "inlined"); ``runtime="openvino"`` runs it in OpenVINO (``bridge.openvino_runtime``).
+    ``localize=True``: when a run fails, compare every intermediate value too and report the first
+    node that diverges (``report.first_divergence``; ``bridge.localize``); a passing check costs
+    nothing extra. ``localize="always"`` compares the intermediates of the first run even when it passes.
 
     Example:
         >>> import torch, bridge, custom_ops
@@ -277,13 +298,14 @@ def check_parity(
                             f"tier={tier!r}. Drop tier= to check the inlined file, or inline= to check the tier.")
     with tempfile.TemporaryDirectory() as tmp:
         onnx_path = os.fspath(path) if path is not None else os.path.join(tmp, "model.onnx")
-        export(model, args, onnx_path, kwargs=kwargs, dynamic_shapes=dynamic_shapes, registry=registry,
-               inline=inline)
+        exported = export_with_program(model, args, onnx_path, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
+                                       registry=registry, inline=inline)
         if runtime == "openvino":
             sess = openvino_session(onnx_path)
         else:
             sess = session(onnx_path, tier=tier, registry=registry)
         rows: list[OutputParity] = []
+        localization = None
         for run, run_args in enumerate([tuple(args), *map(tuple, extra_args)]):
             with step(f"eager + {runtime} run {run + 1}"), torch.no_grad():
                 expected = _tensor_leaves(model(*run_args, **(kwargs or {})))
@@ -295,8 +317,12 @@ def check_parity(
                                     f"Got outputs {names}. Return tensors only from forward().")
             for out_name, e, a in zip(names, expected, actual):
                 rows.append(compare(out_name + suffix, e, a, rtol=rtol, atol=atol))
+            # NOTE: intermediates are compared in onnxruntime; an OpenVINO check reports outputs only
+            if runtime == "onnxruntime" and localization is None and wanted(localize, passed=all(r.passed for r in rows)):
+                localization = localize_run(exported.program, exported.proto, run_args, kwargs, compare=compare,
+                                            tier=tier, registry=registry, rtol=rtol, atol=atol, run=run + 1)
     return ParityReport(label, "inlined" if inline else tier, rows, onnx_path if path is not None else None,
-                        runtime)
+                        runtime, localization=localization)
 
 
 def assert_parity(model: torch.nn.Module, args: Sequence, **kwargs) -> ParityReport:
@@ -309,6 +335,7 @@ def assert_parity(model: torch.nn.Module, args: Sequence, **kwargs) -> ParityRep
     >>> bridge.assert_parity(M(), (torch.randn(1, 1, 2, 2),)).passed
     True
     """
+    kwargs.setdefault("localize", True)  # only a failing check pays for it
     report = check_parity(model, args, **kwargs)
     report.assert_ok()
     return report

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import logging
 import os
@@ -91,6 +92,17 @@ def _ensure_opset_imports(model: onnx.ModelProto, registry: Registry) -> None:
 DEFAULT_REWRITES: tuple[Callable, ...] = (torchbind_to_ops, functionalize_mutations)
 
 
+@dataclasses.dataclass
+class Exported:
+    """An export's ONNX model and the program torch.onnx translated into it: the rewritten
+    ExportedProgram after torch.onnx's own decompositions. Each ONNX value computed from an FX node
+    is named after that node (``pkg.torch.onnx.fx_node`` in the ONNX node's metadata says which),
+    so running ``program`` node by node gives the eager value of every such ONNX value."""
+
+    proto: onnx.ModelProto
+    program: torch.export.ExportedProgram
+
+
 def export(
     model: torch.nn.Module,
     args: Sequence,
@@ -129,6 +141,41 @@ def export(
         >>> proto = bridge.export(M(), (torch.randn(1, 3, 4, 4),))
         >>> [n.op_type for n in proto.graph.node]
         ['identity_conv', 'Add']
+    """
+    return export_with_program(model, args, f, kwargs=kwargs, dynamic_shapes=dynamic_shapes, registry=registry,
+                               functions=functions, opset_version=opset_version, check=check,
+                               rewrites=rewrites, input_names=input_names, output_names=output_names,
+                               inline=inline).proto
+
+
+def export_with_program(
+    model: torch.nn.Module,
+    args: Sequence,
+    f: str | os.PathLike | None = None,
+    *,
+    kwargs: dict | None = None,
+    dynamic_shapes=None,
+    registry: Registry | None = None,
+    functions: bool = True,
+    opset_version: int = DEFAULT_OPSET,
+    check: bool = True,
+    rewrites: Sequence[Callable] | None = None,
+    input_names: Sequence[str] | None = None,
+    output_names: Sequence[str] | None = None,
+    inline: bool = False,
+) -> Exported:
+    """``export`` that also returns the program torch.onnx translated (see :class:`Exported`).
+
+    Example:
+        >>> import torch, bridge, custom_ops
+        >>> class M(torch.nn.Module):
+        ...     def forward(self, x):
+        ...         return torch.relu(torch.ops.opbridge.identity_conv(x, 3))
+        >>> out = export_with_program(M(), (torch.randn(1, 3, 4, 4),))
+        >>> [n.name for n in out.program.graph.nodes if n.op == "call_function"]
+        ['identity_conv', 'relu']
+        >>> [n.output[0] for n in out.proto.graph.node]
+        ['identity_conv', 'relu']
     """
     reg = REGISTRY if registry is None else registry
     args = tuple(args)
@@ -169,7 +216,7 @@ def export(
             onnx.checker.check_model(proto, full_check=True)
     if f is not None:
         save(proto, f)
-    return proto
+    return Exported(proto, onnx_program.exported_program)
 
 
 def save(proto: onnx.ModelProto, f: str | os.PathLike) -> None:
