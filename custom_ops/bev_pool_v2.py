@@ -24,6 +24,7 @@ DOMAIN = values.Opset("bev", 1)
 DOUBLE_ZERO = onnx.helper.make_tensor("zero", onnx.TensorProto.DOUBLE, [], [0.0])
 FLOAT_ZERO = onnx.helper.make_tensor("zero", onnx.TensorProto.FLOAT, [], [0.0])
 FLOAT32 = onnx.TensorProto.FLOAT
+UINT32 = onnx.TensorProto.UINT32
 DOUBLE_ONE = onnx.helper.make_tensor("one", onnx.TensorProto.DOUBLE, [], [1.0])
 # NOTE: 1 + 2^-40 survives a cast only to float64: the function body's test for a float64 input.
 WIDE_PROBE = onnx.helper.make_tensor("probe", onnx.TensorProto.DOUBLE, [], [1.0 + 2.0**-40])
@@ -200,25 +201,22 @@ def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts
     point = op.Where(valid, op.Add(first_col, slots), first_col)
     depth_flat = op.Reshape(depth, minus1)
     feat_rows = op.Reshape(feat, op.Concat(minus1, channels, axis=0))
-    n_depth = op.Shape(depth_flat)
-    n_feat = op.Shape(feat_rows, end=1)
-    rd = op.Cast(op.Gather(ranks_depth, point), to=INT64.dtype)
-    rf = op.Cast(op.Gather(ranks_feat, point), to=INT64.dtype)
-    rd = op.Where(valid, op.Where(op.Or(op.Less(rd, zero), op.GreaterOrEqual(rd, n_depth)), too_big, rd), n_depth)
-    rf = op.Where(valid, op.Where(op.Or(op.Less(rf, zero), op.GreaterOrEqual(rf, n_feat)), too_big, rf), n_feat)
+    # ranks through uint32: a negative rank becomes >= 2^31, out of range; +1 skips the zero pad at 0
+    rd = op.Where(valid, op.Add(op.Cast(op.Cast(op.Gather(ranks_depth, point), to=UINT32), to=INT64.dtype), one), zero)
+    rf = op.Where(valid, op.Add(op.Cast(op.Cast(op.Gather(ranks_feat, point), to=UINT32), to=INT64.dtype), one), zero)
     pad_row = op.Concat(one1, channels, axis=0)
     is_float64 = op.Not(op.Equal(op.Cast(op.CastLike(op.Constant(value=WIDE_PROBE), feat), to=DOUBLE.dtype),
                                  op.Constant(value=DOUBLE_ONE)))
     if is_float64:
         z64 = op.Constant(value=DOUBLE_ZERO)
-        d64 = op.Gather(op.Concat(op.Cast(depth_flat, to=DOUBLE.dtype), op.Expand(z64, one1), axis=0), rd)
-        f64 = op.Gather(op.Concat(op.Cast(feat_rows, to=DOUBLE.dtype), op.Expand(z64, pad_row), axis=0), rf)
-        part = op.ReduceSum(op.Mul(f64, op.Unsqueeze(d64, minus1)), one1, keepdims=0)
+        d64 = op.Gather(op.Concat(op.Expand(z64, one1), op.Cast(depth_flat, to=DOUBLE.dtype), axis=0), rd)
+        f64 = op.Gather(op.Concat(op.Expand(z64, pad_row), op.Cast(feat_rows, to=DOUBLE.dtype), axis=0), rf)
+        part = op.Squeeze(op.MatMul(op.Unsqueeze(d64, one1), f64), one1)
     else:
         z32 = op.Constant(value=FLOAT_ZERO)
-        d32 = op.Gather(op.Concat(op.Cast(depth_flat, to=FLOAT32), op.Expand(z32, one1), axis=0), rd)
-        f32 = op.Gather(op.Concat(op.Cast(feat_rows, to=FLOAT32), op.Expand(z32, pad_row), axis=0), rf)
-        part = op.Cast(op.ReduceSum(op.Mul(f32, op.Unsqueeze(d32, minus1)), one1, keepdims=0), to=DOUBLE.dtype)
+        d32 = op.Gather(op.Concat(op.Expand(z32, one1), op.Cast(depth_flat, to=FLOAT32), axis=0), rd)
+        f32 = op.Gather(op.Concat(op.Expand(z32, pad_row), op.Cast(feat_rows, to=FLOAT32), axis=0), rf)
+        part = op.Cast(op.Squeeze(op.MatMul(op.Unsqueeze(d32, one1), f32), one1), to=DOUBLE.dtype)
     # 2. rounds: rank of each row within its cell
     row_cell = op.Gather(cell, owner)
     starts_cell = op.Not(op.Equal(row_cell, op.Slice(op.Concat(minus1, row_cell, axis=0), zero1, n_rows)))
@@ -242,12 +240,13 @@ def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts
     group_left = op.Sub(op.Gather(cell_rows, op.Gather(op.Sub(op.CumSum(op.Cast(starts_cell, to=INT64.dtype), zero), one), group_first)),
                         op.Gather(rank, group_first))
     group_valid = op.Less(op.Unsqueeze(slots, zero1), op.Unsqueeze(group_left, minus1))
-    src = op.Where(group_valid, op.Add(op.Unsqueeze(group_first, minus1), slots), n_rows)
-    tail_part = op.ReduceSum(op.Gather(op.Concat(part, op.Expand(op.Constant(value=DOUBLE_ZERO), pad_row), axis=0), src),
-                             one1, keepdims=0)
+    group_first_col = op.Unsqueeze(group_first, minus1)
+    src = op.Where(group_valid, op.Add(group_first_col, slots), group_first_col)
+    tail_part = op.ReduceSum(op.Where(op.Unsqueeze(group_valid, minus1), op.Gather(part, src),
+                                      op.Constant(value=DOUBLE_ZERO)), one1, keepdims=0)
     acc = op.ScatterElements(acc, op.Expand(op.Unsqueeze(op.Gather(row_cell, group_first), minus1), op.Shape(tail_part)),
                              tail_part, axis=0, reduction="add")
-    return op.CastLike(op.Transpose(op.Reshape(acc, shape), perm=[0, 4, 1, 2, 3]), feat)
+    return op.Transpose(op.CastLike(op.Reshape(acc, shape), feat), perm=[0, 4, 1, 2, 3])
 
 
 def reference(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths,
