@@ -93,10 +93,18 @@ def round_robin(fns: dict, repeats: int) -> dict[str, float]:
     return {k: statistics.median(v) for k, v in times.items()}
 
 
-def native_session(path, threads: int):
+def session_options(threads: int = 2) -> ort.SessionOptions:
+    """ORT options for sessions timed side by side: ``threads`` intra-op threads, no spinning.
+
+    NOTE: an idle ORT pool spins its threads after each run; with several sessions (and torch's
+    own pool) in one process on 2 cores, the spinning pools of the sessions not running steal the
+    cores from the one that is (measured: native with 2 threads slower than with 1). Real
+    deployments run one session; here none spins, so the side-by-side times stay comparable.
+    """
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
-    return bridge.session(path, tier="native", sess_options=options)
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
 
 
 def measure(repeats: int = 40, quick: bool = False, config: dict | None = None) -> dict:
@@ -112,10 +120,9 @@ def measure(repeats: int = 40, quick: bool = False, config: dict | None = None) 
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "pool.onnx")
         bridge.export(model, inputs, path)
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 2
-        sessions = {NATIVE: native_session(path, 2), NATIVE_1T: native_session(path, 1),
-                    FUNCTION: bridge.session(path, tier="function", sess_options=options)}
+        sessions = {NATIVE: bridge.session(path, tier="native", sess_options=session_options(2)),
+                    NATIVE_1T: bridge.session(path, tier="native", sess_options=session_options(1)),
+                    FUNCTION: bridge.session(path, tier="function", sess_options=session_options(2))}
     feed = bridge.parity.ort_feed(sessions[NATIVE], inputs)
 
     checks = {}
@@ -132,9 +139,9 @@ def measure(repeats: int = 40, quick: bool = False, config: dict | None = None) 
     nbytes = bytes_touched(inputs, expected)
     src = np.ones(nbytes // 4, np.float32)
     dst = np.empty_like(src)
-    fns = {FLOOR: lambda: np.copyto(dst, src)}
-    fns.update({name: (lambda s=s: s.run(None, feed)) for name, s in sessions.items()})
-    fns[EAGER] = lambda: model(*inputs)
+    # NOTE: torch first: its OpenMP threads spin a little after each call, which would slow the next
+    # call; that is then an ORT session's (tens of ms), never the floor's or native's.
+    fns = {EAGER: lambda: model(*inputs)}
     compiled_note = None
     if quick:
         compiled_note = "skipped in --quick mode"
@@ -146,6 +153,8 @@ def measure(repeats: int = 40, quick: bool = False, config: dict | None = None) 
         assert row.passed, row
         checks["compile_vs_eager"] = row.max_abs
         fns[COMPILED] = lambda: compiled(depth, feat, rd, rf, rb, shape)
+    fns.update({name: (lambda s=sessions[name]: s.run(None, feed)) for name in (FUNCTION, NATIVE_1T, NATIVE)})
+    fns[FLOOR] = lambda: np.copyto(dst, src)
     with torch.no_grad():
         ms = round_robin(fns, repeats)
 
@@ -160,7 +169,7 @@ def measure(repeats: int = 40, quick: bool = False, config: dict | None = None) 
         ratios["eager / torch.compile"] = ms[EAGER] / ms[COMPILED]
     return {"config": {**cfg, "grid": list(cfg["grid"])}, "points": int(rd.numel()), "intervals": int(starts.numel()),
             "output_shape": list(expected.shape), "bytes_touched": nbytes, "repeats": repeats,
-            "torch_threads": torch.get_num_threads(), "median_ms": ms,
+            "torch_threads": torch.get_num_threads(), "ort_intra_op_spinning": False, "median_ms": ms,
             "vs_floor": {k: v / ms[FLOOR] for k, v in ms.items()},
             "floor_gbps": nbytes / (ms[FLOOR] * 1e6), "ratios": ratios, "checks": checks, "targets": TARGETS,
             "torch.compile": compiled_note or "compiled"}

@@ -93,8 +93,9 @@ def evidence(r: dict) -> list[str]:
                  + f" | native in [{lo}, {hi}]: {_ok(lo <= native_slope <= hi)} |")
     lines += ["", f"bev_pool_v2 at BEVDet-R50 size, {b['repeats']} round-robin rounds (one call of each per round), "
               "medians:", "", "| implementation | median | x floor | x native |", "|---|---|---|---|"]
-    for name, v in ms.items():
-        lines.append(f"| {name} | {_ms(v)} | {_x(b['vs_floor'][name])} | {_x(v / ms[NATIVE])} |")
+    order = [FLOOR, NATIVE, NATIVE_1T, FUNCTION, EAGER, COMPILED]
+    for name in sorted(ms, key=lambda k: order.index(k) if k in order else len(order)):
+        lines.append(f"| {name} | {_ms(ms[name])} | {_x(b['vs_floor'][name])} | {_x(ms[name] / ms[NATIVE])} |")
     keys = [k for k in (EAGER, NATIVE, FUNCTION, "ORT python") if any(k in row for row in rows)]
     lines += ["", "bev_pool_v2 scaling (C=64, BEVDet-R50 geometry, more depth bins for more points), medians:", "",
               "| points | " + " | ".join(keys) + " |", "|---" * (len(keys) + 1) + "|"]

@@ -127,7 +127,7 @@ def model_runs(case, repeats: int, quick: bool, tiers=("native", "function", "py
             except Exception as e:  # recorded, not faked: the reason goes into the JSON and README
                 notes["AOTInductor"] = _first_line(e)
         for tier in tiers:
-            sess = bridge.session(proto, tier=tier)
+            sess = bridge.session(proto, tier=tier, sess_options=bev.session_options() if tier != "python" else None)
             feed = bridge.parity.ort_feed(sess, case.args)
             assert bridge.compare(tier, expected, sess.run(None, feed)[0]).passed
             fns[f"ORT {tier}"] = lambda s=sess, f=feed: s.run(None, f)
@@ -147,9 +147,7 @@ def scaling(points_targets, repeats: int, python_max: int = 100_000) -> dict:
     proto = bridge.export(model, cases[0][1], dynamic_shapes=({2: d}, None, {0: p}, {0: p}, {0: p}, {0: i}, {0: i}))
     sessions = {}
     for tier in ("native", "function", "python"):
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = 2
-        sessions[tier] = bridge.session(proto, tier=tier, sess_options=options if tier != "python" else None)
+        sessions[tier] = bridge.session(proto, tier=tier, sess_options=bev.session_options() if tier != "python" else None)
     rows = []
     for target, inputs, _ in cases:
         fns = {"eager torch": lambda i=inputs: model(*i)}

@@ -111,7 +111,8 @@ struct Job {
   const int32_t *rd, *rf, *rb, *starts, *lengths;
   int64_t channels, zyx, n_cells;
   uint32_t depth_limit, feat_limit, cell_limit;
-  bool check_points;  // check the ranks in the pass (else they were validated up front)
+  int64_t points, intervals;
+  bool trusted;  // intervals and ranks validated up front (else each task checks its own)
   Out* out;
 };
 
@@ -276,11 +277,35 @@ OPBRIDGE_INLINE bool points_ok(const Job<A, Out>& j, int64_t begin, int64_t end)
   return bad == 0;
 }
 
-// One task of the sorted path: intervals [i0, i1), whose cells lie in [cell_begin, cell_end); writes
-// every output element of those cells. Returns false if a point has an index out of range.
+enum class TaskResult : uint8_t { kDone, kBadRank, kFallBack };
+
+// Do intervals [i0, i1) partition their points (each starts where the previous one ends: the
+// first where interval i0 - 1 ends, or at 0; the last task's end is the last point), with the
+// cells of the non-empty ones strictly increasing inside [cell_begin, cell_end)?
 template <typename A, typename Out>
-OPBRIDGE_INLINE bool pool_sorted_task(const Job<A, Out>& j, int64_t i0, int64_t i1, int64_t cell_begin,
-                                      int64_t cell_end) {
+OPBRIDGE_INLINE bool intervals_ok(const Job<A, Out>& j, int64_t i0, int64_t i1, int64_t cell_begin,
+                                  int64_t cell_end) {
+  int64_t expected = i0 == 0 ? 0 : int64_t{j.starts[i0 - 1]} + j.lengths[i0 - 1];
+  int64_t last = cell_begin - 1;
+  for (int64_t q = i0; q < i1; ++q) {
+    const int64_t start = j.starts[q], length = j.lengths[q];
+    if (start != expected || start < 0 || length < 0 || start + length > j.points) return false;
+    expected = start + length;
+    if (length == 0) continue;
+    const int64_t cell = j.rb[start];
+    if (cell <= last || cell >= cell_end) return false;
+    last = cell;
+  }
+  return i1 < j.intervals || expected == j.points;
+}
+
+// One task of the sorted path: intervals [i0, i1), whose cells lie in [cell_begin, cell_end); writes
+// every output element of those cells. Untrusted input is checked first: kFallBack when the
+// intervals are not such a partition (nothing written), kBadRank when a rank is out of range.
+template <typename A, typename Out>
+OPBRIDGE_INLINE TaskResult pool_sorted_task(const Job<A, Out>& j, int64_t i0, int64_t i1, int64_t cell_begin,
+                                            int64_t cell_end) {
+  if (!j.trusted && !intervals_ok(j, i0, i1, cell_begin, cell_end)) return TaskResult::kFallBack;
   alignas(64) A tile[kScratchBytes / sizeof(A)];
   const int64_t channels = j.channels, zyx = j.zyx;
   const int64_t chunk = std::min<int64_t>(channels, kScratchBytes / static_cast<int64_t>(sizeof(A)) / 8);
@@ -293,10 +318,10 @@ OPBRIDGE_INLINE bool pool_sorted_task(const Job<A, Out>& j, int64_t i0, int64_t 
     bool any = false;
     for (; k < i1 && (j.lengths[k] == 0 || j.rb[j.starts[k]] < b); ++k) any = any || j.lengths[k] > 0;
     Out* out = j.out + (a / zyx) * channels * zyx + a % zyx;
-    // NOTE: check_points means the intervals partition the points (else they were validated up
-    // front), so the tile's points are one contiguous run: checked in one vectorized pass before
-    // any is read through.
-    if (j.check_points && any && !points_ok(j, j.starts[i], j.starts[k - 1] + j.lengths[k - 1])) return false;
+    // NOTE: untrusted intervals were just checked to partition the points, so the tile's points
+    // are one contiguous run: their ranks are checked in one vectorized pass before any is read through.
+    if (!j.trusted && any && !points_ok(j, j.starts[i], int64_t{j.starts[k - 1]} + j.lengths[k - 1]))
+      return TaskResult::kBadRank;
     if (!any) {
       for (int64_t c = 0; c < channels; ++c) std::fill(out + c * zyx, out + c * zyx + cells, Num<Out>::store(A(0)));
     } else {
@@ -319,7 +344,7 @@ OPBRIDGE_INLINE bool pool_sorted_task(const Job<A, Out>& j, int64_t i0, int64_t 
     i = k;
     a = b;
   }
-  return true;
+  return TaskResult::kDone;
 }
 
 // The unsorted path after validation: per-cell sums in interval order (deterministic), serially.
@@ -336,13 +361,13 @@ OPBRIDGE_INLINE void pool_unsorted(const Job<A, Out>& j, int64_t intervals, A* t
 }
 
 // Clones per (accumulator, output) type: the dispatch happens once per call, not per element.
-OPBRIDGE_HOT bool sorted_task(const Job<float, float>& j, int64_t i0, int64_t i1, int64_t c0, int64_t c1) {
+OPBRIDGE_HOT TaskResult sorted_task(const Job<float, float>& j, int64_t i0, int64_t i1, int64_t c0, int64_t c1) {
   return pool_sorted_task(j, i0, i1, c0, c1);
 }
-OPBRIDGE_HOT bool sorted_task(const Job<double, double>& j, int64_t i0, int64_t i1, int64_t c0, int64_t c1) {
+OPBRIDGE_HOT TaskResult sorted_task(const Job<double, double>& j, int64_t i0, int64_t i1, int64_t c0, int64_t c1) {
   return pool_sorted_task(j, i0, i1, c0, c1);
 }
-OPBRIDGE_HOT bool sorted_task(const Job<float, uint16_t>& j, int64_t i0, int64_t i1, int64_t c0, int64_t c1) {
+OPBRIDGE_HOT TaskResult sorted_task(const Job<float, uint16_t>& j, int64_t i0, int64_t i1, int64_t c0, int64_t c1) {
   return pool_sorted_task(j, i0, i1, c0, c1);
 }
 // Cells [begin, end) of the per-cell accumulator into the output.
@@ -373,44 +398,77 @@ OPBRIDGE_HOT void unsorted(const Job<float, uint16_t>& j, int64_t intervals, flo
   pool_unsorted(j, intervals, total);
 }
 
-// What one scan of the intervals says (per block of intervals, then merged).
+// Are the intervals valid (inside the points, lengths >= 0, cells of non-empty ones in the grid),
+// and are those cells strictly increasing? One serial scan (the fall-back path's).
 struct IntervalScan {
-  bool bad = false;        // an interval outside the points, a negative length or a cell out of range
-  bool sorted = true;      // cells of the non-empty intervals strictly increase
-  bool partition = true;   // intervals tile [first start, end) with no gap or overlap
-  int64_t first_start = 0, end = 0;
-  int64_t first_cell = -1, last_cell = -1;  // of the non-empty intervals; -1 if none
+  bool bad = false;
+  bool sorted = true;
 };
 
-IntervalScan scan_intervals(const Indices& ix, int64_t begin, int64_t end, int64_t n_cells) {
+IntervalScan scan_intervals(const Indices& ix, int64_t n_cells) {
   IntervalScan s;
   const int64_t points = ix.ranks_depth.size;
-  s.first_start = begin < end ? ix.interval_starts[begin] : 0;
-  int64_t expected = s.first_start;
-  for (int64_t i = begin; i < end; ++i) {
+  int64_t last = -1;
+  for (int64_t i = 0; i < ix.interval_starts.size; ++i) {
     const int64_t start = ix.interval_starts[i], length = ix.interval_lengths[i];
     if (length < 0 || start < 0 || start + length > points) {
       s.bad = true;
       return s;
     }
-    s.partition = s.partition && start == expected;
-    expected = start + length;
     if (length == 0) continue;
     const int64_t cell = ix.ranks_bev[start];
     if (cell < 0 || cell >= n_cells) {
       s.bad = true;
       return s;
     }
-    s.sorted = s.sorted && cell > s.last_cell;
-    if (s.first_cell < 0) s.first_cell = cell;
-    s.last_cell = cell;
+    s.sorted = s.sorted && cell > last;
+    last = cell;
   }
-  s.end = expected;
   return s;
 }
 
-// Splits [0, n) into `parts` near-equal blocks: block t is [n * t / parts, n * (t + 1) / parts).
+// Splits [0, n) into `parts` near-equal blocks: block t is [split(n, parts, t), split(n, parts, t + 1)).
 int64_t split(int64_t n, int64_t parts, int64_t t) { return n / parts * t + n % parts * t / parts; }
+
+// Task t gets intervals [first[t], first[t + 1]) and owns cells [cell_from[t], cell_from[t + 1]):
+// from its first non-empty interval's cell (task 0 from cell 0) up to the next task's. With
+// by_points, tasks get near-equal point counts (interval starts are the running point count when
+// the intervals partition the points), else near-equal interval counts. Every interval read here is
+// checked first; false when the owned ranges would not be ordered (input that is not sorted).
+bool plan_tasks(const Indices& ix, int64_t n_cells, int64_t tasks, bool by_points, int64_t* first, int64_t* cell_from) {
+  const int64_t points = ix.ranks_depth.size, intervals = ix.interval_starts.size;
+  first[0] = 0;
+  first[tasks] = intervals;
+  for (int64_t t = 1; t < tasks; ++t) {
+    first[t] = by_points ? std::lower_bound(ix.interval_starts.begin(), ix.interval_starts.end(),
+                                            split(points, tasks, t)) - ix.interval_starts.begin()
+                         : split(intervals, tasks, t);
+    first[t] = std::max(first[t], first[t - 1]);  // any input: the blocks stay ordered
+  }
+  cell_from[tasks] = n_cells;
+  for (int64_t t = tasks - 1; t >= 0; --t) {
+    cell_from[t] = cell_from[t + 1];
+    for (int64_t q = first[t]; q < first[t + 1]; ++q) {
+      const int64_t start = ix.interval_starts[q], length = ix.interval_lengths[q];
+      if (length < 0 || start < 0 || start + length > points) return false;
+      if (length == 0) continue;
+      const int64_t cell = ix.ranks_bev[start];
+      if (cell < 0 || cell >= n_cells) return false;
+      cell_from[t] = cell;
+      break;
+    }
+    if (cell_from[t] > cell_from[t + 1]) return false;
+  }
+  cell_from[0] = 0;
+  return true;
+}
+
+// validate() for input a pass found bad: its message names the first bad value.
+Status first_error(const Indices& ix, int64_t depth_numel, int64_t feat_rows, int64_t n_cells) {
+  Status st = validate(ix, depth_numel, feat_rows, n_cells);
+  if (st.ok()) return Fail("internal error: an index failed a check in the pass but passed validation");
+  return st;
+}
 
 template <typename T>
 Status bev_pool_v2(Span<const T> depth, Span<const T> feat, const Indices& ix, const std::vector<int64_t>& bev_shape,
@@ -425,36 +483,6 @@ Status bev_pool_v2(Span<const T> depth, Span<const T> feat, const Indices& ix, c
   // NOTE: an empty output needs no pass (and no scratch): only the checks.
   if (out.size == 0) return validate(ix, depth.size, feat_rows, n_cells);
 
-  // 1. Intervals: bounds, cells, sorted?, a partition of the points? (blocks in parallel, merged)
-  constexpr int64_t kMaxBlocks = 64;
-  const int64_t blocks = std::max<int64_t>(1, std::min<int64_t>(kMaxBlocks, intervals / 2048));
-  IntervalScan scans[kMaxBlocks];
-  ctx.parallel_for(blocks, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t)
-      scans[t] = scan_intervals(ix, split(intervals, blocks, t), split(intervals, blocks, t + 1), n_cells);
-  });
-  IntervalScan all;
-  int64_t expected = 0, last_cell = -1;
-  for (int64_t t = 0; t < blocks; ++t) {
-    const IntervalScan& s = scans[t];
-    all.bad = all.bad || s.bad;
-    if (s.bad) break;
-    const bool empty = split(intervals, blocks, t) == split(intervals, blocks, t + 1);
-    if (!empty) {
-      all.partition = all.partition && s.partition && s.first_start == expected;
-      expected = s.end;
-    }
-    if (s.first_cell >= 0) {
-      all.sorted = all.sorted && s.sorted && s.first_cell > last_cell;
-      last_cell = s.last_cell;
-    }
-  }
-  all.partition = all.partition && expected == points;
-  if (all.bad) return validate(ix, depth.size, feat_rows, n_cells);
-  // NOTE: when the intervals cover every point, the pass below checks every rank as it reads it;
-  // points no interval covers are never read, so then the ranks are checked up front instead.
-  if (!all.partition) OPBRIDGE_RETURN_IF_ERROR(validate(ix, depth.size, feat_rows, n_cells));
-
   // float16: convert the inputs once to float32, the accumulator type.
   std::unique_ptr<float[]> depth32, feat32;
   const A* depth_a;
@@ -463,64 +491,58 @@ Status bev_pool_v2(Span<const T> depth, Span<const T> feat, const Indices& ix, c
     depth32.reset(new (std::nothrow) float[static_cast<size_t>(std::max<int64_t>(depth.size, 1))]);
     feat32.reset(new (std::nothrow) float[static_cast<size_t>(std::max<int64_t>(feat.size, 1))]);
     if (!depth32 || !feat32) return Fail("cannot allocate float32 copies of 'depth' and 'feat' (float16 inputs)");
-    ctx.parallel_for(depth.size, 1 << 16, [&](int64_t b, int64_t e) {
-      for (int64_t q = b; q < e; ++q) depth32[q] = half_to_float(depth[q]);
-    });
-    ctx.parallel_for(feat.size, 1 << 16, [&](int64_t b, int64_t e) {
-      for (int64_t q = b; q < e; ++q) feat32[q] = half_to_float(feat[q]);
-    });
+    for (int64_t q = 0; q < depth.size; ++q) depth32[q] = half_to_float(depth[q]);
+    for (int64_t q = 0; q < feat.size; ++q) feat32[q] = half_to_float(feat[q]);
     depth_a = depth32.get();
     feat_a = feat32.get();
   } else {
     depth_a = depth.data;
     feat_a = feat.data;
   }
-  const Job<A, T> job{depth_a, feat_a, ix.ranks_depth.data, ix.ranks_feat.data, ix.ranks_bev.data,
-                      ix.interval_starts.data, ix.interval_lengths.data, channels, zyx, n_cells,
-                      u32_limit(depth.size), u32_limit(feat_rows), u32_limit(n_cells), all.partition, out.data};
+  Job<A, T> job{depth_a, feat_a, ix.ranks_depth.data, ix.ranks_feat.data, ix.ranks_bev.data,
+                ix.interval_starts.data, ix.interval_lengths.data, channels, zyx, n_cells,
+                u32_limit(depth.size), u32_limit(feat_rows), u32_limit(n_cells), points, intervals,
+                /*trusted=*/false, out.data};
 
-  if (all.sorted) {
-    // 2. Tasks of near-equal point counts (interval starts are the running point count when the
-    // intervals partition the points); task t owns the cells from its first interval's cell up to
-    // the next task's, the first task from cell 0, the last up to the end.
-    constexpr int64_t kMaxTasks = 64;
-    const int64_t tasks = std::max<int64_t>(1, std::min<int64_t>({kMaxTasks, points / 8192 + 1, intervals + 1}));
-    int64_t first[kMaxTasks + 1], cell_from[kMaxTasks + 1];
-    for (int64_t t = 0; t <= tasks; ++t) {
-      if (all.partition && t > 0 && t < tasks) {
-        const int64_t target = split(points, tasks, t);
-        first[t] = std::lower_bound(ix.interval_starts.begin(), ix.interval_starts.end(), target) -
-                   ix.interval_starts.begin();
-      } else {
-        first[t] = split(intervals, tasks, t);
-      }
-    }
-    cell_from[tasks] = n_cells;
-    for (int64_t t = tasks - 1; t >= 0; --t) {
-      cell_from[t] = cell_from[t + 1];
-      for (int64_t q = first[t]; q < first[t + 1]; ++q)
-        if (ix.interval_lengths[q] > 0) {
-          cell_from[t] = ix.ranks_bev[ix.interval_starts[q]];
-          break;
-        }
-    }
-    cell_from[0] = 0;
-    bool failed[kMaxTasks] = {};
+  constexpr int64_t kMaxTasks = 64;
+  const int64_t tasks = std::min<int64_t>({kMaxTasks, points / 8192 + 1, std::max<int64_t>(intervals, 1)});
+  int64_t first[kMaxTasks + 1], cell_from[kMaxTasks + 1];
+  TaskResult results[kMaxTasks];
+  auto run_tasks = [&]() {
     ctx.parallel_for(tasks, 1, [&](int64_t begin, int64_t end) {
       for (int64_t t = begin; t < end; ++t)
-        failed[t] = !sorted_task(job, first[t], first[t + 1], cell_from[t], cell_from[t + 1]);
+        results[t] = sorted_task(job, first[t], first[t + 1], cell_from[t], cell_from[t + 1]);
     });
-    for (int64_t t = 0; t < tasks; ++t) {
-      if (!failed[t]) continue;
-      OPBRIDGE_RETURN_IF_ERROR(validate(ix, depth.size, feat_rows, n_cells));
-      return Fail("internal error: a rank failed its check in the pass but not in validation");
-    }
+    TaskResult worst = TaskResult::kDone;
+    for (int64_t t = 0; t < tasks; ++t)
+      if (results[t] != TaskResult::kDone && worst != TaskResult::kBadRank) worst = results[t];
+    return worst;
+  };
+
+  // 1. What voxel_pooling_prepare_v2 gives (cells of the non-empty intervals strictly increasing,
+  // intervals partitioning the points): one parallel pass, each task checking its own intervals
+  // and ranks before reading through them.
+  // NOTE: one parallel section, not a separate checking pass: each section waits for every
+  // worker that started, and a worker preempted on busy cores stalls the whole call.
+  if (plan_tasks(ix, n_cells, tasks, /*by_points=*/true, first, cell_from)) {
+    const TaskResult r = run_tasks();
+    if (r == TaskResult::kDone) return Status::OK();
+    if (r == TaskResult::kBadRank) return first_error(ix, depth.size, feat_rows, n_cells);
+  }
+
+  // 2. Anything else: validate everything up front, serially, then pass without checks.
+  const IntervalScan scan = scan_intervals(ix, n_cells);
+  if (scan.bad) return first_error(ix, depth.size, feat_rows, n_cells);
+  OPBRIDGE_RETURN_IF_ERROR(validate(ix, depth.size, feat_rows, n_cells));
+  job.trusted = true;
+  if (scan.sorted) {  // sorted, but not a partition (gaps, points no interval covers)
+    if (!plan_tasks(ix, n_cells, tasks, /*by_points=*/false, first, cell_from))
+      return Fail("internal error: sorted intervals gave unordered tasks");
+    run_tasks();
     return Status::OK();
   }
 
-  // 3. Several intervals on one cell, or cells out of order: sum serially per cell (validated above
-  // when the intervals do not cover the points; here for the rest).
-  if (all.partition) OPBRIDGE_RETURN_IF_ERROR(validate(ix, depth.size, feat_rows, n_cells));
+  // 3. Several intervals on one cell, or cells out of order: sum serially per cell.
   const int64_t total_size = n_cells * channels;  // = out.size, no overflow
   std::unique_ptr<A[]> total(new (std::nothrow) A[static_cast<size_t>(total_size)]);
   if (!total) return Fail("cannot allocate the ", total_size, "-element accumulator (several intervals per cell)");
