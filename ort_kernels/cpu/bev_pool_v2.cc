@@ -4,14 +4,16 @@
 //                        depth.flat[ranks_depth[p]] * feat.rows(C)[ranks_feat[p]][c]
 // float16 accumulates in float32, float32 in float32, float64 in float64.
 //
-// Two paths:
-// - sorted (what voxel_pooling_prepare_v2 produces: the cells of the non-empty intervals strictly
-//   increase): parallel over tasks that each own a contiguous range of cells; each task sums its
-//   intervals into a cache-sized tile (rows of C contiguous channels), then writes the tile into the
-//   (B, C, Z, Y, X) output one channel run at a time. Every output element is written exactly once
-//   (empty cells as zeros), and the range checks of the points run inside the same pass.
-// - anything else (a cell shared by several intervals, unsorted cells): validated first, summed
-//   serially per cell in the accumulator type, then written out.
+// The pass: parallel tasks, each owning a contiguous range of cells; a task sums its intervals
+// into a cache-sized tile (a row of C contiguous channels per cell), then writes the tile into the
+// (B, C, Z, Y, X) output one contiguous channel run at a time, L x L blocks transposed in registers.
+// Every output element is written exactly once (empty cells as zeros). Three cases:
+// 1. what voxel_pooling_prepare_v2 produces (cells of the non-empty intervals strictly increase,
+//    intervals partition the points): one parallel section, each task checking its own intervals
+//    and the ranks of its points before reading through them;
+// 2. sorted cells, intervals not a partition: validated serially first, then the same pass;
+// 3. a cell shared by several intervals, or cells out of order: validated first, summed serially
+//    per cell in the accumulator type (deterministic), then written out.
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -22,13 +24,16 @@
 
 #include "opbridge_kernel.h"
 
-// NOTE: hot loops are compiled twice and picked at load time by the CPU (GCC ifunc): an x86-64-v3
-// clone (AVX2 + FMA) and the baseline. The library stays deployable on any x86-64 CPU, so no
-// -march=native. Other compilers/targets get the baseline only.
-#if defined(__GNUC__) && !defined(__clang__) && defined(__x86_64__) && defined(__linux__)
-#define OPBRIDGE_HOT __attribute__((target_clones("arch=x86-64-v3", "default")))
+// NOTE: the hot loops are compiled twice and picked per call by the CPU they run on: an AVX2 + FMA
+// version (32-byte vectors) and the baseline (16-byte vectors: SSE2, or NEON elsewhere). The
+// library stays deployable on any CPU, so no -march=native. (GCC's target_clones gave the
+// baseline clone the same 32-byte vectors, which SSE2 spills to the stack: 4x slower than this.)
+// -DOPBRIDGE_BASELINE_ONLY builds the baseline alone (to test it on an AVX2 machine).
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(OPBRIDGE_BASELINE_ONLY)
+#define OPBRIDGE_X86_DISPATCH 1
+#define OPBRIDGE_AVX2 __attribute__((target("avx2,fma")))
 #else
-#define OPBRIDGE_HOT
+#define OPBRIDGE_X86_DISPATCH 0
 #endif
 #if defined(__GNUC__)
 #define OPBRIDGE_INLINE inline __attribute__((always_inline))
@@ -39,21 +44,18 @@
 namespace opbridge {
 namespace {
 
-// Storage type -> (accumulator type, load/store).
+// Storage type -> (accumulator type, store).
 template <typename T> struct Num;
 template <> struct Num<float> {
   using Acc = float;
-  static float load(float v) { return v; }
   static float store(float v) { return v; }
 };
 template <> struct Num<double> {
   using Acc = double;
-  static double load(double v) { return v; }
   static double store(double v) { return v; }
 };
-template <> struct Num<uint16_t> {  // float16 bits
+template <> struct Num<uint16_t> {  // float16 bits: inputs are converted once up front
   using Acc = float;
-  static float load(uint16_t v) { return half_to_float(v); }
   static uint16_t store(float v) { return float_to_half(v); }
 };
 
@@ -116,22 +118,23 @@ struct Job {
   Out* out;
 };
 
-// NOTE: scratch tile of 16 KiB (half of L1d): rows of up to kChunk channels for up to kTile cells.
+// NOTE: scratch tile of 16 KiB (half of L1d): up to kTile cells x a chunk of channels (all C when
+// C <= 512 float32 / 256 float64).
 constexpr int64_t kScratchBytes = 16 * 1024;
 constexpr int64_t kTile = 64;
 
-// NOTE: the sums are held in GCC/Clang vector types (32 bytes: one AVX2 register, two SSE ones):
+// NOTE: the sums are held in GCC/Clang vector types of W bytes (32: AVX2 registers, 16: SSE/NEON):
 // the auto-vectorizer keeps an array of per-channel sums in memory and does not vectorize it across
-// channels, while vector types compile to FMA (x86-64-v3 clone) or SSE mul/add (baseline clone).
+// channels, while vector types compile to FMA (AVX2 version) or mul/add (baseline).
 #if defined(__GNUC__)
 #define OPBRIDGE_VECTOR 1
-template <typename A> struct Vec {
-  typedef A V __attribute__((vector_size(32)));
-  typedef A Unaligned __attribute__((vector_size(32), aligned(sizeof(A)), may_alias));
-  static constexpr int kLanes = 32 / sizeof(A);
+template <typename A, int W> struct Vec {  // W bytes
+  typedef A V __attribute__((vector_size(W)));
+  typedef A Unaligned __attribute__((vector_size(W), aligned(sizeof(A)), may_alias));
+  static constexpr int kLanes = W / sizeof(A);
 };
-#define OPBRIDGE_VLOAD(A, p) (*reinterpret_cast<const typename Vec<A>::Unaligned*>(p))
-#define OPBRIDGE_VREF(A, p) (*reinterpret_cast<typename Vec<A>::Unaligned*>(p))
+#define OPBRIDGE_VLOAD(A, W, p) (*reinterpret_cast<const typename Vec<A, W>::Unaligned*>(p))
+#define OPBRIDGE_VREF(A, W, p) (*reinterpret_cast<typename Vec<A, W>::Unaligned*>(p))
 #if defined(__clang__)
 #define OPBRIDGE_SHUFFLE(a, b, Mask, ...) __builtin_shufflevector(a, b, __VA_ARGS__)
 #else
@@ -139,22 +142,22 @@ template <typename A> struct Vec {
 #endif
 #else
 #define OPBRIDGE_VECTOR 0
-template <typename A> struct Vec {  // one lane: plain scalar code
+template <typename A, int W> struct Vec {  // one lane: plain scalar code
   typedef A V;
   static constexpr int kLanes = 1;
 };
-#define OPBRIDGE_VLOAD(A, p) (*(p))
-#define OPBRIDGE_VREF(A, p) (*(p))
+#define OPBRIDGE_VLOAD(A, W, p) (*(p))
+#define OPBRIDGE_VREF(A, W, p) (*(p))
 #endif
 
 // dst[0 .. K vectors) (=, or += when kAdd) the sum over the interval's points of depth * feat row,
 // for the channels starting at feat_col. K is fixed at compile time so the sums stay in registers.
-template <int K, bool kAdd, typename A>
+template <int K, bool kAdd, int W, typename A>
 OPBRIDGE_INLINE void pool_block(const A* depth, const A* feat_col, int64_t channels, const int32_t* rd,
                                 const int32_t* rf, int64_t length, A* dst) {
-  constexpr int L = Vec<A>::kLanes;
-  typename Vec<A>::V acc[K];
-  for (int k = 0; k < K; ++k) acc[k] = typename Vec<A>::V{};
+  constexpr int L = Vec<A, W>::kLanes;
+  typename Vec<A, W>::V acc[K];
+  for (int k = 0; k < K; ++k) acc[k] = typename Vec<A, W>::V{};
   // NOTE: the row address is formed in bytes from a loop-invariant base so each load is one
   // base + index + displacement operand (integer element offsets cost an extra add per load).
   const char* base = reinterpret_cast<const char*>(feat_col);
@@ -162,11 +165,11 @@ OPBRIDGE_INLINE void pool_block(const A* depth, const A* feat_col, int64_t chann
   for (int64_t p = 0; p < length; ++p) {
     const A d = depth[rd[p]];
     const A* row = reinterpret_cast<const A*>(base + rf[p] * row_bytes);
-    for (int k = 0; k < K; ++k) acc[k] += d * OPBRIDGE_VLOAD(A, row + k * L);
+    for (int k = 0; k < K; ++k) acc[k] += d * OPBRIDGE_VLOAD(A, W, row + k * L);
   }
   for (int k = 0; k < K; ++k) {
-    if (kAdd) OPBRIDGE_VREF(A, dst + k * L) += acc[k];
-    else OPBRIDGE_VREF(A, dst + k * L) = acc[k];
+    if (kAdd) OPBRIDGE_VREF(A, W, dst + k * L) += acc[k];
+    else OPBRIDGE_VREF(A, W, dst + k * L) = acc[k];
   }
 }
 
@@ -180,85 +183,109 @@ OPBRIDGE_INLINE void pool_one(const A* depth, const A* feat_col, int64_t channel
 }
 
 // Channels [c0, c0 + n) of one interval into dst[0 .. n): blocks of 8, 4, 2, 1 vectors, then single channels.
-template <bool kAdd, typename A>
+template <bool kAdd, int W, typename A>
 OPBRIDGE_INLINE void pool_channels(const A* depth, const A* feat, int64_t channels, const int32_t* rd,
                                    const int32_t* rf, int64_t length, int64_t c0, int64_t n, A* dst) {
-  constexpr int64_t L = Vec<A>::kLanes;
+  constexpr int64_t L = Vec<A, W>::kLanes;
   int64_t c = 0;
-  for (; c + 8 * L <= n; c += 8 * L) pool_block<8, kAdd>(depth, feat + c0 + c, channels, rd, rf, length, dst + c);
+  for (; c + 8 * L <= n; c += 8 * L) pool_block<8, kAdd, W>(depth, feat + c0 + c, channels, rd, rf, length, dst + c);
   if (n - c >= 4 * L) {
-    pool_block<4, kAdd>(depth, feat + c0 + c, channels, rd, rf, length, dst + c);
+    pool_block<4, kAdd, W>(depth, feat + c0 + c, channels, rd, rf, length, dst + c);
     c += 4 * L;
   }
   if (n - c >= 2 * L) {
-    pool_block<2, kAdd>(depth, feat + c0 + c, channels, rd, rf, length, dst + c);
+    pool_block<2, kAdd, W>(depth, feat + c0 + c, channels, rd, rf, length, dst + c);
     c += 2 * L;
   }
   if (n - c >= L) {
-    pool_block<1, kAdd>(depth, feat + c0 + c, channels, rd, rf, length, dst + c);
+    pool_block<1, kAdd, W>(depth, feat + c0 + c, channels, rd, rf, length, dst + c);
     c += L;
   }
   for (; c < n; ++c) pool_one<kAdd>(depth, feat + c0 + c, channels, rd, rf, length, dst + c);
 }
 
-// An L x L block: row i of src (src + i * src_stride, L values) becomes column i of dst (value i of
-// dst + c * dst_stride for each c), in registers. Returns false where no vector transpose exists.
-template <typename A>
-OPBRIDGE_INLINE bool transpose_block(const A*, int64_t, A*, int64_t) { return false; }
+// An L x L block, in registers: row i of src (src + i * src_stride, L values) becomes value i of
+// every run dst + c * dst_stride (L = W / sizeof(A) lanes). Defined for the vector types only.
+template <int W, typename A>
+struct Transpose;
 #if OPBRIDGE_VECTOR
 template <>
-OPBRIDGE_INLINE bool transpose_block<float>(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
-  typedef int32_t M __attribute__((vector_size(32)));
-  typedef Vec<float>::V V;
-  V r[8], t[8], u[8];
-  for (int i = 0; i < 8; ++i) r[i] = OPBRIDGE_VLOAD(float, src + i * src_stride);
-  for (int i = 0; i < 8; i += 2) {  // interleave row pairs within each 128-bit half
-    t[i] = OPBRIDGE_SHUFFLE(r[i], r[i + 1], M, 0, 8, 1, 9, 4, 12, 5, 13);
-    t[i + 1] = OPBRIDGE_SHUFFLE(r[i], r[i + 1], M, 2, 10, 3, 11, 6, 14, 7, 15);
+struct Transpose<32, float> {
+  OPBRIDGE_INLINE static void block(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
+    typedef int32_t M __attribute__((vector_size(32)));
+    typename Vec<float, 32>::V r[8], t[8], u[8];
+    for (int i = 0; i < 8; ++i) r[i] = OPBRIDGE_VLOAD(float, 32, src + i * src_stride);
+    for (int i = 0; i < 8; i += 2) {  // interleave row pairs within each 128-bit half
+      t[i] = OPBRIDGE_SHUFFLE(r[i], r[i + 1], M, 0, 8, 1, 9, 4, 12, 5, 13);
+      t[i + 1] = OPBRIDGE_SHUFFLE(r[i], r[i + 1], M, 2, 10, 3, 11, 6, 14, 7, 15);
+    }
+    for (int i = 0; i < 8; i += 4) {  // then pairs of pairs: 4 rows of a channel in each half
+      u[i] = OPBRIDGE_SHUFFLE(t[i], t[i + 2], M, 0, 1, 8, 9, 4, 5, 12, 13);
+      u[i + 1] = OPBRIDGE_SHUFFLE(t[i], t[i + 2], M, 2, 3, 10, 11, 6, 7, 14, 15);
+      u[i + 2] = OPBRIDGE_SHUFFLE(t[i + 1], t[i + 3], M, 0, 1, 8, 9, 4, 5, 12, 13);
+      u[i + 3] = OPBRIDGE_SHUFFLE(t[i + 1], t[i + 3], M, 2, 3, 10, 11, 6, 7, 14, 15);
+    }
+    for (int c = 0; c < 4; ++c) {  // then the halves: rows 0-3 and 4-7
+      OPBRIDGE_VREF(float, 32, dst + c * dst_stride) = OPBRIDGE_SHUFFLE(u[c], u[c + 4], M, 0, 1, 2, 3, 8, 9, 10, 11);
+      OPBRIDGE_VREF(float, 32, dst + (c + 4) * dst_stride) =
+          OPBRIDGE_SHUFFLE(u[c], u[c + 4], M, 4, 5, 6, 7, 12, 13, 14, 15);
+    }
   }
-  for (int i = 0; i < 8; i += 4) {  // then pairs of pairs: 4 rows of a channel in each half
-    u[i] = OPBRIDGE_SHUFFLE(t[i], t[i + 2], M, 0, 1, 8, 9, 4, 5, 12, 13);
-    u[i + 1] = OPBRIDGE_SHUFFLE(t[i], t[i + 2], M, 2, 3, 10, 11, 6, 7, 14, 15);
-    u[i + 2] = OPBRIDGE_SHUFFLE(t[i + 1], t[i + 3], M, 0, 1, 8, 9, 4, 5, 12, 13);
-    u[i + 3] = OPBRIDGE_SHUFFLE(t[i + 1], t[i + 3], M, 2, 3, 10, 11, 6, 7, 14, 15);
-  }
-  for (int c = 0; c < 4; ++c) {  // then the halves: rows 0-3 and 4-7
-    OPBRIDGE_VREF(float, dst + c * dst_stride) = OPBRIDGE_SHUFFLE(u[c], u[c + 4], M, 0, 1, 2, 3, 8, 9, 10, 11);
-    OPBRIDGE_VREF(float, dst + (c + 4) * dst_stride) =
-        OPBRIDGE_SHUFFLE(u[c], u[c + 4], M, 4, 5, 6, 7, 12, 13, 14, 15);
-  }
-  return true;
-}
+};
 template <>
-OPBRIDGE_INLINE bool transpose_block<double>(const double* src, int64_t src_stride, double* dst,
-                                             int64_t dst_stride) {
-  typedef int64_t M __attribute__((vector_size(32)));
-  typedef Vec<double>::V V;
-  V r[4], t[4];
-  for (int i = 0; i < 4; ++i) r[i] = OPBRIDGE_VLOAD(double, src + i * src_stride);
-  for (int i = 0; i < 4; i += 2) {
-    t[i] = OPBRIDGE_SHUFFLE(r[i], r[i + 1], M, 0, 4, 2, 6);
-    t[i + 1] = OPBRIDGE_SHUFFLE(r[i], r[i + 1], M, 1, 5, 3, 7);
+struct Transpose<32, double> {
+  OPBRIDGE_INLINE static void block(const double* src, int64_t src_stride, double* dst, int64_t dst_stride) {
+    typedef int64_t M __attribute__((vector_size(32)));
+    typename Vec<double, 32>::V r[4], t[4];
+    for (int i = 0; i < 4; ++i) r[i] = OPBRIDGE_VLOAD(double, 32, src + i * src_stride);
+    for (int i = 0; i < 4; i += 2) {
+      t[i] = OPBRIDGE_SHUFFLE(r[i], r[i + 1], M, 0, 4, 2, 6);
+      t[i + 1] = OPBRIDGE_SHUFFLE(r[i], r[i + 1], M, 1, 5, 3, 7);
+    }
+    for (int c = 0; c < 2; ++c) {
+      OPBRIDGE_VREF(double, 32, dst + c * dst_stride) = OPBRIDGE_SHUFFLE(t[c], t[c + 2], M, 0, 1, 4, 5);
+      OPBRIDGE_VREF(double, 32, dst + (c + 2) * dst_stride) = OPBRIDGE_SHUFFLE(t[c], t[c + 2], M, 2, 3, 6, 7);
+    }
   }
-  for (int c = 0; c < 2; ++c) {
-    OPBRIDGE_VREF(double, dst + c * dst_stride) = OPBRIDGE_SHUFFLE(t[c], t[c + 2], M, 0, 1, 4, 5);
-    OPBRIDGE_VREF(double, dst + (c + 2) * dst_stride) = OPBRIDGE_SHUFFLE(t[c], t[c + 2], M, 2, 3, 6, 7);
+};
+template <>
+struct Transpose<16, float> {
+  OPBRIDGE_INLINE static void block(const float* src, int64_t src_stride, float* dst, int64_t dst_stride) {
+    typedef int32_t M __attribute__((vector_size(16)));
+    typename Vec<float, 16>::V r[4], t[4];
+    for (int i = 0; i < 4; ++i) r[i] = OPBRIDGE_VLOAD(float, 16, src + i * src_stride);
+    for (int i = 0; i < 4; i += 2) {
+      t[i] = OPBRIDGE_SHUFFLE(r[i], r[i + 1], M, 0, 4, 1, 5);
+      t[i + 1] = OPBRIDGE_SHUFFLE(r[i], r[i + 1], M, 2, 6, 3, 7);
+    }
+    for (int c = 0; c < 2; ++c) {
+      OPBRIDGE_VREF(float, 16, dst + 2 * c * dst_stride) = OPBRIDGE_SHUFFLE(t[c], t[c + 2], M, 0, 1, 4, 5);
+      OPBRIDGE_VREF(float, 16, dst + (2 * c + 1) * dst_stride) = OPBRIDGE_SHUFFLE(t[c], t[c + 2], M, 2, 3, 6, 7);
+    }
   }
-  return true;
-}
+};
+template <>
+struct Transpose<16, double> {
+  OPBRIDGE_INLINE static void block(const double* src, int64_t src_stride, double* dst, int64_t dst_stride) {
+    typedef int64_t M __attribute__((vector_size(16)));
+    const typename Vec<double, 16>::V r0 = OPBRIDGE_VLOAD(double, 16, src), r1 = OPBRIDGE_VLOAD(double, 16, src + src_stride);
+    OPBRIDGE_VREF(double, 16, dst) = OPBRIDGE_SHUFFLE(r0, r1, M, 0, 2);
+    OPBRIDGE_VREF(double, 16, dst + dst_stride) = OPBRIDGE_SHUFFLE(r0, r1, M, 1, 3);
+  }
+};
 #endif
 
 // A row-major tile (cells x n channels, row stride n) into the output's channel planes (plane stride
 // zyx): every channel becomes one contiguous run of `cells` values. NOTE: writing a cell's channels
 // directly (zyx apart) thrashes L1 sets; this writes whole runs, transposing L x L blocks in registers.
-template <typename A, typename Out>
+template <int W, typename A, typename Out>
 OPBRIDGE_INLINE void write_tile(const A* tile, int64_t n, int64_t cells, Out* out, int64_t zyx) {
-  constexpr int64_t L = Vec<A>::kLanes;
+  constexpr int64_t L = Vec<A, W>::kLanes;
   int64_t c = 0;
   if constexpr (std::is_same<A, Out>::value && L > 1) {
     for (; c + L <= n; c += L) {
       int64_t r = 0;
-      for (; r + L <= cells; r += L) transpose_block(tile + r * n + c, n, out + c * zyx + r, zyx);
+      for (; r + L <= cells; r += L) Transpose<W, A>::block(tile + r * n + c, n, out + c * zyx + r, zyx);
       for (; r < cells; ++r)
         for (int64_t q = c; q < c + L; ++q) out[q * zyx + r] = Num<Out>::store(tile[r * n + q]);
     }
@@ -302,7 +329,7 @@ OPBRIDGE_INLINE bool intervals_ok(const Job<A, Out>& j, int64_t i0, int64_t i1, 
 // One task of the sorted path: intervals [i0, i1), whose cells lie in [cell_begin, cell_end); writes
 // every output element of those cells. Untrusted input is checked first: kFallBack when the
 // intervals are not such a partition (nothing written), kBadRank when a rank is out of range.
-template <typename A, typename Out>
+template <int W, typename A, typename Out>
 OPBRIDGE_INLINE TaskResult pool_sorted_task(const Job<A, Out>& j, int64_t i0, int64_t i1, int64_t cell_begin,
                                             int64_t cell_end) {
   if (!j.trusted && !intervals_ok(j, i0, i1, cell_begin, cell_end)) return TaskResult::kFallBack;
@@ -334,11 +361,11 @@ OPBRIDGE_INLINE TaskResult pool_sorted_task(const Job<A, Out>& j, int64_t i0, in
           const int64_t start = j.starts[q];
           const int64_t r = j.rb[start] - a;
           std::fill(tile + row * n, tile + r * n, A(0));
-          pool_channels<false>(j.depth, j.feat, channels, j.rd + start, j.rf + start, length, c0, n, tile + r * n);
+          pool_channels<false, W>(j.depth, j.feat, channels, j.rd + start, j.rf + start, length, c0, n, tile + r * n);
           row = r + 1;
         }
         std::fill(tile + row * n, tile + cells * n, A(0));
-        write_tile(tile, n, cells, out + c0 * zyx, zyx);
+        write_tile<W>(tile, n, cells, out + c0 * zyx, zyx);
       }
     }
     i = k;
@@ -348,54 +375,70 @@ OPBRIDGE_INLINE TaskResult pool_sorted_task(const Job<A, Out>& j, int64_t i0, in
 }
 
 // The unsorted path after validation: per-cell sums in interval order (deterministic), serially.
-template <typename A, typename Out>
+template <int W, typename A, typename Out>
 OPBRIDGE_INLINE void pool_unsorted(const Job<A, Out>& j, int64_t intervals, A* total) {
   const int64_t channels = j.channels;
   for (int64_t q = 0; q < intervals; ++q) {
     const int64_t length = j.lengths[q];
     if (length == 0) continue;
     const int64_t start = j.starts[q];
-    pool_channels<true>(j.depth, j.feat, channels, j.rd + start, j.rf + start, length, 0, channels,
+    pool_channels<true, W>(j.depth, j.feat, channels, j.rd + start, j.rf + start, length, 0, channels,
                         total + static_cast<int64_t>(j.rb[start]) * channels);
   }
 }
 
-// Clones per (accumulator, output) type: the dispatch happens once per call, not per element.
-OPBRIDGE_HOT TaskResult sorted_task(const Job<float, float>& j, int64_t i0, int64_t i1, int64_t c0, int64_t c1) {
-  return pool_sorted_task(j, i0, i1, c0, c1);
-}
-OPBRIDGE_HOT TaskResult sorted_task(const Job<double, double>& j, int64_t i0, int64_t i1, int64_t c0, int64_t c1) {
-  return pool_sorted_task(j, i0, i1, c0, c1);
-}
-OPBRIDGE_HOT TaskResult sorted_task(const Job<float, uint16_t>& j, int64_t i0, int64_t i1, int64_t c0, int64_t c1) {
-  return pool_sorted_task(j, i0, i1, c0, c1);
-}
 // Cells [begin, end) of the per-cell accumulator into the output.
-template <typename A, typename Out>
+template <int W, typename A, typename Out>
 OPBRIDGE_INLINE void write_cells(const Job<A, Out>& j, const A* total, int64_t begin, int64_t end) {
   for (int64_t a = begin; a < end;) {
     const int64_t b = std::min(end, (a / j.zyx + 1) * j.zyx);
-    write_tile(total + a * j.channels, j.channels, b - a, j.out + (a / j.zyx) * j.channels * j.zyx + a % j.zyx, j.zyx);
+    write_tile<W>(total + a * j.channels, j.channels, b - a, j.out + (a / j.zyx) * j.channels * j.zyx + a % j.zyx,
+                  j.zyx);
     a = b;
   }
 }
-OPBRIDGE_HOT void cells_out(const Job<float, float>& j, const float* total, int64_t begin, int64_t end) {
-  write_cells(j, total, begin, end);
+
+#if OPBRIDGE_X86_DISPATCH
+bool has_avx2_fma() {
+  static const bool yes = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  }();
+  return yes;
 }
-OPBRIDGE_HOT void cells_out(const Job<double, double>& j, const double* total, int64_t begin, int64_t end) {
-  write_cells(j, total, begin, end);
+template <typename A, typename Out>
+OPBRIDGE_AVX2 TaskResult sorted_task_avx2(const Job<A, Out>& j, int64_t i0, int64_t i1, int64_t c0, int64_t c1) {
+  return pool_sorted_task<32>(j, i0, i1, c0, c1);
 }
-OPBRIDGE_HOT void cells_out(const Job<float, uint16_t>& j, const float* total, int64_t begin, int64_t end) {
-  write_cells(j, total, begin, end);
+template <typename A, typename Out>
+OPBRIDGE_AVX2 void unsorted_avx2(const Job<A, Out>& j, int64_t intervals, A* total) {
+  pool_unsorted<32>(j, intervals, total);
 }
-OPBRIDGE_HOT void unsorted(const Job<float, float>& j, int64_t intervals, float* total) {
-  pool_unsorted(j, intervals, total);
+template <typename A, typename Out>
+OPBRIDGE_AVX2 void cells_out_avx2(const Job<A, Out>& j, const A* total, int64_t begin, int64_t end) {
+  write_cells<32>(j, total, begin, end);
 }
-OPBRIDGE_HOT void unsorted(const Job<double, double>& j, int64_t intervals, double* total) {
-  pool_unsorted(j, intervals, total);
+#define OPBRIDGE_IF_AVX2(call) \
+  if (has_avx2_fma()) return call
+#else
+#define OPBRIDGE_IF_AVX2(call)
+#endif
+
+// The dispatch: once per task, not per element.
+template <typename A, typename Out>
+TaskResult sorted_task(const Job<A, Out>& j, int64_t i0, int64_t i1, int64_t c0, int64_t c1) {
+  OPBRIDGE_IF_AVX2(sorted_task_avx2(j, i0, i1, c0, c1));
+  return pool_sorted_task<16>(j, i0, i1, c0, c1);
 }
-OPBRIDGE_HOT void unsorted(const Job<float, uint16_t>& j, int64_t intervals, float* total) {
-  pool_unsorted(j, intervals, total);
+template <typename A, typename Out>
+void unsorted(const Job<A, Out>& j, int64_t intervals, A* total) {
+  OPBRIDGE_IF_AVX2(unsorted_avx2(j, intervals, total));
+  pool_unsorted<16>(j, intervals, total);
+}
+template <typename A, typename Out>
+void cells_out(const Job<A, Out>& j, const A* total, int64_t begin, int64_t end) {
+  OPBRIDGE_IF_AVX2(cells_out_avx2(j, total, begin, end));
+  write_cells<16>(j, total, begin, end);
 }
 
 // Are the intervals valid (inside the points, lengths >= 0, cells of non-empty ones in the grid),
