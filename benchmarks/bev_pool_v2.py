@@ -26,9 +26,14 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-import onnxruntime as ort
-import torch
+# NOTE: torch's OpenMP threads block instead of spinning, as the ORT sessions here do (see
+# session_options): on 2 shared cores a spinning pool steals the cores from the runtime being
+# timed. Only effective when this script starts the process (torch not yet loaded).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

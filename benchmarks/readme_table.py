@@ -70,7 +70,8 @@ def evidence(r: dict) -> list[str]:
                  f"| <= {targets['native_vs_floor_max']:g}x: {_ok(floor_ratio <= targets['native_vs_floor_max'])} |")
     if "torch.compile / native" in ratios:
         v = ratios["torch.compile / native"]
-        lines.append(f"| ... torch.compile of pure-torch gather + index_add {_ms(ms[COMPILED])} | native {_x(v)} faster "
+        lines.append(f"| ... torch.compile of pure-torch gather + index_add {_ms(ms[COMPILED])} "
+                     f"| native {_x(v)} faster "
                      f"| >= {targets['compile_vs_native_min']:g}x: {_ok(v >= targets['compile_vs_native_min'])} |")
     v = ratios["function / eager"]
     lines.append(f"| ... ORT function tier {_ms(ms[FUNCTION])} vs eager torch {_ms(ms[EAGER])} | {_x(v)} eager's time "

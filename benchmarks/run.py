@@ -27,9 +27,14 @@ import tempfile
 import time
 import warnings
 
-import numpy as np
-import onnxruntime as ort
-import torch
+# NOTE: torch's OpenMP threads block instead of spinning, as the ORT sessions here do (see
+# session_options): on 2 shared cores a spinning pool steals the cores from the runtime being
+# timed. Only effective when this script starts the process (torch not yet loaded).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -147,7 +152,8 @@ def scaling(points_targets, repeats: int, python_max: int = 100_000) -> dict:
     proto = bridge.export(model, cases[0][1], dynamic_shapes=({2: d}, None, {0: p}, {0: p}, {0: p}, {0: i}, {0: i}))
     sessions = {}
     for tier in ("native", "function", "python"):
-        sessions[tier] = bridge.session(proto, tier=tier, sess_options=bev.session_options() if tier != "python" else None)
+        options = bev.session_options() if tier != "python" else None
+        sessions[tier] = bridge.session(proto, tier=tier, sess_options=options)
     rows = []
     for target, inputs, _ in cases:
         fns = {"eager torch": lambda i=inputs: model(*i)}
@@ -181,7 +187,9 @@ def main(argv=None) -> dict:
     targets = (10_000, 30_000, 100_000) if quick else (10_000, 30_000, 100_000, 300_000, 1_000_000, 2_000_000)
 
     results = {"machine": {"cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-                           "onnxruntime": ort.__version__, "torch": torch.__version__}}
+                           "onnxruntime": ort.__version__, "torch": torch.__version__,
+                           "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "ort_intra_op_spinning": False,
+                           "load_average_at_start": list(os.getloadavg())}}
     results["export"] = e = export_overhead(1 if quick else 5, warmup=not quick)
     print(f"1. export of the demo: bridge {e['bridge_s']:.2f} s vs plain torch.onnx {e['plain_s']:.2f} s -> "
           f"overhead {e['overhead']:+.1%} (target <= {e['target']:.0%})")
@@ -209,6 +217,7 @@ def main(argv=None) -> dict:
         print("   " + f"{row['points']:>9}" + "".join(f"{row[k]:>15.2f}" if k in row else f"{'-':>15}" for k in keys))
     print("   log-log slope (1.0 = linear): " + ", ".join(f"{k} {v:.2f}" for k, v in s["loglog_slope"].items()))
     print("   above 100k points: " + ", ".join(f"{k} {v:.2f}" for k, v in s["loglog_slope_above_100k"].items()))
+    results["machine"]["load_average_at_end"] = list(os.getloadavg())
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(results, fh, indent=2)

@@ -148,8 +148,9 @@ def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts
                 bev_feat_shape: Sequence[int]):
     # NOTE: segment sums that never mix cells and that onnxruntime runs fast and deterministically.
     # 1. Intervals are sorted by (cell, position) (TopK over unique keys), then cut into chunks of
-    #    CHUNK points, the last one padded; padding reads an appended zero depth element and zero
-    #    feature row (0 * 0 = 0). A chunk's products are summed with ReduceSum over its slots.
+    #    CHUNK points, the last one padded; padding reads a zero depth element and a zero feature
+    #    row put in front (0 * 0 = 0). A chunk's sum is one batched MatMul row: [1, CHUNK] depth
+    #    values x [CHUNK, C] feature rows.
     # 2. Chunk rows of one cell are consecutive; the r-th row of every cell (r < ROUNDS) is added
     #    with one ScatterND-add per r: within one call every cell appears once, so it is
     #    deterministic (ScatterND-add over duplicate cells races in ORT's threaded kernel).
@@ -202,8 +203,10 @@ def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts
     depth_flat = op.Reshape(depth, minus1)
     feat_rows = op.Reshape(feat, op.Concat(minus1, channels, axis=0))
     # ranks through uint32: a negative rank becomes >= 2^31, out of range; +1 skips the zero pad at 0
-    rd = op.Where(valid, op.Add(op.Cast(op.Cast(op.Gather(ranks_depth, point), to=UINT32), to=INT64.dtype), one), zero)
-    rf = op.Where(valid, op.Add(op.Cast(op.Cast(op.Gather(ranks_feat, point), to=UINT32), to=INT64.dtype), one), zero)
+    rd = op.Cast(op.Cast(op.Gather(ranks_depth, point), to=UINT32), to=INT64.dtype)
+    rf = op.Cast(op.Cast(op.Gather(ranks_feat, point), to=UINT32), to=INT64.dtype)
+    rd = op.Where(valid, op.Add(rd, one), zero)
+    rf = op.Where(valid, op.Add(rf, one), zero)
     pad_row = op.Concat(one1, channels, axis=0)
     is_float64 = op.Not(op.Equal(op.Cast(op.CastLike(op.Constant(value=WIDE_PROBE), feat), to=DOUBLE.dtype),
                                  op.Constant(value=DOUBLE_ONE)))
@@ -220,8 +223,9 @@ def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts
     # 2. rounds: rank of each row within its cell
     row_cell = op.Gather(cell, owner)
     starts_cell = op.Not(op.Equal(row_cell, op.Slice(op.Concat(minus1, row_cell, axis=0), zero1, n_rows)))
-    cell_first = op.Reshape(op.NonZero(starts_cell), minus1)
-    rank = op.Sub(row, op.Gather(cell_first, op.Sub(op.CumSum(op.Cast(starts_cell, to=INT64.dtype), zero), one)))
+    cell_first = op.Reshape(op.NonZero(starts_cell), minus1)  # first row of each cell
+    cell_of_row = op.Sub(op.CumSum(op.Cast(starts_cell, to=INT64.dtype), zero), one)
+    rank = op.Sub(row, op.Gather(cell_first, cell_of_row))
     acc = op.Expand(op.Constant(value=DOUBLE_ZERO), op.Concat(n_cells, channels, axis=0))
     sel = op.Reshape(op.NonZero(op.Equal(rank, op.Constant(value_int=0))), minus1)
     acc = op.ScatterND(acc, op.Unsqueeze(op.Gather(row_cell, sel), minus1), op.Gather(part, sel), reduction="add")
@@ -237,15 +241,14 @@ def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts
                                                op.Equal(op.Mod(tail, width), zero))), minus1)
     cell_rows = op.Sub(op.Slice(op.Concat(cell_first, n_rows, axis=0), one1, op.Add(op.Shape(cell_first), one1)),
                        cell_first)
-    group_left = op.Sub(op.Gather(cell_rows, op.Gather(op.Sub(op.CumSum(op.Cast(starts_cell, to=INT64.dtype), zero), one), group_first)),
-                        op.Gather(rank, group_first))
+    group_left = op.Sub(op.Gather(cell_rows, op.Gather(cell_of_row, group_first)), op.Gather(rank, group_first))
     group_valid = op.Less(op.Unsqueeze(slots, zero1), op.Unsqueeze(group_left, minus1))
     group_first_col = op.Unsqueeze(group_first, minus1)
     src = op.Where(group_valid, op.Add(group_first_col, slots), group_first_col)
     tail_part = op.ReduceSum(op.Where(op.Unsqueeze(group_valid, minus1), op.Gather(part, src),
                                       op.Constant(value=DOUBLE_ZERO)), one1, keepdims=0)
-    acc = op.ScatterElements(acc, op.Expand(op.Unsqueeze(op.Gather(row_cell, group_first), minus1), op.Shape(tail_part)),
-                             tail_part, axis=0, reduction="add")
+    tail_cells = op.Expand(op.Unsqueeze(op.Gather(row_cell, group_first), minus1), op.Shape(tail_part))
+    acc = op.ScatterElements(acc, tail_cells, tail_part, axis=0, reduction="add")
     return op.Transpose(op.CastLike(op.Reshape(acc, shape), feat), perm=[0, 4, 1, 2, 3])
 
 

@@ -268,7 +268,8 @@ template <>
 struct Transpose<16, double> {
   OPBRIDGE_INLINE static void block(const double* src, int64_t src_stride, double* dst, int64_t dst_stride) {
     typedef int64_t M __attribute__((vector_size(16)));
-    const typename Vec<double, 16>::V r0 = OPBRIDGE_VLOAD(double, 16, src), r1 = OPBRIDGE_VLOAD(double, 16, src + src_stride);
+    const typename Vec<double, 16>::V r0 = OPBRIDGE_VLOAD(double, 16, src);
+    const typename Vec<double, 16>::V r1 = OPBRIDGE_VLOAD(double, 16, src + src_stride);
     OPBRIDGE_VREF(double, 16, dst) = OPBRIDGE_SHUFFLE(r0, r1, M, 0, 2);
     OPBRIDGE_VREF(double, 16, dst + dst_stride) = OPBRIDGE_SHUFFLE(r0, r1, M, 1, 3);
   }
@@ -548,7 +549,11 @@ Status bev_pool_v2(Span<const T> depth, Span<const T> feat, const Indices& ix, c
                 /*trusted=*/false, out.data};
 
   constexpr int64_t kMaxTasks = 64;
-  const int64_t tasks = std::min<int64_t>({kMaxTasks, points / 8192 + 1, std::max<int64_t>(intervals, 1)});
+  // NOTE: a parallel section waits for every worker that started; on busy cores a woken worker
+  // may run only milliseconds later, so small inputs (< 2 x 32k points) stay on the calling thread.
+  constexpr int64_t kPointsPerTask = 32 * 1024;
+  const int64_t tasks = std::min<int64_t>({kMaxTasks, std::max<int64_t>(1, points / kPointsPerTask),
+                                           std::max<int64_t>(intervals, 1)});
   int64_t first[kMaxTasks + 1], cell_from[kMaxTasks + 1];
   TaskResult results[kMaxTasks];
   auto run_tasks = [&]() {
