@@ -1,9 +1,19 @@
-"""bev_pool_v2 at BEVDet size: native ORT kernel vs eager torch vs ORT function tier (one process).
+"""bev_pool_v2 at BEVDet-R50 size: every implementation side by side in one process.
 
-~200k kept points, C=80, output 1x80x1x128x128 (6 cameras, 16x44 feature maps, D depth bins).
-Prints the median time of each, the ratios, and achieved GB/s against a same-size memory copy.
+BEVDet-R50: 6 cameras, D=59 depth bins, 16x44 feature maps, C=64, grid 128x128x1 (~248k kept
+points, ~13.5k intervals). Timed round-robin (one call of each per round, medians over rounds), so
+load on the machine hits all of them alike:
 
-    python benchmarks/bev_pool_v2.py [--repeats 30] [--json out.json]
+- floor: a memcpy of the bytes the op touches (every input and output byte counted once)
+- ORT native (2 intra-op threads; also 1 thread, for the thread-scaling ratio)
+- ORT function tier (the op's portable ONNX body, plain onnxruntime)
+- eager torch (the op's torch implementation)
+- torch.compile of pure-torch gather + index_add (the same sum without the custom op)
+
+Before timing: native float32 against a float64 evaluation, native bitwise equal over repeated
+runs, function tier and torch.compile against eager.
+
+    python benchmarks/bev_pool_v2.py [--repeats 40] [--quick] [--depth-bins 59] [--json out.json]
 """
 
 from __future__ import annotations
@@ -16,15 +26,28 @@ import sys
 import tempfile
 import time
 
-import numpy as np
-import torch
+# NOTE: torch's OpenMP threads block instead of spinning, as the ORT sessions here do (see
+# session_options): on 2 shared cores a spinning pool steals the cores from the runtime being
+# timed. Only effective when this script starts the process (torch not yet loaded).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+import numpy as np  # noqa: E402
+import onnxruntime as ort  # noqa: E402
+import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import bridge  # noqa: E402
 import custom_ops  # noqa: E402,F401
-from custom_ops.demo import frustum_coords  # noqa: E402
 from custom_ops.bev_pool_v2 import voxel_pooling_prepare  # noqa: E402
+from custom_ops.demo import frustum_coords  # noqa: E402
+
+# BEVDet-R50's view transformer (FINDINGS.md): cameras, depth bins, feature map, channels, grid (X, Y, Z)
+R50 = {"cams": 6, "depth_bins": 59, "height": 16, "width": 44, "channels": 64, "grid": (128, 128, 1)}
+TARGETS = {"native_vs_floor_max": 3.0, "compile_vs_native_min": 20.0, "function_vs_eager_max": 1.0,
+           "thread_speedup_min": 1.7, "native_vs_float64_max_abs": 1e-5}
+NATIVE, NATIVE_1T, FUNCTION = "ORT native", "ORT native 1 thread", "ORT function"
+EAGER, COMPILED, FLOOR = "eager torch", "torch.compile gather+index_add", "memcpy (floor)"
 
 
 class Pool(torch.nn.Module):
@@ -33,10 +56,12 @@ class Pool(torch.nn.Module):
         self.shape = shape
 
     def forward(self, depth, feat, rd, rf, rb, starts, lengths):
-        return torch.ops.bev.bev_pool_v2(depth, feat, rd, rf, rb, starts, lengths, self.shape)
+        return torch.ops.bev.bev_pool_v2(depth, feat, rd, rf, rb, self.shape, starts, lengths)
 
 
-def bevdet_inputs(depth_bins=48, channels=80, cams=6, h=16, w=44, grid=(128, 128, 1), seed=0):
+def bevdet_inputs(depth_bins=R50["depth_bins"], channels=R50["channels"], cams=R50["cams"], h=R50["height"],
+                  w=R50["width"], grid=R50["grid"], seed=0):
+    """Frustum points of a ring of cameras, prepared as BEVDet's voxel_pooling_prepare_v2 does."""
     g = torch.Generator().manual_seed(seed)
     coords = frustum_coords(1, cams, depth_bins, h, w, grid, jitter=0.7, seed=seed)
     ranks = voxel_pooling_prepare(coords, grid)
@@ -45,72 +70,139 @@ def bevdet_inputs(depth_bins=48, channels=80, cams=6, h=16, w=44, grid=(128, 128
     return (depth, feat, *ranks), [1, grid[2], grid[1], grid[0], channels]
 
 
-def median_ms(fn, repeats):
-    fn()  # warm-up
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
+def gather_index_add(depth, feat, ranks_depth, ranks_feat, ranks_bev, shape: list[int]):
+    """The same sum in plain torch (every point adds into its own ranks_bev cell; the intervals of
+    voxel_pooling_prepare partition the points, so this equals the op on its inputs)."""
+    b, z, y, x, c = shape
+    values = feat.reshape(-1, c)[ranks_feat.long()] * depth.reshape(-1)[ranks_depth.long()].unsqueeze(-1)
+    out = torch.zeros(b * z * y * x, c, dtype=feat.dtype).index_add_(0, ranks_bev.long(), values)
+    return out.reshape(b, z, y, x, c).permute(0, 4, 1, 2, 3).contiguous()
+
+
+def bytes_touched(inputs, output) -> int:
+    """The floor's size: each input and output byte once (re-reads of a feature row across depth
+    bins are not counted again)."""
+    return sum(t.numel() * t.element_size() for t in inputs) + output.numel() * output.element_size()
+
+
+def round_robin(fns: dict, repeats: int) -> dict[str, float]:
+    """Median ms of each callable, one call of each per round (after one warm-up round)."""
+    for fn in fns.values():
         fn()
-        times.append((time.perf_counter() - start) * 1e3)
-    return statistics.median(times)
+    times = {k: [] for k in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            fn()
+            times[name].append((time.perf_counter() - start) * 1e3)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def session_options(threads: int = 2) -> ort.SessionOptions:
+    """ORT options for sessions timed side by side: ``threads`` intra-op threads, no spinning.
+
+    NOTE: an idle ORT pool spins its threads after each run; with several sessions (and torch's
+    own pool) in one process on 2 cores, the spinning pools of the sessions not running steal the
+    cores from the one that is (measured: native with 2 threads slower than with 1). Real
+    deployments run one session; here none spins, so the side-by-side times stay comparable.
+    """
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return options
+
+
+def measure(repeats: int = 40, quick: bool = False, config: dict | None = None) -> dict:
+    """Everything above at one size (``config`` overrides R50's sizes); ``quick`` skips torch.compile."""
+    cfg = dict(R50, **(config or {}))
+    inputs, shape = bevdet_inputs(cfg["depth_bins"], cfg["channels"], cfg["cams"], cfg["height"], cfg["width"],
+                                  tuple(cfg["grid"]))
+    depth, feat, rd, rf, rb, starts, lengths = inputs
+    model = Pool(shape)
+    with torch.no_grad():
+        expected = model(*inputs)
+        expected64 = model(depth.double(), feat.double(), *inputs[2:])
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "pool.onnx")
+        bridge.export(model, inputs, path)
+        sessions = {NATIVE: bridge.session(path, tier="native", sess_options=session_options(2)),
+                    NATIVE_1T: bridge.session(path, tier="native", sess_options=session_options(1)),
+                    FUNCTION: bridge.session(path, tier="function", sess_options=session_options(2))}
+    feed = bridge.parity.ort_feed(sessions[NATIVE], inputs)
+
+    checks = {}
+    runs = [sessions[NATIVE].run(None, feed)[0] for _ in range(5)]
+    checks["native_deterministic"] = all(np.array_equal(runs[0], r) for r in runs[1:])
+    checks["native_vs_float64_max_abs"] = float(np.abs(runs[0].astype(np.float64) - expected64.numpy()).max())
+    got_function = [sessions[FUNCTION].run(None, feed)[0] for _ in range(2)]
+    checks["function_deterministic"] = np.array_equal(got_function[0], got_function[1])
+    checks["function_vs_eager"] = bridge.compare(FUNCTION, expected, got_function[0]).max_abs
+    for name in (NATIVE, FUNCTION):
+        row = bridge.compare(name, expected, sessions[name].run(None, feed)[0])
+        assert row.passed, row  # same answer before timing anything
+
+    nbytes = bytes_touched(inputs, expected)
+    src = np.ones(nbytes // 4, np.float32)
+    dst = np.empty_like(src)
+    # NOTE: torch first: its OpenMP threads spin a little after each call, which would slow the next
+    # call; that is then an ORT session's (tens of ms), never the floor's or native's.
+    fns = {EAGER: lambda: model(*inputs)}
+    compiled_note = None
+    if quick:
+        compiled_note = "skipped in --quick mode"
+    else:
+        compiled = torch.compile(gather_index_add, dynamic=False)
+        with torch.no_grad():
+            got = compiled(depth, feat, rd, rf, rb, shape)
+        row = bridge.compare(COMPILED, expected, got.numpy())
+        assert row.passed, row
+        checks["compile_vs_eager"] = row.max_abs
+        fns[COMPILED] = lambda: compiled(depth, feat, rd, rf, rb, shape)
+    fns.update({name: (lambda s=sessions[name]: s.run(None, feed)) for name in (FUNCTION, NATIVE_1T, NATIVE)})
+    fns[FLOOR] = lambda: np.copyto(dst, src)
+    with torch.no_grad():
+        ms = round_robin(fns, repeats)
+
+    native = ms[NATIVE]
+    ratios = {"native / floor": native / ms[FLOOR],
+              "eager / native": ms[EAGER] / native,
+              "function / native": ms[FUNCTION] / native,
+              "function / eager": ms[FUNCTION] / ms[EAGER],
+              "native 1 -> 2 threads speedup": ms[NATIVE_1T] / native}
+    if COMPILED in ms:
+        ratios["torch.compile / native"] = ms[COMPILED] / native
+        ratios["eager / torch.compile"] = ms[EAGER] / ms[COMPILED]
+    return {"config": {**cfg, "grid": list(cfg["grid"])}, "points": int(rd.numel()), "intervals": int(starts.numel()),
+            "output_shape": list(expected.shape), "bytes_touched": nbytes, "repeats": repeats,
+            "torch_threads": torch.get_num_threads(), "ort_intra_op_spinning": False, "median_ms": ms,
+            "vs_floor": {k: v / ms[FLOOR] for k, v in ms.items()},
+            "floor_gbps": nbytes / (ms[FLOOR] * 1e6), "ratios": ratios, "checks": checks, "targets": TARGETS,
+            "torch.compile": compiled_note or "compiled"}
+
+
+def report(r: dict) -> str:
+    lines = [f"bev_pool_v2: {r['points']} points, {r['intervals']} intervals, C={r['config']['channels']}, output "
+             f"{r['output_shape']}, {r['bytes_touched'] / 1e6:.2f} MB touched, {r['repeats']} rounds, "
+             f"{os.cpu_count()} cores",
+             f"{'kernel':<32}{'median ms':>10}{'x floor':>9}"]
+    for name, ms in r["median_ms"].items():
+        lines.append(f"{name:<32}{ms:>10.3f}{r['vs_floor'][name]:>9.1f}")
+    lines.append("ratios: " + ", ".join(f"{k} {v:.2f}" for k, v in r["ratios"].items()))
+    lines.append("checks: " + ", ".join(f"{k} {v}" for k, v in r["checks"].items()))
+    if r["torch.compile"] != "compiled":
+        lines.append(f"torch.compile: {r['torch.compile']}")
+    return "\n".join(lines)
 
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--repeats", type=int, default=30)
+    parser.add_argument("--repeats", type=int, default=40)
+    parser.add_argument("--quick", action="store_true", help="skip torch.compile (a smoke run)")
+    parser.add_argument("--depth-bins", type=int, default=R50["depth_bins"], help="fewer for a smaller run")
     parser.add_argument("--json", help="write results here")
     args = parser.parse_args(argv)
-
-    inputs, shape = bevdet_inputs()
-    points, intervals = inputs[2].numel(), inputs[5].numel()
-    model = Pool(shape)
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "pool.onnx")
-        bridge.export(model, inputs, path)
-        sessions = {tier: bridge.session(path, tier=tier) for tier in ("native", "function")}
-        feed = bridge.parity.ort_feed(sessions["native"], inputs)
-        with torch.no_grad():
-            expected = model(*inputs)
-        for tier, sess in sessions.items():  # same answer before timing anything
-            row = bridge.compare(tier, expected, sess.run(None, feed)[0])
-            assert row.passed, row
-        times = {"eager torch": median_ms(lambda: model(*inputs), args.repeats)}
-        for tier, sess in sessions.items():
-            times[f"ORT {tier}"] = median_ms(lambda s=sess: s.run(None, feed), args.repeats)
-        # thread scaling of the native kernel: one session per intra-op thread count
-        import onnxruntime as ort
-
-        threads = {}
-        for n in sorted({1, 2, os.cpu_count() or 1}):
-            options = ort.SessionOptions()
-            options.intra_op_num_threads = n
-            sess = bridge.session(path, tier="native", sess_options=options)
-            threads[n] = median_ms(lambda s=sess: s.run(None, feed), args.repeats)
-
-    channels = shape[4]
-    # bytes a kernel must move: per point a feat row, a depth value and three int32 ranks; plus the output
-    moved = points * (channels * 4 + 4 + 12) + expected.numel() * 4
-    src = np.ones(moved // 4, np.float32)
-    dst = np.empty_like(src)
-    copy_ms = median_ms(lambda: np.copyto(dst, src), args.repeats)
-    gbps = {k: moved / (v * 1e6) for k, v in times.items()}
-    copy_gbps = moved / (copy_ms * 1e6)
-
-    print(f"bev_pool_v2: {points} points, {intervals} intervals, C={channels}, output {list(expected.shape)}, "
-          f"{torch.get_num_threads()} torch threads, {os.cpu_count()} cores")
-    print(f"{'kernel':<14}{'median ms':>10}{'vs native':>11}{'GB/s':>8}{'of memcpy':>11}")
-    native = times["ORT native"]
-    for name, ms in times.items():
-        print(f"{name:<14}{ms:>10.2f}{ms / native:>10.2f}x{gbps[name]:>8.2f}{gbps[name] / copy_gbps:>10.0%}")
-    print(f"{'memcpy':<14}{copy_ms:>10.2f}{'':>11}{copy_gbps:>8.2f}{1:>10.0%}")
-    print("native by intra-op threads: " + ", ".join(f"{n}: {ms:.2f} ms ({threads[1] / ms:.2f}x)"
-                                                    for n, ms in threads.items()))
-    print(f"native is {times['eager torch'] / native:.1f}x faster than eager torch (target >= 3x) and "
-          f"{times['ORT function'] / native:.1f}x faster than the ORT function tier (target >= 2x)")
-    result = {"points": points, "intervals": intervals, "channels": channels, "median_ms": times,
-              "memcpy_ms": copy_ms, "gbps": gbps, "memcpy_gbps": copy_gbps,
-              "speedup_vs_eager": times["eager torch"] / native, "speedup_vs_function": times["ORT function"] / native,
-              "native_ms_by_threads": threads}
+    result = measure(args.repeats, args.quick, {"depth_bins": args.depth_bins})
+    print(report(result))
     if args.json:
         with open(args.json, "w") as fh:
             json.dump(result, fh, indent=2)
