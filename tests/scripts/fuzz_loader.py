@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import onnx
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import bridge
@@ -71,8 +71,7 @@ def damaged(draw):
     return model.SerializeToString()
 
 
-@settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
-          suppress_health_check=[HealthCheck.too_slow])  # each example opens real sessions
+@settings(max_examples=EXAMPLES, deadline=None, derandomize=True)
 @given(damaged(), st.sampled_from(bridge.TIERS))
 def fuzz(data, tier):
     attempt(data, tier)
