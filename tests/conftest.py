@@ -38,6 +38,8 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     if config.getoption("--heavy"):
         os.environ.setdefault("OPBRIDGE_EXAMPLES", "200")
+        os.environ.setdefault("OPBRIDGE_FUZZ_EXAMPLES", "1000")
+        os.environ.setdefault("OPBRIDGE_SESSIONS", "10000")
         config.option.markexpr = ""  # run the slow-marked tests too
 
 
