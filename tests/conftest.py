@@ -40,6 +40,7 @@ def pytest_configure(config):
         os.environ.setdefault("OPBRIDGE_EXAMPLES", "200")
         os.environ.setdefault("OPBRIDGE_FUZZ_EXAMPLES", "1000")
         os.environ.setdefault("OPBRIDGE_SESSIONS", "10000")
+        os.environ.setdefault("OPBRIDGE_SOAK_RUNS", "10000")
         config.option.markexpr = ""  # run the slow-marked tests too
 
 

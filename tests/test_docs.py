@@ -91,3 +91,13 @@ def test_readme_bridges_a_cpp_torch_library_op(tmp_path):
                        cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "| PASS" in r.stdout and "max abs" in r.stdout
+
+
+def test_ci_runs_the_readme_test_command():
+    readme = (ROOT / "README.md").read_text()
+    (install_and_test,) = [line for line in readme.splitlines() if line.startswith("python3 -m venv")
+                           and "pytest" in line]
+    readme_pytest = install_and_test.split("&& ")[-1]
+    ci_pytest = next(line for line in (ROOT / ".ci/run").read_text().splitlines() if "-m pytest" in line)
+    # CI adds only -p no:cacheprovider (nothing written into the clean clone)
+    assert ci_pytest.replace(" -p no:cacheprovider", "") == readme_pytest, (ci_pytest, readme_pytest)

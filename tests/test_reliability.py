@@ -18,7 +18,7 @@ from op_db import OPS, TIERS, bad_input_params
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-SOAK_RUNS = 10_000
+SOAK_RUNS = int(os.environ.get("OPBRIDGE_SOAK_RUNS", "2000"))  # --heavy: 10,000
 RSS_BOUND = 32 * 2**20  # bytes of growth allowed over the soak (warm-up excluded)
 
 
