@@ -18,6 +18,7 @@ import torch
 from bridge.domains import all_nodes, is_custom
 from bridge.errors import OpBridgeError
 from bridge.progress import step
+from bridge.proxy import redirect, specialisation_check
 from bridge.registry import REGISTRY, Registry
 from exporters.derive import attach_derived
 from exporters.inline import inline_functions
@@ -87,6 +88,13 @@ def _ensure_opset_imports(model: onnx.ModelProto, registry: Registry) -> None:
     for domain in sorted({n.domain for n in all_nodes(model) if is_custom(n.domain)} - present):
         versions = {s.version for s in registry if s.domain == domain}
         model.opset_import.append(onnx.helper.make_opsetid(domain, max(versions or {1})))
+
+
+def proxy_targets(registry: Registry) -> dict:
+    """``{original op: (its proxy, argument check)}`` for the registry's ops bridged through a proxy
+    (bridge.proxy): during torch.export the model's calls go to the proxy, one opaque node."""
+    return {s.proxy_for: (s.overload, specialisation_check(s.qualname, s.overload)) for s in registry
+            if isinstance(s.proxy_for, torch._ops.OpOverload)}
 
 
 DEFAULT_REWRITES: tuple[Callable, ...] = (torchbind_to_ops, functionalize_mutations)
@@ -180,7 +188,7 @@ def export_with_program(
     reg = REGISTRY if registry is None else registry
     args = tuple(args)
     warn_training_mode(model)
-    with step("torch.export"):
+    with step("torch.export"), redirect(proxy_targets(reg)):
         program = torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
                                       strict=False)
     for rewrite in DEFAULT_REWRITES if rewrites is None else rewrites:
