@@ -147,7 +147,7 @@ def define_op_proxy(overload: torch._ops.OpOverload, fake: Callable,
     Example:
         >>> import torch
         >>> lib = torch.library.Library("proxy_doc", "DEF")
-        >>> lib.define("twice(Tensor _0, int? _1) -> Tensor")
+        >>> _ = lib.define("twice(Tensor _0, int? _1) -> Tensor")
         >>> lib.impl("twice", lambda x, k: x * 2, "CompositeImplicitAutograd")
         >>> proxy = define_op_proxy(torch.ops.proxy_doc.twice.default, lambda x, k: torch.empty_like(x), {"_0": "x"})
         >>> str(proxy._schema), proxy(torch.ones(1), None).tolist()
@@ -313,7 +313,7 @@ def redirect(targets: Mapping[torch._ops.OpOverload, tuple[torch._ops.OpOverload
     Example:
         >>> import torch
         >>> with redirect({torch.ops.aten.sin.default: (torch.ops.aten.cos.default, lambda a, k: None)}):
-        ...     torch.ops.aten.sin(torch.zeros(1)).tolist()
+        ...     torch.ops.aten.sin.default(torch.zeros(1)).tolist()
         [1.0]
     """
     table = {}

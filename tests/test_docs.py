@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULES = ["bridge", "bridge.errors", "bridge.dtypes", "bridge.domains", "bridge.progress", "bridge.registry",
-           "bridge.opdef", "bridge.sessions", "ort_kernels.tiers", "exporters.translation",
+           "bridge.opdef", "bridge.proxy", "bridge.sessions", "ort_kernels.tiers", "exporters.translation",
            "bridge.parity", "bridge.localize", "bridge.testing", "custom_ops.demo", "exporters.export",
            "exporters.derive"]
 
@@ -91,3 +91,50 @@ def test_readme_bridges_a_cpp_torch_library_op(tmp_path):
                        cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "| PASS" in r.stdout and "max abs" in r.stdout
+
+
+def _scatter_readme(tmp_path, stand_in: bool) -> subprocess.CompletedProcess:
+    code = _readme_block("# bridge_scatter.py")
+    assert len(_user_lines(code)) <= 15
+    paths = [str(ROOT)]
+    if stand_in:
+        # NOTE: the stand-in library registers the same way under another namespace
+        code = code.replace("torch_scatter::", "legacy_scatter::").replace("torch.ops.torch_scatter",
+                                                                           "torch.ops.legacy_scatter")
+        (tmp_path / "torch_scatter.py").write_text("from vendor import legacy_ops\nlegacy_ops.load()\n")
+        paths += [str(tmp_path), str(ROOT / "tests")]
+    else:
+        paths += [str(REAL_TORCH_SCATTER)]
+    (tmp_path / "bridge_scatter.py").write_text(code)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+    return subprocess.run([sys.executable, "bridge_scatter.py"], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=600)
+
+
+def test_readme_bridges_a_torch_scatter_style_op(tmp_path):
+    r = _scatter_readme(tmp_path, stand_in=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "| PASS" in r.stdout
+
+
+REAL_TORCH_SCATTER = Path(os.environ.get("OPBRIDGE_CACHE_DIR") or Path.home() / ".cache" / "opbridge") / \
+    "torch_scatter-2.1.2"
+
+
+@pytest.mark.slow
+def test_readme_bridges_the_real_torch_scatter(tmp_path):
+    # NOTE: builds torch-scatter 2.1.2 from source once (minutes), against this torch: no other torch
+    # is pulled (--no-build-isolation, --no-deps); cached in the project's cache folder
+    if not (REAL_TORCH_SCATTER / "torch_scatter").is_dir():
+        sdist = tmp_path / "sdist"
+        pip = [sys.executable, "-m", "pip"]
+        got = subprocess.run(pip + ["download", "torch-scatter==2.1.2", "--no-binary", ":all:", "--no-deps",
+                                    "--no-build-isolation", "-d", str(sdist)], capture_output=True, text=True, timeout=600)
+        assert got.returncode == 0, got.stdout[-2000:] + got.stderr[-2000:]
+        built = subprocess.run(pip + ["install", "--no-build-isolation", "--no-deps", "--no-index", "--target",
+                                      str(REAL_TORCH_SCATTER), *map(str, sdist.glob("torch_scatter-*.tar.gz"))],
+                               capture_output=True, text=True, env=dict(os.environ, FORCE_ONLY_CPU="1"), timeout=3600)
+        assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    r = _scatter_readme(tmp_path, stand_in=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "| PASS" in r.stdout
