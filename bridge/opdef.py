@@ -19,7 +19,7 @@ from torch._library import custom_ops
 
 from bridge.errors import OpBridgeError
 from bridge.proxy import (class_schemas, define_method_proxy, define_op_proxy, ensure_fake_class, is_composite_only,
-                          method_schema)
+                          method_schema, user_fake_class)
 from bridge.registry import REGISTRY, Registry
 from bridge.spec import OpSpec, function_signature, has_fake_kernel, parse_params, validate_qualname
 
@@ -296,10 +296,8 @@ def _register_method(target: str, *, function, reference, sample_inputs, fake, d
                                 "__obj_flatten__ gives, in order.")
         attributes = function_signature(function)[3]
     attributes = list(attributes)
-    fake_class = torch._library.fake_class_registry
-    if fake is None and fake_class.has_fake_class(class_name):
-        cls = fake_class.find_fake_class(class_name)
-
+    cls = user_fake_class(class_name)
+    if fake is None and cls is not None:
         def fake(*values):  # noqa: F811  the user's fake class answers for the method
             obj = cls.__obj_unflatten__(tuple(zip(attributes, values[n_tensors:])))
             return getattr(obj, method)(*values[:n_tensors])

@@ -165,10 +165,15 @@ def define_op_proxy(overload: torch._ops.OpOverload, fake: Callable,
     return _define(_proxy_name(qualname), signature, lambda *args: overload(*args), fake)
 
 
+def _fqn(class_name: str) -> str:
+    """'ns::Class' -> '__torch__.torch.classes.ns.Class' (how torch names the class type)."""
+    ns, _, cls = class_name.partition("::")
+    return f"__torch__.torch.classes.{ns}.{cls}"
+
+
 def class_schemas(class_name: str) -> dict[str, torch.FunctionSchema]:
     """The method schemas of torchbind class ``ns::Class`` (``self`` first), by method name."""
-    ns, _, cls = class_name.partition("::")
-    fqn = f"__torch__.torch.classes.{ns}.{cls}"
+    fqn = _fqn(class_name)
     return {s.name: s for s in torch._C._jit_get_custom_class_schemas()
             if s.arguments and str(s.arguments[0].type) == fqn}
 
@@ -245,14 +250,25 @@ def define_method_proxy(target: str, attributes: list[str], fake: Callable,
     return _define(_proxy_name(class_name, method), signature, kernel, fake)
 
 
+def user_fake_class(class_name: str) -> Any | None:
+    """The fake class registered for torchbind class ``class_name`` by someone else than the bridge."""
+    cls = torch._library.fake_class_registry.find_fake_class(_fqn(class_name))
+    return None if cls is None or getattr(cls, "_opbridge_proxy", False) else cls
+
+
 def ensure_fake_class(class_name: str, method: str, proxy: torch._ops.OpOverload, attributes: list[str]) -> None:
     """Register a fake class for ``class_name`` whose ``method`` runs the proxy on fake tensors, unless
-    the class has one: export needs it to trace a model holding the object."""
+    the user registered one: export needs it to trace a model holding the object. The bridge's own
+    is replaced on a later registration (new state names)."""
     registry = torch._library.fake_class_registry
-    if registry.has_fake_class(class_name):
+    if user_fake_class(class_name) is not None:
         return
+    if registry.has_fake_class(_fqn(class_name)):
+        registry.deregister_fake_class(class_name)
 
     class FakeObject:
+        _opbridge_proxy = True
+
         def __init__(self, state: dict):
             self.state = state
 

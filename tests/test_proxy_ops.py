@@ -310,3 +310,59 @@ def test_torchbind_method_errors_name_the_fix(registry):
                         fake=lambda x, s: x, registry=registry)
     with pytest.raises(bridge.OpBridgeError, match=r"neither attributes= nor a function= body"):
         bridge.register("legacy_scatter::Affine.forward", fake=lambda x, s, b: x, registry=registry)
+
+
+def test_opbridge_ops_lists_proxied_ops_under_their_own_names(tmp_path):
+    (tmp_path / "legacy_bridge.py").write_text("import test_proxy_ops as t\nt.bridge_scatter()\nt.bridge_affine()\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests"), str(tmp_path)]))
+    r = subprocess.run([sys.executable, "-m", "bridge", "--ops", "legacy_bridge", "ops", "--json"],
+                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = {row["op"]: row for row in json.loads(r.stdout[r.stdout.index("["):])}
+    row = rows["legacy_scatter::scatter_max"]
+    assert (row["onnx"], row["inputs"], row["attributes"]) == \
+        ("legacy_scatter::scatter_max v1", ["src", "index", "out"], {"dim": "INT", "dim_size": "INT"})
+    assert row["fake"] and row["body"] == "written" and row["tiers"]["function"] and row["tiers"]["python"]
+    row = rows["legacy_scatter::Affine.forward"]
+    assert (row["onnx"], row["inputs"], row["torchbind"]) == \
+        ("legacy_scatter::Affine_forward v1", ["x"], ["legacy_scatter::Affine.forward"])
+
+
+def test_torchbind_method_uses_the_users_fake_class_when_no_fake_is_given(registry):
+    legacy_ops.load()
+    seen = []
+
+    class FakeAffine:
+        def __init__(self, scale, shift):
+            self.scale, self.shift = scale, shift
+
+        @classmethod
+        def __obj_unflatten__(cls, flat):
+            return cls(**dict(flat))
+
+        def forward(self, x):
+            seen.append((self.scale, self.shift))
+            return torch.empty_like(x)
+
+    fakes = torch._library.fake_class_registry
+    ours = fakes.find_fake_class("__torch__.torch.classes.legacy_scatter.Affine")
+    if ours is not None:
+        fakes.deregister_fake_class("legacy_scatter::Affine")
+    fakes.register_fake_class("legacy_scatter::Affine", FakeAffine)
+    try:
+        bridge.register("legacy_scatter::Affine.forward", function=Affine_forward, names={"_1": "x"},
+                        registry=registry)
+        proto = bridge.export(Holder(0.5, 2), (torch.randn(3, 2),), registry=registry)
+    finally:
+        fakes.deregister_fake_class("legacy_scatter::Affine")
+        if ours is not None:
+            fakes.register_fake_class("legacy_scatter::Affine", ours)
+    assert (0.5, 2) in seen  # the proxy's fake asked the user's fake class, with the object's state
+    assert [n.op_type for n in proto.graph.node] == ["Affine_forward", "Mul"]
+
+
+def test_composite_only_op_without_a_body_says_so_and_still_runs_in_the_python_tier(registry):
+    legacy_ops.load()
+    sum_op = bridge.register("legacy_scatter::scatter_sum", fake=fake_sum, names=NAMES, registry=registry)
+    from ort_kernels.tiers import TIERS
+    assert TIERS["function"].why_not(sum_op.spec) is not None and TIERS["python"].why_not(sum_op.spec) is None
