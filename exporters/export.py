@@ -91,10 +91,14 @@ def _ensure_opset_imports(model: onnx.ModelProto, registry: Registry) -> None:
 
 
 def proxy_targets(registry: Registry) -> dict:
-    """``{original op: (its proxy, argument check)}`` for the registry's ops bridged through a proxy
-    (bridge.proxy): during torch.export the model's calls go to the proxy, one opaque node."""
-    return {s.proxy_for: (s.overload, specialisation_check(s.qualname, s.overload)) for s in registry
-            if isinstance(s.proxy_for, torch._ops.OpOverload)}
+    """``{op: (what runs, argument check)}`` during torch.export: an op bridged through a proxy
+    (bridge.proxy) goes to the proxy, one opaque node; every other registered op runs as it is. The
+    check names the op and argument when an ``int`` gets a size marked dynamic."""
+    targets = {s.overload: (s.overload, specialisation_check(s.qualname, s.overload)) for s in registry
+               if s.proxy_for is None}
+    targets.update({s.proxy_for: (s.overload, specialisation_check(s.qualname, s.overload)) for s in registry
+                    if isinstance(s.proxy_for, torch._ops.OpOverload)})
+    return targets
 
 
 DEFAULT_REWRITES: tuple[Callable, ...] = (torchbind_to_ops, functionalize_mutations)
@@ -189,8 +193,17 @@ def export_with_program(
     args = tuple(args)
     warn_training_mode(model)
     with step("torch.export"), redirect(proxy_targets(reg)):
-        program = torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
-                                      strict=False)
+        try:
+            program = torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
+                                          strict=False)
+        except RuntimeError as e:
+            if "data is not allocated" not in str(e):
+                raise
+            raise OpBridgeError(
+                "torch.export traced into an op's own (C++) kernel, which reads tensor data that tracing does not "
+                f"have. Got: {str(e).splitlines()[0]} Bridge that op with bridge.register('ns::name', fake=...): an "
+                "op whose only kernel is CompositeImplicitAutograd (torch-scatter's, torch::RegisterOperators) "
+                "then stays one node.") from e
     for rewrite in DEFAULT_REWRITES if rewrites is None else rewrites:
         program = rewrite(program, reg)
     check_program(program, reg)

@@ -366,3 +366,26 @@ def test_composite_only_op_without_a_body_says_so_and_still_runs_in_the_python_t
     sum_op = bridge.register("legacy_scatter::scatter_sum", fake=fake_sum, names=NAMES, registry=registry)
     from ort_kernels.tiers import TIERS
     assert TIERS["function"].why_not(sum_op.spec) is not None and TIERS["python"].why_not(sum_op.spec) is None
+
+
+def test_export_of_an_unbridged_composite_only_op_points_at_bridge_register(registry):
+    legacy_ops.load()
+    bridge.register("legacy_scatter::scatter_sum", fake=fake_sum, names=NAMES, registry=registry)  # max is not
+    with pytest.raises(bridge.OpBridgeError, match=r"traced into an op's own \(C\+\+\) kernel.*Got: The tensor has "
+                                                   r"a non-zero number.*bridge.register\('ns::name', fake=\.\.\.\)"):
+        bridge.export(Pool(), inputs(6, 0), registry=registry)
+
+
+def test_dynamic_size_into_an_int_argument_of_any_bridged_op_is_named(registry):
+    from vendor import cpp_ops
+
+    cpp_ops.load()
+    bridge.register("vendorcpp::affine_head", registry=registry)
+
+    class Head(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.vendorcpp.affine_head(x, x.shape[0], 0.5, [1])
+
+    with pytest.raises(bridge.OpBridgeError, match=r"vendorcpp::affine_head: argument 'k' is declared int"):
+        bridge.export(Head(), (torch.randn(3, 6),), dynamic_shapes=({0: torch.export.Dim("rows", max=6)},),
+                      registry=registry)
