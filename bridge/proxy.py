@@ -316,7 +316,10 @@ class _Redirect(TorchFunctionMode):
         hit = self.targets.get(func)
         if hit is None:
             return func(*args, **kwargs)
-        proxy, check = hit
+        original, proxy, check = hit
+        if kwargs and proxy is not original:  # NOTE: keywords of the original's names, the proxy's own
+            renamed = dict(zip((a.name for a in original._schema.arguments), (a.name for a in proxy._schema.arguments)))
+            kwargs = {renamed.get(k, k): v for k, v in kwargs.items()}
         check(args, kwargs)
         return proxy(*args, **kwargs)
 
@@ -324,7 +327,8 @@ class _Redirect(TorchFunctionMode):
 @contextlib.contextmanager
 def redirect(targets: Mapping[torch._ops.OpOverload, tuple[torch._ops.OpOverload, Callable]]):
     """While active, calls of each original op (overload or packet) go to its proxy after
-    ``check(args, kwargs)``; the export traces the proxy as one node. Nothing changes outside.
+    ``check(args, kwargs)`` (keywords renamed to the proxy's argument names); the export traces the
+    proxy as one node. Nothing changes outside.
 
     Example:
         >>> import torch
@@ -333,12 +337,12 @@ def redirect(targets: Mapping[torch._ops.OpOverload, tuple[torch._ops.OpOverload
         [1.0]
     """
     table = {}
-    for original, hit in targets.items():
-        table[original] = hit
+    for original, (proxy, check) in targets.items():
+        table[original] = (original, proxy, check)
         # NOTE: a packet call (torch.ops.ns.op(...)) reaches the mode as the packet; it is the
         # bridged overload only when the op has no other.
         if len(original.overloadpacket.overloads()) == 1:
-            table[original.overloadpacket] = hit
+            table[original.overloadpacket] = (original, proxy, check)
     if not table:
         yield
         return

@@ -201,6 +201,14 @@ def test_dynamic_size_into_an_int_argument_names_the_op_and_the_fix(registry):
     with pytest.raises(bridge.OpBridgeError, match=r"legacy_scatter::scatter_sum: argument 'dim_size' is declared "
                                                    r"int.*marked dynamic.*Got dim_size=s\d+.*SymInt.*fixed size"):
         bridge.export(PerPoint(), inputs(7, 0), dynamic_shapes=DYNAMIC, registry=registry)
+    class Keywords(torch.nn.Module):  # keywords by the op's own (C++-inferred) names
+        def forward(self, src, index):
+            return torch.ops.legacy_scatter.scatter_sum(src, index, _2=0, _3=None, _4=src.shape[0])
+
+    with pytest.raises(bridge.OpBridgeError, match=r"argument 'dim_size' is declared int"):
+        bridge.export(Keywords(), inputs(7, 0), dynamic_shapes=DYNAMIC, registry=registry)
+    proto = bridge.export(Keywords(), inputs(7, 0), registry=registry)
+    assert {a.name: a.i for a in next(n for n in proto.graph.node if n.domain).attribute} == {"dim": 0, "dim_size": 7}
     proto = bridge.export(PerPoint(), inputs(7, 0), registry=registry)  # static: the size is a constant
     assert {a.name: a.i for a in next(n for n in proto.graph.node if n.domain).attribute} == {"dim": 0, "dim_size": 7}
 
