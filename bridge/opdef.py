@@ -235,9 +235,9 @@ def register(
         (['x', 'k'], 'opbridge_proxy::vendor_doc__shift')
     """
     reg = REGISTRY if registry is None else registry
-    if not isinstance(version, int) or version < 1:
-        raise OpBridgeError(f"{op}: version must be an int >= 1. Got {version!r}. Use version=1.")
     method = _torchbind_target(op)
+    if method is not None and (not isinstance(version, int) or version < 1):
+        raise OpBridgeError(f"{method}: version must be an int >= 1. Got {version!r}. Use version=1.")
     if method is not None:
         return _register_method(method, function=function, reference=reference, sample_inputs=sample_inputs,
                                 fake=fake, dtypes=dtypes, version=version, translation=translation, names=names,
@@ -248,6 +248,8 @@ def register(
                             f"{overload._overloadname!r}. Wrap it in a torch.library.custom_op with its own name.")
     qualname = overload.name()
     reg.check_free(qualname)
+    if not isinstance(version, int) or version < 1:
+        raise OpBridgeError(f"{qualname}: version must be an int >= 1. Got {version!r}. Use version=1.")
     if attributes is not None:
         raise OpBridgeError(f"{qualname}: attributes= names a torchbind object's state. Got it for an op. Drop it: "
                             "an op's attributes come from its schema.")

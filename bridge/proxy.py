@@ -105,7 +105,10 @@ def _top_level(text: str) -> list[str]:
     """``text`` split at commas outside brackets."""
     parts, depth, cur = [], 0, ""
     for ch in text:
-        depth += ch in "([" and 1 or (ch in ")]" and -1 or 0)
+        if ch in "([":
+            depth += 1
+        elif ch in ")]":
+            depth -= 1
         if ch == "," and depth == 0:
             parts.append(cur.strip())
             cur = ""
@@ -127,6 +130,8 @@ def schema_parts(schema: torch.FunctionSchema) -> tuple[list[tuple[str, str]], l
     head, _, tail = text.partition(") -> ")
     args = []
     for item in _top_level(head[head.index("(") + 1:]):
+        if item == "*":
+            continue  # NOTE: keyword-only marker: the proxy takes every argument positionally or by name
         decl, eq, default = item.partition("=")
         args.append((decl.rsplit(" ", 1)[0].strip(), eq + default))
     tail = tail.strip()
