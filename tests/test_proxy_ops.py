@@ -19,7 +19,6 @@ import bridge
 from vendor import legacy_ops
 
 ROOT = Path(__file__).resolve().parents[1]
-SCATTER = values.Opset("legacy_scatter", 1)
 NAMES = {"_0": "src", "_1": "index", "_2": "dim", "_3": "out", "_4": "dim_size"}
 TARGETS = 5  # fixed number of target nodes; the number of points is dynamic
 
@@ -43,8 +42,8 @@ def fake_max(src, index, dim, out, dim_size):
 
 
 # NOTE: the bodies read neither `out` (they handle only an omitted out) and need dim_size given;
-# the index broadcasts over src's trailing dims, as torch-scatter's does.
-@script(SCATTER, default_opset=op)
+# the index broadcasts over src's trailing dims, as torch-scatter's does. Plain functions, scripted
+# per domain by bodies(): the real torch-scatter's domain is torch_scatter.
 def scatter_sum(src, index, out, dim: int, dim_size: int):
     shape = op.Shape(src)
     extra = op.Sub(op.Size(shape), op.Size(op.Shape(index)))
@@ -56,7 +55,6 @@ def scatter_sum(src, index, out, dim: int, dim_size: int):
     return op.ScatterElements(zeros, idx, src, axis=dim, reduction="add")
 
 
-@script(SCATTER, default_opset=op)
 def scatter_max(src, index, out, dim: int, dim_size: int):
     shape = op.Shape(src)
     rank = op.Reshape(op.Size(shape), op.Constant(value_ints=[1]))
@@ -79,12 +77,18 @@ def scatter_max(src, index, out, dim: int, dim_size: int):
     return op.Where(empty, op.CastLike(op.Constant(value_float=0.0), src), best), arg
 
 
-def bridge_scatter(registry=None):
-    legacy_ops.load()
-    return (bridge.register("legacy_scatter::scatter_sum", fake=fake_sum, function=scatter_sum, names=NAMES,
-                            registry=registry),
-            bridge.register("legacy_scatter::scatter_max", fake=fake_max, function=scatter_max, names=NAMES,
-                            registry=registry))
+def bodies(domain):
+    """The onnxscript bodies of scatter_sum and scatter_max in ``domain``."""
+    opset = values.Opset(domain, 1)
+    return script(opset, default_opset=op)(scatter_sum), script(opset, default_opset=op)(scatter_max)
+
+
+def bridge_scatter(registry=None, ns="legacy_scatter"):
+    if ns == "legacy_scatter":
+        legacy_ops.load()
+    sum_body, max_body = bodies(ns)
+    return (bridge.register(f"{ns}::scatter_sum", fake=fake_sum, function=sum_body, names=NAMES, registry=registry),
+            bridge.register(f"{ns}::scatter_max", fake=fake_max, function=max_body, names=NAMES, registry=registry))
 
 
 class Pool(torch.nn.Module):
