@@ -239,9 +239,13 @@ def register(
     if method is not None and (not isinstance(version, int) or version < 1):
         raise OpBridgeError(f"{method}: version must be an int >= 1. Got {version!r}. Use version=1.")
     if method is not None:
+        if torchbind:
+            raise OpBridgeError(f"{method}: torchbind= lists methods an op stands for. Got it for a method. Drop it: "
+                                "the method's node stands for itself.")
+        native = None if native is None else resolve_native(native, _caller_folder(), method)
         return _register_method(method, function=function, reference=reference, sample_inputs=sample_inputs,
-                                fake=fake, dtypes=dtypes, version=version, translation=translation, names=names,
-                                attributes=attributes, registry=reg)
+                                fake=fake, dtypes=dtypes, domain=domain, version=version, translation=translation,
+                                names=names, attributes=attributes, native=native, registry=reg)
     overload = resolve_overload(op)
     if overload._overloadname != "default":
         raise OpBridgeError(f"{overload.name()}: only the default overload can be bridged. Got overload "
@@ -285,8 +289,8 @@ def register(
     return BridgeOp(qualname, reg, custom)
 
 
-def _register_method(target: str, *, function, reference, sample_inputs, fake, dtypes, version, translation,
-                     names, attributes, registry: Registry) -> BridgeOp:
+def _register_method(target: str, *, function, reference, sample_inputs, fake, dtypes, domain, version, translation,
+                     names, attributes, native, registry: Registry) -> BridgeOp:
     """``register`` for a torchbind method (see there)."""
     registry.check_free(target)
     class_name, _, method = target.rpartition(".")
@@ -311,10 +315,10 @@ def _register_method(target: str, *, function, reference, sample_inputs, fake, d
     params, n_out = parse_params(target, proxy._schema)
     ns, _, cls_name = class_name.partition("::")
     spec = OpSpec(
-        qualname=target, custom_op=proxy, params=params, num_outputs=n_out, domain=ns, version=version,
+        qualname=target, custom_op=proxy, params=params, num_outputs=n_out, domain=domain or ns, version=version,
         function=function, reference=reference, sample_inputs=sample_inputs, dtypes=tuple(dtypes),
         doc=f"{target} (torchbind method, bridged)", custom_translation=translation,
-        onnx_name=f"{cls_name}_{method}", torchbind=(target,), proxy_for=target,
+        onnx_name=f"{cls_name}_{method}", torchbind=(target,), proxy_for=target, native_source=native,
     )
     registry.add(spec)
     return BridgeOp(target, registry)
