@@ -100,6 +100,14 @@ class Pool(torch.nn.Module):
         return total * 2 + best, arg
 
 
+class Optionals(torch.nn.Module):
+    """The optional arguments the other way round: out given, dim_size omitted."""
+
+    def forward(self, src, index, out):
+        return (torch.ops.legacy_scatter.scatter_sum(src, index, 0, out, None),
+                torch.ops.legacy_scatter.scatter_sum(src, index, 0, None, None))
+
+
 def reference(src, index, dim_size):
     """torch-scatter's semantics as a plain loop (dim 0, 1-D index): sums, max, first argmax, empty -> 0/N."""
     src, index = src.numpy(), index.numpy()
@@ -184,8 +192,13 @@ from vendor import legacy_ops
 t.bridge_scatter()
 before = legacy_ops.calls("scatter_max")
 reports = [bridge.check_parity(t.Pool(), t.inputs(n, n), tier="python", dynamic_shapes=t.DYNAMIC) for n in (5, 13)]
-print(json.dumps({{"passed": [r.passed for r in reports], "calls": legacy_ops.calls("scatter_max") - before,
-                  "exact": [r.outputs[1].max_abs == 0.0 for r in reports], "text": [str(r) for r in reports]}}))
+calls = legacy_ops.calls("scatter_max") - before
+# the other optional cases: out given (an input), dim_size omitted (no attribute; size from the index)
+src, index = t.inputs(9, 3)
+optional = bridge.check_parity(t.Optionals(), (src, index, torch.full((t.TARGETS, 3), 0.5)), tier="python")
+print(json.dumps({{"passed": [r.passed for r in reports], "calls": calls, "optional": optional.passed,
+                  "shapes": [list(o.shape) for o in optional.outputs],
+                  "exact": [r.outputs[1].max_abs == 0.0 for r in reports], "text": [str(r) for r in reports + [optional]]}}))
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)))
@@ -193,6 +206,8 @@ print(json.dumps({{"passed": [r.passed for r in reports], "calls": legacy_ops.ca
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["passed"] == [True, True] and out["exact"] == [True, True], out["text"]
     assert out["calls"] >= 4  # eager twice, the python-tier kernel twice: the vendor's own C++ code
+    assert out["optional"], out["text"][-1]
+    assert out["shapes"] == [[TARGETS, 3], [TARGETS - 1, 3]], out["text"][-1]  # dim_size omitted: index.max() + 1
 
 
 def test_dynamic_size_into_an_int_argument_names_the_op_and_the_fix(registry):
