@@ -16,7 +16,8 @@ from onnxscript import opset20 as op
 from onnxscript import script, values
 
 import bridge
-from vendor import legacy_ops
+from ort_kernels.tiers import TIERS
+from vendor import cpp_ops, legacy_ops
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = {"_0": "src", "_1": "index", "_2": "dim", "_3": "out", "_4": "dim_size"}
@@ -391,7 +392,6 @@ def test_torchbind_method_uses_the_users_fake_class_when_no_fake_is_given(regist
 def test_composite_only_op_without_a_body_says_so_and_still_runs_in_the_python_tier(registry):
     legacy_ops.load()
     sum_op = bridge.register("legacy_scatter::scatter_sum", fake=fake_sum, names=NAMES, registry=registry)
-    from ort_kernels.tiers import TIERS
     assert TIERS["function"].why_not(sum_op.spec) is not None and TIERS["python"].why_not(sum_op.spec) is None
 
 
@@ -404,8 +404,6 @@ def test_export_of_an_unbridged_composite_only_op_points_at_bridge_register(regi
 
 
 def test_dynamic_size_into_an_int_argument_of_any_bridged_op_is_named(registry):
-    from vendor import cpp_ops
-
     cpp_ops.load()
     bridge.register("vendorcpp::affine_head", registry=registry)
 
