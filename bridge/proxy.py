@@ -177,7 +177,13 @@ def _fqn(class_name: str) -> str:
 
 
 def class_schemas(class_name: str) -> dict[str, torch.FunctionSchema]:
-    """The method schemas of torchbind class ``ns::Class`` (``self`` first), by method name."""
+    """The method schemas of torchbind class ``ns::Class`` (``self`` first), by method name.
+
+    Example:
+        >>> import custom_ops
+        >>> sorted(class_schemas("opbridge::IdentityConvClass"))
+        ['__getstate__', '__init__', '__obj_flatten__', '__setstate__', 'forward']
+    """
     fqn = _fqn(class_name)
     return {s.name: s for s in torch._C._jit_get_custom_class_schemas()
             if s.arguments and str(s.arguments[0].type) == fqn}
@@ -202,7 +208,13 @@ def _state_types(class_name: str, schemas: dict) -> list[str]:
 
 def method_schema(target: str) -> torch.FunctionSchema:
     """The schema of torchbind method ``"ns::Class.method"`` (``self`` first); a clear error when the
-    class or the method does not exist."""
+    class or the method does not exist.
+
+    Example:
+        >>> import custom_ops
+        >>> str(method_schema("opbridge::IdentityConvClass.forward"))
+        'forward(__torch__.torch.classes.opbridge.IdentityConvClass _0, Tensor _1) -> Tensor _0'
+    """
     class_name, _, method = target.rpartition(".")
     schemas = class_schemas(class_name)
     if not schemas:
@@ -219,7 +231,15 @@ def define_method_proxy(target: str, attributes: list[str], fake: Callable,
     """The proxy of torchbind method ``"ns::Class.method"``: the method's arguments (renamed by
     ``names``), then the object's state as ``attributes`` (names of ``__obj_flatten__``'s pairs, in
     order; types from its schema); fake ``fake``; kernel the method of an object built by the class
-    constructor from the state (cached per state)."""
+    constructor from the state (cached per state).
+
+    Example:
+        >>> import torch, custom_ops
+        >>> proxy = define_method_proxy("opbridge::IdentityConvClass.forward", ["channels"],
+        ...                             lambda x, channels: torch.empty_like(x), {"_1": "x"})
+        >>> str(proxy._schema), proxy(torch.ones(1, 2), 2).shape
+        ('opbridge_proxy::opbridge__IdentityConvClass__forward(Tensor x, int channels) -> Tensor', torch.Size([1, 2]))
+    """
     class_name, _, method = target.rpartition(".")
     schemas = class_schemas(class_name)
     schema = method_schema(target)
@@ -256,7 +276,13 @@ def define_method_proxy(target: str, attributes: list[str], fake: Callable,
 
 
 def user_fake_class(class_name: str) -> Any | None:
-    """The fake class registered for torchbind class ``class_name`` by someone else than the bridge."""
+    """The fake class registered for torchbind class ``class_name`` by someone else than the bridge.
+
+    Example:
+        >>> import custom_ops
+        >>> user_fake_class("opbridge::IdentityConvClass").__name__
+        'FakeIdentityConvClass'
+    """
     cls = torch._library.fake_class_registry.find_fake_class(_fqn(class_name))
     return None if cls is None or getattr(cls, "_opbridge_proxy", False) else cls
 
@@ -264,7 +290,16 @@ def user_fake_class(class_name: str) -> Any | None:
 def ensure_fake_class(class_name: str, method: str, proxy: torch._ops.OpOverload, attributes: list[str]) -> None:
     """Register a fake class for ``class_name`` whose ``method`` runs the proxy on fake tensors, unless
     the user registered one: export needs it to trace a model holding the object. The bridge's own
-    is replaced on a later registration (new state names)."""
+    is replaced on a later registration (new state names).
+
+    Example:
+        >>> import torch, custom_ops
+        >>> proxy = define_method_proxy("opbridge::IdentityConvClass.forward", ["channels"],
+        ...                             lambda x, channels: torch.empty_like(x))
+        >>> ensure_fake_class("opbridge::IdentityConvClass", "forward", proxy, ["channels"])
+        >>> user_fake_class("opbridge::IdentityConvClass").__name__  # the user's own is kept
+        'FakeIdentityConvClass'
+    """
     registry = torch._library.fake_class_registry
     if user_fake_class(class_name) is not None:
         return
@@ -292,7 +327,14 @@ def ensure_fake_class(class_name: str, method: str, proxy: torch._ops.OpOverload
 def specialisation_check(qualname: str, proxy: torch._ops.OpOverload) -> Callable:
     """``check(args, kwargs)`` raising OpBridgeError when an ``int`` (not ``SymInt``) argument of
     ``proxy`` gets a symbolic size: torch would specialise it, and the export would fail with a
-    constraint error that names no op."""
+    constraint error that names no op.
+
+    Example:
+        >>> import torch
+        >>> check = specialisation_check("vendor::op", torch.ops.aten.select.int)
+        >>> check((torch.ones(3), 0, 1), {}) is None  # plain ints pass
+        True
+    """
     pairs, _ = schema_parts(proxy._schema)
     names = [a.name for a in proxy._schema.arguments]
     ints = {i for i, (t, _) in enumerate(pairs) if t.rstrip("?") in ("int", "int[]") or t.startswith("int[")}
