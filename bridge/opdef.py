@@ -209,11 +209,11 @@ def register(
     truth (never redefined nor wrapped), its own fake/meta kernel is used (``fake=`` registers one
     only when it has none). Returns the op object, as :func:`op` does.
 
-    A composite-only op given ``fake=`` and a torchbind method are bridged through a proxy op
-    (``bridge.proxy``): export records the call as one node in the op's own domain and name, and
-    eager calls outside export still run the op itself. ``names={"_0": "src", ...}`` renames their
-    arguments (C++-inferred schemas name them ``_0``, ``_1``, ...) for ONNX inputs, attributes and
-    messages. A method's node is named ``Class_method`` in the class's namespace; its inputs are the
+    A composite-only op given ``fake=``, a torchbind method, and an op given ``names=`` are bridged
+    through a proxy op (``bridge.proxy``): export records the call as one node in the op's own
+    domain and name, and eager calls outside export still run the op itself.
+    ``names={"_0": "src", ...}`` renames arguments (C++-inferred schemas name them ``_0``, ``_1``,
+    ...) for ONNX inputs, attributes and messages. A method's node is named ``Class_method`` in the class's namespace; its inputs are the
     method's tensors, its attributes the object's ``__obj_flatten__`` state (types from its schema,
     names from ``attributes=[...]`` or the ``function=`` body's attributes); ``fake`` takes
     ``(*tensors, *state)``.
@@ -264,11 +264,9 @@ def register(
         # NOTE: torch refuses a fake for a composite-only op and export traces into its (C++)
         # code; a proxy op carries the fake and export records the call through it.
         proxy_for, target = overload, define_op_proxy(overload, fake, names)
-    elif names:
-        raise OpBridgeError(f"{qualname}: names= renames the arguments of an op bridged through a proxy (one whose "
-                            f"only kernel is CompositeImplicitAutograd, given fake=). Got names= for an op with "
-                            f"{'no fake= given' if is_composite_only(overload) else 'its own kernels'}. "
-                            + ("Pass fake= as well." if is_composite_only(overload) else "Drop names=."))
+    elif is_composite_only(overload) and custom is None and names:
+        raise OpBridgeError(f"{qualname}: names= renames through a proxy op, which a composite-only op gets with its "
+                            "fake. Got names= without fake=. Pass fake= as well.")
     elif fake is not None:
         if has_fake_kernel(target):
             raise OpBridgeError(f"{qualname} already has a fake (meta) kernel. Got fake= as well. Drop fake=: "
@@ -277,6 +275,9 @@ def register(
     elif not has_fake_kernel(target):
         raise OpBridgeError(f"{qualname} has no fake (meta) kernel, which export and shape inference need. Got "
                             f"none. Pass fake= to bridge.register, or call torch.library.register_fake({qualname!r}).")
+    if names and proxy_for is None:
+        # NOTE: readable names for an op with kernels of its own: a proxy whose fake is the op's own
+        proxy_for, target = overload, define_op_proxy(overload, lambda *args: overload(*args), names)
     params, n_out = parse_params(qualname, (overload if proxy_for is None else target)._schema)
     spec = OpSpec(
         qualname=qualname, custom_op=target, params=params, num_outputs=n_out,

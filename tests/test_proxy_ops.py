@@ -253,18 +253,14 @@ def test_function_body_says_which_optional_case_it_handles(registry):
         bridge.session(bridge.export(NoSize(), (src, index), registry=registry), tier="function", registry=registry)
 
 
-def test_names_and_optional_types_errors(registry, fresh_name):
+def test_names_errors(registry):
     legacy_ops.load()
     with pytest.raises(bridge.OpBridgeError, match=r"names= renames arguments the op does not have. Got \['_9'\]"):
         bridge.register("legacy_scatter::scatter_sum", fake=fake_sum, names={"_9": "x"}, registry=registry)
     with pytest.raises(bridge.OpBridgeError, match=r"distinct Python identifiers"):
         bridge.register("legacy_scatter::scatter_sum", fake=fake_sum, names={"_0": "x", "_1": "x"}, registry=registry)
-    name = fresh_name("plain")
-    lib = torch.library.Library(name.split("::")[0], "DEF")
-    lib.define("plain(Tensor _0) -> Tensor")
-    lib.impl("plain", lambda x: x * 2, "CPU")
-    with pytest.raises(bridge.OpBridgeError, match=r"names= renames the arguments of an op bridged through a proxy"):
-        bridge.register(name, fake=lambda x: torch.empty_like(x), names={"_0": "x"}, registry=registry)
+    with pytest.raises(bridge.OpBridgeError, match=r"names= renames through a proxy op.*Pass fake= as well"):
+        bridge.register("legacy_scatter::scatter_sum", names=NAMES, registry=registry)
     assert "legacy_scatter::scatter_sum" not in registry
 
 
@@ -414,3 +410,26 @@ def test_dynamic_size_into_an_int_argument_of_any_bridged_op_is_named(registry):
     with pytest.raises(bridge.OpBridgeError, match=r"vendorcpp::affine_head: argument 'k' is declared int"):
         bridge.export(Head(), (torch.randn(3, 6),), dynamic_shapes=({0: torch.export.Dim("rows", max=6)},),
                       registry=registry)
+
+
+def test_names_apply_to_an_op_with_kernels_of_its_own(registry, fresh_name):
+    name = fresh_name("plain")
+    ns, short = name.split("::")
+    lib = torch.library.Library(ns, "DEF")
+    lib.define(f"{short}(Tensor _0, float _1) -> Tensor")
+    lib.impl(short, lambda x, s: x * s, "CPU")
+    calls = []
+    op_ = bridge.register(name, fake=lambda x, s: calls.append(s) or torch.empty_like(x), names={"_0": "x", "_1": "scale"},
+                          registry=registry)
+    assert [p.name for p in op_.spec.params] == ["x", "scale"] and op_.spec.proxy_for is not None
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return getattr(getattr(torch.ops, ns), short)(x, 3.0) + 1
+
+    proto = bridge.export(M(), (torch.ones(2, 2),), dynamic_shapes=({0: torch.export.Dim("n")},), functions=False,
+                          registry=registry)
+    node = next(n for n in proto.graph.node if n.domain)
+    assert (node.domain, node.op_type, [a.name for a in node.attribute]) == (ns, short, ["scale"])
+    assert 3.0 in calls  # the op's own fake, through the proxy
+    assert torch.equal(M()(torch.ones(2)), torch.full((2,), 4.0))  # eager: the op's own CPU kernel
