@@ -18,8 +18,10 @@ import torch
 from torch._library import custom_ops
 
 from bridge.errors import OpBridgeError
+from bridge.proxy import (class_schemas, define_method_proxy, define_op_proxy, ensure_fake_class, is_composite_only,
+                          method_schema, user_fake_class)
 from bridge.registry import REGISTRY, Registry
-from bridge.spec import OpSpec, has_fake_kernel, parse_params, validate_qualname
+from bridge.spec import OpSpec, function_signature, has_fake_kernel, parse_params, validate_qualname
 
 
 def resolve_native(path: str | os.PathLike, base: str | os.PathLike | None, qualname: str) -> str:
@@ -175,6 +177,14 @@ def resolve_overload(op: Any) -> torch._ops.OpOverload:
                         f"Got {type(op).__name__}. Pass the op itself.")
 
 
+def _torchbind_target(op: Any) -> str | None:
+    """``"ns::Class.method"`` when ``op`` names a method of a torchbind class, else None."""
+    if not isinstance(op, str) or "." not in op:
+        return None
+    class_name = op.rpartition(".")[0]
+    return op if "::" in class_name and class_schemas(class_name) else None
+
+
 def register(
     op: Any,
     *,
@@ -188,12 +198,25 @@ def register(
     version: int = 1,
     torchbind: Sequence[str] = (),
     translation: Callable | None = None,
+    names: dict[str, str] | None = None,
+    attributes: Sequence[str] | None = None,
     registry: Registry | None = None,
 ) -> BridgeOp:
-    """Bridge an op that already exists: another package's ``torch.library.custom_op``, or a C++
-    ``TORCH_LIBRARY`` op. The schema is read from torch; the op's own kernel stays the eager truth
-    (never redefined nor wrapped), its own fake/meta kernel is used (``fake=`` registers one only
-    when it has none). Returns the op object, as :func:`op` does.
+    """Bridge an op that already exists: another package's ``torch.library.custom_op``, a C++
+    ``TORCH_LIBRARY`` op, an op whose only kernel is CompositeImplicitAutograd (C++ libraries using
+    the old ``torch::RegisterOperators`` API, e.g. torch-scatter), or a method of a torchbind class
+    (``"ns::Class.method"``). The schema is read from torch; the op's own kernel stays the eager
+    truth (never redefined nor wrapped), its own fake/meta kernel is used (``fake=`` registers one
+    only when it has none). Returns the op object, as :func:`op` does.
+
+    A composite-only op given ``fake=``, a torchbind method, and an op given ``names=`` are bridged
+    through a proxy op (``bridge.proxy``): export records the call as one node in the op's own
+    domain and name, and eager calls outside export still run the op itself.
+    ``names={"_0": "src", ...}`` renames arguments (C++-inferred schemas name them ``_0``, ``_1``,
+    ...) for ONNX inputs, attributes and messages. A method's node is named ``Class_method`` in the class's namespace; its inputs are the
+    method's tensors, its attributes the object's ``__obj_flatten__`` state (types from its schema,
+    names from ``attributes=[...]`` or the ``function=`` body's attributes); ``fake`` takes
+    ``(*tensors, *state)``.
 
     Example:
         >>> import torch, bridge
@@ -204,20 +227,47 @@ def register(
         >>> scale = bridge.register("vendor_doc::scale", fake=lambda x, s: torch.empty_like(x), registry=reg)
         >>> [p.name for p in scale.spec.params], scale(torch.ones(2), 3.0).tolist()
         (['x', 's'], [3.0, 3.0])
+        >>> _ = lib.define("shift(Tensor _0, int? _1) -> Tensor")
+        >>> lib.impl("shift", lambda x, k: x + (k or 0), "CompositeImplicitAutograd")
+        >>> shift = bridge.register("vendor_doc::shift", fake=lambda x, k: torch.empty_like(x),
+        ...                         names={"_0": "x", "_1": "k"}, registry=reg)
+        >>> [p.name for p in shift.spec.params], shift.spec.overload.name()
+        (['x', 'k'], 'opbridge_proxy::vendor_doc__shift')
     """
+    reg = REGISTRY if registry is None else registry
+    method = _torchbind_target(op)
+    if method is not None and (not isinstance(version, int) or version < 1):
+        raise OpBridgeError(f"{method}: version must be an int >= 1. Got {version!r}. Use version=1.")
+    if method is not None:
+        if torchbind:
+            raise OpBridgeError(f"{method}: torchbind= lists methods an op stands for. Got it for a method. Drop it: "
+                                "the method's node stands for itself.")
+        native = None if native is None else resolve_native(native, _caller_folder(), method)
+        return _register_method(method, function=function, reference=reference, sample_inputs=sample_inputs,
+                                fake=fake, dtypes=dtypes, domain=domain, version=version, translation=translation,
+                                names=names, attributes=attributes, native=native, registry=reg)
     overload = resolve_overload(op)
     if overload._overloadname != "default":
         raise OpBridgeError(f"{overload.name()}: only the default overload can be bridged. Got overload "
                             f"{overload._overloadname!r}. Wrap it in a torch.library.custom_op with its own name.")
     qualname = overload.name()
-    reg = REGISTRY if registry is None else registry
     reg.check_free(qualname)
     if not isinstance(version, int) or version < 1:
         raise OpBridgeError(f"{qualname}: version must be an int >= 1. Got {version!r}. Use version=1.")
-    params, n_out = parse_params(qualname, overload._schema)
+    if attributes is not None:
+        raise OpBridgeError(f"{qualname}: attributes= names a torchbind object's state. Got it for an op. Drop it: "
+                            "an op's attributes come from its schema.")
     custom = op if hasattr(op, "_opoverload") else None
     target = custom if custom is not None else overload
-    if fake is not None:
+    proxy_for = None
+    if custom is None and fake is not None and is_composite_only(overload):
+        # NOTE: torch refuses a fake for a composite-only op and export traces into its (C++)
+        # code; a proxy op carries the fake and export records the call through it.
+        proxy_for, target = overload, define_op_proxy(overload, fake, names)
+    elif is_composite_only(overload) and custom is None and names:
+        raise OpBridgeError(f"{qualname}: names= renames through a proxy op, which a composite-only op gets with its "
+                            "fake. Got names= without fake=. Pass fake= as well.")
+    elif fake is not None:
         if has_fake_kernel(target):
             raise OpBridgeError(f"{qualname} already has a fake (meta) kernel. Got fake= as well. Drop fake=: "
                                 "the op's own one is used.")
@@ -225,15 +275,54 @@ def register(
     elif not has_fake_kernel(target):
         raise OpBridgeError(f"{qualname} has no fake (meta) kernel, which export and shape inference need. Got "
                             f"none. Pass fake= to bridge.register, or call torch.library.register_fake({qualname!r}).")
+    if names and proxy_for is None:
+        # NOTE: readable names for an op with kernels of its own: a proxy whose fake is the op's own
+        proxy_for, target = overload, define_op_proxy(overload, lambda *args: overload(*args), names)
+    params, n_out = parse_params(qualname, (overload if proxy_for is None else target)._schema)
     spec = OpSpec(
         qualname=qualname, custom_op=target, params=params, num_outputs=n_out,
         domain=domain or overload.namespace, version=version, function=function, reference=reference,
         sample_inputs=sample_inputs, dtypes=tuple(dtypes), doc=f"{qualname} (existing op, bridged)",
-        custom_translation=translation, torchbind=tuple(torchbind),
+        custom_translation=translation, torchbind=tuple(torchbind), proxy_for=proxy_for,
         native_source=None if native is None else resolve_native(native, _caller_folder(), qualname),
     )
     reg.add(spec)
     return BridgeOp(qualname, reg, custom)
+
+
+def _register_method(target: str, *, function, reference, sample_inputs, fake, dtypes, domain, version, translation,
+                     names, attributes, native, registry: Registry) -> BridgeOp:
+    """``register`` for a torchbind method (see there)."""
+    registry.check_free(target)
+    class_name, _, method = target.rpartition(".")
+    n_tensors = len(method_schema(target).arguments) - 1
+    if attributes is None:
+        if function is None:
+            raise OpBridgeError(f"{target}: the names of the object's state are known only at run time. Got neither "
+                                "attributes= nor a function= body. Pass attributes=[...] with the names "
+                                "__obj_flatten__ gives, in order.")
+        attributes = function_signature(function)[3]
+    attributes = list(attributes)
+    cls = user_fake_class(class_name)
+    if fake is None and cls is not None:
+        def fake(*values):  # noqa: F811  the user's fake class answers for the method
+            obj = cls.__obj_unflatten__(tuple(zip(attributes, values[n_tensors:])))
+            return getattr(obj, method)(*values[:n_tensors])
+    if fake is None:
+        raise OpBridgeError(f"{target} needs a fake (meta) kernel for export. Got neither fake= nor a fake class. "
+                            f"Pass fake=(tensors..., {', '.join(attributes)}) -> empty outputs.")
+    proxy = define_method_proxy(target, attributes, fake, names)
+    ensure_fake_class(class_name, method, proxy, attributes)
+    params, n_out = parse_params(target, proxy._schema)
+    ns, _, cls_name = class_name.partition("::")
+    spec = OpSpec(
+        qualname=target, custom_op=proxy, params=params, num_outputs=n_out, domain=domain or ns, version=version,
+        function=function, reference=reference, sample_inputs=sample_inputs, dtypes=tuple(dtypes),
+        doc=f"{target} (torchbind method, bridged)", custom_translation=translation,
+        onnx_name=f"{cls_name}_{method}", torchbind=(target,), proxy_for=target, native_source=native,
+    )
+    registry.add(spec)
+    return BridgeOp(target, registry)
 
 
 def op(

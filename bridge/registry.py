@@ -81,7 +81,8 @@ class Registry:
     def for_overload(self, overload) -> OpSpec | None:
         """The spec of a torch OpOverload (a declared op or a functional twin), if registered."""
         name = overload.name().split(".")[0] if hasattr(overload, "name") else None
-        return self._ops.get(name) or next((t for t in self._twins.values() if t.qualname == name), None)
+        return (self._ops.get(name) or next((t for t in self._twins.values() if t.qualname == name), None)
+                or next((s for s in self._ops.values() if s.proxy_for is not None and s.overload == overload), None))
 
     def check_free(self, qualname: str) -> None:
         """Raise if ``qualname`` is taken: a second declaration is an error, not an override."""

@@ -35,7 +35,7 @@ def build_onnx_schema(spec) -> defs.OpSchema:
                 p.name, helper.make_attribute(p.name, p.to_onnx_value(p.default)), desc))
         else:
             attributes.append(defs.OpSchema.Attribute(p.name, p.attr_type, desc,
-                                                      required=not p.has_default))
+                                                      required=not (p.has_default or p.optional)))
     schema = defs.OpSchema(spec.name, spec.domain, spec.version,
                            spec.doc or f"{spec.qualname} (torch custom op, exported by opbridge)",
                            inputs=inputs, outputs=outputs, type_constraints=constraints,
@@ -103,7 +103,7 @@ def infer_from_fake(spec, ctx) -> None:
         else:
             attr = ctx.get_attribute(p.name)
             if attr is None:
-                args.append(p.default)
+                args.append(None if p.optional and not p.has_default else p.default)
             else:
                 args.append(p.from_onnx_value(helper.get_attribute_value(attr)))
     try:

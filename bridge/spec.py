@@ -90,6 +90,13 @@ def parse_params(qualname: str, schema: torch.FunctionSchema) -> tuple[tuple[Par
             params.append(Param(arg.name, True, mutated=mutated))
         elif kind == "OptionalType" and arg.type.getElementType().kind() == "TensorType":
             params.append(Param(arg.name, True, optional=True, default=default))
+        elif kind == "OptionalType" and str(arg.type.getElementType()) in _SCALAR_ATTRS:
+            # NOTE: int?/float?/... : an optional ONNX attribute, omitted when the call passes None
+            # (its default: C++-inferred schemas give none)
+            elem = str(arg.type.getElementType())
+            attr_type, ann = _SCALAR_ATTRS[elem]
+            params.append(Param(arg.name, False, optional=True, attr_type=attr_type, annotation=ann,
+                                is_bool=elem == "bool", default=None if default is NO_DEFAULT else default))
         elif kind in ("IntType", "SymIntType", "FloatType", "BoolType", "StringType"):
             attr_type, ann = _SCALAR_ATTRS[str(arg.type)]
             params.append(Param(arg.name, False, attr_type=attr_type, annotation=ann,
@@ -102,7 +109,8 @@ def parse_params(qualname: str, schema: torch.FunctionSchema) -> tuple[tuple[Par
         else:
             raise OpBridgeError(
                 f"{qualname}: argument '{arg.name}' has type {arg.type}, which has no ONNX form. "
-                f"Got {arg.type}. Use Tensor, Tensor?, int, float, bool, str or a list of int/float/bool."
+                f"Got {arg.type}. Use Tensor, Tensor?, int, float, bool, str (each optional too) or a list of "
+                "int/float/bool."
             )
     for ret in schema.returns:
         if ret.type.kind() != "TensorType":
@@ -136,6 +144,9 @@ class OpSpec:
     onnx_name: str = ""  # the ONNX op_type; defaults to the torch name
     torchbind: tuple[str, ...] = ()  # "ns::Class.method" calls this op stands for (state -> attributes)
     native_source: str | None = None  # the op's C++ kernel file, if not ort_kernels/cpu/<name>.cc
+    # the op (OpOverload) or torchbind method ("ns::Class.method") that ``custom_op``, a bridge proxy
+    # op (bridge.proxy), stands for; None when ``custom_op`` is the op itself
+    proxy_for: Any = None
 
     # -- identity -------------------------------------------------------------------
     @property
@@ -149,6 +160,7 @@ class OpSpec:
 
     @property
     def overload(self) -> torch._ops.OpOverload:
+        """The torch op the exported graph calls (a proxy's, for ``proxy_for`` ops)."""
         return getattr(self.custom_op, "_opoverload", self.custom_op)
 
     @property
@@ -207,11 +219,13 @@ def has_fake_kernel(op: Any) -> bool:
 def python_signature(spec: OpSpec, annotate: bool = False) -> inspect.Signature:
     """A Python signature mirroring the torch schema (attributes annotated if asked)."""
     params = []
-    for p in spec.params:
+    defaulted = True  # NOTE: a default only where every later parameter has one (Python's rule)
+    for p in reversed(spec.params):
+        defaulted = defaulted and p.has_default
         ann = p.annotation if (annotate and not p.is_tensor) else inspect.Parameter.empty
         params.append(inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                        default=p.default, annotation=ann))
-    return inspect.Signature(params)
+                                        default=p.default if defaulted else NO_DEFAULT, annotation=ann))
+    return inspect.Signature(params[::-1])
 
 
 def validate_qualname(qualname: str) -> tuple[str, str]:

@@ -510,10 +510,10 @@ def _function(spec: OpSpec, model: onnx.ModelProto, roles: dict[str, tuple], par
     proto = helper.make_function(
         spec.domain, spec.name, [p.name for p in spec.tensors], outputs, nodes,
         opset_imports=list(model.opset_import),
-        attributes=[p.name for p in attrs if not p.has_default],
+        attributes=[p.name for p in attrs if not p.has_default or p.default is None],
         doc_string=f"derived by opbridge from the PyTorch implementation of {spec.qualname}")
     for p in attrs:
-        if p.has_default:
+        if p.has_default and p.default is not None:  # NOTE: an omitted optional (None) has no ONNX value
             proto.attribute_proto.append(helper.make_attribute(p.name, p.to_onnx_value(p.default)))
     return proto
 

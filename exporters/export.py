@@ -18,6 +18,7 @@ import torch
 from bridge.domains import all_nodes, is_custom
 from bridge.errors import OpBridgeError
 from bridge.progress import step
+from bridge.proxy import redirect, specialisation_check
 from bridge.registry import REGISTRY, Registry
 from exporters.derive import attach_derived
 from exporters.inline import inline_functions
@@ -87,6 +88,17 @@ def _ensure_opset_imports(model: onnx.ModelProto, registry: Registry) -> None:
     for domain in sorted({n.domain for n in all_nodes(model) if is_custom(n.domain)} - present):
         versions = {s.version for s in registry if s.domain == domain}
         model.opset_import.append(onnx.helper.make_opsetid(domain, max(versions or {1})))
+
+
+def proxy_targets(registry: Registry) -> dict:
+    """``{op: (what runs, argument check)}`` during torch.export: an op bridged through a proxy
+    (bridge.proxy) goes to the proxy, one opaque node; every other registered op runs as it is. The
+    check names the op and argument when an ``int`` gets a size marked dynamic."""
+    targets = {s.overload: (s.overload, specialisation_check(s.qualname, s.overload)) for s in registry
+               if s.proxy_for is None}
+    targets.update({s.proxy_for: (s.overload, specialisation_check(s.qualname, s.overload)) for s in registry
+                    if isinstance(s.proxy_for, torch._ops.OpOverload)})
+    return targets
 
 
 DEFAULT_REWRITES: tuple[Callable, ...] = (torchbind_to_ops, functionalize_mutations)
@@ -180,9 +192,18 @@ def export_with_program(
     reg = REGISTRY if registry is None else registry
     args = tuple(args)
     warn_training_mode(model)
-    with step("torch.export"):
-        program = torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
-                                      strict=False)
+    with step("torch.export"), redirect(proxy_targets(reg)):
+        try:
+            program = torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
+                                          strict=False)
+        except RuntimeError as e:
+            if "data is not allocated" not in str(e):
+                raise
+            raise OpBridgeError(
+                "torch.export traced into an op's own (C++) kernel, which reads tensor data that tracing does not "
+                f"have. Got: {str(e).splitlines()[0]} Bridge that op with bridge.register('ns::name', fake=...): an "
+                "op whose only kernel is CompositeImplicitAutograd (torch-scatter's, torch::RegisterOperators) "
+                "then stays one node.") from e
     for rewrite in DEFAULT_REWRITES if rewrites is None else rewrites:
         program = rewrite(program, reg)
     check_program(program, reg)

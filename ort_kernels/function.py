@@ -48,8 +48,9 @@ class FunctionTier(Tier):
 
 
 def _check_optional_inputs(model: onnx.ModelProto, registry: Registry) -> None:
-    """A body that never reads an optional input was written for the case where it is omitted: a
-    node that gives that input would silently lose it, so that is an error."""
+    """A body that never reads an optional input (or lacks an optional attribute) was written for
+    the case where it is omitted: a node that gives it would silently lose it, so that is an error;
+    a body needing an optional attribute without a default fails a node that omits it."""
     bodies = {(f.domain, f.name): f for f in model.functions}
     for node in all_nodes(model):
         body = bodies.get((node.domain, node.op_type))
@@ -65,6 +66,26 @@ def _check_optional_inputs(model: onnx.ModelProto, registry: Registry) -> None:
                     f"only the case where '{formal}' is omitted). Got node {node.name!r} giving it as {actual!r}. "
                     "Use tier='native' or 'python', or write a body that reads it."
                 )
+        _check_optional_attributes(node, body, spec)
+
+
+def _check_optional_attributes(node: onnx.NodeProto, body: onnx.FunctionProto, spec: OpSpec) -> None:
+    given = {a.name for a in node.attribute}
+    needed = set(body.attribute)  # NOTE: attributes without a default; attribute_proto ones have one
+    known = needed | {a.name for a in body.attribute_proto}
+    for p in spec.attributes:
+        if not p.optional:
+            continue
+        if p.name in given and p.name not in known:
+            raise UnsupportedInTier(
+                f"the function body of {node.domain}::{node.op_type} has no attribute '{p.name}' (it handles only "
+                f"the case where '{p.name}' is omitted). Got node {node.name!r} giving {p.name}. Use tier='native' "
+                f"or 'python', or write a body that takes '{p.name}'.")
+        if p.name not in given and p.name in needed:
+            raise UnsupportedInTier(
+                f"the function body of {node.domain}::{node.op_type} needs attribute '{p.name}' (it handles only "
+                f"the case where '{p.name}' is given). Got node {node.name!r} without it. Pass {p.name} in the "
+                f"model's call, or use tier='python'.")
 
 
 def _names_read(nodes) -> set[str]:

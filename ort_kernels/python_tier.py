@@ -8,7 +8,8 @@ here (measured on 0.15.2, see shared/FINDINGS.md):
   placeholder, and the session's ``run`` raises the recorded error as OpBridgeError;
 - INTS/FLOATS attributes are unsupported: the session's copy of the model carries them as
   comma-separated STRING attributes, parsed back in the kernel; every declared attribute must be
-  present, so defaults are written into the nodes;
+  present, so defaults are written into the nodes, and optional ones (``int?``) travel as STRING,
+  empty when omitted;
 - float16 aborts the process: only float32 floating tensors are accepted, anything else is an
   UnsupportedInTier error before ORT sees the model;
 - declaring an op after the library was registered with a session crashes later sessions: all
@@ -49,7 +50,18 @@ def _list_attr(p) -> bool:
     return p.attr_type in (onnx.defs.OpSchema.AttrType.INTS, onnx.defs.OpSchema.AttrType.FLOATS)
 
 
+def _as_text(p) -> bool:
+    """Whether the attribute travels as a STRING in the session's copy (lists, optional scalars)."""
+    return _list_attr(p) or (p.optional and p.attr_type != onnx.defs.OpSchema.AttrType.STRING)
+
+
 def _parse_attr(p, value):
+    if p.optional and not _list_attr(p) and p.attr_type != onnx.defs.OpSchema.AttrType.STRING:
+        text = value.decode() if isinstance(value, bytes) else str(value)
+        if not text:
+            return None
+        number = float(text) if p.attr_type == onnx.defs.OpSchema.AttrType.FLOAT else int(text)
+        return p.from_onnx_value(number)
     if _list_attr(p):
         text = value.decode() if isinstance(value, bytes) else str(value)
         items = [x for x in text.split(",") if x]
@@ -114,10 +126,16 @@ def _io_dtypes(spec, model_types: dict):
     if spec.sample_inputs is not None:
         inputs, outputs = io_types(spec, torch.float32)
     elif (spec.domain, spec.name) in model_types:
-        inputs, outputs = model_types[(spec.domain, spec.name)]
+        inputs, outputs = _padded(spec, model_types[(spec.domain, spec.name)][0]), \
+            model_types[(spec.domain, spec.name)][1]
     else:
         return None
     return [by_onnx[t] for t in inputs], [by_onnx[t] for t in outputs]
+
+
+def _padded(spec, inputs: tuple) -> tuple:
+    """Input types with omitted trailing optional inputs typed float32 (their empty placeholder)."""
+    return tuple(inputs) + (onnx.TensorProto.FLOAT,) * (len(spec.tensors) - len(inputs))
 
 
 def _model_types(inferred: onnx.ModelProto) -> dict:
@@ -125,7 +143,9 @@ def _model_types(inferred: onnx.ModelProto) -> dict:
     types = _value_types(inferred)
     out = {}
     for node in _custom_nodes(inferred):
-        ins, outs = [types.get(n, 0) for n in node.input], [types.get(n, 0) for n in node.output]
+        # NOTE: an omitted optional input ("") gets the float32 placeholder; the kernel passes None
+        ins = [types.get(n, 0) if n else onnx.TensorProto.FLOAT for n in node.input]
+        outs = [types.get(n, 0) for n in node.output]
         if all(t in _ACCEPTED for t in ins + outs):
             out.setdefault((node.domain, node.op_type), (tuple(ins), tuple(outs)))
     return out
@@ -150,7 +170,8 @@ def _declare_all(registry, tier, model_types: dict) -> None:
         if typed is None:
             continue  # NOTE: neither samples nor this model type it: a later session says so
         inputs, outputs = typed
-        attrs = {p.name: attr_types.get(p.attr_type, PyCustomOpDef.dt_string) for p in spec.attributes}
+        attrs = {p.name: PyCustomOpDef.dt_string if _as_text(p) else attr_types[p.attr_type]
+                 for p in spec.attributes}
         if any(p.optional for p in spec.tensors):
             attrs[ABSENT_ATTR] = PyCustomOpDef.dt_string
         onnx_op(op_type=f"{spec.domain}::{spec.name}", inputs=inputs, outputs=outputs, attrs=attrs)(_kernel(spec))
@@ -182,7 +203,7 @@ def _check_types(model: onnx.ModelProto, inferred: onnx.ModelProto) -> None:
 def _onnx_input_types(spec, model_types: dict) -> tuple[int, ...]:
     if spec.sample_inputs is not None:
         return io_types(spec, torch.float32)[0]
-    return model_types[(spec.domain, spec.name)][0]
+    return _padded(spec, model_types[(spec.domain, spec.name)][0])
 
 
 def _rewrite_attributes(model: onnx.ModelProto) -> None:
@@ -210,11 +231,16 @@ def _rewrite_attributes(model: onnx.ModelProto) -> None:
                 value = onnx.helper.get_attribute_value(present[p.name])
             elif p.has_default and p.default is not None:
                 value = p.to_onnx_value(p.default)
+            elif p.optional:
+                new.append(onnx.helper.make_attribute(p.name, ""))  # omitted: the kernel passes None
+                continue
             else:
                 raise OpBridgeError(f"{spec.qualname}: node {node.name!r} lacks required attribute '{p.name}'. "
                                     "Got none. Export the model again with opbridge.")
             if _list_attr(p):
                 value = ",".join(str(v) for v in value)
+            elif _as_text(p):
+                value = str(value)
             new.append(onnx.helper.make_attribute(p.name, value))
         del node.attribute[:]
         node.attribute.extend(new)

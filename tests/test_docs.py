@@ -2,6 +2,7 @@
 
 import doctest
 import importlib
+import json
 import os
 import re
 import shutil
@@ -13,7 +14,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULES = ["bridge", "bridge.errors", "bridge.dtypes", "bridge.domains", "bridge.progress", "bridge.registry",
-           "bridge.opdef", "bridge.sessions", "ort_kernels.tiers", "exporters.translation",
+           "bridge.opdef", "bridge.proxy", "bridge.sessions", "ort_kernels.tiers", "exporters.translation",
            "bridge.parity", "bridge.localize", "bridge.testing", "custom_ops.demo", "exporters.export",
            "exporters.derive"]
 
@@ -91,6 +92,98 @@ def test_readme_bridges_a_cpp_torch_library_op(tmp_path):
                        cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "| PASS" in r.stdout and "max abs" in r.stdout
+
+
+def _scatter_readme(tmp_path, stand_in: bool) -> subprocess.CompletedProcess:
+    code = _readme_block("# bridge_scatter.py")
+    assert len(_user_lines(code)) <= 15
+    paths = [str(ROOT)]
+    if stand_in:
+        # NOTE: the stand-in library registers the same way under another namespace
+        code = code.replace("torch_scatter::", "legacy_scatter::").replace("torch.ops.torch_scatter",
+                                                                           "torch.ops.legacy_scatter")
+        (tmp_path / "torch_scatter.py").write_text("from vendor import legacy_ops\nlegacy_ops.load()\n")
+        paths += [str(tmp_path), str(ROOT / "tests")]
+    else:
+        paths += [str(REAL_TORCH_SCATTER)]
+    (tmp_path / "bridge_scatter.py").write_text(code)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
+    return subprocess.run([sys.executable, "bridge_scatter.py"], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=600)
+
+
+def test_readme_bridges_a_torch_scatter_style_op(tmp_path):
+    r = _scatter_readme(tmp_path, stand_in=True)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "| PASS" in r.stdout
+
+
+REAL_TORCH_SCATTER = Path(os.environ.get("OPBRIDGE_CACHE_DIR") or Path.home() / ".cache" / "opbridge") / \
+    "torch_scatter-2.1.2"
+
+
+@pytest.mark.slow
+def test_readme_bridges_the_real_torch_scatter(tmp_path):
+    # NOTE: builds torch-scatter 2.1.2 from source once (minutes), against this torch: no other torch
+    # is pulled (--no-build-isolation, --no-deps); cached in the project's cache folder
+    if not (REAL_TORCH_SCATTER / "torch_scatter").is_dir():
+        sdist = tmp_path / "sdist"
+        pip = [sys.executable, "-m", "pip"]
+        got = subprocess.run(pip + ["download", "torch-scatter==2.1.2", "--no-binary", ":all:", "--no-deps",
+                                    "--no-build-isolation", "-d", str(sdist)], capture_output=True, text=True, timeout=600)
+        assert got.returncode == 0, got.stdout[-2000:] + got.stderr[-2000:]
+        built = subprocess.run(pip + ["install", "--no-build-isolation", "--no-deps", "--no-index", "--target",
+                                      str(REAL_TORCH_SCATTER), *map(str, sdist.glob("torch_scatter-*.tar.gz"))],
+                               capture_output=True, text=True, env=dict(os.environ, FORCE_ONLY_CPU="1"), timeout=3600)
+        assert built.returncode == 0, built.stdout[-2000:] + built.stderr[-2000:]
+    r = _scatter_readme(tmp_path, stand_in=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "| PASS" in r.stdout
+    # torch-scatter's own Python API: scatter_max calls the C++ op (values, int64 argmax)
+    code = f"""
+import json, sys, torch
+sys.path[:0] = [{str(ROOT)!r}, {str(REAL_TORCH_SCATTER)!r}]
+import bridge, torch_scatter
+def fake(src, index, dim, out, dim_size):
+    shape = list(src.shape); shape[dim] = dim_size
+    return src.new_empty(shape), index.new_empty(shape)
+bridge.register("torch_scatter::scatter_max", fake=fake,
+                names={{"_0": "src", "_1": "index", "_2": "dim", "_3": "out", "_4": "dim_size"}})
+class Model(torch.nn.Module):
+    def forward(self, src, index):
+        return torch_scatter.scatter_max(src, index, dim=0, dim_size=6)
+points = {{0: torch.export.Dim("points")}}
+args = (torch.randint(-3, 4, (17, 3)).float(), torch.randint(0, 5, (17,)))
+proto = bridge.export(Model(), args, dynamic_shapes=(points, points))
+report = bridge.check_parity(Model(), args, dynamic_shapes=(points, points), tier="python")
+print(json.dumps({{"nodes": [(n.domain, n.op_type) for n in proto.graph.node if n.domain], "passed": report.passed,
+                  "argmax_exact": report.outputs[1].max_abs == 0.0, "text": str(report)}}))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["nodes"] == [["torch_scatter", "scatter_max"]]
+    assert out["passed"] and out["argmax_exact"], out["text"]
+    # plain onnxruntime through the function bodies of tests/test_proxy_ops.py, in torch_scatter's domain
+    code = f"""
+import sys, torch
+sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / "tests")!r}, {str(REAL_TORCH_SCATTER)!r}]
+import bridge, torch_scatter
+import test_proxy_ops as t
+t.bridge_scatter(ns="torch_scatter")
+class Pool(torch.nn.Module):
+    def forward(self, src, index):
+        total = torch.ops.torch_scatter.scatter_sum(src, index, 0, None, t.TARGETS)
+        best, arg = torch_scatter.scatter_max(src, index, dim=0, dim_size=t.TARGETS)
+        return total * 2 + best, arg
+report = bridge.check_parity(Pool(), t.inputs(23, 1), dynamic_shapes=t.DYNAMIC, extra_args=(t.inputs(4, 2),),
+                             tier="function")
+assert report.passed and report.outputs[1].max_abs == 0.0, report
+print("function tier", report.passed)
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "function tier True" in r.stdout
 
 
 def test_ci_runs_the_readme_test_command():
