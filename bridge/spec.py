@@ -136,6 +136,7 @@ class OpSpec:
     onnx_name: str = ""  # the ONNX op_type; defaults to the torch name
     torchbind: tuple[str, ...] = ()  # "ns::Class.method" calls this op stands for (state -> attributes)
     native_source: str | None = None  # the op's C++ kernel file, if not ort_kernels/cpu/<name>.cc
+    checks: Any = None  # bridge.checks.Checks: the input checks every tier applies
 
     # -- identity -------------------------------------------------------------------
     @property
