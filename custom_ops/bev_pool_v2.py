@@ -144,7 +144,8 @@ def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts
     rows = op.Expand(op.Unsqueeze(cell, op.Constant(value_ints=[-1])), op.Shape(prod))
     acc = op.Expand(op.Constant(value=DOUBLE_ZERO), op.Concat(n_cells, channels, axis=0))
     acc = op.ScatterElements(acc, rows, prod, axis=0, reduction="add")
-    out = op.Transpose(op.Reshape(acc, shape), perm=[0, 4, 1, 2, 3])
+    # NOTE: allowzero: a zero size in bev_feat_shape (an empty grid) is a size, not "copy this dim"
+    out = op.Transpose(op.Reshape(acc, shape, allowzero=1), perm=[0, 4, 1, 2, 3])
     return op.CastLike(out, feat)
 
 
@@ -219,9 +220,29 @@ def edge_case(dtype=torch.float32):
     return (depth, feat, rd, rf, rb, shape, starts, lengths)
 
 
+def empty_grid_case(dtype=torch.float32):
+    """A grid with Z = 0 (no cells): no points, no intervals; the output is (B, C, 0, Y, X)."""
+    depth, feat, _, _, _, (b, _, y, x, c), _, _ = random_case(dtype=dtype, seed=6)
+    none = torch.zeros(0, dtype=torch.int32)
+    return (depth, feat, none, none, none, [b, 0, y, x, c], none, none)
+
+
+def mixed_cells_case(dtype=torch.float32):
+    """Intervals whose points have different ranks_bev: the interval's first entry picks the cell
+    (BEVDet's semantics; every tier agrees, none rejects it)."""
+    depth, feat, _, _, _, shape, _, _ = random_case(dtype=dtype, seed=7)
+    rd = torch.tensor([0, 5, 9, 17, 33], dtype=torch.int32)
+    rf = torch.tensor([0, 1, 2, 3, 4], dtype=torch.int32)
+    rb = torch.tensor([3, 7, 7, 12, 3], dtype=torch.int32)
+    return (depth, feat, rd, rf, rb, shape, torch.tensor([0, 2], dtype=torch.int32),
+            torch.tensor([2, 3], dtype=torch.int32))
+
+
 def sample_inputs(dtype: torch.dtype) -> list[SampleInput]:
     return [
         SampleInput(edge_case(dtype), name="edge_intervals"),
+        SampleInput(empty_grid_case(dtype), name="empty_grid"),
+        SampleInput(mixed_cells_case(dtype), name="mixed_cells"),
         SampleInput(random_case(dtype=dtype), name="small"),
         SampleInput(random_case(b=2, n=3, d=5, h=4, w=4, c=3, grid=(3, 3, 1), keep=0.9, dtype=dtype, seed=1),
                     name="batch2_dense"),
