@@ -112,7 +112,22 @@ class BridgeOp:
     def register_checks(self, *checks: Check) -> Checks:
         """The op's input checks, stated once (``bridge.checks`` vocabulary): the eager
         implementation runs them with :meth:`check`, the function body gets them as guards, the
-        function tier reports a failed guard with the eager message. Replaces earlier checks."""
+        function tier reports a failed guard with the eager message. Replaces earlier checks.
+
+        Example:
+            >>> import torch, bridge
+            >>> from bridge import checks
+            >>> reg = bridge.Registry()
+            >>> @bridge.op("demo::first", fake=lambda x, n: x.new_empty(n), registry=reg)
+            ... def first(x: torch.Tensor, n: int) -> torch.Tensor:
+            ...     first.check(x, n)
+            ...     return x[:n].clone()
+            >>> _ = first.register_checks(checks.rank("x", 1), checks.values_ge("x", 0))
+            >>> first(torch.tensor([-1.0, 2.0]), 1)
+            Traceback (most recent call last):
+            ...
+            bridge.checks.CheckError: opbridge: demo::first: input 'x' values must be >= 0. Got min -1. Pass x >= 0.
+        """
         found = Checks(self.qualname, checks)
         self._attach(checks=found)
         return found
@@ -313,7 +328,9 @@ def op(
     function). The keyword pieces are shortcuts for the op object's ``register_*`` methods:
     ``function`` is an onnxscript function in ``Opset(domain, version)`` with the op's name, used
     as the model-local ONNX-function kernel; ``native`` a C++ kernel file, relative to the
-    declaring module's folder.
+    declaring module's folder; ``checks`` the op's input checks (``bridge.checks`` vocabulary),
+    stated once for every tier: the implementation runs them with ``op.check(...)``, the function
+    body carries them as guards.
 
     Example:
         >>> import torch, bridge

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULES = ["bridge", "bridge.errors", "bridge.dtypes", "bridge.domains", "bridge.progress", "bridge.registry",
+MODULES = ["bridge", "bridge.checks", "bridge.errors", "bridge.dtypes", "bridge.domains", "bridge.progress", "bridge.registry",
            "bridge.opdef", "bridge.sessions", "ort_kernels.tiers", "exporters.translation",
            "bridge.parity", "bridge.localize", "bridge.testing", "custom_ops.demo", "exporters.export",
            "exporters.derive"]
