@@ -96,11 +96,15 @@ class Dim(Expr):
         return int(t.shape[self.axis]) if -t.dim() <= self.axis < t.dim() else -1
 
     def onnx(self, b):
-        pad = b.const([-1] * (abs(self.axis) + (self.axis >= 0)))
-        shape = b.node("Shape", [b.input(self.input)])
-        padded = b.node("Concat", [shape, pad] if self.axis >= 0 else [pad, shape], axis=0)
+        shape = b.shape1(self.input)  # [1, *shape]
+        if self.axis >= 0:
+            padded = b.node("Concat", [shape, b.const([-1] * (self.axis + 1))], axis=0)
+            return b.node("Slice", [padded, b.const([self.axis + 1]), b.const([self.axis + 2])])
+        padded = b.node("Concat", [b.const([-1] * -self.axis), shape], axis=0)
         end = self.axis + 1 if self.axis != -1 else 2**62
-        return b.node("Slice", [padded, b.const([self.axis]), b.const([end])])
+        value = b.node("Slice", [padded, b.const([self.axis]), b.const([end])])
+        present = b.node("GreaterOrEqual", [b.rank(self.input), b.const([-self.axis])])
+        return b.node("Where", [present, value, b.const([-1])])
 
     def __str__(self):
         return f"{self.input}.shape[{self.axis}]"
@@ -242,9 +246,7 @@ def rank(input: str, n: int, *, at_least: bool = False, what: str | None = None,
     bad = (lambda t: t.dim() < n) if at_least else (lambda t: t.dim() != n)
     return Check(
         "rank", input, lambda env: text, lambda env: f"shape {_shape(env[input])}" if bad(env[input]) else None,
-        lambda b: b.node("GreaterOrEqual" if at_least else "Equal",
-                         [b.node("Reshape", [b.node("Size", [b.node("Shape", [b.input(input)])]), b.const([1])]),
-                          b.const([n])]),
+        lambda b: b.node("GreaterOrEqual" if at_least else "Equal", [b.rank(input), b.const([n])]),
         fix or f"Pass a {n}-D {input}.", text)
 
 
@@ -275,12 +277,18 @@ def same_len(input: str, other: str, *, what: str | None = None, fix: str | None
 
 
 def _shape_key(b, input: str, drop_last: int) -> str:
-    """The shape of ``input`` without its last ``drop_last`` dims, then its rank, as one int64
-    vector: two keys are equal exactly when the ranks and the kept dims are."""
-    shape = b.node("Shape", [b.input(input)])
-    kept = b.node("Slice", [shape, b.const([0]), b.const([-drop_last if drop_last else 2**62])])
-    size = b.node("Reshape", [b.node("Size", [shape]), b.const([1])])
-    return b.node("Concat", [kept, b.node("Neg", [b.node("Add", [size, b.const([1])])])], axis=0)
+    """The shape of ``input`` with its last ``drop_last`` dims masked, then its rank, as one int64
+    vector: two keys are equal exactly when the ranks and the kept dims are.
+
+    NOTE: no value here is ever zero-size (OpenVINO mishandles those): the shape is read off
+    ``Unsqueeze(x, 0)`` and the dims masked rather than sliced away."""
+    shape = b.shape1(input)  # [1, *shape]: position 0 stands for the rank
+    r = b.rank(input)
+    position = b.node("Range", [b.const(0, scalar=True), b.node("Squeeze", [b.node("Add", [r, b.const([1])])]),
+                                b.const(1, scalar=True)])
+    kept = b.node("And", [b.node("Greater", [position, b.const([0])]),
+                          b.node("LessOrEqual", [position, b.node("Sub", [r, b.const([drop_last])])])])
+    return b.node("Where", [kept, shape, b.node("Neg", [b.node("Add", [r, b.const([2])])])])
 
 
 def _equal_vectors(b, x: str, y: str) -> str:
@@ -505,6 +513,15 @@ class _Builder:
             return self.node("Constant", [], value_int=int(values))
         return self.node("Constant", [], value_ints=[int(v) for v in values])
 
+    def shape1(self, name: str) -> str:
+        """``[1, *shape]`` of input ``name``: never zero-size, even for a scalar."""
+        return self.node("Shape", [self.node("Unsqueeze", [self.input(name), self.const([0])])])
+
+    def rank(self, name: str) -> str:
+        """The rank of input ``name`` as int64 [1]."""
+        return self.node("Sub", [self.node("Reshape", [self.node("Size", [self.shape1(name)]), self.const([1])]),
+                                 self.const([1])])
+
     def input(self, name: str) -> str:
         if name not in self.inputs:
             raise OpBridgeError(f"a check names input '{name}', which the function body {self.proto.name} does not "
@@ -560,7 +577,10 @@ def guarded_body(proto: onnx.FunctionProto, checks: Checks, attr_types: dict[str
     renames = {}
     for x in proto.input:
         if x in read:
-            renames[x] = b.node("Reshape", [x, b.node("Add", [b.node("Shape", [x]), chain])], allowzero=1)
+            # NOTE: through Unsqueeze/Squeeze, so a scalar input makes no zero-size shape value
+            lifted = b.node("Unsqueeze", [x, b.const([0])])
+            moved = b.node("Reshape", [lifted, b.node("Add", [b.node("Shape", [lifted]), chain])], allowzero=1)
+            renames[x] = b.node("Squeeze", [moved, b.const([0])])
     out = onnx.FunctionProto()
     out.CopyFrom(proto)
     del out.node[:]
