@@ -242,7 +242,7 @@ def _reduce(b, op_type: str, input: str) -> str:
 
 def rank(input: str, n: int, *, at_least: bool = False, what: str | None = None, fix: str | None = None) -> Check:
     """``input`` has ``n`` dims (``at_least``: n or more)."""
-    text = what or f"input '{input}' must have {'at least ' if at_least else ''}{n} dims"
+    text = what or f"input '{input}' must have {'at least ' if at_least else ''}{n} dim{'' if n == 1 else 's'}"
     bad = (lambda t: t.dim() < n) if at_least else (lambda t: t.dim() != n)
     return Check(
         "rank", input, lambda env: text, lambda env: f"shape {_shape(env[input])}" if bad(env[input]) else None,

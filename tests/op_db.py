@@ -392,12 +392,12 @@ OPS = [
         bad_inputs=(
             bad("wrong_channels", change(x=const(torch.ones(1, 4, 2, 2))), input="x",
                 error=("channels=3", "1, 4, 2, 2"),
-                eager=r"expects input \(N, channels, \.\.\.\) with channels=3. Got shape \(1, 4, 2, 2\)",
+                eager=r"input 'x' must be \(N, channels=3, \.\.\.\). Got shape \(1, 4, 2, 2\)",
                 detail={"native": "opbridge::identity_conv: input 'x' must be (N, channels=3, ...), "
                                   "got shape [1, 4, 2, 2]"}),
             bad("channels_attribute", change(x=const(torch.ones(1, 3, 2, 2)), channels=const(4)), input="x",
                 error=("channels=4", "1, 3, 2, 2"),
-                eager=r"expects input \(N, channels, \.\.\.\) with channels=4. Got shape \(1, 3, 2, 2\)",
+                eager=r"input 'x' must be \(N, channels=4, \.\.\.\). Got shape \(1, 3, 2, 2\)",
                 detail={"native": "input 'x' must be (N, channels=4, ...), got shape [1, 3, 2, 2]"}),
         ),
         xfails=(
@@ -455,6 +455,63 @@ OPS = [
     ),
 ]
 
+
+
+# -- bad inputs generated from each op's check list (bridge.checks) ----------------------------------
+# Every check of an op's spec that no written bad input above reaches first gets one generated
+# violation, so all tiers are held to every check the spec states.
+
+def _violation(check, named: dict) -> tuple[Callable, tuple] | None:
+    """(a mutation making ``check`` fail on a call, the fragments every tier's message holds), or
+    None for check kinds the written bad inputs cover."""
+    t = named.get(check.input)
+    if check.kind == "rank":
+        if check.violation({check.input: t}) is None and t.dim() > 1:
+            new = t.reshape(-1)[:5]  # fewer dims (of at-least checks, too)
+        else:
+            new = t.unsqueeze(0)
+        new = new if check.violation({check.input: new}) is not None else t.unsqueeze(0)
+        return change(**{check.input: const(new)}), (", ".join(map(str, new.shape)),)
+    if check.kind == "same_shape":
+        new = t.unsqueeze(0)
+        return change(**{check.input: const(new)}), (", ".join(map(str, new.shape)),)
+    if check.kind == "same_len":
+        return change(**{check.input: lambda old: old[:-1]}), (str(t.numel() - 1),)
+    if check.kind in ("dtype_is", "same_dtype"):
+        dtype = torch.int64 if t.dtype == torch.int32 else torch.float64
+        return change(**{check.input: lambda old: old.to(dtype)}), (str(dtype).replace("torch.", ""),)
+    return None
+
+
+SPEC_TYPE_CASES: dict[str, list] = {}  # op -> generated cases onnxruntime's type check rejects
+
+
+def _with_spec_bad_inputs(entry: OpEntry) -> OpEntry:
+    checks = entry.spec.checks
+    reached = set()
+    for b in entry.bad_inputs:
+        env = entry.named(entry.bad_call(b)[1])
+        reached.add(next(i for i, c in enumerate(checks) if c.violation(env) is not None))
+    generated, type_cases = [], []
+    for index, check in enumerate(checks):
+        base = entry.samples(F32)[0] if entry.bad_input_sample is None else \
+            next(x for x in entry.samples(F32) if x.name == entry.bad_input_sample)
+        found = None if index in reached else _violation(check, entry.named(base.args))
+        if found is None:
+            continue
+        mutate, fragments = found
+        name = f"spec_{index}_{check.kind}_{check.input}"
+        env = entry.named(base.args)
+        mutate(env)
+        eager = re.escape(check.what(env))
+        generated.append(bad(name, mutate, input=check.input, error=fragments, eager=eager))
+        if check.kind in ("dtype_is", "same_dtype"):
+            type_cases.append(name)
+    xfails = (xfail(ORT_TYPE_CHECK, tests="bad_input_message", cases=tuple(type_cases)),) if type_cases else ()
+    return dataclasses.replace(entry, bad_inputs=entry.bad_inputs + tuple(generated), xfails=entry.xfails + xfails)
+
+
+OPS = [_with_spec_bad_inputs(e) for e in OPS]
 OP_DB: dict[str, OpEntry] = {e.qualname: e for e in OPS}
 
 
