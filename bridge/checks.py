@@ -55,7 +55,8 @@ class CheckError(OpBridgeError, ValueError):
 
 class Expr:
     """An integer computed from the call: eagerly from tensors and attributes, in ONNX as an int64
-    [1] tensor. Every ONNX form is total: it never fails, whatever the inputs (a missing dim or
+    [1] tensor. NOTE: eager values are never passed through int(): under tracing (export, derived
+    bodies) sizes and attributes may be symbolic, and int() would specialize them. Every ONNX form is total: it never fails, whatever the inputs (a missing dim or
     attribute item reads as -1), so guards never trip over inputs an earlier check rejects."""
 
     def eval(self, env: dict) -> int:
@@ -93,7 +94,7 @@ class Dim(Expr):
 
     def eval(self, env):
         t = env[self.input]
-        return int(t.shape[self.axis]) if -t.dim() <= self.axis < t.dim() else -1
+        return t.shape[self.axis] if -t.dim() <= self.axis < t.dim() else -1
 
     def onnx(self, b):
         shape = b.shape1(self.input)  # [1, *shape]
@@ -115,7 +116,7 @@ class Numel(Expr):
     input: str
 
     def eval(self, env):
-        return int(env[self.input].numel())
+        return env[self.input].numel()
 
     def onnx(self, b):
         return b.node("Reshape", [b.node("Size", [b.input(self.input)]), b.const([1])])
@@ -132,7 +133,7 @@ class Attr(Expr):
     name: str
 
     def eval(self, env):
-        return int(env[self.name])
+        return env[self.name]
 
     def onnx(self, b):
         return b.node("Reshape", [b.attr(self.name), b.const([1])])
@@ -154,7 +155,7 @@ class _AttrItem(Expr):
 
     def eval(self, env):
         v = list(env[self.name])
-        return int(v[self.index]) if self.index < len(v) else -1
+        return v[self.index] if self.index < len(v) else -1
 
     def onnx(self, b):
         padded = b.node("Concat", [b.attr(self.name), b.const([-1] * (self.index + 1))], axis=0)
@@ -170,7 +171,7 @@ class _AttrProd(Expr):
     stop: int
 
     def eval(self, env):
-        return math.prod(int(v) for v in list(env[self.name])[:self.stop])
+        return math.prod(list(env[self.name])[:self.stop])
 
     def onnx(self, b):
         part = b.node("Slice", [b.attr(self.name), b.const([0]), b.const([self.stop])])
