@@ -164,3 +164,24 @@ def test_guards_leave_the_body_alone_when_checks_hold():
     assert names[0] == "opbridge_check/bev::bev_pool_v2/depth/0" and len(names) == len(
         [c for c in spec.checks if c.ok is not None])
     assert [n.op_type for n in guarded.node[-len(raw.node):]] == [n.op_type for n in raw.node]
+
+
+def test_derived_body_carries_the_guards(registry, fresh_name):
+    """An op without a written body: the body derived from its implementation gets its guards too."""
+    name = fresh_name("head")
+
+    @bridge.op(name, fake=lambda x, k: torch.empty_like(x), registry=registry,
+               checks=[C.rank("x", 1), C.dim_eq("x", 0, C.attr("k"), what="input 'x' must have k = {value} entries")])
+    def head(x: torch.Tensor, k: int) -> torch.Tensor:
+        return x * 2
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return head(x, 3)
+
+    proto = bridge.export(M(), (torch.ones(3),), registry=registry)
+    (body,) = proto.functions
+    assert [n.name for n in body.node if n.name.startswith(C.GUARD_PREFIX)] == [
+        f"opbridge_check/{name}/x/0", f"opbridge_check/{name}/x/1"]
+    sess = bridge.session(proto, registry=registry)
+    assert bridge.parity.run_ort(sess, [torch.ones(3)])[0].tolist() == [2.0, 2.0, 2.0]
