@@ -171,8 +171,10 @@ def test_derived_body_carries_the_guards(registry, fresh_name):
     name = fresh_name("head")
 
     @bridge.op(name, fake=lambda x, k: torch.empty_like(x), registry=registry,
-               checks=[C.rank("x", 1), C.dim_eq("x", 0, C.attr("k"), what="input 'x' must have k = {value} entries")])
+               checks=[C.rank("x", 1), C.dim_eq("x", 0, C.attr("k"), what="input 'x' must have k = {value} entries"),
+                       C.values_ge("x", 0)])
     def head(x: torch.Tensor, k: int) -> torch.Tensor:
+        head.check(x, k)  # value checks are skipped while tracing: the guards hold them
         return x * 2
 
     class M(torch.nn.Module):
@@ -182,6 +184,10 @@ def test_derived_body_carries_the_guards(registry, fresh_name):
     proto = bridge.export(M(), (torch.ones(3),), registry=registry)
     (body,) = proto.functions
     assert [n.name for n in body.node if n.name.startswith(C.GUARD_PREFIX)] == [
-        f"opbridge_check/{name}/x/0", f"opbridge_check/{name}/x/1"]
+        f"opbridge_check/{name}/x/0", f"opbridge_check/{name}/x/1", f"opbridge_check/{name}/x/2"]
     sess = bridge.session(proto, registry=registry)
     assert bridge.parity.run_ort(sess, [torch.ones(3)])[0].tolist() == [2.0, 2.0, 2.0]
+    with pytest.raises(bridge.OpBridgeError, match=rf"^opbridge: {name}: input 'x' values must be >= 0\. Got min -1\."):
+        bridge.parity.run_ort(sess, [torch.tensor([1.0, -1.0, 2.0])])
+    with pytest.raises(ValueError, match="values must be >= 0"):
+        head(torch.tensor([-1.0]), 1)
