@@ -9,7 +9,7 @@ An op states its checks once, as a list built from the small vocabulary below (`
   ``opbridge: <qualname>: <what is wrong>. Got <actual>. <fix>``;
 - the function-body guards (:func:`guarded_body`): ONNX nodes appended to the op's function body,
   one per check, that make onnxruntime fail on a violation with a node named
-  ``opbridge_check/<qualname>/<input>/<index>``; :func:`explain_failure` turns that failure back
+  ``opbridge_check/<qualname>/<input>/<index>.<kind>``; :func:`explain_failure` turns that failure back
   into the eager message (the function tier's session does this);
 - the text the native kernels' messages are held to (tests/op_db.py's bad inputs).
 
@@ -41,7 +41,7 @@ from bridge.errors import OpBridgeError
 GUARD_PREFIX = "opbridge_check"
 # onnxruntime names a node of an inlined function '_inlfunc_<function>_<node name>' (measured on
 # onnxruntime 1.32); only the node's own name is matched, wherever it sits in the message.
-_GUARD_NAME = re.compile(GUARD_PREFIX + r"/([A-Za-z_][\w]*::[A-Za-z_]\w*)/(\w+)/(\d+)")
+_GUARD_NAME = re.compile(GUARD_PREFIX + r"/([A-Za-z_][\w]*::[A-Za-z_]\w*)/(\w+)/(\d+)\.\w+")
 
 
 VALUE_KINDS = frozenset({"values_in", "values_ge", "intervals_within"})  # checks that read tensor values
@@ -478,7 +478,7 @@ class Checks:
         return Checks(self.qualname, [c for c in self.checks if c.kind in ATTRIBUTE_KINDS]).first_failure(attrs)
 
     def guard_name(self, index: int) -> str:
-        return f"{GUARD_PREFIX}/{self.qualname}/{self.checks[index].input}/{index}"
+        return f"{GUARD_PREFIX}/{self.qualname}/{self.checks[index].input}/{index}.{self.checks[index].kind}"
 
 
 # -- ONNX guards -----------------------------------------------------------------------------------
@@ -568,7 +568,7 @@ def guarded_body(proto: onnx.FunctionProto, checks: Checks, attr_types: dict[str
         ...                                  [onnx.helper.make_opsetid("", 20)])
         >>> out = guarded_body(body, Checks("d::f", [rank("x", 2)]), {})
         >>> [n.name for n in out.node if n.name]
-        ['opbridge_check/d::f/x/0']
+        ['opbridge_check/d::f/x/0.rank']
     """
     guarded = [(i, c) for i, c in enumerate(checks) if c.ok is not None]
     if not guarded:
@@ -642,7 +642,7 @@ def failed_guard(error: BaseException | str) -> tuple[str, str, int] | None:
     """(op qualname, input, check index) of the guard an onnxruntime error stopped at, else None.
 
     Example:
-        >>> failed_guard("running Gather node. Name:'_inlfunc_f_opbridge_check/d::f/x/3' Status Message: ...")
+        >>> failed_guard("running Gather node. Name:'_inlfunc_f_opbridge_check/d::f/x/3.rank' Status Message: ...")
         ('d::f', 'x', 3)
     """
     m = _GUARD_NAME.search(str(error))
