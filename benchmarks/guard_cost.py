@@ -41,8 +41,8 @@ def guards_alone(spec, inputs, shape, repeats: int) -> dict[str, float]:
             body = guarded_body(body, spec.checks, {"bev_feat_shape": onnx.AttributeProto.INTS})
         node = helper.make_node("g", names, ["y"], domain="bev", bev_feat_shape=shape)
         types = [TensorProto.FLOAT] * 2 + [TensorProto.INT32] * 5
-        graph = helper.make_graph([node], "m", [helper.make_tensor_value_info(n, t, None) for n, t in zip(names, types)],
-                                  [helper.make_tensor_value_info("y", TensorProto.INT32, None)])
+        inputs = [helper.make_tensor_value_info(n, t, None) for n, t in zip(names, types)]
+        graph = helper.make_graph([node], "m", inputs, [helper.make_tensor_value_info("y", TensorProto.INT32, None)])
         return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("bev", 1)],
                                  functions=[body]).SerializeToString()
 

@@ -56,9 +56,11 @@ class CheckError(OpBridgeError, ValueError):
 
 class Expr:
     """An integer computed from the call: eagerly from tensors and attributes, in ONNX as an int64
-    [1] tensor. NOTE: eager values are never passed through int(): under tracing (export, derived
-    bodies) sizes and attributes may be symbolic, and int() would specialize them. Every ONNX form is total: it never fails, whatever the inputs (a missing dim or
-    attribute item reads as -1), so guards never trip over inputs an earlier check rejects."""
+    [1] tensor. Every ONNX form is total: it never fails, whatever the inputs (a missing dim or
+    attribute item reads as -1), so guards never trip over inputs an earlier check rejects.
+
+    NOTE: eager values are never passed through int(): under tracing (export, derived bodies)
+    sizes and attributes may be symbolic, and int() would specialize them."""
 
     def eval(self, env: dict) -> int:
         raise NotImplementedError

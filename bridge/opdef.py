@@ -123,7 +123,7 @@ class BridgeOp:
             ...     first.check(x, n)
             ...     return x[:n].clone()
             >>> _ = first.register_checks(checks.rank("x", 1), checks.values_ge("x", 0))
-            >>> first(torch.tensor([-1.0, 2.0]), 1)
+            >>> first(torch.tensor([-1, 2]), 1)  # an index-like int tensor
             Traceback (most recent call last):
             ...
             bridge.checks.CheckError: opbridge: demo::first: input 'x' values must be >= 0. Got min -1. Pass x >= 0.
