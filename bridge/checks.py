@@ -240,8 +240,13 @@ def _shape(t: torch.Tensor) -> str:
 
 
 def _reduce(b, op_type: str, input: str) -> str:
-    """ReduceMin/ReduceMax of an int tensor as int64 [1]; an empty one gives the type's max/min."""
-    return b.node("Cast", [b.node(op_type, [b.input(input)], keepdims=0)], to=TensorProto.INT64, reshape=True)
+    """ReduceMin/ReduceMax of ``input`` as float64 [1] (exact for int32 and float values; an
+    empty input gives the type's max/min, which passes)."""
+    return b.node("Cast", [b.node(op_type, [b.input(input)], keepdims=0)], to=TensorProto.DOUBLE, reshape=True)
+
+
+def _double(b, expr: Expr) -> str:
+    return b.node("Cast", [expr.onnx(b)], to=TensorProto.DOUBLE)
 
 
 def rank(input: str, n: int, *, at_least: bool = False, what: str | None = None, fix: str | None = None) -> Check:
@@ -324,18 +329,22 @@ def same_shape(input: str, other: str, *, drop_last: int = 0, what: str | None =
 
 
 def values_in(input: str, low: Expr | int, high: Expr | int, *, fix: str | None = None) -> Check:
-    """Every value of integer ``input`` lies in ``[low, high)`` (an empty input passes)."""
+    """Every value of ``input`` lies in ``[low, high)`` (an empty input passes).
+
+    NOTE: compared in float64 in the guard (exact for int32 indices and float values); a NaN fails
+    the eager check, while onnxruntime's min/max reductions may skip it."""
     low, high = _expr(low), _expr(high)
 
     def violation(env):
         t = env[input]
-        if t.numel() and (int(t.min()) < low.eval(env) or int(t.max()) >= high.eval(env)):
-            return f"min {int(t.min())}, max {int(t.max())}"
-        return None
+        if not t.numel():
+            return None
+        least, most = t.min().item(), t.max().item()  # NOTE: Python numbers: no int32 overflow of the bounds
+        return None if least >= low.eval(env) and most < high.eval(env) else f"min {least}, max {most}"
 
     def ok(b):
-        return b.node("And", [b.node("GreaterOrEqual", [_reduce(b, "ReduceMin", input), low.onnx(b)]),
-                              b.node("Less", [_reduce(b, "ReduceMax", input), high.onnx(b)])])
+        return b.node("And", [b.node("GreaterOrEqual", [_reduce(b, "ReduceMin", input), _double(b, low)]),
+                              b.node("Less", [_reduce(b, "ReduceMax", input), _double(b, high)])])
 
     return Check("values_in", input,
                  lambda env: f"input '{input}' values must lie in [{low.eval(env)}, {high.eval(env)})",
@@ -344,13 +353,13 @@ def values_in(input: str, low: Expr | int, high: Expr | int, *, fix: str | None 
 
 
 def values_ge(input: str, low: int, *, fix: str | None = None) -> Check:
-    """Every value of integer ``input`` is ``>= low``."""
+    """Every value of ``input`` is ``>= low`` (compared as :func:`values_in` does)."""
     text = f"input '{input}' values must be >= {low}"
     return Check(
         "values_ge", input, lambda env: text,
-        lambda env: (f"min {int(env[input].min())}" if env[input].numel() and int(env[input].min()) < low
+        lambda env: (f"min {env[input].min().item()}" if env[input].numel() and not env[input].min().item() >= low
                      else None),
-        lambda b: b.node("GreaterOrEqual", [_reduce(b, "ReduceMin", input), b.const([low])]),
+        lambda b: b.node("GreaterOrEqual", [_reduce(b, "ReduceMin", input), _double(b, Const(low))]),
         fix or f"Pass {input} >= {low}.", text)
 
 

@@ -55,6 +55,11 @@ CASES = [
     (C.values_in("a", 1, C.attr("box").prod(2)), ints(6), ints(), 0, [2, 3, 100], False),
     (C.values_ge("a", 0), ints(0, 4), ints(), 0, [], True),
     (C.values_ge("a", 0), ints(4, -5), ints(), 0, [], False),
+    (C.values_ge("a", 0), np.array([0.5, -0.25], np.float32), ints(), 0, [], False),  # no truncation to 0
+    (C.values_ge("a", 0), np.array([0.0, 2.5], np.float32), ints(), 0, [], True),
+    (C.values_in("a", 0, 3), np.array([2.5], np.float32), ints(), 0, [], True),
+    (C.values_in("a", 0, 3), np.array([3.0], np.float32), ints(), 0, [], False),
+    (C.values_in("a", 0, 2**31 + 5), ints(2**31 - 1), ints(), 0, [], True),  # a bound past int32
     (C.same_len("a", "b"), ints(1, 2), ints(3, 4), 0, [], True),
     (C.same_len("a", "b"), ints(1, 2), ints(3), 0, [], False),
     (C.dim_eq("a", 1, C.attr("width")), np.zeros((2, 3), np.float32), ints(), 3, [], True),
