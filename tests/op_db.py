@@ -8,7 +8,9 @@ An entry holds:
   tier legitimately differs (each says why);
 - ``inputs``: a hypothesis strategy drawing one whole valid call (shapes and values drawn by
   hypothesis, so failures shrink), and ``examples``: inputs every property run includes;
-- ``bad_inputs``: mutations of a valid sample with the error every tier must give;
+- ``bad_inputs``: mutations of a valid sample with the error every tier must give (each must fail
+  the op's own check list with those fragments, tests/test_checks.py; a check of the list that no
+  written bad input reaches first gets a generated one, ``spec_<index>_<kind>_<input>``);
 - ``xfails``: ``xfail(reason, ...)`` for what is known to fail (a reason is required).
 
 Importing this module checks the table against ``bridge.REGISTRY``: an entry for an op that is
