@@ -2,7 +2,7 @@
 
 An op states its checks once, as a list built from the small vocabulary below (``rank``,
 ``dim_eq``, ``same_len``, ``same_shape``, ``values_in``, ``values_ge``, ``attr_len``, ``attr_le``,
-``intervals_within``, ``dtype_is``, ``same_dtype``). From that one list the bridge derives:
+``attr_ge``, ``intervals_within``, ``dtype_is``, ``same_dtype``). From that one list the bridge derives:
 
 - the eager check (:meth:`Checks.run`): the op's eager implementation calls it, so the python tier
   (which runs eager) gives the same error; it raises :class:`CheckError` with
@@ -45,7 +45,7 @@ _GUARD_NAME = re.compile(GUARD_PREFIX + r"/([A-Za-z_][\w]*::[A-Za-z_]\w*)/(\w+)/
 
 
 VALUE_KINDS = frozenset({"values_in", "values_ge", "intervals_within"})  # checks that read tensor values
-ATTRIBUTE_KINDS = frozenset({"attr_len", "attr_le"})  # checks that read attributes only
+ATTRIBUTE_KINDS = frozenset({"attr_len", "attr_le", "attr_ge"})  # checks that read attributes only
 
 
 class CheckError(OpBridgeError, ValueError):
@@ -388,6 +388,19 @@ def attr_le(name: str, pairs: Sequence[tuple[int, int]], *, what: str, fix: str)
         return result
 
     return Check("attr_le", name, lambda env: what, violation, ok, fix, what)
+
+
+def attr_ge(name: str, low: int, *, what: str | None = None, fix: str | None = None) -> Check:
+    """Every item of ints attribute ``name`` is ``>= low``."""
+    text = what or f"attribute '{name}' items must be >= {low}"
+
+    def ok(b):
+        padded = b.node("Concat", [b.attr(name), b.const([low])], axis=0)  # NOTE: an empty list passes
+        return b.node("GreaterOrEqual", [b.node("ReduceMin", [padded], keepdims=1), b.const([low])])
+
+    return Check("attr_ge", name, lambda env: text,
+                 lambda env: str(list(env[name])) if any(v < low for v in env[name]) else None, ok,
+                 fix or f"Pass {name} items >= {low}.", text)
 
 
 def intervals_within(starts: str, lengths: str, points: Expr | int, *, fix: str | None = None) -> Check:

@@ -37,6 +37,8 @@ CHECKS = [
     *(checks.dtype_is(name, [torch.int32], fix=f"Use {name}.int().") for name in _INDEX_NAMES),
     *(checks.rank(name, 1, fix=f"Use {name}.flatten().") for name in _INDEX_NAMES),
     checks.attr_len("bev_feat_shape", 5, what="attribute 'bev_feat_shape' must be [B, Z, Y, X, C]", fix="Pass 5 sizes."),
+    checks.attr_ge("bev_feat_shape", 0, what="attribute 'bev_feat_shape' must be [B, Z, Y, X, C] >= 0",
+                   fix="Pass sizes >= 0."),
     checks.dim_eq("feat", 4, checks.attr("bev_feat_shape")[4],
                   what="attribute bev_feat_shape[4] (C) = {value} must equal feat.shape[4]",
                   fix="Pass the feature channel count as C."),

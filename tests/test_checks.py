@@ -87,6 +87,9 @@ CASES = [
     (C.attr_len("box", 4), ints(), ints(), 0, [1, 2, 3], False),
     (C.attr_le("box", [(0, 2), (1, 3)], what="w", fix="f"), ints(), ints(), 0, [0, 0, 1, 1], True),
     (C.attr_le("box", [(0, 2), (1, 3)], what="w", fix="f"), ints(), ints(), 0, [0, 2, 1, 1], False),
+    (C.attr_ge("box", 0), ints(), ints(), 0, [0, 3], True),
+    (C.attr_ge("box", 0), ints(), ints(), 0, [1, -1], False),
+    (C.attr_ge("box", 0), ints(), ints(), 0, [], True),
     (C.intervals_within("a", "b", 5), ints(0, 3), ints(3, 2), 0, [], True),  # [0, 3), [3, 5)
     (C.intervals_within("a", "b", 5), ints(0, 3), ints(3, 3), 0, [], False),  # ends at 6
     (C.intervals_within("a", "b", 5), ints(-1), ints(1), 0, [], False),
