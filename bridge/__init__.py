@@ -36,7 +36,7 @@ _PUBLIC: dict[str, tuple[str, str]] = {
     "ParityReport": ("bridge.parity", "ParityReport"),
     "ModelCase": ("bridge.testing", "ModelCase"),
 }
-_SUBMODULES = ("cli", "domains", "dtypes", "errors", "functional", "localize", "opdef", "parity", "progress",
+_SUBMODULES = ("checks", "cli", "domains", "dtypes", "errors", "functional", "localize", "opdef", "parity", "progress",
                "registry", "schema", "sessions", "spec", "testing")
 
 __all__ = sorted(_PUBLIC)

@@ -14,9 +14,11 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+import onnx
 import torch
 from torch._library import custom_ops
 
+from bridge.checks import Check, Checks, GuardedFunction
 from bridge.errors import OpBridgeError
 from bridge.proxy import (class_schemas, define_method_proxy, define_op_proxy, ensure_fake_class, is_composite_only,
                           method_schema, user_fake_class)
@@ -107,7 +109,43 @@ class BridgeOp:
 
     # -- bridge pieces -------------------------------------------------------------------
     def _attach(self, **changes) -> None:
-        self._registry.replace(dataclasses.replace(self.spec, **changes))
+        self._registry.replace(with_guards(dataclasses.replace(self.spec, **changes)))
+
+    def register_checks(self, *checks: Check) -> Checks:
+        """The op's input checks, stated once (``bridge.checks`` vocabulary): the eager
+        implementation runs them with :meth:`check`, the function body gets them as guards, the
+        function tier reports a failed guard with the eager message. Replaces earlier checks.
+
+        Example:
+            >>> import torch, bridge
+            >>> from bridge import checks
+            >>> reg = bridge.Registry()
+            >>> @bridge.op("demo::first", fake=lambda x, n: x.new_empty(n), registry=reg)
+            ... def first(x: torch.Tensor, n: int) -> torch.Tensor:
+            ...     first.check(x, n)
+            ...     return x[:n].clone()
+            >>> _ = first.register_checks(checks.rank("x", 1), checks.values_ge("x", 0))
+            >>> first(torch.tensor([-1, 2]), 1)  # an index-like int tensor
+            Traceback (most recent call last):
+            ...
+            bridge.checks.CheckError: opbridge: demo::first: input 'x' values must be >= 0. Got min -1. Pass x >= 0.
+        """
+        found = Checks(self.qualname, checks)
+        self._attach(checks=found)
+        return found
+
+    def check(self, *args, **kwargs) -> None:
+        """Run the op's checks on a call (as the op takes it); raise ``bridge.checks.CheckError``
+        naming the op and the input. No checks registered: nothing to do."""
+        spec = self.spec
+        if spec.checks is not None:
+            spec.checks.run(**bind_call(spec, args, kwargs))
+
+    def check_shapes(self, *args, **kwargs) -> None:
+        """:meth:`check` without the checks that read tensor values (for fake kernels)."""
+        spec = self.spec
+        if spec.checks is not None:
+            spec.checks.run_shapes(**bind_call(spec, args, kwargs))
 
     def register_function(self, function=None):
         """The model-local ONNX function body (an onnxscript function named like the op, in its domain).
@@ -137,6 +175,32 @@ class BridgeOp:
         """The op's C++ kernel file for the native tier; a relative path is read against the folder
         of the calling module."""
         self._attach(native_source=resolve_native(source, _caller_folder(), self.qualname))
+
+
+def bind_call(spec: OpSpec, args: Sequence, kwargs: dict) -> dict:
+    """{param name: value} of a call of ``spec``'s op (defaults filled in)."""
+    names = [p.name for p in spec.params]
+    env = {p.name: p.default for p in spec.params if p.has_default}
+    env.update(zip(names, args))
+    env.update(kwargs)
+    return env
+
+
+def with_guards(spec: OpSpec) -> OpSpec:
+    """``spec`` with its function body carrying its checks as guards (``bridge.checks.guarded_body``)."""
+    function = spec.function
+    if isinstance(function, GuardedFunction):
+        function = function.function
+    if function is None or spec.checks is None or not len(spec.checks):
+        return spec if function is spec.function else dataclasses.replace(spec, function=function)
+    types = {p.name: getattr(onnx.AttributeProto, p.attr_type.name) for p in spec.attributes}
+    return dataclasses.replace(spec, function=GuardedFunction(function, spec.checks, types))
+
+
+def _as_checks(qualname: str, checks) -> Checks | None:
+    if checks is None or isinstance(checks, Checks):
+        return checks
+    return Checks(qualname, checks)
 
 
 def torch_origin(qualname: str) -> str | None:
@@ -200,6 +264,7 @@ def register(
     translation: Callable | None = None,
     names: dict[str, str] | None = None,
     attributes: Sequence[str] | None = None,
+    checks: Sequence[Check] | None = None,
     registry: Registry | None = None,
 ) -> BridgeOp:
     """Bridge an op that already exists: another package's ``torch.library.custom_op``, a C++
@@ -245,7 +310,7 @@ def register(
         native = None if native is None else resolve_native(native, _caller_folder(), method)
         return _register_method(method, function=function, reference=reference, sample_inputs=sample_inputs,
                                 fake=fake, dtypes=dtypes, domain=domain, version=version, translation=translation,
-                                names=names, attributes=attributes, native=native, registry=reg)
+                                names=names, attributes=attributes, native=native, checks=checks, registry=reg)
     overload = resolve_overload(op)
     if overload._overloadname != "default":
         raise OpBridgeError(f"{overload.name()}: only the default overload can be bridged. Got overload "
@@ -285,13 +350,14 @@ def register(
         sample_inputs=sample_inputs, dtypes=tuple(dtypes), doc=f"{qualname} (existing op, bridged)",
         custom_translation=translation, torchbind=tuple(torchbind), proxy_for=proxy_for,
         native_source=None if native is None else resolve_native(native, _caller_folder(), qualname),
+        checks=_as_checks(qualname, checks),
     )
-    reg.add(spec)
+    reg.add(with_guards(spec))
     return BridgeOp(qualname, reg, custom)
 
 
 def _register_method(target: str, *, function, reference, sample_inputs, fake, dtypes, domain, version, translation,
-                     names, attributes, native, registry: Registry) -> BridgeOp:
+                     names, attributes, native, checks, registry: Registry) -> BridgeOp:
     """``register`` for a torchbind method (see there)."""
     registry.check_free(target)
     class_name, _, method = target.rpartition(".")
@@ -320,8 +386,9 @@ def _register_method(target: str, *, function, reference, sample_inputs, fake, d
         function=function, reference=reference, sample_inputs=sample_inputs, dtypes=tuple(dtypes),
         doc=f"{target} (torchbind method, bridged)", custom_translation=translation,
         onnx_name=f"{cls_name}_{method}", torchbind=(target,), proxy_for=target, native_source=native,
+        checks=_as_checks(target, checks),
     )
-    registry.add(spec)
+    registry.add(with_guards(spec))
     return BridgeOp(target, registry)
 
 
@@ -342,6 +409,7 @@ def op(
     device_types: str | Sequence[str] | None = None,
     torchbind: Sequence[str] = (),
     native: str | os.PathLike | None = None,
+    checks: Sequence[Check] | None = None,
     registry: Registry | None = None,
 ):
     """Declare a custom op once; the torch op, ONNX schema and translation follow from it.
@@ -350,7 +418,9 @@ def op(
     function). The keyword pieces are shortcuts for the op object's ``register_*`` methods:
     ``function`` is an onnxscript function in ``Opset(domain, version)`` with the op's name, used
     as the model-local ONNX-function kernel; ``native`` a C++ kernel file, relative to the
-    declaring module's folder.
+    declaring module's folder; ``checks`` the op's input checks (``bridge.checks`` vocabulary),
+    stated once for every tier: the implementation runs them with ``op.check(...)``, the function
+    body carries them as guards.
 
     Example:
         >>> import torch, bridge
@@ -393,10 +463,10 @@ def op(
             domain=domain or ns, version=version, function=function, reference=reference,
             sample_inputs=sample_inputs, dtypes=tuple(dtypes),
             doc=(inspect.getdoc(fn) or "").split("\n\n")[0], custom_translation=translation,
-            torchbind=tuple(torchbind), native_source=source,
+            torchbind=tuple(torchbind), native_source=source, checks=_as_checks(qualname, checks),
         )
         try:
-            reg.add(spec)
+            reg.add(with_guards(spec))
         except OpBridgeError:
             custom._lib._destroy()  # leave torch as it was: the declaration failed as a whole
             raise

@@ -147,6 +147,7 @@ class OpSpec:
     # the op (OpOverload) or torchbind method ("ns::Class.method") that ``custom_op``, a bridge proxy
     # op (bridge.proxy), stands for; None when ``custom_op`` is the op itself
     proxy_for: Any = None
+    checks: Any = None  # bridge.checks.Checks: the input checks every tier applies
 
     # -- identity -------------------------------------------------------------------
     @property

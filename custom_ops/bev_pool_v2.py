@@ -18,62 +18,40 @@ from onnxscript import DOUBLE, INT64, script, values
 from onnxscript import opset20 as op
 
 import bridge
-from bridge import SampleInput
+from bridge import SampleInput, checks
 
 DOMAIN = values.Opset("bev", 1)
 DOUBLE_ZERO = onnx.helper.make_tensor("zero", onnx.TensorProto.DOUBLE, [], [0.0])
 _INDEX_NAMES = ("ranks_depth", "ranks_feat", "ranks_bev", "interval_starts", "interval_lengths")
 
 
-def _fail(msg: str, got, fix: str):
-    raise ValueError(f"opbridge: bev_pool_v2: {msg}. Got {got}. {fix}")
-
-
-def _check_static(depth, feat, ranks_depth, ranks_feat, ranks_bev, bev_feat_shape, interval_starts,
-                  interval_lengths) -> None:
-    """Checks that need no data: ranks, dtypes and the grid shape (shared by eager and fake)."""
-    if depth.dim() != 5 or feat.dim() != 5:
-        _fail("depth must be (B,N,D,H,W) and feat (B,N,H,W,C)", (tuple(depth.shape), tuple(feat.shape)),
-              "Pass 5-D depth and feat.")
-    if depth.dtype != feat.dtype or not feat.dtype.is_floating_point:
-        _fail("depth and feat must share one floating dtype", (depth.dtype, feat.dtype), "Cast both.")
-    index = (ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths)
-    for name, t in zip(_INDEX_NAMES, index):
-        if t.dtype != torch.int32 or t.dim() != 1:
-            _fail(f"{name} must be a 1-D int32 tensor", (t.dtype, tuple(t.shape)), f"Use {name}.int().flatten().")
-    if len(bev_feat_shape) != 5:
-        _fail("bev_feat_shape must be [B, Z, Y, X, C]", list(bev_feat_shape), "Pass 5 sizes.")
-    if bev_feat_shape[4] != feat.shape[4]:
-        _fail("bev_feat_shape[4] (C) must equal feat.shape[4]", (list(bev_feat_shape), tuple(feat.shape)),
-              "Pass the feature channel count as C.")
-
-
-def _check_values(depth, feat, ranks_depth, ranks_feat, ranks_bev, bev_feat_shape, interval_starts,
-                  interval_lengths) -> None:
-    """Index range checks: nothing outside the tensors is ever read or written."""
-    n_points = ranks_depth.numel()
-    if ranks_feat.numel() != n_points or ranks_bev.numel() != n_points:
-        _fail("ranks_depth, ranks_feat and ranks_bev must have one entry per point",
-              (ranks_depth.numel(), ranks_feat.numel(), ranks_bev.numel()), "Pass equal lengths.")
-    if interval_starts.numel() != interval_lengths.numel():
-        _fail("interval_starts and interval_lengths must have equal length",
-              (interval_starts.numel(), interval_lengths.numel()), "Pass one length per interval.")
-    n_cells = int(np.prod(bev_feat_shape[:4]))
-    limits = {"ranks_depth": depth.numel(), "ranks_feat": feat.numel() // max(feat.shape[4], 1),
-              "ranks_bev": n_cells}
-    for name, t in zip(_INDEX_NAMES[:3], (ranks_depth, ranks_feat, ranks_bev)):
-        if t.numel() and (int(t.min()) < 0 or int(t.max()) >= limits[name]):
-            _fail(f"{name} values must lie in [0, {limits[name]})", (int(t.min()), int(t.max())),
-                  "Check the ranks against the tensor sizes.")
-    if interval_lengths.numel():
-        ends = interval_starts.long() + interval_lengths.long()
-        if int(interval_lengths.min()) < 0:
-            _fail("interval_lengths must be >= 0", int(interval_lengths.min()), "Fix the intervals.")
-        if int(interval_starts.min()) < 0 or int(ends.max()) > n_points:
-            _fail(f"intervals must lie in [0, {n_points}] points",
-                  (int(interval_starts.min()), int(ends.max())), "Fix interval_starts/lengths.")
-        if n_points == 0 and int(interval_lengths.max()) > 0:
-            _fail("non-empty intervals need points", n_points, "Fix the intervals.")
+POINTS = "ranks_depth, ranks_feat and ranks_bev must have one entry per point"
+# NOTE: the op's one validation spec: eager (below), the function body's guards, the function
+# tier's messages and the native kernel's messages (tests/op_db.py) all follow this list.
+# Only the interval's first ranks_bev entry picks its cell (BEVDet's semantics): ranks_bev need
+# not be constant within an interval, and every tier uses ranks_bev[interval_starts[i]].
+CHECKS = [
+    checks.rank("depth", 5, what="input 'depth' must be (B,N,D,H,W)", fix="Pass 5-D depth."),
+    checks.rank("feat", 5, what="input 'feat' must be (B,N,H,W,C)", fix="Pass 5-D feat."),
+    checks.same_dtype("feat", "depth", floating=True, fix="Cast both to one floating dtype."),
+    *(checks.dtype_is(name, [torch.int32], fix=f"Use {name}.int().") for name in _INDEX_NAMES),
+    *(checks.rank(name, 1, fix=f"Use {name}.flatten().") for name in _INDEX_NAMES),
+    checks.attr_len("bev_feat_shape", 5, what="attribute 'bev_feat_shape' must be [B, Z, Y, X, C]", fix="Pass 5 sizes."),
+    checks.attr_ge("bev_feat_shape", 0, what="attribute 'bev_feat_shape' must be [B, Z, Y, X, C] >= 0",
+                   fix="Pass sizes >= 0."),
+    checks.dim_eq("feat", 4, checks.attr("bev_feat_shape")[4],
+                  what="attribute bev_feat_shape[4] (C) = {value} must equal feat.shape[4]",
+                  fix="Pass the feature channel count as C."),
+    checks.same_len("ranks_feat", "ranks_depth", what=POINTS, fix="Pass equal lengths."),
+    checks.same_len("ranks_bev", "ranks_depth", what=POINTS, fix="Pass equal lengths."),
+    checks.same_len("interval_lengths", "interval_starts", fix="Pass one length per interval."),
+    checks.values_in("ranks_depth", 0, checks.numel("depth")),
+    checks.values_in("ranks_feat", 0, checks.numel("feat") // checks.dim("feat", 4)),
+    checks.values_in("ranks_bev", 0, checks.attr("bev_feat_shape").prod(4)),
+    checks.values_ge("interval_lengths", 0, fix="Fix the intervals."),
+    checks.intervals_within("interval_starts", "interval_lengths", checks.numel("ranks_depth"),
+                            fix="Fix interval_starts/lengths."),
+]
 
 
 def _expand_intervals(ranks_bev, interval_starts, interval_lengths):
@@ -91,8 +69,8 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def _fake(depth, feat, ranks_depth, ranks_feat, ranks_bev, bev_feat_shape, interval_starts, interval_lengths):
-    _check_static(depth, feat, ranks_depth, ranks_feat, ranks_bev, bev_feat_shape, interval_starts,
-                  interval_lengths)
+    bev_pool_v2_op.check_shapes(depth, feat, ranks_depth, ranks_feat, ranks_bev, bev_feat_shape, interval_starts,
+                                interval_lengths)
     b, z, y, x, c = bev_feat_shape
     return feat.new_empty((b, c, z, y, x))
 
@@ -168,7 +146,8 @@ def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts
     rows = op.Expand(op.Unsqueeze(cell, op.Constant(value_ints=[-1])), op.Shape(prod))
     acc = op.Expand(op.Constant(value=DOUBLE_ZERO), op.Concat(n_cells, channels, axis=0))
     acc = op.ScatterElements(acc, rows, prod, axis=0, reduction="add")
-    out = op.Transpose(op.Reshape(acc, shape), perm=[0, 4, 1, 2, 3])
+    # NOTE: allowzero: a zero size in bev_feat_shape (an empty grid) is a size, not "copy this dim"
+    out = op.Transpose(op.Reshape(acc, shape, allowzero=1), perm=[0, 4, 1, 2, 3])
     return op.CastLike(out, feat)
 
 
@@ -243,9 +222,29 @@ def edge_case(dtype=torch.float32):
     return (depth, feat, rd, rf, rb, shape, starts, lengths)
 
 
+def empty_grid_case(dtype=torch.float32):
+    """A grid with Z = 0 (no cells): no points, no intervals; the output is (B, C, 0, Y, X)."""
+    depth, feat, _, _, _, (b, _, y, x, c), _, _ = random_case(dtype=dtype, seed=6)
+    none = torch.zeros(0, dtype=torch.int32)
+    return (depth, feat, none, none, none, [b, 0, y, x, c], none, none)
+
+
+def mixed_cells_case(dtype=torch.float32):
+    """Intervals whose points have different ranks_bev: the interval's first entry picks the cell
+    (BEVDet's semantics; every tier agrees, none rejects it)."""
+    depth, feat, _, _, _, shape, _, _ = random_case(dtype=dtype, seed=7)
+    rd = torch.tensor([0, 5, 9, 17, 33], dtype=torch.int32)
+    rf = torch.tensor([0, 1, 2, 3, 4], dtype=torch.int32)
+    rb = torch.tensor([3, 7, 7, 12, 3], dtype=torch.int32)
+    return (depth, feat, rd, rf, rb, shape, torch.tensor([0, 2], dtype=torch.int32),
+            torch.tensor([2, 3], dtype=torch.int32))
+
+
 def sample_inputs(dtype: torch.dtype) -> list[SampleInput]:
     return [
         SampleInput(edge_case(dtype), name="edge_intervals"),
+        SampleInput(empty_grid_case(dtype), name="empty_grid"),
+        SampleInput(mixed_cells_case(dtype), name="mixed_cells"),
         SampleInput(random_case(dtype=dtype), name="small"),
         SampleInput(random_case(b=2, n=3, d=5, h=4, w=4, c=3, grid=(3, 3, 1), keep=0.9, dtype=dtype, seed=1),
                     name="batch2_dense"),
@@ -255,7 +254,7 @@ def sample_inputs(dtype: torch.dtype) -> list[SampleInput]:
 
 @bridge.op(
     "bev::bev_pool_v2", fake=_fake, backward=_backward, setup_context=_setup_context,
-    function=bev_pool_v2, reference=reference, sample_inputs=sample_inputs,
+    function=bev_pool_v2, reference=reference, sample_inputs=sample_inputs, checks=CHECKS,
     dtypes=(torch.float32, torch.float16, torch.float64), device_types="cpu",
 )
 def bev_pool_v2_op(depth: torch.Tensor, feat: torch.Tensor, ranks_depth: torch.Tensor,
@@ -267,8 +266,7 @@ def bev_pool_v2_op(depth: torch.Tensor, feat: torch.Tensor, ranks_depth: torch.T
     ``interval_starts``; keyword calls by argument name work too.
     """
     args = (depth, feat, ranks_depth, ranks_feat, ranks_bev, bev_feat_shape, interval_starts, interval_lengths)
-    _check_static(*args)
-    _check_values(*args)
+    bev_pool_v2_op.check(*args)
     acc = _acc_dtype(feat.dtype)
     b, z, y, x, c = bev_feat_shape
     point, cell = _expand_intervals(ranks_bev, interval_starts, interval_lengths)

@@ -13,22 +13,24 @@ from onnxscript import script, values
 from onnxscript import opset20 as op
 
 import bridge
-from bridge import SampleInput
+from bridge import SampleInput, checks
 
 DOMAIN = values.Opset("opbridge", 1)
 
 
-def _check(img: torch.Tensor, box) -> None:
-    if img.dim() < 2:
-        raise ValueError(f"opbridge: crop needs an image (..., H, W). Got shape {tuple(img.shape)}. "
-                         "Pass at least a 2-D tensor.")
-    if len(box) != 4 or box[2] < box[0] or box[3] < box[1]:
-        raise ValueError(f"opbridge: crop box must be [left, top, right, bottom] with right >= left and "
-                         f"bottom >= top. Got {list(box)}. Pass a valid box.")
+BOX = "attribute 'box' must be [left, top, right, bottom]"
+# NOTE: the op's one validation spec: eager, fake, the function body's guards and every tier's messages.
+CHECKS = [
+    checks.rank("img", 2, at_least=True, what="input 'img' must be an image (..., H, W)",
+                fix="Pass at least a 2-D tensor."),
+    checks.attr_len("box", 4, what=BOX, fix="Pass a valid box."),
+    checks.attr_le("box", [(0, 2), (1, 3)], what=BOX + " with right >= left and bottom >= top",
+                   fix="Pass a valid box."),
+]
 
 
 def _fake(img, box):
-    _check(img, box)
+    crop_op.check_shapes(img, box)
     return img.new_empty((*img.shape[:-2], box[3] - box[1], box[2] - box[0]))
 
 
@@ -85,12 +87,12 @@ def sample_inputs(dtype: torch.dtype) -> list[SampleInput]:
 
 @bridge.op(
     "opbridge::crop", fake=_fake, backward=_backward, setup_context=_setup_context,
-    function=crop, reference=reference, sample_inputs=sample_inputs,
+    function=crop, reference=reference, sample_inputs=sample_inputs, checks=CHECKS,
     dtypes=(torch.float32, torch.float16, torch.float64),
 )
 def crop_op(img: torch.Tensor, box: list[int]) -> torch.Tensor:
     """PIL-style crop of ``img`` (..., H, W) to ``box`` = [left, top, right, bottom]; outside is 0."""
-    _check(img, box)
+    crop_op.check(img, box)
     left, top, right, bottom = box
     h, w = img.shape[-2:]
     out = img.new_zeros((*img.shape[:-2], bottom - top, right - left))

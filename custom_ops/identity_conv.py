@@ -20,7 +20,7 @@ from onnxscript import script, values
 from torch.utils import cpp_extension
 
 import bridge
-from bridge import SampleInput
+from bridge import SampleInput, checks
 from bridge.progress import step
 
 DOMAIN = values.Opset("opbridge", 1)
@@ -52,16 +52,17 @@ def load_library() -> None:
 load_library()
 
 
-def _check(x: torch.Tensor, channels: int) -> None:
-    if x.dim() < 2 or x.shape[1] != channels:
-        raise ValueError(
-            f"opbridge: identity_conv expects input (N, channels, ...) with channels={channels}. "
-            f"Got shape {tuple(x.shape)}. Pass channels=x.shape[1]."
-        )
+# NOTE: the op's one validation spec (fake, function-body guards, python and function tiers); the
+# C++ eager kernel (csrc/identity_conv.cpp) and the native kernel check the same and say the same.
+CHECKS = [
+    checks.rank("x", 2, at_least=True, what="input 'x' must be (N, channels, ...)", fix="Pass x.dim() >= 2."),
+    checks.dim_eq("x", 1, checks.attr("channels"), what="input 'x' must be (N, channels={value}, ...)",
+                  fix="Pass channels=x.shape[1]."),
+]
 
 
 def _fake(x, channels):
-    _check(x, channels)
+    identity_conv_op.check_shapes(x, channels)
     return torch.empty_like(x)
 
 
@@ -98,6 +99,7 @@ torch.library.register_autograd("opbridge::identity_conv", _backward, setup_cont
 identity_conv_op = bridge.register(
     "opbridge::identity_conv", function=identity_conv, reference=reference, sample_inputs=sample_inputs,
     dtypes=(torch.float32, torch.float16, torch.float64), torchbind=["opbridge::IdentityConvClass.forward"],
+    checks=CHECKS,
 )
 
 

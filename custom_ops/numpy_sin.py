@@ -13,17 +13,18 @@ from onnxscript import opset20 as op
 from onnxscript import script, values
 
 import bridge
-from bridge import SampleInput
+from bridge import SampleInput, checks
 
 
-def _check(input: torch.Tensor, output: torch.Tensor) -> None:
-    if input.shape != output.shape or input.dtype != output.dtype:
-        raise ValueError(f"opbridge: numpy_sin needs output like input. Got {tuple(input.shape)}/{input.dtype} "
-                         f"and {tuple(output.shape)}/{output.dtype}. Pass output=torch.empty_like(input).")
+# NOTE: the op's one validation spec: eager, fake, the function body's guards and every tier's messages.
+CHECKS = [
+    checks.same_shape("output", "input", fix="Pass output=torch.empty_like(input)."),
+    checks.same_dtype("output", "input", fix="Pass output=torch.empty_like(input)."),
+]
 
 
 def _fake(input, output):
-    _check(input, output)
+    numpy_sin_op.check_shapes(input, output)
 
 
 @script(values.Opset("opbridge", 1), default_opset=op)
@@ -45,8 +46,9 @@ def sample_inputs(dtype: torch.dtype) -> list[SampleInput]:
 
 
 @bridge.op("opbridge::numpy_sin", mutates_args=("output",), fake=_fake, function=numpy_sin, reference=reference,
-           sample_inputs=sample_inputs, dtypes=(torch.float32, torch.float64), device_types="cpu")
+           sample_inputs=sample_inputs, dtypes=(torch.float32, torch.float64), device_types="cpu",
+           checks=CHECKS)
 def numpy_sin_op(input: torch.Tensor, output: torch.Tensor) -> None:
     """Write ``np.sin(input)`` into ``output`` (CPU tensors)."""
-    _check(input, output)
+    numpy_sin_op.check(input, output)
     output.copy_(torch.from_numpy(np.asarray(np.sin(input.numpy()))))  # asarray: 0-d gives a scalar

@@ -12,22 +12,22 @@ from onnxscript import script, values
 from onnxscript import opset20 as op
 
 import bridge
-from bridge import SampleInput
+from bridge import SampleInput, checks
 
 DOMAIN = values.Opset("opbridge", 1)
 
 
-def _check(image: torch.Tensor, patch: torch.Tensor) -> None:
-    if image.dim() < 2 or image.dim() != patch.dim() or image.shape[:-2] != patch.shape[:-2]:
-        raise ValueError(f"opbridge: paste needs image (..., H, W) and patch (..., h, w) with equal leading "
-                         f"dims. Got {tuple(image.shape)} and {tuple(patch.shape)}. Match the leading dims.")
-    if image.dtype != patch.dtype:
-        raise ValueError(f"opbridge: paste needs one dtype. Got {image.dtype} and {patch.dtype}. "
-                         "Cast the patch to the image dtype.")
+# NOTE: the op's one validation spec: eager, fake, the function body's guards and every tier's messages.
+CHECKS = [
+    checks.rank("image", 2, at_least=True, what="input 'image' must be (..., H, W)", fix="Pass a 2-D or larger image."),
+    checks.same_shape("patch", "image", drop_last=2, fix="Match the leading dims.",
+                      what="inputs 'image' (..., H, W) and 'patch' (..., h, w) must have equal leading dims"),
+    checks.same_dtype("patch", "image", fix="Cast the patch to the image dtype."),
+]
 
 
 def _fake(image, patch, left, top):
-    _check(image, patch)
+    paste_op.check_shapes(image, patch, left, top)
     return torch.empty_like(image)
 
 
@@ -85,12 +85,12 @@ def sample_inputs(dtype: torch.dtype) -> list[SampleInput]:
 
 @bridge.op(
     "opbridge::paste", fake=_fake, backward=_backward, setup_context=_setup_context,
-    function=paste, reference=reference, sample_inputs=sample_inputs,
+    function=paste, reference=reference, sample_inputs=sample_inputs, checks=CHECKS,
     dtypes=(torch.float32, torch.float16, torch.float64),
 )
 def paste_op(image: torch.Tensor, patch: torch.Tensor, left: int, top: int) -> torch.Tensor:
     """PIL-style paste of ``patch`` into a copy of ``image`` at (left, top), clipped to the image."""
-    _check(image, patch)
+    paste_op.check(image, patch, left, top)
     out = image.clone()
     h, w = image.shape[-2:]
     ph, pw = patch.shape[-2:]

@@ -48,6 +48,7 @@ try:  # NOTE: torch.onnx's own pieces, to build its op registry once per process
 except ImportError:  # pragma: no cover  another torch: the public API, slower
     _onnx_core = None
 
+from bridge.checks import guarded_body
 from bridge.domains import is_custom
 from bridge.dtypes import TORCH_TO_ONNX, numpy_dtype, torch_dtype
 from bridge.errors import OpBridgeError
@@ -886,9 +887,9 @@ def attach_derived(model: onnx.ModelProto, registry: Registry) -> list[str]:
     added = []
     for (domain, name), pairs in uses.items():
         bodies = list({id(b): b for _, b in pairs}.values())
+        spec = registry.find(domain, name)
         for body in bodies:
-            proto = onnx.FunctionProto()
-            proto.CopyFrom(body.proto)
+            proto = _with_guards(body.proto, spec)
             # NOTE: one body keeps the plain name; several are told apart as ONNX function overloads
             proto.overload = "" if len(bodies) == 1 else \
                 "derived_" + hashlib.sha1(body.proto.SerializeToString()).hexdigest()[:10]
@@ -901,6 +902,23 @@ def attach_derived(model: onnx.ModelProto, registry: Registry) -> list[str]:
             model.ir_version = max(model.ir_version, 10)  # overloads are IR 10
         added.append(registry.find(domain, name).qualname)
     return added
+
+
+def _with_guards(proto: onnx.FunctionProto, spec: OpSpec) -> onnx.FunctionProto:
+    """A copy of a derived body, with the op's check guards (bridge.checks) where the body keeps
+    every attribute they read as a function attribute."""
+    if spec.checks is not None:
+        kept = {p.name: getattr(onnx.AttributeProto, p.attr_type.name) for p in spec.attributes
+                if p.name in proto.attribute}
+        try:
+            guarded = guarded_body(proto, spec.checks, kept)
+        except OpBridgeError:  # NOTE: an attribute baked into this body: its value was checked when traced
+            guarded = proto
+        if guarded is not proto:
+            return guarded
+    copy = onnx.FunctionProto()
+    copy.CopyFrom(proto)
+    return copy
 
 
 def _import_opsets(model: onnx.ModelProto, proto: onnx.FunctionProto, registry: Registry) -> None:

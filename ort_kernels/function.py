@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import os
 
+import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
+from onnx import numpy_helper
 
+from bridge.checks import explain_failure, failed_guard
 from bridge.domains import all_nodes, is_custom
-from bridge.errors import UnsupportedInTier
+from bridge.errors import OpBridgeError, UnsupportedInTier
 from bridge.registry import Registry
 from bridge.spec import OpSpec
 from exporters.derive import attach_derived, body_status, last_failure
@@ -44,7 +47,16 @@ class FunctionTier(Tier):
                 "tier='native' or 'python'."
             )
         _check_optional_inputs(model, registry)
-        return Prepared(options, changed=bool(added))
+        session_class = _session_class(model, registry)
+        for spec, _, attrs, _ in session_class._calls:
+            # NOTE: a bad attribute can fail onnxruntime's load (shape inference of the body) before
+            # any guard runs: the attribute checks run here, with the same message.
+            if len(attrs) < len(spec.attributes):
+                continue  # NOTE: a missing attribute is check_nodes' error (sessions), not a check's
+            message = spec.checks.attribute_failure(attrs)
+            if message is not None:
+                raise OpBridgeError(message)
+        return Prepared(options, changed=bool(added), session_class=session_class)
 
 
 def _check_optional_inputs(model: onnx.ModelProto, registry: Registry) -> None:
@@ -104,3 +116,60 @@ def _why(registry: Registry, domain: str, name: str) -> str:
     if spec is None:
         return "not registered"
     return last_failure(spec.qualname) or "no body"
+
+
+class FunctionTierSession(ort.InferenceSession):
+    """InferenceSession whose ``run`` reports a failed check guard (an op's input check, in its
+    function body) as OpBridgeError with the op's own eager message, naming op and input."""
+
+    _calls: tuple = ()  # (spec, {param: input value name}, {attribute: value}, {name: initializer})
+
+    def run(self, output_names, input_feed, run_options=None):
+        try:
+            return super().run(output_names, input_feed, run_options)
+        except Exception as e:
+            guard = failed_guard(e)
+            if guard is None:
+                raise
+            raise OpBridgeError(self._explain(guard, input_feed, str(e))) from e
+
+    def _explain(self, guard: tuple[str, str, int], feed: dict, error: str) -> str:
+        qualname, _, index = guard
+        envs, checks = [], None
+        for spec, inputs, attrs, known in self._calls:
+            if spec.checks is None or spec.checks.qualname != qualname:
+                continue
+            checks = spec.checks
+            env = dict(attrs)
+            for param, name in inputs.items():
+                value = feed.get(name, known.get(name)) if name else None
+                if name and not isinstance(value, np.ndarray):
+                    break
+                env[param] = None if value is None else torch.from_numpy(np.array(value))
+            else:
+                envs.append(env)
+        node = error.split("Name:'", 1)[-1].split("'", 1)[0]
+        if checks is None:
+            return (f"opbridge: {qualname}: an input check failed (onnxruntime stopped at guard node '{node}'). "
+                    "Got inputs that fail it. Run the op eagerly on them to see which.")
+        return explain_failure(checks, index, envs, node)
+
+
+def _session_class(model: onnx.ModelProto, registry: Registry) -> type:
+    """A FunctionTierSession subclass that knows ``model``'s checked custom nodes: their inputs,
+    attributes and any initializers they read (to re-run the eager checks on a failure)."""
+    # NOTE: only what the messages need is kept, not the model (its weights may be large).
+    initializers = {t.name: t for t in model.graph.initializer}
+    calls = []
+    for node in model.graph.node:
+        spec = registry.find(node.domain, node.op_type) if is_custom(node.domain) else None
+        if spec is None or spec.checks is None:
+            continue
+        inputs = {p.name: (node.input[i] if i < len(node.input) else "") for i, p in enumerate(spec.tensors)}
+        given = {a.name: a for a in node.attribute}
+        attrs = {p.name: p.from_onnx_value(onnx.helper.get_attribute_value(given[p.name])) if p.name in given
+                 else p.default for p in spec.attributes if p.name in given or p.has_default}
+        known = {n: numpy_helper.to_array(initializers[n]) for n in inputs.values()
+                 if n in initializers and initializers[n].ByteSize() < 2**24}
+        calls.append((spec, inputs, attrs, known))
+    return type("FunctionTierSession", (FunctionTierSession,), {"_calls": tuple(calls)})

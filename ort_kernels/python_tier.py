@@ -103,6 +103,8 @@ def _kernel(spec):
             attrs = {k: _parse_attr(attr_params[k], v) for k, v in raw_attrs.items()}
             named = dict(zip((p.name for p in tensor_params), tensors))
             args = [named.get(p.name) if p.is_tensor else attrs.get(p.name, p.default) for p in spec.params]
+            if spec.checks is not None:  # NOTE: the op's checks, also for an eager kernel that has its own
+                spec.checks.run(**{p.name: a for p, a in zip(spec.params, args)})
             with torch.no_grad():
                 out = spec.overload(*args)
             outs = out if isinstance(out, (tuple, list)) else (out,)

@@ -8,7 +8,9 @@ An entry holds:
   tier legitimately differs (each says why);
 - ``inputs``: a hypothesis strategy drawing one whole valid call (shapes and values drawn by
   hypothesis, so failures shrink), and ``examples``: inputs every property run includes;
-- ``bad_inputs``: mutations of a valid sample with the error every tier must give;
+- ``bad_inputs``: mutations of a valid sample with the error every tier must give (each must fail
+  the op's own check list with those fragments, tests/test_checks.py; a check of the list that no
+  written bad input reaches first gets a generated one, ``spec_<index>_<kind>_<input>``);
 - ``xfails``: ``xfail(reason, ...)`` for what is known to fail (a reason is required).
 
 Importing this module checks the table against ``bridge.REGISTRY``: an entry for an op that is
@@ -263,9 +265,9 @@ def bev_pool_v2_inputs(draw, dtype):
     covers."""
     frustum = draw(st.tuples(ints(1, 2), ints(1, 2), ints(1, 4), ints(1, 3), ints(1, 3)))
     c = draw(ints(1, 5))
-    grid = draw(st.tuples(ints(1, 4), ints(1, 4), ints(1, 2)))
+    grid = draw(st.tuples(ints(1, 4), ints(1, 4), ints(0, 2)))  # Z = 0: an empty grid, every tier runs it
     spread = draw(st.sampled_from([1, 2, 4]))  # coordinates drawn from [0, spread * grid size)
-    xyz = [draw(hnp.arrays(np.int64, frustum, elements=ints(0, g * spread - 1))) for g in grid]
+    xyz = [draw(hnp.arrays(np.int64, frustum, elements=ints(0, max(g, 1) * spread - 1))) for g in grid]
     rd, rf, rb, starts, lengths = _bev_ranks(xyz, grid, frustum)
     if draw(st.booleans()):
         cuts = sorted(draw(st.lists(ints(0, len(rd)), max_size=8)))
@@ -309,8 +311,6 @@ def const(value):
 PYTHON_FLOAT32_ONLY = xfail(
     "the python tier runs float32 only (onnxruntime-extensions aborts on float16); guarded",
     tier="python", dtypes=(F16, F64), tests=("parity", "property"), raises=bridge.UnsupportedInTier)
-PLAIN_ONNX_MESSAGES = ("the function body is plain ONNX: onnxruntime's own kernels (Gather, Expand, Reshape, "
-                       "Where, ...) reject the input with their own text, which names neither op nor input")
 ORT_TYPE_CHECK = ("onnxruntime checks input types before any kernel runs, in every tier, and its message "
                   "names no input")
 
@@ -330,30 +330,28 @@ OPS = [
         ),
         bad_inputs=(
             bad("ranks_depth_high", put("ranks_depth", 3, 10**6), input="ranks_depth", error="[0, 120)",
-                eager="ranks_depth values must lie",
-                detail={"native": "input 'ranks_depth' has value 1000000 at position 3, outside [0, 120)",
-                        "function": "out of data bounds, idx=1000000 must be within the inclusive range [-120,119]"}),
+                eager="input 'ranks_depth' values must lie",
+                detail={"native": "input 'ranks_depth' has value 1000000 at position 3, outside [0, 120)"}),
             bad("ranks_depth_negative", put("ranks_depth", 0, -1), input="ranks_depth", error="[0, 120)",
-                eager="ranks_depth values must lie",
+                eager="input 'ranks_depth' values must lie",
                 detail={"native": "input 'ranks_depth' has value -1 at position 0"}),
             bad("ranks_feat_high", change(ranks_feat=lambda t: torch.full_like(t, 10**6)), input="ranks_feat",
-                error="[0, 30)", eager="ranks_feat values must lie",
+                error="[0, 30)", eager="input 'ranks_feat' values must lie",
                 detail={"native": "input 'ranks_feat' has value 1000000 at position 0, outside [0, 30)"}),
             bad("ranks_bev_high", change(ranks_bev=lambda t: torch.full_like(t, 10**6)), input="ranks_bev",
-                error="[0, 40)", eager="ranks_bev values must lie",
-                detail={"native": "input 'ranks_bev' has value 1000000 at position 0, outside [0, 40)",
-                        "function": "out of data bounds, idx=1000000 must be within the inclusive range [-40,39]"}),
+                error="[0, 40)", eager="input 'ranks_bev' values must lie",
+                detail={"native": "input 'ranks_bev' has value 1000000 at position 0, outside [0, 40)"}),
             bad("ranks_bev_negative", change(ranks_bev=lambda t: torch.full_like(t, -1)), input="ranks_bev",
-                error="[0, 40)", eager="ranks_bev values must lie",
+                error="[0, 40)", eager="input 'ranks_bev' values must lie",
                 detail={"native": "input 'ranks_bev' has value -1 at position 0"}),
             bad("length_negative", put("interval_lengths", 1, -5), input="interval_lengths", error=">= 0",
-                eager="interval_lengths must be >= 0",
+                eager="input 'interval_lengths' values must be >= 0",
                 detail={"native": "input 'interval_lengths' has value -5 at position 1, must be >= 0"}),
             bad("interval_past_end", change(interval_starts=lambda t: t + 10**5), input="interval_starts",
-                error=("100000", "99", "points"), eager="intervals must lie",
+                error=("100000", "99", "points"), eager=r"intervals \[interval_starts, interval_starts \+ interval_lengths\) must lie",
                 detail={"native": "interval 0 = [100000, 100005)"}),
             bad("interval_start_negative", change(interval_starts=lambda t: t - 10**5), input="interval_starts",
-                error=("-100000", "99", "points"), eager="intervals must lie",
+                error=("-100000", "99", "points"), eager=r"intervals \[interval_starts, interval_starts \+ interval_lengths\) must lie",
                 detail={"native": "interval 0 = [-100000, -99995)"}),
             bad("short_ranks_feat", change(ranks_feat=lambda t: t[:-1]), input="ranks_feat",
                 error=("must have one entry per point", "99", "98"),
@@ -361,39 +359,36 @@ OPS = [
                 detail={"native": "must have one entry per point, got lengths 99, 98, 99"}),
             bad("short_lengths", change(interval_lengths=lambda t: t[:-1]), input="interval_lengths",
                 error=("must have equal length", "38", "37"),
-                eager="interval_starts and interval_lengths must have equal length",
+                eager="inputs 'interval_starts' and 'interval_lengths' must have equal length",
                 detail={"native": "'interval_starts' and 'interval_lengths' must have equal length, "
                                   "got 38 and 37"}),
             bad("feat_wrong_channels", change(feat=lambda t: torch.zeros(*t.shape[:4], 7)), input="feat",
-                error="must equal feat.shape[4]", eager=r"bev_feat_shape\[4\] \(C\) must equal feat.shape",
+                error="must equal feat.shape[4]", eager=r"attribute bev_feat_shape\[4\] \(C\) = \d+ must equal feat.shape",
                 detail={"native": "C = 6 must equal feat.shape[4] = 7"}),
             bad("bev_feat_shape_channels", change(bev_feat_shape=const([1, 2, 4, 5, 99])),
                 input="bev_feat_shape", error=("99", "must equal feat.shape[4]"),
-                eager=r"bev_feat_shape\[4\] \(C\) must equal feat.shape",
+                eager=r"attribute bev_feat_shape\[4\] \(C\) = \d+ must equal feat.shape",
                 detail={"native": "C = 99 must equal feat.shape[4] = 6"}),
             bad("bev_feat_shape_rank", change(bev_feat_shape=const([1, 2, 3])), input="bev_feat_shape",
                 error=("must be", "[B, Z, Y, X, C]", "[1, 2, 3]"),
-                eager=r"bev_feat_shape must be \[B, Z, Y, X, C\]",
+                eager=r"attribute 'bev_feat_shape' must be \[B, Z, Y, X, C\]",
                 detail={"native": "attribute 'bev_feat_shape' must be 5 sizes [B, Z, Y, X, C] >= 0, got [1, 2, 3]"}),
+            bad("bev_feat_shape_negative", change(bev_feat_shape=const([1, -2, 4, 5, 6])), input="bev_feat_shape",
+                error=("[B, Z, Y, X, C] >= 0", "[1, -2, 4, 5, 6]"),
+                eager=r"attribute 'bev_feat_shape' must be \[B, Z, Y, X, C\] >= 0. Got \[1, -2, 4, 5, 6\]",
+                detail={"native": "attribute 'bev_feat_shape' must be 5 sizes [B, Z, Y, X, C] >= 0, got [1, -2"}),
             bad("feat_rank", change(feat=lambda t: t.reshape(-1)), input="feat", error="180",
-                eager=r"depth must be \(B,N,D,H,W\) and feat \(B,N,H,W,C\)",
+                eager=r"input 'feat' must be \(B,N,H,W,C\)",
                 detail={"native": "input 'feat' must have 5 dims, got shape [180]"}),
             bad("depth_empty", change(depth=lambda t: torch.zeros((0, *t.shape[1:]))), input="ranks_depth",
-                error="[0, 0)", eager=r"ranks_depth values must lie in \[0, 0\)",
+                error="[0, 0)", eager=r"input 'ranks_depth' values must lie in \[0, 0\)",
                 detail={"native": "input 'ranks_depth' has value 4 at position 0, outside [0, 0)"}),
             bad("ranks_depth_int64", change(ranks_depth=lambda t: t.long()), input="ranks_depth",
-                error="int32", eager="ranks_depth must be a 1-D int32",
+                error="int32", eager="input 'ranks_depth' must be int32",
                 detail={tier: "Actual: (tensor(int64)) , expected: (tensor(int32))" for tier in TIERS}),
         ),
         xfails=(
             PYTHON_FLOAT32_ONLY,
-            xfail(PLAIN_ONNX_MESSAGES, tier="function", tests="bad_input_message"),
-            xfail("the function body never compares the interval_starts and interval_lengths lengths: a short "
-                  "interval_lengths silently drops the last interval", tier="function", tests="bad_input",
-                  cases="short_lengths"),
-            xfail("the function body never checks interval_lengths: one negative length among positive ones "
-                  "passes silently (all negative: ORT's Expand rejects it)", tier="function", tests="bad_input",
-                  cases="length_negative"),
             xfail(ORT_TYPE_CHECK, tests="bad_input_message", cases="ranks_depth_int64"),
         ),
     ),
@@ -403,18 +398,16 @@ OPS = [
         bad_inputs=(
             bad("wrong_channels", change(x=const(torch.ones(1, 4, 2, 2))), input="x",
                 error=("channels=3", "1, 4, 2, 2"),
-                eager=r"expects input \(N, channels, \.\.\.\) with channels=3. Got shape \(1, 4, 2, 2\)",
+                eager=r"input 'x' must be \(N, channels=3, \.\.\.\). Got shape \(1, 4, 2, 2\)",
                 detail={"native": "opbridge::identity_conv: input 'x' must be (N, channels=3, ...), "
                                   "got shape [1, 4, 2, 2]"}),
             bad("channels_attribute", change(x=const(torch.ones(1, 3, 2, 2)), channels=const(4)), input="x",
                 error=("channels=4", "1, 3, 2, 2"),
-                eager=r"expects input \(N, channels, \.\.\.\) with channels=4. Got shape \(1, 3, 2, 2\)",
+                eager=r"input 'x' must be \(N, channels=4, \.\.\.\). Got shape \(1, 3, 2, 2\)",
                 detail={"native": "input 'x' must be (N, channels=4, ...), got shape [1, 3, 2, 2]"}),
         ),
         xfails=(
             PYTHON_FLOAT32_ONLY,
-            xfail("the function body is Identity: nothing checks x against channels, a wrong pair passes silently",
-                  tier="function", tests=("bad_input", "bad_input_message")),
         ),
     ),
     OpEntry(
@@ -424,23 +417,17 @@ OPS = [
         bad_inputs=(
             bad("bad_box", change(box=const([3, 0, 1, 1])), input="box",
                 error=("must be [left, top, right, bottom]", "right >= left", "[3, 0, 1, 1]"),
-                eager=r"box must be \[left, top, right, bottom\] with right >= left",
+                eager=r"attribute 'box' must be \[left, top, right, bottom\] with right >= left",
                 detail={"native": "opbridge::crop: attribute 'box' must be [left, top, right, bottom]"}),
             bad("box_of_three", change(box=const([1, 2, 5])), input="box",
                 error=("must be [left, top, right, bottom]", "[1, 2, 5]"),
-                eager=r"box must be \[left, top, right, bottom\].* Got \[1, 2, 5\]"),
+                eager=r"attribute 'box' must be \[left, top, right, bottom\]. Got \[1, 2, 5\]"),
             bad("image_rank_1", change(img=lambda t: t.reshape(-1)[:5]), input="img", error="5",
-                eager=r"needs an image \(\.\.\., H, W\). Got shape \(5,\)",
+                eager=r"input 'img' must be an image \(\.\.\., H, W\). Got shape \(5,\)",
                 detail={"native": "input 'img' must have at least 2 dims, got shape [5]"}),
         ),
         xfails=(
             PYTHON_FLOAT32_ONLY,
-            xfail("the function body takes any box: right < left gives an empty crop, silently", tier="function",
-                  tests=("bad_input", "bad_input_message"), cases="bad_box"),
-            xfail(PLAIN_ONNX_MESSAGES, tier="function", tests="bad_input_message",
-                  cases=("box_of_three", "image_rank_1")),
-            xfail("the eager check (custom_ops/crop.py) says 'an image (..., H, W)', not the input's name 'img'",
-                  tier="python", tests="bad_input_message", cases="image_rank_1"),
         ),
     ),
     OpEntry(
@@ -451,17 +438,14 @@ OPS = [
             bad("leading_dims", change(image=const(torch.zeros(2, 5, 5)), patch=const(torch.zeros(3, 2, 2)),
                                        left=const(1), top=const(-1)),
                 input="patch", error=("image", "leading dims", "2, 5, 5", "3, 2, 2"),
-                eager=r"needs image \(\.\.\., H, W\) and patch \(\.\.\., h, w\) with equal leading dims",
+                eager=r"inputs 'image' \(\.\.\., H, W\) and 'patch' \(\.\.\., h, w\) must have equal leading dims",
                 detail={"native": "opbridge::paste: inputs 'image' [2, 5, 5] and 'patch' [3, 2, 2] must share "
                                   "their leading"}),
             bad("patch_rank", change(patch=lambda t: t[0]), input="patch", error=("image", "leading dims", "3, 4"),
-                eager=r"needs image \(\.\.\., H, W\) and patch \(\.\.\., h, w\) with equal leading dims"),
+                eager=r"inputs 'image' \(\.\.\., H, W\) and 'patch' \(\.\.\., h, w\) must have equal leading dims"),
         ),
         xfails=(
             PYTHON_FLOAT32_ONLY,
-            xfail(PLAIN_ONNX_MESSAGES, tier="function", tests="bad_input_message", cases="leading_dims"),
-            xfail("the function body broadcasts a patch of lower rank over the image: it passes silently",
-                  tier="function", tests=("bad_input", "bad_input_message"), cases="patch_rank"),
         ),
     ),
     OpEntry(
@@ -469,16 +453,71 @@ OPS = [
         tolerances={F32: (1e-6, 1e-5)},
         bad_inputs=(
             bad("output_shape", change(output=lambda t: torch.zeros(4, 6)), input="output", error="4, 6",
-                eager=r"needs output like input. Got \(4, 5\)/torch.float32 and \(4, 6\)"),
+                eager=r"input 'output' must have the shape of 'input'. Got \(4, 5\) and \(4, 6\)"),
         ),
         xfails=(
             PYTHON_FLOAT32_ONLY,
-            xfail("the function body is Sin(input): the output's shape is never read, a wrong one passes silently",
-                  tier="function", tests=("bad_input", "bad_input_message")),
         ),
     ),
 ]
 
+
+
+# -- bad inputs generated from each op's check list (bridge.checks) ----------------------------------
+# Every check of an op's spec that no written bad input above reaches first gets one generated
+# violation, so all tiers are held to every check the spec states.
+
+def _violation(check, named: dict) -> tuple[Callable, tuple] | None:
+    """(a mutation making ``check`` fail on a call, the fragments every tier's message holds), or
+    None for check kinds the written bad inputs cover."""
+    t = named.get(check.input)
+    if check.kind == "rank":
+        if check.violation({check.input: t}) is None and t.dim() > 1:
+            new = t.reshape(-1)[:5]  # fewer dims (of at-least checks, too)
+        else:
+            new = t.unsqueeze(0)
+        new = new if check.violation({check.input: new}) is not None else t.unsqueeze(0)
+        return change(**{check.input: const(new)}), (", ".join(map(str, new.shape)),)
+    if check.kind == "same_shape":
+        new = t.unsqueeze(0)
+        return change(**{check.input: const(new)}), (", ".join(map(str, new.shape)),)
+    if check.kind == "same_len":
+        return change(**{check.input: lambda old: old[:-1]}), (str(t.numel() - 1),)
+    if check.kind in ("dtype_is", "same_dtype"):
+        dtype = torch.int64 if t.dtype == torch.int32 else torch.float64
+        return change(**{check.input: lambda old: old.to(dtype)}), (str(dtype).replace("torch.", ""),)
+    return None
+
+
+SPEC_TYPE_CASES: dict[str, list] = {}  # op -> generated cases onnxruntime's type check rejects
+
+
+def _with_spec_bad_inputs(entry: OpEntry) -> OpEntry:
+    checks = entry.spec.checks
+    reached = set()
+    for b in entry.bad_inputs:
+        env = entry.named(entry.bad_call(b)[1])
+        reached.add(next(i for i, c in enumerate(checks) if c.violation(env) is not None))
+    generated, type_cases = [], []
+    for index, check in enumerate(checks):
+        base = entry.samples(F32)[0] if entry.bad_input_sample is None else \
+            next(x for x in entry.samples(F32) if x.name == entry.bad_input_sample)
+        found = None if index in reached else _violation(check, entry.named(base.args))
+        if found is None:
+            continue
+        mutate, fragments = found
+        name = f"spec_{index}_{check.kind}_{check.input}"
+        env = entry.named(base.args)
+        mutate(env)
+        eager = re.escape(check.what(env))
+        generated.append(bad(name, mutate, input=check.input, error=fragments, eager=eager))
+        if check.kind in ("dtype_is", "same_dtype"):
+            type_cases.append(name)
+    xfails = (xfail(ORT_TYPE_CHECK, tests="bad_input_message", cases=tuple(type_cases)),) if type_cases else ()
+    return dataclasses.replace(entry, bad_inputs=entry.bad_inputs + tuple(generated), xfails=entry.xfails + xfails)
+
+
+OPS = [_with_spec_bad_inputs(e) for e in OPS]
 OP_DB: dict[str, OpEntry] = {e.qualname: e for e in OPS}
 
 

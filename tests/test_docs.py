@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULES = ["bridge", "bridge.errors", "bridge.dtypes", "bridge.domains", "bridge.progress", "bridge.registry",
-           "bridge.opdef", "bridge.proxy", "bridge.sessions", "ort_kernels.tiers", "exporters.translation",
+MODULES = ["bridge", "bridge.checks", "bridge.errors", "bridge.dtypes", "bridge.domains", "bridge.progress",
+           "bridge.registry", "bridge.opdef", "bridge.proxy", "bridge.sessions", "ort_kernels.tiers", "exporters.translation",
            "bridge.parity", "bridge.localize", "bridge.testing", "custom_ops.demo", "exporters.export",
            "exporters.derive"]
 

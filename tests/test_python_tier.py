@@ -27,8 +27,8 @@ def guards():
 def test_kernel_exception_is_a_python_error_not_an_abort(guards):
     err = guards["kernel_exception"]
     assert not err["ok"] and err["type"] == "OpBridgeError"
-    assert "bev::bev_pool_v2: the Python kernel raised ValueError" in err["error"]
-    assert "ranks_depth values must lie in [0, 120)" in err["error"]
+    assert "bev::bev_pool_v2: the Python kernel raised CheckError" in err["error"]
+    assert "input 'ranks_depth' values must lie in [0, 120)" in err["error"]
     assert guards["after_exception"] == guards["valid"] and guards["valid"]["ok"]
 
 

@@ -24,9 +24,12 @@ std::string shape_str(const at::Tensor& x) {
   return s.str();
 }
 
+// NOTE: the checks and messages of the op's one validation spec (CHECKS in identity_conv.py).
 at::Tensor identity_conv(const at::Tensor& x, int64_t channels) {
-  TORCH_CHECK_VALUE(x.dim() >= 2 && x.size(1) == channels, "opbridge: identity_conv expects input (N, channels, ...) ",
-                    "with channels=", channels, ". Got shape ", shape_str(x), ". Pass channels=x.shape[1].");
+  TORCH_CHECK_VALUE(x.dim() >= 2, "opbridge: opbridge::identity_conv: input 'x' must be (N, channels, ...). ",
+                    "Got shape ", shape_str(x), ". Pass x.dim() >= 2.");
+  TORCH_CHECK_VALUE(x.size(1) == channels, "opbridge: opbridge::identity_conv: input 'x' must be (N, channels=",
+                    channels, ", ...). Got shape ", shape_str(x), ". Pass channels=x.shape[1].");
   return x.clone();
 }
 

@@ -1,0 +1,201 @@
+"""bridge.checks: one check list per op; its eager form and its ONNX guards accept and reject the same
+calls (judged against predicates written out here), and every tier reports a failed check alike."""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import TensorProto, helper
+
+import bridge
+import custom_ops  # noqa: F401
+from bridge import checks as C
+from op_db import F32, OPS
+
+ATTR_TYPES = {"width": onnx.AttributeProto.INT, "box": onnx.AttributeProto.INTS}
+
+
+def run_guarded(check_list, a: np.ndarray, b: np.ndarray, width: int, box: list[int]):
+    """Run a one-node model whose function body (y = Identity(a)) carries the guards; plain
+    onnxruntime. Returns None, or the error text."""
+    body = helper.make_function("t", "f", ["a", "b"], ["y"], [helper.make_node("Identity", ["a"], ["y"])],
+                                [helper.make_opsetid("", 20)], attributes=["width", "box"])
+    guarded = C.guarded_body(body, C.Checks("t::f", check_list), ATTR_TYPES)
+    node = helper.make_node("f", ["a", "b"], ["y"], domain="t", width=width)
+    node.attribute.append(helper.make_attribute("box", box, attr_type=onnx.AttributeProto.INTS))
+    types = {np.dtype(np.int32): TensorProto.INT32, np.dtype(np.float32): TensorProto.FLOAT}
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("a", types[a.dtype], None),
+                                            helper.make_tensor_value_info("b", types[b.dtype], None)],
+                              [helper.make_tensor_value_info("y", types[a.dtype], None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("t", 1)],
+                              functions=[guarded])
+    options = ort.SessionOptions()
+    options.log_severity_level = 4
+    sess = ort.InferenceSession(model.SerializeToString(), options)
+    try:
+        out = sess.run(None, {"a": a, "b": b})[0]
+    except Exception as e:  # noqa: BLE001  the error text is what is judged
+        return str(e)
+    np.testing.assert_array_equal(out, a)  # the guards leave the body's result alone
+    return None
+
+
+def ints(*values):
+    return np.array(values, dtype=np.int32)
+
+
+# (check, a, b, width, box, holds?): each "holds" is the condition written out by hand
+CASES = [
+    (C.values_in("a", 0, C.numel("b")), ints(0, 1, 2), ints(5, 5, 5), 0, [], True),
+    (C.values_in("a", 0, C.numel("b")), ints(0, 3, 2), ints(5, 5, 5), 0, [], False),  # 3 >= numel 3
+    (C.values_in("a", 0, C.numel("b")), ints(-1), ints(5), 0, [], False),
+    (C.values_in("a", 0, C.numel("b")), ints(), ints(), 0, [], True),  # empty: nothing to check
+    (C.values_in("a", 1, C.attr("box").prod(2)), ints(1, 5), ints(), 0, [2, 3, 100], True),  # [1, 6)
+    (C.values_in("a", 1, C.attr("box").prod(2)), ints(6), ints(), 0, [2, 3, 100], False),
+    (C.values_ge("a", 0), ints(0, 4), ints(), 0, [], True),
+    (C.values_ge("a", 0), ints(4, -5), ints(), 0, [], False),
+    (C.values_ge("a", 0), np.array([0.5, -0.25], np.float32), ints(), 0, [], False),  # no truncation to 0
+    (C.values_ge("a", 0), np.array([0.0, 2.5], np.float32), ints(), 0, [], True),
+    (C.values_in("a", 0, 3), np.array([2.5], np.float32), ints(), 0, [], True),
+    (C.values_in("a", 0, 3), np.array([3.0], np.float32), ints(), 0, [], False),
+    (C.values_in("a", 0, 2**31 + 5), ints(2**31 - 1), ints(), 0, [], True),  # a bound past int32
+    (C.same_len("a", "b"), ints(1, 2), ints(3, 4), 0, [], True),
+    (C.same_len("a", "b"), ints(1, 2), ints(3), 0, [], False),
+    (C.dim_eq("a", 1, C.attr("width")), np.zeros((2, 3), np.float32), ints(), 3, [], True),
+    (C.dim_eq("a", 1, C.attr("width")), np.zeros((2, 4), np.float32), ints(), 3, [], False),
+    (C.dim_eq("a", 1, C.attr("width")), np.zeros(3, np.float32), ints(), 3, [], False),  # no axis 1
+    (C.dim_eq("a", -1, C.attr("box")[2]), np.zeros((2, 7), np.float32), ints(), 0, [0, 0, 7], True),
+    (C.dim_eq("a", -1, C.attr("box")[2]), np.zeros((2, 7), np.float32), ints(), 0, [0, 0], False),  # no box[2]
+    (C.dim_eq("a", 0, C.numel("b") // C.dim("b", -1)), np.zeros((3, 1), np.float32),
+     np.zeros((3, 2), np.float32), 0, [], True),
+    (C.rank("a", 2), np.zeros((1, 1), np.float32), ints(), 0, [], True),
+    (C.rank("a", 2), np.zeros((1, 1, 1), np.float32), ints(), 0, [], False),
+    (C.rank("a", 2, at_least=True), np.zeros((1, 1, 1), np.float32), ints(), 0, [], True),
+    (C.rank("a", 2, at_least=True), np.zeros(1, np.float32), ints(), 0, [], False),
+    (C.same_shape("a", "b"), np.zeros((2, 3), np.float32), np.zeros((2, 3), np.float32), 0, [], True),
+    (C.same_shape("a", "b"), np.zeros((2, 3), np.float32), np.zeros((3, 2), np.float32), 0, [], False),
+    (C.same_shape("a", "b"), np.zeros(6, np.float32), np.zeros((6, 1), np.float32), 0, [], False),
+    (C.same_shape("a", "b"), np.zeros((), np.float32), np.zeros((), np.float32), 0, [], True),
+    (C.same_shape("a", "b", drop_last=2), np.zeros((4, 1, 2), np.float32), np.zeros((4, 5, 6), np.float32), 0, [],
+     True),
+    (C.same_shape("a", "b", drop_last=2), np.zeros((1, 2), np.float32), np.zeros((4, 5, 6), np.float32), 0, [],
+     False),  # lower rank: no broadcasting
+    (C.same_shape("a", "b", drop_last=2), np.zeros((3, 1, 2), np.float32), np.zeros((4, 5, 6), np.float32), 0, [],
+     False),
+    (C.attr_len("box", 4), ints(), ints(), 0, [1, 2, 3, 4], True),
+    (C.attr_len("box", 4), ints(), ints(), 0, [1, 2, 3], False),
+    (C.attr_le("box", [(0, 2), (1, 3)], what="w", fix="f"), ints(), ints(), 0, [0, 0, 1, 1], True),
+    (C.attr_le("box", [(0, 2), (1, 3)], what="w", fix="f"), ints(), ints(), 0, [0, 2, 1, 1], False),
+    (C.attr_ge("box", 0), ints(), ints(), 0, [0, 3], True),
+    (C.attr_ge("box", 0), ints(), ints(), 0, [1, -1], False),
+    (C.attr_ge("box", 0), ints(), ints(), 0, [], True),
+    (C.intervals_within("a", "b", 5), ints(0, 3), ints(3, 2), 0, [], True),  # [0, 3), [3, 5)
+    (C.intervals_within("a", "b", 5), ints(0, 3), ints(3, 3), 0, [], False),  # ends at 6
+    (C.intervals_within("a", "b", 5), ints(-1), ints(1), 0, [], False),
+    (C.intervals_within("a", "b", 0), ints(), ints(), 0, [], True),
+]
+
+
+@pytest.mark.parametrize("check,a,b,width,box,holds", CASES, ids=[f"{c[0].kind}-{i}" for i, c in enumerate(CASES)])
+def test_eager_and_guard_agree_with_the_written_condition(check, a, b, width, box, holds):
+    env = {"a": torch.from_numpy(a), "b": torch.from_numpy(b), "width": width, "box": box}
+    assert (check.violation(env) is None) == holds
+    error = run_guarded([check], a, b, width, box)
+    assert (error is None) == holds, error
+    if not holds:
+        assert "opbridge_check/t::f/" in error and C.failed_guard(error)[0] == "t::f"
+
+
+def test_guards_fail_in_list_order():
+    """Two failing checks: onnxruntime stops at the first, as the eager check does."""
+    checks = [C.same_len("a", "b"), C.values_ge("a", 0)]
+    error = run_guarded(checks, ints(-1, -2), ints(1), 0, [])
+    assert C.failed_guard(error) == ("t::f", "a", 0), error
+    env = {"a": torch.tensor([-1, -2]), "b": torch.tensor([1])}
+    assert "must have equal length" in C.Checks("t::f", checks).first_failure(env)
+
+
+def test_eager_message_names_op_and_input_and_is_a_value_error():
+    with pytest.raises(ValueError, match=r"^opbridge: opbridge::crop: attribute 'box' must be \[left, top, right, "
+                                         r"bottom\] with right >= left and bottom >= top\. Got \[3, 0, 1, 1\]\."):
+        torch.ops.opbridge.crop(torch.ones(4, 4), [3, 0, 1, 1])
+    with pytest.raises(bridge.OpBridgeError):
+        torch.ops.opbridge.crop(torch.ones(4), [0, 0, 1, 1])
+
+
+def test_function_tier_message_without_known_inputs(tmp_path):
+    """The op's inputs are computed inside the model (not fed): the message still names op, input
+    and check, from the spec's text, and the guard node."""
+    class M(torch.nn.Module):
+        def forward(self, image, patch):
+            return torch.ops.opbridge.paste(image * 2, patch + 1, 1, 1)
+
+    lead = torch.export.Dim("lead")  # NOTE: one symbol; onnxruntime does not hold two inputs to it
+    path = tmp_path / "m.onnx"
+    bridge.export(M(), (torch.zeros(2, 5, 5), torch.ones(2, 2, 2)), path,
+                  dynamic_shapes=({0: lead}, {0: lead}))
+    sess = bridge.session(path, tier="function")
+    with pytest.raises(bridge.OpBridgeError) as info:
+        bridge.parity.run_ort(sess, [torch.zeros(2, 5, 5), torch.ones(3, 2, 2)])
+    message = str(info.value)
+    assert message.startswith("opbridge: opbridge::paste: inputs 'image' (..., H, W) and 'patch' (..., h, w) must "
+                              "have equal leading dims. Got a value that fails it"), message
+    assert "opbridge_check/opbridge::paste/patch/1.same_shape" in message
+    # plain onnxruntime on the same file: its own error names the guard node
+    plain = ort.InferenceSession(str(path))
+    with pytest.raises(Exception, match="opbridge_check/opbridge::paste/patch/1.same_shape"):
+        plain.run(None, {"image": np.zeros((2, 5, 5), np.float32), "patch": np.ones((3, 2, 2), np.float32)})
+
+
+@pytest.mark.parametrize("entry", OPS, ids=[e.qualname for e in OPS])
+def test_table_bad_inputs_follow_the_spec(entry):
+    """Every bad input of the table fails the op's own check list with a message that names the
+    op and the input and holds each fragment every tier is held to (tests/op_db.py)."""
+    checks = entry.spec.checks
+    assert checks is not None and len(checks), f"{entry.qualname} states no checks"
+    for bad in entry.bad_inputs:
+        _, call = entry.bad_call(bad)
+        message = checks.first_failure(entry.named(call))
+        assert message is not None, f"{bad.name}: the spec accepts it"
+        assert message.startswith(f"opbridge: {entry.qualname}: ") and f"'{bad.input}'" in message or \
+            bad.input in message, (bad.name, message)
+        assert all(fragment in message for fragment in bad.error), (bad.name, bad.error, message)
+        for sample in entry.samples(F32):  # and the valid samples pass it
+            assert checks.first_failure(entry.named(sample.args)) is None, (sample.name,)
+
+
+def test_guards_leave_the_body_alone_when_checks_hold():
+    spec = bridge.REGISTRY.get("bev::bev_pool_v2")
+    guarded, raw = spec.function.to_function_proto(), spec.function.function.to_function_proto()
+    names = [n.name for n in guarded.node if n.name.startswith(C.GUARD_PREFIX)]
+    assert names[0] == "opbridge_check/bev::bev_pool_v2/depth/0.rank" and len(names) == len(
+        [c for c in spec.checks if c.ok is not None])
+    assert [n.op_type for n in guarded.node[-len(raw.node):]] == [n.op_type for n in raw.node]
+
+
+def test_derived_body_carries_the_guards(registry, fresh_name):
+    """An op without a written body: the body derived from its implementation gets its guards too."""
+    name = fresh_name("head")
+
+    @bridge.op(name, fake=lambda x, k: torch.empty_like(x), registry=registry,
+               checks=[C.rank("x", 1), C.dim_eq("x", 0, C.attr("k"), what="input 'x' must have k = {value} entries"),
+                       C.values_ge("x", 0)])
+    def head(x: torch.Tensor, k: int) -> torch.Tensor:
+        head.check(x, k)  # value checks are skipped while tracing: the guards hold them
+        return x * 2
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return head(x, 3)
+
+    proto = bridge.export(M(), (torch.ones(3),), registry=registry)
+    (body,) = proto.functions
+    assert [n.name for n in body.node if n.name.startswith(C.GUARD_PREFIX)] == [
+        f"opbridge_check/{name}/x/0.rank", f"opbridge_check/{name}/x/1.dim_eq", f"opbridge_check/{name}/x/2.values_ge"]
+    sess = bridge.session(proto, registry=registry)
+    assert bridge.parity.run_ort(sess, [torch.ones(3)])[0].tolist() == [2.0, 2.0, 2.0]
+    with pytest.raises(bridge.OpBridgeError, match=rf"^opbridge: {name}: input 'x' values must be >= 0\. Got min -1\."):
+        bridge.parity.run_ort(sess, [torch.tensor([1.0, -1.0, 2.0])])
+    with pytest.raises(ValueError, match="values must be >= 0"):
+        head(torch.tensor([-1.0]), 1)
