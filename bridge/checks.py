@@ -2,7 +2,8 @@
 
 An op states its checks once, as a list built from the small vocabulary below (``rank``,
 ``dim_eq``, ``same_len``, ``same_shape``, ``values_in``, ``values_ge``, ``attr_len``, ``attr_le``,
-``attr_ge``, ``intervals_within``, ``dtype_is``, ``same_dtype``). From that one list the bridge derives:
+``attr_ge``, ``attr_prod_le``, ``intervals_within``, ``dtype_is``, ``same_dtype``). From that one list
+the bridge derives:
 
 - the eager check (:meth:`Checks.run`): the op's eager implementation calls it, so the python tier
   (which runs eager) gives the same error; it raises :class:`CheckError` with
@@ -45,7 +46,7 @@ _GUARD_NAME = re.compile(GUARD_PREFIX + r"/([A-Za-z_][\w]*::[A-Za-z_]\w*)/(\w+)/
 
 
 VALUE_KINDS = frozenset({"values_in", "values_ge", "intervals_within"})  # checks that read tensor values
-ATTRIBUTE_KINDS = frozenset({"attr_len", "attr_le", "attr_ge"})  # checks that read attributes only
+ATTRIBUTE_KINDS = frozenset({"attr_len", "attr_le", "attr_ge", "attr_prod_le"})  # checks that read attributes only
 
 
 class CheckError(OpBridgeError, ValueError):
@@ -70,6 +71,9 @@ class Expr:
 
     def __floordiv__(self, other: Expr | int) -> Expr:
         return _FloorDiv(self, _expr(other))
+
+    def __mul__(self, other: Expr | int) -> Expr:
+        return _Mul(self, _expr(other))
 
 
 def _expr(value: Expr | int) -> Expr:
@@ -198,6 +202,21 @@ class _FloorDiv(Expr):
 
     def __str__(self):
         return f"{self.a} // {self.b}"
+
+
+@dataclasses.dataclass(frozen=True)
+class _Mul(Expr):
+    a: Expr
+    b: Expr
+
+    def eval(self, env):
+        return self.a.eval(env) * self.b.eval(env)
+
+    def onnx(self, b):
+        return b.node("Mul", [self.a.onnx(b), self.b.onnx(b)])
+
+    def __str__(self):
+        return f"{self.a} * {self.b}"
 
 
 def dim(input: str, axis: int) -> Expr:
@@ -401,6 +420,26 @@ def attr_ge(name: str, low: int, *, what: str | None = None, fix: str | None = N
     return Check("attr_ge", name, lambda env: text,
                  lambda env: str(list(env[name])) if any(v < low for v in env[name]) else None, ok,
                  fix or f"Pass {name} items >= {low}.", text)
+
+
+def attr_prod_le(name: str, limit: int, *, what: str | None = None, fix: str | None = None) -> Check:
+    """The product of the items of ints attribute ``name`` (zeros counted as 1, so it bounds every
+    partial product too) is at most ``limit``: sizes whose products (cells, elements, bytes) would
+    overflow int64 are refused before anything multiplies them.
+
+    NOTE: the guard multiplies in float64, whose rounding cannot move a product across a power of
+    two such as 2**60; eager multiplies Python ints (exact)."""
+    text = what or f"attribute '{name}' must describe at most {limit} elements"
+
+    def ok(b):
+        one = b.node("Cast", [b.const([1])], to=TensorProto.DOUBLE)
+        items = b.node("Max", [b.node("Cast", [b.attr(name)], to=TensorProto.DOUBLE), one])
+        product = b.node("ReduceProd", [b.node("Concat", [items, one], axis=0)], keepdims=1)  # NOTE: [] passes
+        return b.node("LessOrEqual", [product, b.node("Cast", [b.const([limit])], to=TensorProto.DOUBLE)])
+
+    return Check("attr_prod_le", name, lambda env: text,
+                 lambda env: str(list(env[name])) if math.prod(max(v, 1) for v in env[name]) > limit else None, ok,
+                 fix or f"Pass smaller {name} sizes.", text)
 
 
 def intervals_within(starts: str, lengths: str, points: Expr | int, *, fix: str | None = None) -> Check:

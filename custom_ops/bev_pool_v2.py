@@ -22,6 +22,20 @@ from bridge import SampleInput, checks
 
 DOMAIN = values.Opset("bev", 1)
 DOUBLE_ZERO = onnx.helper.make_tensor("zero", onnx.TensorProto.DOUBLE, [], [0.0])
+FLOAT_ZERO = onnx.helper.make_tensor("zero", onnx.TensorProto.FLOAT, [], [0.0])
+FLOAT32 = onnx.TensorProto.FLOAT
+UINT32 = onnx.TensorProto.UINT32
+DOUBLE_ONE = onnx.helper.make_tensor("one", onnx.TensorProto.DOUBLE, [], [1.0])
+# NOTE: 1 + 2^-40 survives a cast only to float64: the function body's test for a float64 input.
+WIDE_PROBE = onnx.helper.make_tensor("probe", onnx.TensorProto.DOUBLE, [], [1.0 + 2.0**-40])
+# NOTE: points per padded chunk in the function body: smaller pads less (mean interval at BEVDet
+# size is ~18 points), larger gives ScatterElements fewer chunk sums to add.
+CHUNK = 8
+# NOTE: chunk rows per cell added with one ScatterND each in the function body (the 4 calls are
+# written out there); longer cells go through ScatterElements. At BEVDet size 4 leaves ~3% of the
+# chunk rows to ScatterElements.
+ROUNDS = 4
+INT32_ZERO = onnx.helper.make_tensor("zero", onnx.TensorProto.INT32, [1], [0])
 _INDEX_NAMES = ("ranks_depth", "ranks_feat", "ranks_bev", "interval_starts", "interval_lengths")
 
 
@@ -39,6 +53,9 @@ CHECKS = [
     checks.attr_len("bev_feat_shape", 5, what="attribute 'bev_feat_shape' must be [B, Z, Y, X, C]", fix="Pass 5 sizes."),
     checks.attr_ge("bev_feat_shape", 0, what="attribute 'bev_feat_shape' must be [B, Z, Y, X, C] >= 0",
                    fix="Pass sizes >= 0."),
+    # NOTE: as the native kernel: every product of the sizes (cells, elements, bytes) fits int64
+    checks.attr_prod_le("bev_feat_shape", 2**60, what="attribute 'bev_feat_shape' describes more elements than "
+                        "memory can hold (at most 2**60)", fix="Pass the grid's real sizes."),
     checks.dim_eq("feat", 4, checks.attr("bev_feat_shape")[4],
                   what="attribute bev_feat_shape[4] (C) = {value} must equal feat.shape[4]",
                   fix="Pass the feature channel count as C."),
@@ -46,7 +63,9 @@ CHECKS = [
     checks.same_len("ranks_bev", "ranks_depth", what=POINTS, fix="Pass equal lengths."),
     checks.same_len("interval_lengths", "interval_starts", fix="Pass one length per interval."),
     checks.values_in("ranks_depth", 0, checks.numel("depth")),
-    checks.values_in("ranks_feat", 0, checks.numel("feat") // checks.dim("feat", 4)),
+    # NOTE: feature rows from the leading dims, not numel // C: with C = 0 the rows are still there
+    checks.values_in("ranks_feat", 0, checks.dim("feat", 0) * checks.dim("feat", 1) * checks.dim("feat", 2)
+                     * checks.dim("feat", 3)),
     checks.values_in("ranks_bev", 0, checks.attr("bev_feat_shape").prod(4)),
     checks.values_ge("interval_lengths", 0, fix="Fix the intervals."),
     checks.intervals_within("interval_starts", "interval_lengths", checks.numel("ranks_depth"),
@@ -84,10 +103,10 @@ def bev_pool_v2_backward(grad_out: torch.Tensor, depth: torch.Tensor, feat: torc
     acc = _acc_dtype(feat.dtype)
     c = feat.shape[4]
     point, cell = _expand_intervals(ranks_bev, interval_starts, interval_lengths)
-    g = grad_out.to(acc).permute(0, 2, 3, 4, 1).reshape(-1, c)[cell]
+    g = grad_out.to(acc).permute(0, 2, 3, 4, 1).flatten(0, 3)[cell]  # NOTE: flatten, not reshape(-1, c): C may be 0
     rd, rf = ranks_depth.long()[point], ranks_feat.long()[point]
     d = depth.to(acc).reshape(-1)
-    f = feat.to(acc).reshape(-1, c)
+    f = feat.to(acc).flatten(0, 3)
     grad_depth = torch.zeros(depth.numel(), dtype=acc).index_add_(0, rd, (g * f[rf]).sum(-1))
     grad_feat = torch.zeros(f.shape, dtype=acc).index_add_(0, rf, g * d[rd].unsqueeze(-1))
     return grad_depth.reshape(depth.shape).to(depth.dtype), grad_feat.reshape(feat.shape).to(feat.dtype)
@@ -111,44 +130,113 @@ def _backward(ctx, grad_out):
 @script(DOMAIN, default_opset=op)
 def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths,
                 bev_feat_shape: Sequence[int]):
-    # NOTE: ONNX has no repeat_interleave: intervals expand to points with a cumsum over
-    # interval-start markers. Products accumulate in float64 with ScatterElements-add:
-    # ScatterND-add over duplicate cells races in ORT's threaded kernel (measured run-to-run
-    # differences), ScatterElements-add does not; prefix-sum differences were tried and dropped
-    # (an Inf/NaN or a huge value in one cell spoils every later cell).
-    # Negative indices would wrap around in Gather; they are sent out of range so ORT rejects them.
+    # NOTE: segment sums that never mix cells and that onnxruntime runs fast and deterministically.
+    # 1. Intervals are sorted by (cell, position) (TopK over unique keys), then cut into chunks of
+    #    CHUNK points, the last one padded; padding reads a zero depth element and a zero feature
+    #    row put in front (0 * 0 = 0). A chunk's sum is one batched MatMul row: [1, CHUNK] depth
+    #    values x [CHUNK, C] feature rows.
+    # 2. Chunk rows of one cell are consecutive; the r-th row of every cell (r < ROUNDS) is added
+    #    with one ScatterND-add per r: within one call every cell appears once, so it is
+    #    deterministic (ScatterND-add over duplicate cells races in ORT's threaded kernel).
+    # 3. Rows past ROUNDS (long cells) are summed in groups of CHUNK rows, added with
+    #    ScatterElements-add (serial in ORT: deterministic, but ~40 ns per element, so only for
+    #    this small tail; it was the whole sum before, ~4.5x slower than eager).
+    # Only a cell's own points meet in a sum, so an Inf/NaN/huge value stays in its cell (global
+    # prefix-sum differences were tried and dropped: one Inf/NaN or huge value spoils every later
+    # cell). Chunk sums accumulate in float64 for float64 input, else in float32 (float16 too);
+    # the rest in float64. Negative indices would wrap around in Gather/Scatter*; they, ranks past
+    # the end, negative lengths and cells outside the grid are sent out of range so ORT rejects the run.
     too_big = op.Constant(value_int=2**62)
+    zero, one = op.Constant(value_int=0), op.Constant(value_int=1)
+    zero1, one1, minus1 = op.Constant(value_ints=[0]), op.Constant(value_ints=[1]), op.Constant(value_ints=[-1])
+    width = op.Constant(value_int=CHUNK)
     shape = op.Constant(value_ints=bev_feat_shape)
-    zero, one = op.Constant(value_ints=[0]), op.Constant(value_ints=[1])
-    axis0 = op.Constant(value_int=0)
     channels = op.Shape(feat, start=-1)
-    n_cells = op.ReduceProd(op.Slice(shape, zero, op.Constant(value_ints=[-1])), keepdims=1)
-    starts = op.Cast(interval_starts, to=INT64.dtype)
-    starts = op.Where(op.Less(starts, op.Constant(value_int=0)), too_big, starts)
+    n_cells = op.ReduceProd(op.Slice(shape, zero1, minus1), keepdims=1)
+    n_points = op.Shape(ranks_depth)
+    n_intervals = op.Shape(interval_starts)
     lengths = op.Cast(interval_lengths, to=INT64.dtype)
-    offsets = op.Sub(op.CumSum(lengths, axis0), lengths)
-    total = op.ReduceSum(lengths, keepdims=1)
-    marker = op.ScatterElements(op.Expand(op.Constant(value_int=0), op.Add(total, one)), offsets,
-                                op.Expand(op.Constant(value_int=1), op.Shape(offsets)), reduction="add")
-    interval_of = op.Sub(op.CumSum(op.Slice(marker, zero, total), axis0), one)
-    k = op.Range(op.Constant(value_int=0), op.Squeeze(total), op.Constant(value_int=1))
-    start_k = op.Gather(starts, interval_of)
-    point = op.Add(start_k, op.Sub(k, op.Gather(offsets, interval_of)))
-    rd = op.Cast(op.Gather(ranks_depth, point), to=INT64.dtype)
-    rf = op.Cast(op.Gather(ranks_feat, point), to=INT64.dtype)
-    rd = op.Where(op.Less(rd, op.Constant(value_int=0)), too_big, rd)
-    rf = op.Where(op.Less(rf, op.Constant(value_int=0)), too_big, rf)
-    d = op.Gather(op.Reshape(depth, op.Constant(value_ints=[-1])), rd)
-    f = op.Gather(op.Reshape(feat, op.Concat(op.Constant(value_ints=[-1]), channels, axis=0)), rf)
-    prod = op.Mul(op.Cast(f, to=DOUBLE.dtype), op.Unsqueeze(op.Cast(d, to=DOUBLE.dtype), op.Constant(value_ints=[-1])))
-    cell = op.Cast(op.Gather(ranks_bev, start_k), to=INT64.dtype)
-    cell = op.Where(op.Less(cell, op.Constant(value_int=0)), too_big, cell)
-    rows = op.Expand(op.Unsqueeze(cell, op.Constant(value_ints=[-1])), op.Shape(prod))
+    starts = op.Cast(interval_starts, to=INT64.dtype)
+    starts = op.Where(op.Less(starts, zero), too_big, starts)
+    nonempty = op.Greater(lengths, zero)
+    cell = op.Cast(op.Gather(op.Concat(ranks_bev, op.Constant(value=INT32_ZERO), axis=0),
+                             op.Where(nonempty, starts, n_points)), to=INT64.dtype)
+    bad = op.Or(op.Less(lengths, zero),
+                op.And(nonempty, op.Or(op.Less(cell, zero), op.GreaterOrEqual(cell, n_cells))))
+    cell = op.Add(op.Where(nonempty, cell, n_cells), op.Gather(zero1, op.Where(bad, too_big, zero)))
+    key = op.Add(op.Mul(cell, n_intervals), op.Range(zero, op.Squeeze(n_intervals), one))
+    _, order = op.TopK(key, n_intervals, largest=0)
+    lengths = op.Gather(lengths, order)
+    starts = op.Gather(starts, order)
+    cell = op.Gather(cell, order)
+    # 1. chunks
+    chunks = op.Div(op.Add(lengths, op.Constant(value_int=CHUNK - 1)), width)
+    chunk_offsets = op.Sub(op.CumSum(chunks, zero), chunks)
+    n_rows = op.ReduceSum(chunks, keepdims=1)
+    marker = op.ScatterElements(op.Expand(zero, op.Add(n_rows, one1)), chunk_offsets,
+                                op.Expand(one, n_intervals), reduction="add")
+    owner = op.Sub(op.CumSum(op.Slice(marker, zero1, n_rows), zero), one)
+    row = op.Range(zero, op.Squeeze(n_rows), one)
+    index = op.Sub(row, op.Gather(chunk_offsets, owner))
+    first = op.Add(op.Gather(starts, owner), op.Mul(index, width))
+    left = op.Sub(op.Gather(lengths, owner), op.Mul(index, width))
+    slots = op.Range(zero, width, one)
+    valid = op.Less(op.Unsqueeze(slots, zero1), op.Unsqueeze(left, minus1))
+    first_col = op.Unsqueeze(first, minus1)
+    point = op.Where(valid, op.Add(first_col, slots), first_col)
+    depth_flat = op.Reshape(depth, minus1)
+    # NOTE: rows from the leading dims and allowzero: with C = 0, [-1, 0] would be ambiguous
+    n_rows_feat = op.ReduceProd(op.Shape(feat, start=0, end=4), keepdims=1)
+    feat_rows = op.Reshape(feat, op.Concat(n_rows_feat, channels, axis=0), allowzero=1)
+    # ranks through uint32: a negative rank becomes >= 2^31, out of range; +1 skips the zero pad at 0
+    rd = op.Cast(op.Cast(op.Gather(ranks_depth, point), to=UINT32), to=INT64.dtype)
+    rf = op.Cast(op.Cast(op.Gather(ranks_feat, point), to=UINT32), to=INT64.dtype)
+    rd = op.Where(valid, op.Add(rd, one), zero)
+    rf = op.Where(valid, op.Add(rf, one), zero)
+    pad_row = op.Concat(one1, channels, axis=0)
+    is_float64 = op.Not(op.Equal(op.Cast(op.CastLike(op.Constant(value=WIDE_PROBE), feat), to=DOUBLE.dtype),
+                                 op.Constant(value=DOUBLE_ONE)))
+    if is_float64:
+        z64 = op.Constant(value=DOUBLE_ZERO)
+        d64 = op.Gather(op.Concat(op.Expand(z64, one1), op.Cast(depth_flat, to=DOUBLE.dtype), axis=0), rd)
+        f64 = op.Gather(op.Concat(op.Expand(z64, pad_row), op.Cast(feat_rows, to=DOUBLE.dtype), axis=0), rf)
+        part = op.Squeeze(op.MatMul(op.Unsqueeze(d64, one1), f64), one1)
+    else:
+        z32 = op.Constant(value=FLOAT_ZERO)
+        d32 = op.Gather(op.Concat(op.Expand(z32, one1), op.Cast(depth_flat, to=FLOAT32), axis=0), rd)
+        f32 = op.Gather(op.Concat(op.Expand(z32, pad_row), op.Cast(feat_rows, to=FLOAT32), axis=0), rf)
+        part = op.Cast(op.Squeeze(op.MatMul(op.Unsqueeze(d32, one1), f32), one1), to=DOUBLE.dtype)
+    # 2. rounds: rank of each row within its cell
+    row_cell = op.Gather(cell, owner)
+    starts_cell = op.Not(op.Equal(row_cell, op.Slice(op.Concat(minus1, row_cell, axis=0), zero1, n_rows)))
+    cell_first = op.Reshape(op.NonZero(starts_cell), minus1)  # first row of each cell
+    cell_of_row = op.Sub(op.CumSum(op.Cast(starts_cell, to=INT64.dtype), zero), one)
+    rank = op.Sub(row, op.Gather(cell_first, cell_of_row))
     acc = op.Expand(op.Constant(value=DOUBLE_ZERO), op.Concat(n_cells, channels, axis=0))
-    acc = op.ScatterElements(acc, rows, prod, axis=0, reduction="add")
+    sel = op.Reshape(op.NonZero(op.Equal(rank, op.Constant(value_int=0))), minus1)
+    acc = op.ScatterND(acc, op.Unsqueeze(op.Gather(row_cell, sel), minus1), op.Gather(part, sel), reduction="add")
+    sel = op.Reshape(op.NonZero(op.Equal(rank, op.Constant(value_int=1))), minus1)
+    acc = op.ScatterND(acc, op.Unsqueeze(op.Gather(row_cell, sel), minus1), op.Gather(part, sel), reduction="add")
+    sel = op.Reshape(op.NonZero(op.Equal(rank, op.Constant(value_int=2))), minus1)
+    acc = op.ScatterND(acc, op.Unsqueeze(op.Gather(row_cell, sel), minus1), op.Gather(part, sel), reduction="add")
+    sel = op.Reshape(op.NonZero(op.Equal(rank, op.Constant(value_int=3))), minus1)
+    acc = op.ScatterND(acc, op.Unsqueeze(op.Gather(row_cell, sel), minus1), op.Gather(part, sel), reduction="add")
+    # 3. the tail: rows ROUNDS.. of a cell in groups of CHUNK rows
+    tail = op.Sub(rank, op.Constant(value_int=ROUNDS))
+    group_first = op.Reshape(op.NonZero(op.And(op.GreaterOrEqual(tail, zero),
+                                               op.Equal(op.Mod(tail, width), zero))), minus1)
+    cell_rows = op.Sub(op.Slice(op.Concat(cell_first, n_rows, axis=0), one1, op.Add(op.Shape(cell_first), one1)),
+                       cell_first)
+    group_left = op.Sub(op.Gather(cell_rows, op.Gather(cell_of_row, group_first)), op.Gather(rank, group_first))
+    group_valid = op.Less(op.Unsqueeze(slots, zero1), op.Unsqueeze(group_left, minus1))
+    group_first_col = op.Unsqueeze(group_first, minus1)
+    src = op.Where(group_valid, op.Add(group_first_col, slots), group_first_col)
+    tail_part = op.ReduceSum(op.Where(op.Unsqueeze(group_valid, minus1), op.Gather(part, src),
+                                      op.Constant(value=DOUBLE_ZERO)), one1, keepdims=0)
+    tail_cells = op.Expand(op.Unsqueeze(op.Gather(row_cell, group_first), minus1), op.Shape(tail_part))
+    acc = op.ScatterElements(acc, tail_cells, tail_part, axis=0, reduction="add")
     # NOTE: allowzero: a zero size in bev_feat_shape (an empty grid) is a size, not "copy this dim"
-    out = op.Transpose(op.Reshape(acc, shape, allowzero=1), perm=[0, 4, 1, 2, 3])
-    return op.CastLike(out, feat)
+    return op.Transpose(op.CastLike(op.Reshape(acc, shape, allowzero=1), feat), perm=[0, 4, 1, 2, 3])
 
 
 def reference(depth, feat, ranks_depth, ranks_feat, ranks_bev, bev_feat_shape, interval_starts,
@@ -157,7 +245,7 @@ def reference(depth, feat, ranks_depth, ranks_feat, ranks_bev, bev_feat_shape, i
     b, z, y, x, c = bev_feat_shape
     out = np.zeros((b * z * y * x, c), np.float64)
     d = depth.double().numpy().reshape(-1)
-    f = feat.double().numpy().reshape(-1, c)
+    f = feat.double().numpy().reshape(-1 if c else int(np.prod(feat.shape[:4])), c)
     rd, rf, rb = ranks_depth.numpy(), ranks_feat.numpy(), ranks_bev.numpy()
     for start, length in zip(interval_starts.tolist(), interval_lengths.tolist()):
         for p in range(start, start + length):
@@ -270,7 +358,7 @@ def bev_pool_v2_op(depth: torch.Tensor, feat: torch.Tensor, ranks_depth: torch.T
     acc = _acc_dtype(feat.dtype)
     b, z, y, x, c = bev_feat_shape
     point, cell = _expand_intervals(ranks_bev, interval_starts, interval_lengths)
-    values_ = feat.to(acc).reshape(-1, c)[ranks_feat.long()[point]] * \
+    values_ = feat.to(acc).flatten(0, 3)[ranks_feat.long()[point]] * \
         depth.to(acc).reshape(-1)[ranks_depth.long()[point]].unsqueeze(-1)
     out = torch.zeros(b * z * y * x, c, dtype=acc).index_add_(0, cell, values_)
     return out.reshape(b, z, y, x, c).permute(0, 4, 1, 2, 3).contiguous().to(feat.dtype)

@@ -1,6 +1,7 @@
 """Hostile inputs: damaged files, helper functions, control flow, failing kernels, failed writes, bad
 CLI invocations. Whatever can crash runs in a subprocess, so a crash is a failed test."""
 
+import json
 import os
 import subprocess
 import sys
@@ -190,3 +191,28 @@ def test_bad_cli_invocations_are_one_line_errors(case, needle, exported, tmp_pat
     assert r.returncode == 2, r.stdout + r.stderr
     lines = [line for line in r.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: opbridge: ") and needle in lines[0], r.stderr
+
+
+@pytest.mark.parametrize("tier", ["eager", *bridge.TIERS])
+def test_huge_overflowing_and_empty_grids(tier):
+    r = subprocess.run([sys.executable, str(ROOT / "tests/scripts/huge_grids.py"), tier], capture_output=True,
+                       text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0, f"huge_grids.py died (rc={r.returncode}):\n{r.stderr[-3000:]}"
+    result = {d["case"]: d for d in map(json.loads, r.stdout.splitlines())}
+    # 1e12 cells: an allocation error from torch's or onnxruntime's allocator, named, no crash
+    huge = result["huge"]
+    assert huge["error"] and "allocate" in huge["error"], huge
+    if tier != "eager":
+        assert huge["type"] == "OpBridgeError" and "bev_pool_v2" in huge["error"], huge
+    # a grid whose element count overflows int64: refused, naming the attribute (the function
+    # tier's plain ONNX body fails in onnxruntime's shape inference, which names no attribute)
+    overflow = result["overflow"]
+    assert overflow["error"], overflow
+    if tier != "function":
+        assert "bev_feat_shape" in overflow["error"] and "2147483648" in overflow["error"], overflow
+    # C = 0 over 4e8 cells: a valid, empty output that needs (next to) no memory
+    empty = result["empty_channels"]
+    assert empty["error"] is None, empty
+    assert empty["peak_growth_mib"] < 64, empty
+    if tier == "eager":
+        assert empty["shape"] == [1, 0, 1, 20_000, 20_000], empty
