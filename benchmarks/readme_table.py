@@ -92,6 +92,13 @@ def evidence(r: dict) -> list[str]:
     lines.append(f"| bev_pool_v2 scaling, {span}: native {_ms(rows[0][NATIVE])} -> {_ms(rows[-1][NATIVE])} "
                  f"| log-log slope above 100k: " + ", ".join(f"{k} {v:.2f}" for k, v in slope.items())
                  + f" | native in [{lo}, {hi}]: {_ok(lo <= native_slope <= hi)} |")
+    if "loglog_slope_above_100k_per_point" in sc:  # NOTE: the fixed grid's cost taken out
+        net, zero = sc["loglog_slope_above_100k_per_point"], sc["zero_points_ms"]
+        native_net = net.get(NATIVE, math.nan)
+        lines.append(f"| ... the same, per-point cost (time minus the time at 0 points: native {_ms(zero[NATIVE])}, "
+                     f"function {_ms(zero[FUNCTION])}, eager {_ms(zero[EAGER])}) "
+                     f"| log-log slope above 100k: " + ", ".join(f"{k} {v:.2f}" for k, v in net.items())
+                     + f" | native in [{lo}, {hi}]: {_ok(lo <= native_net <= hi)} |")
     lines += ["", f"bev_pool_v2 at BEVDet-R50 size, {b['repeats']} round-robin rounds (one call of each per round), "
               "medians:", "", "| implementation | median | x floor | x native |", "|---|---|---|---|"]
     order = [FLOOR, NATIVE, NATIVE_1T, FUNCTION, EAGER, COMPILED]

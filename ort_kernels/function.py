@@ -67,7 +67,7 @@ def _check_optional_inputs(model: onnx.ModelProto, registry: Registry) -> None:
     for node in all_nodes(model):
         body = bodies.get((node.domain, node.op_type))
         spec = registry.find(node.domain, node.op_type)
-        if body is None or spec is None:
+        if body is None or spec is None or not any(p.optional for p in spec.params):
             continue
         optional = {p.name for p in spec.tensors if p.optional}
         used = _names_read(body.node) | set(body.output)
