@@ -437,9 +437,13 @@ def attr_prod_le(name: str, limit: int, *, what: str | None = None, fix: str | N
         product = b.node("ReduceProd", [b.node("Concat", [items, one], axis=0)], keepdims=1)  # NOTE: [] passes
         return b.node("LessOrEqual", [product, b.node("Cast", [b.const([limit])], to=TensorProto.DOUBLE)])
 
-    return Check("attr_prod_le", name, lambda env: text,
-                 lambda env: str(list(env[name])) if math.prod(max(v, 1) for v in env[name]) > limit else None, ok,
-                 fix or f"Pass smaller {name} sizes.", text)
+    def violation(env):
+        items = list(env[name])
+        if not all(isinstance(v, int) for v in items):
+            return None  # NOTE: symbolic sizes (tracing): comparing them would guard on them; the run checks
+        return str(items) if math.prod(max(v, 1) for v in items) > limit else None
+
+    return Check("attr_prod_le", name, lambda env: text, violation, ok, fix or f"Pass smaller {name} sizes.", text)
 
 
 def intervals_within(starts: str, lengths: str, points: Expr | int, *, fix: str | None = None) -> Check:

@@ -6,6 +6,7 @@ import os
 from itertools import chain
 from collections.abc import Sequence
 
+import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import external_data_helper
@@ -101,6 +102,64 @@ def _with_external_data(proto: onnx.ModelProto, model) -> onnx.ModelProto:
     return proto
 
 
+# ONNX element types by onnxruntime's spelling ('tensor(float)'), for messages about fed values
+_ORT_TYPES = {f"tensor({onnx.TensorProto.DataType.Name(t).lower()})": t for t in onnx.TensorProto.DataType.values()
+              if t != onnx.TensorProto.UNDEFINED}
+
+
+class _NamedInputTypes:
+    """Mixed in front of a tier's session class: when onnxruntime refuses a fed value's element
+    type (its message names no input), ``run`` raises OpBridgeError naming the input and the
+    custom op that reads it. NOTE: looked at only after a failure: a run that works pays nothing."""
+
+    _readers: dict = {}  # graph input -> (qualname, the op's parameter it feeds)
+
+    def run(self, output_names, input_feed, run_options=None):
+        try:
+            return super().run(output_names, input_feed, run_options)
+        except OpBridgeError:
+            raise
+        except Exception as e:
+            message = self._wrong_type(input_feed)
+            if message is None:
+                raise
+            raise OpBridgeError(message) from e
+
+    def _wrong_type(self, feed: dict) -> str | None:
+        for arg in self.get_inputs():
+            value = feed.get(arg.name)
+            expected = _ORT_TYPES.get(arg.type)
+            if not isinstance(value, np.ndarray) or expected is None:
+                continue
+            try:
+                actual = onnx.helper.np_dtype_to_tensor_dtype(value.dtype)
+            except (KeyError, TypeError, ValueError):
+                actual = None
+            if actual == expected:
+                continue
+            want = onnx.helper.tensor_dtype_to_np_dtype(expected)
+            qualname, param = self._readers.get(arg.name, (None, None))
+            where = f"{qualname}: input '{param}'" if qualname else f"model input '{arg.name}'"
+            fed = "" if param in (None, arg.name) else f" (model input '{arg.name}')"
+            return (f"opbridge: {where}{fed} must be {want.name} ({arg.type}). Got {value.dtype.name}. "
+                    f"Pass {arg.name} as {want.name} (e.g. array.astype(np.{want.name})).")
+        return None
+
+
+def _input_readers(model: onnx.ModelProto, registry: Registry) -> dict:
+    """Graph input -> (qualname, parameter) of the first custom node that reads it directly."""
+    graph_inputs = {i.name for i in model.graph.input}
+    readers = {}
+    for node in model.graph.node:
+        spec = registry.find(node.domain, node.op_type) if is_custom(node.domain) else None
+        if spec is None:
+            continue
+        for name, param in zip(node.input, spec.tensors):
+            if name in graph_inputs:
+                readers.setdefault(name, (spec.qualname, param.name))
+    return readers
+
+
 def session(
     model: str | os.PathLike | onnx.ModelProto | bytes,
     *,
@@ -140,7 +199,9 @@ def session(
         try:
             content = os.fspath(path) if path is not None else \
                 _with_external_data(proto, model).SerializeToString()
-            return prepared.session_class(content, prepared.options, providers=list(providers))
+            named = type(prepared.session_class.__name__, (_NamedInputTypes, prepared.session_class),
+                         {"_readers": _input_readers(proto, reg)})
+            return named(content, prepared.options, providers=list(providers))
         except Exception as e:
             raise OpBridgeError(f"onnxruntime could not load the model. Got {type(e).__name__}: "
                                 f"{str(e)[:500]}. Check the op kernels for tier {tier!r}.") from e

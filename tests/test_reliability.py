@@ -67,8 +67,8 @@ def matrix():
 
 
 EXPECTED = {
-    "wrong_dtype": "Unexpected input data type. Actual: (tensor(double)) , expected: (tensor(float))",
-    "wrong_index_dtype": "Actual: (tensor(int64)) , expected: (tensor(int32))",
+    "wrong_dtype": "must be float32 (tensor(float)). Got float64",
+    "wrong_index_dtype": "must be int32 (tensor(int32)). Got int64",
     "wrong_rank": "Invalid rank for input: feat Got: 1 Expected: 5",
     "missing_attribute": "lacks required attribute 'bev_feat_shape' (INTS)",
     "wrong_attribute_type": "has attribute 'bev_feat_shape' of type INT, the op declares INTS",
