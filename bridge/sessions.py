@@ -46,9 +46,21 @@ def load_model(model: str | os.PathLike | onnx.ModelProto | bytes) -> onnx.Model
                             f"Got {type(e).__name__}: {str(e)[:200]}. Export it again.") from None
 
 
+# NOTE: serialized model-local functions whose names were found to be text: sessions opened again
+# on the same file (workers, threads, reloads) skip re-reading every name of their bodies, the
+# costliest part of this check (~1.5 us per node through protobuf's Python API).
+_TEXT_FUNCTIONS: dict[bytes, None] = {}
+_TEXT_FUNCTIONS_MAX = 64
+
+
 def _readable(model: onnx.ModelProto, what: str) -> onnx.ModelProto:
     """``model`` when its names are text; protobuf hands invalid UTF-8 back as bytes (a damaged file)."""
-    nodes = [*all_nodes(model), *(n for f in model.functions for n in f.node)]
+    unseen = []
+    for f in model.functions:
+        key = f.SerializeToString()
+        if key not in _TEXT_FUNCTIONS:
+            unseen.append((key, f))
+    nodes = [*all_nodes(model), *(n for _, f in unseen for n in f.node)]
     try:
         # NOTE: str.join refuses bytes, in C: one pass over every name, not one isinstance per name
         "".join(chain.from_iterable((n.domain, n.op_type, *n.input, *n.output) for n in nodes))
@@ -57,6 +69,12 @@ def _readable(model: onnx.ModelProto, what: str) -> onnx.ModelProto:
                                                                             *n.output)))
         raise OpBridgeError(f"{what} is damaged: node names are not valid text. Got {node.op_type!r} in domain "
                             f"{node.domain!r}. Export the model again.") from None
+    for key, _ in unseen:
+        if len(key) > 2**20:
+            continue  # NOTE: bodies holding large constants are not kept
+        if len(_TEXT_FUNCTIONS) >= _TEXT_FUNCTIONS_MAX:
+            _TEXT_FUNCTIONS.pop(next(iter(_TEXT_FUNCTIONS)))
+        _TEXT_FUNCTIONS[key] = None
     return model
 
 

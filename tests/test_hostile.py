@@ -216,3 +216,15 @@ def test_huge_overflowing_and_empty_grids(tier):
     assert empty["peak_growth_mib"] < 64, empty
     if tier == "eager":
         assert empty["shape"] == [1, 0, 1, 20_000, 20_000], empty
+
+
+def test_a_damaged_body_is_refused_after_a_good_one_was_seen():
+    # sessions remember function bodies whose names were found to be text (bridge.sessions): a body
+    # damaged after that is a different body and is still read name by name
+    good = bridge.export(_Ident(), (torch.randn(1, 2, 3, 3),)).SerializeToString()
+    bridge.session(good)
+    name = b"opbridge_check_v2"
+    assert good.count(name) > 1
+    damaged = good.replace(name, b"opbridge_check_\xff2")
+    with pytest.raises(bridge.OpBridgeError, match="node names are not valid text"):
+        bridge.session(damaged)
