@@ -37,7 +37,7 @@ _PUBLIC: dict[str, tuple[str, str]] = {
     "ModelCase": ("bridge.testing", "ModelCase"),
 }
 _SUBMODULES = ("checks", "cli", "domains", "dtypes", "errors", "functional", "localize", "opdef", "parity", "progress",
-               "registry", "schema", "sessions", "spec", "testing")
+               "proxy", "registry", "schema", "sessions", "spec", "testing")
 
 __all__ = sorted(_PUBLIC)
 

@@ -42,7 +42,8 @@ from bridge.errors import OpBridgeError
 GUARD_PREFIX = "opbridge_check"
 # onnxruntime names a node of an inlined function '_inlfunc_<function>_<node name>' (measured on
 # onnxruntime 1.32); only the node's own name is matched, wherever it sits in the message.
-_GUARD_NAME = re.compile(GUARD_PREFIX + r"/([A-Za-z_][\w]*::[A-Za-z_]\w*)/(\w+)/(\d+)\.\w+")
+# A torchbind method's qualname has a dot: ns::Class.method.
+_GUARD_NAME = re.compile(GUARD_PREFIX + r"/([A-Za-z_][\w]*::[A-Za-z_][\w.]*)/(\w+)/(\d+)\.\w+")
 
 
 VALUE_KINDS = frozenset({"values_in", "values_ge", "intervals_within"})  # checks that read tensor values
@@ -522,10 +523,16 @@ class Checks:
         Checks that read tensor values are skipped on fake (traced) tensors: they have no values;
         the traced program's body carries them as guards instead."""
         traced = any(is_fake(v) for v in env.values() if isinstance(v, torch.Tensor))
+        omitted = any(v is None for v in env.values())
         for check in self.checks:
             if traced and check.kind in VALUE_KINDS:
                 continue
-            got = check.violation(env)
+            try:
+                got = check.violation(env)
+            except (AttributeError, TypeError):
+                if omitted:
+                    continue  # NOTE: a check over an omitted optional input does not apply
+                raise
             if got is not None:
                 return check.message(self.qualname, env, got)
         return None
@@ -607,7 +614,9 @@ class _Builder:
         kind = self.attr_types.get(name)
         if kind not in (onnx.AttributeProto.INT, onnx.AttributeProto.INTS):
             raise OpBridgeError(f"a check reads attribute '{name}', which is not an int or ints attribute of "
-                                f"{self.proto.name}. Got {kind}. Name an int/ints attribute of the op.")
+                                f"{self.proto.name}. Got "
+                                f"{'no such attribute' if kind is None else onnx.AttributeProto.AttributeType.Name(kind)}"
+                                ". Name an int/ints attribute of the op.")
         if ("attr", name) in self.memo:
             return self.memo[("attr", name)]
         ref = onnx.AttributeProto(name="value_int" if kind == onnx.AttributeProto.INT else "value_ints",
@@ -619,9 +628,10 @@ class _Builder:
         return out
 
 
-def guarded_body(proto: onnx.FunctionProto, checks: Checks, attr_types: dict[str, int]) -> onnx.FunctionProto:
-    """``proto`` with one guard per check: onnxruntime fails, at a node named after the check,
-    before the body runs, when a check fails.
+def guarded_body(proto: onnx.FunctionProto, checks: Checks, attr_types: dict[str, int],
+                 skip: Sequence[int] = ()) -> onnx.FunctionProto:
+    """``proto`` with one guard per check (but the indices in ``skip``): onnxruntime fails, at a
+    node named after the check, before the body runs, when a check fails.
 
     NOTE: ONNX has no Assert. A guard is ``Gather([0], Cast(Not(ok)))``: index 1 is out of
     bounds. Guards are chained (each index adds the previous guard's 0 output), so they fail in
@@ -637,7 +647,7 @@ def guarded_body(proto: onnx.FunctionProto, checks: Checks, attr_types: dict[str
         >>> [n.name for n in out.node if n.name]
         ['opbridge_check/d::f/x/0.rank']
     """
-    guarded = [(i, c) for i, c in enumerate(checks) if c.ok is not None]
+    guarded = [(i, c) for i, c in enumerate(checks) if c.ok is not None and i not in skip]
     if not guarded:
         return proto
     b = _Builder(proto, attr_types)
@@ -699,6 +709,8 @@ class GuardedFunction:
         return guarded_body(self.function.to_function_proto(), self.checks, self.attr_types)
 
     def __getattr__(self, name: str):
+        if "function" not in self.__dict__:  # NOTE: copy/pickle look up attributes before __init__ ran
+            raise AttributeError(name)
         return getattr(self.__dict__["function"], name)
 
     def __repr__(self) -> str:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
-from itertools import chain
+import threading
 from collections.abc import Sequence
+from itertools import chain
 
 import numpy as np
 import onnx
@@ -46,20 +48,19 @@ def load_model(model: str | os.PathLike | onnx.ModelProto | bytes) -> onnx.Model
                             f"Got {type(e).__name__}: {str(e)[:200]}. Export it again.") from None
 
 
-# NOTE: serialized model-local functions whose names were found to be text: sessions opened again
+# NOTE: digests of model-local functions whose names were found to be text: sessions opened again
 # on the same file (workers, threads, reloads) skip re-reading every name of their bodies, the
 # costliest part of this check (~1.5 us per node through protobuf's Python API).
 _TEXT_FUNCTIONS: dict[bytes, None] = {}
-_TEXT_FUNCTIONS_MAX = 64
+_TEXT_FUNCTIONS_MAX = 256
+_TEXT_FUNCTIONS_LOCK = threading.Lock()
 
 
 def _readable(model: onnx.ModelProto, what: str) -> onnx.ModelProto:
     """``model`` when its names are text; protobuf hands invalid UTF-8 back as bytes (a damaged file)."""
-    unseen = []
-    for f in model.functions:
-        key = f.SerializeToString()
-        if key not in _TEXT_FUNCTIONS:
-            unseen.append((key, f))
+    digests = [hashlib.blake2b(f.SerializeToString(), digest_size=16).digest() for f in model.functions]
+    with _TEXT_FUNCTIONS_LOCK:
+        unseen = [(d, f) for d, f in zip(digests, model.functions) if d not in _TEXT_FUNCTIONS]
     nodes = [*all_nodes(model), *(n for _, f in unseen for n in f.node)]
     try:
         # NOTE: str.join refuses bytes, in C: one pass over every name, not one isinstance per name
@@ -69,12 +70,11 @@ def _readable(model: onnx.ModelProto, what: str) -> onnx.ModelProto:
                                                                             *n.output)))
         raise OpBridgeError(f"{what} is damaged: node names are not valid text. Got {node.op_type!r} in domain "
                             f"{node.domain!r}. Export the model again.") from None
-    for key, _ in unseen:
-        if len(key) > 2**20:
-            continue  # NOTE: bodies holding large constants are not kept
-        if len(_TEXT_FUNCTIONS) >= _TEXT_FUNCTIONS_MAX:
-            _TEXT_FUNCTIONS.pop(next(iter(_TEXT_FUNCTIONS)))
-        _TEXT_FUNCTIONS[key] = None
+    with _TEXT_FUNCTIONS_LOCK:
+        for digest, _ in unseen:
+            if len(_TEXT_FUNCTIONS) >= _TEXT_FUNCTIONS_MAX:
+                _TEXT_FUNCTIONS.pop(next(iter(_TEXT_FUNCTIONS)))
+            _TEXT_FUNCTIONS[digest] = None
     return model
 
 

@@ -201,7 +201,8 @@ def export_with_program(
                 raise
             raise OpBridgeError(
                 "torch.export traced into an op's own (C++) kernel, which reads tensor data that tracing does not "
-                f"have. Got: {str(e).splitlines()[0]} Bridge that op with bridge.register('ns::name', fake=...): an "
+                f"have. Got: {str(e).splitlines()[0].rstrip('.')}. Bridge that op with bridge.register('ns::name', "
+                "fake=...): an "
                 "op whose only kernel is CompositeImplicitAutograd (torch-scatter's, torch::RegisterOperators) "
                 "then stays one node.") from e
     for rewrite in DEFAULT_REWRITES if rewrites is None else rewrites:

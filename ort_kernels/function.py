@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
-from onnx import numpy_helper
+from onnx import external_data_helper, numpy_helper
 
 from bridge.checks import explain_failure, failed_guard
 from bridge.domains import all_nodes, is_custom
@@ -169,7 +169,10 @@ def _session_class(model: onnx.ModelProto, registry: Registry) -> type:
         given = {a.name: a for a in node.attribute}
         attrs = {p.name: p.from_onnx_value(onnx.helper.get_attribute_value(given[p.name])) if p.name in given
                  else p.default for p in spec.attributes if p.name in given or p.has_default}
+        # NOTE: tensors stored as external data are not loaded here (nor read from a path
+        # relative to the working folder): their checks' messages go without values
         known = {n: numpy_helper.to_array(initializers[n]) for n in inputs.values()
-                 if n in initializers and initializers[n].ByteSize() < 2**24}
+                 if n in initializers and initializers[n].ByteSize() < 2**24
+                 and not external_data_helper.uses_external_data(initializers[n])}
         calls.append((spec, inputs, attrs, known))
     return type("FunctionTierSession", (FunctionTierSession,), {"_calls": tuple(calls)})

@@ -1,6 +1,8 @@
 """bridge.checks: one check list per op; its eager form and its ONNX guards accept and reject the same
 calls (judged against predicates written out here), and every tier reports a failed check alike."""
 
+import copy
+
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -107,6 +109,30 @@ def test_eager_and_guard_agree_with_the_written_condition(check, a, b, width, bo
         assert "opbridge_check/t::f/" in error and C.failed_guard(error)[0] == "t::f"
 
 
+# attr_prod_le: zeros count as 1; the product bounds every partial product
+CASES_PROD = [
+    (C.attr_prod_le("box", 2**60), ints(), ints(), 0, [2**20, 2**20, 0, 2**20], True),
+    (C.attr_prod_le("box", 2**60), ints(), ints(), 0, [2**31, 2**31, 2**31, 6], False),
+    (C.attr_prod_le("box", 2**60), ints(), ints(), 0, [], True),
+]
+
+
+@pytest.mark.parametrize("check,a,b,width,box,holds", CASES_PROD, ids=[f"prod-{i}" for i in range(len(CASES_PROD))])
+def test_attr_prod_le_eager_and_guard_agree(check, a, b, width, box, holds):
+    test_eager_and_guard_agree_with_the_written_condition(check, a, b, width, box, holds)
+
+
+def test_guard_names_of_torchbind_methods_are_recognised():
+    # a method's qualname has a dot (ns::Class.method); onnxruntime prefixes inlined nodes' names
+    error = "running Gather node. Name:'_inlfunc_IdentityConvClass_forward_opbridge_check/ns::Cls.forward/x/3.rank'"
+    assert C.failed_guard(error) == ("ns::Cls.forward", "x", 3)
+
+
+def test_guarded_function_copies():
+    guarded = bridge.REGISTRY.get("opbridge::identity_conv").function
+    assert copy.copy(guarded).to_function_proto().name == guarded.to_function_proto().name
+
+
 def test_guards_fail_in_list_order():
     """Two failing checks: onnxruntime stops at the first, as the eager check does."""
     checks = [C.same_len("a", "b"), C.values_ge("a", 0)]
@@ -199,3 +225,62 @@ def test_derived_body_carries_the_guards(registry, fresh_name):
         bridge.parity.run_ort(sess, [torch.tensor([1.0, -1.0, 2.0])])
     with pytest.raises(ValueError, match="values must be >= 0"):
         head(torch.tensor([-1.0]), 1)
+
+
+@pytest.mark.parametrize("default", [False, True])
+def test_derived_body_keeps_the_guards_of_attributes_with_defaults(registry, fresh_name, default):
+    """A derived body keeps an attribute with a default as a function attribute with a default
+    (attribute_proto): the checks reading it still get guards, as do all the others."""
+    name = fresh_name("scaled")
+    checks = [C.dim_eq("x", 0, C.attr("k"), what="input 'x' must have k = {value} entries"), C.values_ge("x", 0)]
+    if default:
+        @bridge.op(name, fake=lambda x, k=3: torch.empty_like(x), registry=registry, checks=checks)
+        def scaled(x: torch.Tensor, k: int = 3) -> torch.Tensor:
+            return x * 2
+    else:
+        @bridge.op(name, fake=lambda x, k: torch.empty_like(x), registry=registry, checks=checks)
+        def scaled(x: torch.Tensor, k: int) -> torch.Tensor:
+            return x * 2
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return scaled(x, 3)
+
+    proto = bridge.export(M(), (torch.ones(3),), registry=registry)
+    (body,) = proto.functions
+    assert [n.name for n in body.node if n.name.startswith(C.GUARD_PREFIX)] == [
+        f"opbridge_check/{name}/x/0.dim_eq", f"opbridge_check/{name}/x/1.values_ge"], body
+    sess = bridge.session(proto, registry=registry)
+    with pytest.raises(bridge.OpBridgeError, match=rf"^opbridge: {name}: input 'x' values must be >= 0"):
+        bridge.parity.run_ort(sess, [torch.tensor([1.0, -1.0, 2.0])])
+
+
+@pytest.mark.parametrize("bad,needle", [
+    ([C.rank("xx", 2)], "input 'xx'"),
+    ([C.dim_eq("x", 0, C.attr("kk"))], "attribute 'kk'"),
+    ([C.dtype_is("zz", [torch.float32])], "input 'zz'"),
+    ([C.same_len("x", "y")], "input 'y'"),
+])
+def test_a_check_naming_what_the_op_lacks_is_refused_at_declaration(registry, fresh_name, bad, needle):
+    name = fresh_name("misnamed")
+    with pytest.raises(bridge.OpBridgeError, match=rf"^opbridge: {name}: check 0 \(\w+\) reads a name the op does "
+                                                   rf"not have: .*{needle}"):
+        @bridge.op(name, fake=lambda x, k: torch.empty_like(x), registry=registry, checks=bad)
+        def misnamed(x: torch.Tensor, k: int) -> torch.Tensor:
+            return x * 2
+    ns, short = name.split("::")
+    assert not hasattr(getattr(torch.ops, ns), short)  # nothing half-defined in torch
+
+
+def test_checks_over_an_omitted_optional_input_do_not_apply(registry, fresh_name):
+    name = fresh_name("weighted")
+
+    @bridge.op(name, fake=lambda x, w=None: torch.empty_like(x), registry=registry,
+               checks=[C.rank("x", 1), C.same_len("w", "x")])
+    def weighted(x: torch.Tensor, w: torch.Tensor | None = None) -> torch.Tensor:
+        weighted.check(x, w)
+        return x * 2 if w is None else x * w
+
+    assert weighted(torch.ones(3)).tolist() == [2.0, 2.0, 2.0]
+    with pytest.raises(ValueError, match="must have equal length. Got lengths 3 and 2"):
+        weighted(torch.ones(3), torch.ones(2))

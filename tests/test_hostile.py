@@ -228,3 +228,23 @@ def test_a_damaged_body_is_refused_after_a_good_one_was_seen():
     damaged = good.replace(name, b"opbridge_check_\xff2")
     with pytest.raises(bridge.OpBridgeError, match="node names are not valid text"):
         bridge.session(damaged)
+
+
+class _Weighted(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(1, 3, 2, 2))
+
+    def forward(self, x):
+        return torch.ops.opbridge.identity_conv(self.w, 3) + x
+
+
+@pytest.mark.parametrize("tier", bridge.TIERS)
+def test_checked_op_reading_an_external_data_initializer(tier, tmp_path):
+    # the function tier keeps small initializers for its messages; one stored as external data is
+    # not read from a path relative to the working folder, and the session opens and runs
+    path = tmp_path / "m.onnx"
+    onnx.save_model(bridge.export(_Weighted(), (torch.ones(1, 3, 2, 2),)), path, save_as_external_data=True,
+                    location="m.data", size_threshold=0)
+    sess = bridge.session(path, tier=tier)
+    assert float(sess.run(None, {"x": np.ones((1, 3, 2, 2), np.float32)})[0].sum()) == 24.0
