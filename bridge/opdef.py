@@ -342,7 +342,7 @@ def register(
                             f"none. Pass fake= to bridge.register, or call torch.library.register_fake({qualname!r}).")
     if names and proxy_for is None:
         # NOTE: readable names for an op with kernels of its own: a proxy whose fake is the op's own
-        proxy_for, target = overload, define_op_proxy(overload, lambda *args: overload(*args), names)
+        proxy_for, target = overload, define_op_proxy(overload, overload, names)
     params, n_out = parse_params(qualname, (overload if proxy_for is None else target)._schema)
     spec = OpSpec(
         qualname=qualname, custom_op=target, params=params, num_outputs=n_out,

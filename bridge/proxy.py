@@ -131,7 +131,8 @@ def schema_parts(schema: torch.FunctionSchema) -> tuple[list[tuple[str, str]], l
     args = []
     for item in _top_level(head[head.index("(") + 1:]):
         if item == "*":
-            continue  # NOTE: keyword-only marker: the proxy takes every argument positionally or by name
+            continue  # NOTE: keyword-only marker: the proxy takes every argument positionally or by name;
+            # its kernel and fake pass the original's keyword-only ones by name (_as_original)
         decl, eq, default = item.partition("=")
         args.append((decl.rsplit(" ", 1)[0].strip(), eq + default))
     tail = tail.strip()
@@ -142,6 +143,27 @@ def schema_parts(schema: torch.FunctionSchema) -> tuple[list[tuple[str, str]], l
 def _signature(pairs: list[tuple[str, str]], names: list[str], returns: list[str]) -> str:
     rendered = ", ".join(f"{t} {n}{d}" for (t, d), n in zip(pairs, names))
     return f"({rendered}) -> " + (returns[0] if len(returns) == 1 else f"({', '.join(returns)})")
+
+
+def _as_original(schema: torch.FunctionSchema, fn: Callable) -> Callable:
+    """``fn`` called the way ``schema``'s op takes its arguments: the proxy gets every argument
+    positionally, the original's keyword-only ones (after ``*``) go by name.
+
+    Example:
+        >>> import torch
+        >>> call = _as_original(torch._C.parse_schema("a::b(Tensor x, *, int k=1) -> Tensor"), lambda x, *, k: (x, k))
+        >>> call("x", 2)
+        ('x', 2)
+    """
+    keyword = [a.name if a.kwarg_only else None for a in schema.arguments]
+    if not any(keyword):
+        return fn
+
+    def call(*args):
+        positional = [v for v, k in zip(args, keyword) if k is None]
+        return fn(*positional, **{k: v for v, k in zip(args, keyword) if k is not None})
+
+    return call
 
 
 def define_op_proxy(overload: torch._ops.OpOverload, fake: Callable,
@@ -167,7 +189,7 @@ def define_op_proxy(overload: torch._ops.OpOverload, fake: Callable,
     renamed = readable_names(qualname, [a.name for a in schema.arguments], names)
     pairs, returns = schema_parts(schema)
     signature = _signature(pairs, renamed, returns)
-    return _define(_proxy_name(qualname), signature, lambda *args: overload(*args), fake)
+    return _define(_proxy_name(qualname), signature, _as_original(schema, overload), _as_original(schema, fake))
 
 
 def _fqn(class_name: str) -> str:
