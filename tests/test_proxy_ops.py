@@ -485,3 +485,31 @@ def test_keyword_only_arguments_go_by_name_through_the_proxy(registry, fresh_nam
     assert nodes == [(ns, "scaled", {"k": 3}), (ns, "scaled", {"k": 2, "mode": b"abc"})]
     assert [t.tolist() for t in Keywords(ns, own_kernel)(x)] == [[[103.0] * 2] * 2, [[5.0] * 2] * 2]  # eager: the op's own
 
+
+
+def test_keyword_only_arguments_and_an_omitted_str_attribute_in_the_python_tier():
+    # NOTE: a subprocess: the python tier declares every op at a process's first session
+    code = f"""
+import json, sys, torch
+sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / "tests")!r}]
+import bridge
+import test_proxy_ops as t
+for ns, own in (("kwonly_composite", False), ("kwonly_own", True)):
+    t.keyword_op(ns, own_kernel=own)
+
+class Both(torch.nn.Module):  # one model: the python tier declares ops at the first session
+    def forward(self, x):
+        return (*t.Keywords("kwonly_composite")(x), *t.Keywords("kwonly_own", True)(x))
+
+x = torch.ones(3, 2)
+sess = bridge.session(bridge.export(Both(), (x,)), tier="python")
+outs = [o.tolist() for o in sess.run(None, {{sess.get_inputs()[0].name: x.numpy()}})]
+out = {{"kwonly_composite": outs[:2], "kwonly_own": outs[2:]}}
+print(json.dumps(out))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    want = [[[103.0] * 2] * 3, [[5.0] * 2] * 3]  # mode omitted: None (+100); mode="abc": +3
+    assert out == {"kwonly_composite": want, "kwonly_own": want}
