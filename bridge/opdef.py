@@ -278,7 +278,11 @@ def register(
     through a proxy op (``bridge.proxy``): export records the call as one node in the op's own
     domain and name, and eager calls outside export still run the op itself.
     ``names={"_0": "src", ...}`` renames arguments (C++-inferred schemas name them ``_0``, ``_1``,
-    ...) for ONNX inputs, attributes and messages. A method's node is named ``Class_method`` in the class's namespace; its inputs are the
+    ...) for ONNX inputs, attributes and messages; an op's proxy keeps its names for the whole process
+    (torch ops cannot be undefined), so registering the op again (another registry) with other
+    ``names=`` is an error. The proxy's fake is the latest ``fake=`` given for the op: it serves every
+    registry holding the op. A proxy calls the op's keyword-only arguments (and its fake's) by the
+    op's own names. A method's node is named ``Class_method`` in the class's namespace; its inputs are the
     method's tensors, its attributes the object's ``__obj_flatten__`` state (types from its schema,
     names from ``attributes=[...]`` or the ``function=`` body's attributes); ``fake`` takes
     ``(*tensors, *state)``.

@@ -513,3 +513,23 @@ print(json.dumps(out))
     out = json.loads(r.stdout.strip().splitlines()[-1])
     want = [[[103.0] * 2] * 3, [[5.0] * 2] * 3]  # mode omitted: None (+100); mode="abc": +3
     assert out == {"kwonly_composite": want, "kwonly_own": want}
+
+
+def test_a_proxy_keeps_its_names_and_other_names_are_refused(registry, fresh_name):
+    name = fresh_name("twice")
+    ns, short = name.split("::")
+    lib = torch.library.Library(ns, "DEF")
+    _KEYWORD_LIBS.append(lib)
+    lib.define(f"{short}(Tensor _0, int _1) -> Tensor")
+    lib.impl(short, lambda x, k: x * k, "CompositeImplicitAutograd")
+    fake = lambda x, k: torch.empty_like(x)  # noqa: E731
+    first = bridge.register(name, fake=fake, names={"_0": "x", "_1": "k"}, registry=registry)
+    other = bridge.Registry()
+    again = bridge.register(name, fake=fake, names={"_0": "x", "_1": "k"}, registry=other)
+    assert again.spec.overload is first.spec.overload  # the same names: the same proxy
+    other.remove(name)
+    with pytest.raises(bridge.OpBridgeError, match=r"already bridged through a proxy with names \{'_0': 'x', "
+                                                   r"'_1': 'k'\}\. Got names \{'_0': 'src'\}\. Use the same names="):
+        bridge.register(name, fake=fake, names={"_0": "src"}, registry=other)
+    assert [a.name for a in first.spec.overload._schema.arguments] == ["x", "k"]  # the first registry's still hold
+    assert first(x=torch.ones(2), k=3).tolist() == [3.0, 3.0]
