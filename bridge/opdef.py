@@ -299,7 +299,11 @@ def register(
     through a proxy op (``bridge.proxy``): export records the call as one node in the op's own
     domain and name, and eager calls outside export still run the op itself.
     ``names={"_0": "src", ...}`` renames arguments (C++-inferred schemas name them ``_0``, ``_1``,
-    ...) for ONNX inputs, attributes and messages. A method's node is named ``Class_method`` in the class's namespace; its inputs are the
+    ...) for ONNX inputs, attributes and messages; an op's proxy keeps its names for the whole process
+    (torch ops cannot be undefined), so registering the op again (another registry) with other
+    ``names=`` is an error. The proxy's fake is the latest ``fake=`` given for the op: it serves every
+    registry holding the op. A proxy calls the op's keyword-only arguments (and its fake's) by the
+    op's own names. A method's node is named ``Class_method`` in the class's namespace; its inputs are the
     method's tensors, its attributes the object's ``__obj_flatten__`` state (types from its schema,
     names from ``attributes=[...]`` or the ``function=`` body's attributes); ``fake`` takes
     ``(*tensors, *state)``.
@@ -363,7 +367,7 @@ def register(
                             f"none. Pass fake= to bridge.register, or call torch.library.register_fake({qualname!r}).")
     if names and proxy_for is None:
         # NOTE: readable names for an op with kernels of its own: a proxy whose fake is the op's own
-        proxy_for, target = overload, define_op_proxy(overload, lambda *args: overload(*args), names)
+        proxy_for, target = overload, define_op_proxy(overload, overload, names)
     params, n_out = parse_params(qualname, (overload if proxy_for is None else target)._schema)
     spec = OpSpec(
         qualname=qualname, custom_op=target, params=params, num_outputs=n_out,

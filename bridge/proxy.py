@@ -35,9 +35,12 @@ _STATE_TYPES = {"int": "int", "float": "float", "bool": "bool", "str": "str", "L
                 "List[float]": "float[]", "List[bool]": "bool[]"}
 _TENSOR_ARG = re.compile(r"^Tensor\??$")
 
-# NOTE: torch ops cannot be undefined; a proxy's library is kept per name and redefined only when
-# its schema changes. The fake and the kernel are looked up here at call time, so a later
-# bridge.register of the same op (another registry) swaps them without redefining the op.
+# NOTE: torch ops cannot be undefined; a proxy's library is kept per name. An op's proxy keeps the
+# argument names it was first defined with (a registration with other names= is refused: redefining
+# it would leave earlier registries' specs naming arguments torch no longer has); a method's proxy is
+# redefined when its schema changes. The fake and the kernel are looked up here at call time, so a
+# later bridge.register of the same op (another registry) swaps them without redefining the op: the
+# latest fake= serves every registry holding the op.
 _LIBS: dict[str, tuple[torch.library.Library, str]] = {}
 _FAKES: dict[str, Callable] = {}
 _KERNELS: dict[str, Callable] = {}
@@ -131,7 +134,8 @@ def schema_parts(schema: torch.FunctionSchema) -> tuple[list[tuple[str, str]], l
     args = []
     for item in _top_level(head[head.index("(") + 1:]):
         if item == "*":
-            continue  # NOTE: keyword-only marker: the proxy takes every argument positionally or by name
+            continue  # NOTE: keyword-only marker: the proxy takes every argument positionally or by name;
+            # its kernel and fake pass the original's keyword-only ones by name (_as_original)
         decl, eq, default = item.partition("=")
         args.append((decl.rsplit(" ", 1)[0].strip(), eq + default))
     tail = tail.strip()
@@ -144,10 +148,37 @@ def _signature(pairs: list[tuple[str, str]], names: list[str], returns: list[str
     return f"({rendered}) -> " + (returns[0] if len(returns) == 1 else f"({', '.join(returns)})")
 
 
+def _as_original(schema: torch.FunctionSchema, fn: Callable) -> Callable:
+    """``fn`` called the way ``schema``'s op takes its arguments: the proxy gets every argument
+    positionally, the original's keyword-only ones (after ``*``) go by name.
+
+    Example:
+        >>> import torch
+        >>> call = _as_original(torch._C.parse_schema("a::b(Tensor x, *, int k=1) -> Tensor"), lambda x, *, k: (x, k))
+        >>> call("x", 2)
+        ('x', 2)
+    """
+    keyword = [a.name if a.kwarg_only else None for a in schema.arguments]
+    if not any(keyword):
+        return fn
+
+    def call(*args):
+        positional = [v for v, k in zip(args, keyword) if k is None]
+        return fn(*positional, **{k: v for v, k in zip(args, keyword) if k is not None})
+
+    return call
+
+
+def _renames(original: list[str], renamed: list[str]) -> dict[str, str]:
+    """The ``names=`` mapping that turns ``original`` into ``renamed`` (renamed arguments only)."""
+    return {a: b for a, b in zip(original, renamed) if a != b}
+
+
 def define_op_proxy(overload: torch._ops.OpOverload, fake: Callable,
                     names: Mapping[str, str] | None = None) -> torch._ops.OpOverload:
     """The proxy of a composite-only op: same schema (arguments renamed by ``names``), fake ``fake``,
-    kernel the op itself.
+    kernel the op itself. A second call for the same op swaps in its fake (it serves every registry
+    holding the op) and must give the same names; other names raise OpBridgeError.
 
     Example:
         >>> import torch
@@ -164,10 +195,18 @@ def define_op_proxy(overload: torch._ops.OpOverload, fake: Callable,
     if mutated:
         raise OpBridgeError(f"{qualname}: a composite-only op that writes its arguments cannot be bridged. Got "
                             f"mutated {mutated}. Wrap it in a functional torch.library.custom_op.")
-    renamed = readable_names(qualname, [a.name for a in schema.arguments], names)
+    original = [a.name for a in schema.arguments]
+    renamed = readable_names(qualname, original, names)
     pairs, returns = schema_parts(schema)
     signature = _signature(pairs, renamed, returns)
-    return _define(_proxy_name(qualname), signature, lambda *args: overload(*args), fake)
+    name = _proxy_name(qualname)
+    if name in _LIBS and _LIBS[name][1] != signature:
+        had = [a.name for a in getattr(getattr(torch.ops, PROXY_NAMESPACE), name).default._schema.arguments]
+        raise OpBridgeError(f"{qualname} is already bridged through a proxy with names {_renames(original, had)}. "
+                            f"Got names {_renames(original, renamed)}. Use the same names= (torch ops cannot be "
+                            "undefined, so a proxy keeps its argument names for the whole process), or bridge the "
+                            "op in one registry and share it.")
+    return _define(_proxy_name(qualname), signature, _as_original(schema, overload), _as_original(schema, fake))
 
 
 def _fqn(class_name: str) -> str:

@@ -8,8 +8,9 @@ here (measured on 0.15.2, see shared/FINDINGS.md):
   placeholder, and the session's ``run`` raises the recorded error as OpBridgeError;
 - INTS/FLOATS attributes are unsupported: the session's copy of the model carries them as
   comma-separated STRING attributes, parsed back in the kernel; every declared attribute must be
-  present, so defaults are written into the nodes, and optional ones (``int?``) travel as STRING,
-  empty when omitted;
+  present, so defaults are written into the nodes, optional scalars (``int?``) travel as STRING,
+  and an omitted optional one gets a placeholder and is named in ``opbridge_absent_attributes``
+  (the kernel passes None; a given ``str?`` of "" stays "");
 - float16 aborts the process: only float32 floating tensors are accepted, anything else is an
   UnsupportedInTier error before ORT sees the model;
 - declaring an op after the library was registered with a session crashes later sessions: all
@@ -40,6 +41,9 @@ _declared: dict[tuple[str, str], tuple] = {}  # (domain, op_type) -> (OpSpec ser
 # NOTE: PyOp inputs are all required: an omitted optional input is fed an empty placeholder and
 # named in this attribute, so the kernel passes None for it.
 ABSENT_ATTR = "opbridge_absent"
+# NOTE: likewise every declared attribute must be present: an omitted optional one gets a placeholder
+# value and is named in this attribute, so the kernel passes None for it (a given "" stays "").
+ABSENT_ATTRS = "opbridge_absent_attributes"
 _library_used = False
 _errors: list[str] = []  # kernel exceptions of the current run (ORT calls kernels synchronously)
 _ACCEPTED = {onnx.TensorProto.FLOAT, onnx.TensorProto.INT32, onnx.TensorProto.INT64, onnx.TensorProto.BOOL,
@@ -55,15 +59,17 @@ def _as_text(p) -> bool:
     return _list_attr(p) or (p.optional and p.attr_type != onnx.defs.OpSchema.AttrType.STRING)
 
 
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
 def _parse_attr(p, value):
     if p.optional and not _list_attr(p) and p.attr_type != onnx.defs.OpSchema.AttrType.STRING:
-        text = value.decode() if isinstance(value, bytes) else str(value)
-        if not text:
-            return None
+        text = _text(value)
         number = float(text) if p.attr_type == onnx.defs.OpSchema.AttrType.FLOAT else int(text)
         return p.from_onnx_value(number)
     if _list_attr(p):
-        text = value.decode() if isinstance(value, bytes) else str(value)
+        text = _text(value)
         items = [x for x in text.split(",") if x]
         return p.from_onnx_value([int(x) if p.attr_type == onnx.defs.OpSchema.AttrType.INTS else float(x)
                                   for x in items])
@@ -99,8 +105,9 @@ def _kernel(spec):
         tensors, attrs = [], {}
         try:
             absent = {int(i) for i in str(raw_attrs.pop(ABSENT_ATTR, "") or "").split(",") if i}
+            omitted = set(_text(raw_attrs.pop(ABSENT_ATTRS, "")).split(",")) - {""}
             tensors = [None if i in absent else torch.from_numpy(np.array(a)) for i, a in enumerate(arrays)]
-            attrs = {k: _parse_attr(attr_params[k], v) for k, v in raw_attrs.items()}
+            attrs = {k: None if k in omitted else _parse_attr(attr_params[k], v) for k, v in raw_attrs.items()}
             named = dict(zip((p.name for p in tensor_params), tensors))
             args = [named.get(p.name) if p.is_tensor else attrs.get(p.name, p.default) for p in spec.params]
             if spec.checks is not None:  # NOTE: the op's checks, also for an eager kernel that has its own
@@ -176,6 +183,8 @@ def _declare_all(registry, tier, model_types: dict) -> None:
                  for p in spec.attributes}
         if any(p.optional for p in spec.tensors):
             attrs[ABSENT_ATTR] = PyCustomOpDef.dt_string
+        if any(p.optional for p in spec.attributes):
+            attrs[ABSENT_ATTRS] = PyCustomOpDef.dt_string
         onnx_op(op_type=f"{spec.domain}::{spec.name}", inputs=inputs, outputs=outputs, attrs=attrs)(_kernel(spec))
         _declared[key] = (spec, _onnx_input_types(spec, model_types))
 
@@ -210,7 +219,8 @@ def _onnx_input_types(spec, model_types: dict) -> tuple[int, ...]:
 
 def _rewrite_attributes(model: onnx.ModelProto) -> None:
     """Lists -> comma-separated strings; defaults written in (PyOp needs every declared attribute);
-    omitted optional inputs fed an empty placeholder and listed in ``opbridge_absent``."""
+    omitted optional inputs fed an empty placeholder and listed in ``opbridge_absent``; omitted optional
+    attributes given a placeholder and listed in ``opbridge_absent_attributes``."""
     placeholders: dict[int, str] = {}
     for node in _served_nodes(model):
         spec, input_types = _declared[(node.domain, node.op_type)]
@@ -228,13 +238,15 @@ def _rewrite_attributes(model: onnx.ModelProto) -> None:
             del node.input[:]
             node.input.extend(names)
             new.append(onnx.helper.make_attribute(ABSENT_ATTR, ",".join(map(str, absent))))
+        omitted = []
         for p in spec.attributes:
             if p.name in present:
                 value = onnx.helper.get_attribute_value(present[p.name])
             elif p.has_default and p.default is not None:
                 value = p.to_onnx_value(p.default)
             elif p.optional:
-                new.append(onnx.helper.make_attribute(p.name, ""))  # omitted: the kernel passes None
+                new.append(onnx.helper.make_attribute(p.name, ""))  # a placeholder; the kernel passes None
+                omitted.append(p.name)
                 continue
             else:
                 raise OpBridgeError(f"{spec.qualname}: node {node.name!r} lacks required attribute '{p.name}'. "
@@ -244,6 +256,8 @@ def _rewrite_attributes(model: onnx.ModelProto) -> None:
             elif _as_text(p):
                 value = str(value)
             new.append(onnx.helper.make_attribute(p.name, value))
+        if any(p.optional for p in spec.attributes):
+            new.append(onnx.helper.make_attribute(ABSENT_ATTRS, ",".join(omitted)))
         del node.attribute[:]
         node.attribute.extend(new)
 

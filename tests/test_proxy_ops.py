@@ -433,3 +433,103 @@ def test_names_apply_to_an_op_with_kernels_of_its_own(registry, fresh_name):
     assert (node.domain, node.op_type, [a.name for a in node.attribute]) == (ns, short, ["scale"])
     assert 3.0 in calls  # the op's own fake, through the proxy
     assert torch.equal(M()(torch.ones(2)), torch.full((2,), 4.0))  # eager: the op's own CPU kernel
+
+
+_KEYWORD_LIBS = []  # NOTE: the test ops' libraries stay alive (torch ops cannot be undefined)
+
+
+def keyword_op(ns, registry=None, own_kernel=False):
+    """``ns::scaled(x, *, k=1, mode=None)``: keyword-only arguments, an omitted ``str?`` adds 100.
+    Composite-only with fake= (readable names), or a CPU kernel of its own bridged with names=."""
+    lib = torch.library.Library(ns, "DEF")
+    _KEYWORD_LIBS.append(lib)
+    arg = ("_0", "_1", "_2") if own_kernel else ("x", "k", "mode")
+    lib.define(f"scaled(Tensor {arg[0]}, *, int {arg[1]}=1, str? {arg[2]}=None) -> Tensor")
+
+    def kernel(x, **kw):
+        k, mode = kw.get(arg[1], 1), kw.get(arg[2])
+        return x * k + (100.0 if mode is None else float(len(mode)))
+
+    lib.impl("scaled", kernel, "CPU" if own_kernel else "CompositeImplicitAutograd")
+    names = {"_0": "x", "_1": "k", "_2": "mode"} if own_kernel else None
+    # NOTE: the fake is called as the op is: keyword-only arguments by the op's own names
+    return bridge.register(f"{ns}::scaled", fake=lambda x, **kw: torch.empty_like(x), names=names, registry=registry)
+
+
+class Keywords(torch.nn.Module):
+    """Calls of ``ns::scaled`` with its keyword-only arguments by their names (the op's own, ``_1``
+    and ``_2`` for the one with C++-style names)."""
+
+    def __init__(self, ns, own_kernel=False):
+        super().__init__()
+        self.ns, self.k, self.mode = ns, "_1" if own_kernel else "k", "_2" if own_kernel else "mode"
+
+    def forward(self, x):
+        f = getattr(torch.ops, self.ns).scaled
+        return f(x, **{self.k: 3}), f(x, **{self.k: 2, self.mode: "abc"})
+
+
+@pytest.mark.parametrize("own_kernel", [False, True])
+def test_keyword_only_arguments_go_by_name_through_the_proxy(registry, fresh_name, own_kernel):
+    ns = fresh_name("kw").split("::")[0]
+    op_ = keyword_op(ns, registry, own_kernel)
+    assert op_.spec.overload.namespace == "opbridge_proxy"
+    assert [p.name for p in op_.spec.params] == ["x", "k", "mode"]
+    x = torch.ones(2, 2)
+    assert torch.equal(op_.spec.overload(x, 3, None), torch.full((2, 2), 103.0))  # eager through the proxy
+    assert torch.equal(op_(x, 2, "ab"), torch.full((2, 2), 4.0))
+    proto = bridge.export(Keywords(ns, own_kernel), (x,), dynamic_shapes=({0: torch.export.Dim("n")},), functions=False,
+                          registry=registry)
+    nodes = [(n.domain, n.op_type, {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute})
+             for n in proto.graph.node if n.domain]
+    assert nodes == [(ns, "scaled", {"k": 3}), (ns, "scaled", {"k": 2, "mode": b"abc"})]
+    assert [t.tolist() for t in Keywords(ns, own_kernel)(x)] == [[[103.0] * 2] * 2, [[5.0] * 2] * 2]  # eager: the op's own
+
+
+
+def test_keyword_only_arguments_and_an_omitted_str_attribute_in_the_python_tier():
+    # NOTE: a subprocess: the python tier declares every op at a process's first session
+    code = f"""
+import json, sys, torch
+sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / "tests")!r}]
+import bridge
+import test_proxy_ops as t
+for ns, own in (("kwonly_composite", False), ("kwonly_own", True)):
+    t.keyword_op(ns, own_kernel=own)
+
+class Both(torch.nn.Module):  # one model: the python tier declares ops at the first session
+    def forward(self, x):
+        return (*t.Keywords("kwonly_composite")(x), *t.Keywords("kwonly_own", True)(x))
+
+x = torch.ones(3, 2)
+sess = bridge.session(bridge.export(Both(), (x,)), tier="python")
+outs = [o.tolist() for o in sess.run(None, {{sess.get_inputs()[0].name: x.numpy()}})]
+out = {{"kwonly_composite": outs[:2], "kwonly_own": outs[2:]}}
+print(json.dumps(out))
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    want = [[[103.0] * 2] * 3, [[5.0] * 2] * 3]  # mode omitted: None (+100); mode="abc": +3
+    assert out == {"kwonly_composite": want, "kwonly_own": want}
+
+
+def test_a_proxy_keeps_its_names_and_other_names_are_refused(registry, fresh_name):
+    name = fresh_name("twice")
+    ns, short = name.split("::")
+    lib = torch.library.Library(ns, "DEF")
+    _KEYWORD_LIBS.append(lib)
+    lib.define(f"{short}(Tensor _0, int _1) -> Tensor")
+    lib.impl(short, lambda x, k: x * k, "CompositeImplicitAutograd")
+    fake = lambda x, k: torch.empty_like(x)  # noqa: E731
+    first = bridge.register(name, fake=fake, names={"_0": "x", "_1": "k"}, registry=registry)
+    other = bridge.Registry()
+    again = bridge.register(name, fake=fake, names={"_0": "x", "_1": "k"}, registry=other)
+    assert again.spec.overload is first.spec.overload  # the same names: the same proxy
+    other.remove(name)
+    with pytest.raises(bridge.OpBridgeError, match=r"already bridged through a proxy with names \{'_0': 'x', "
+                                                   r"'_1': 'k'\}\. Got names \{'_0': 'src'\}\. Use the same names="):
+        bridge.register(name, fake=fake, names={"_0": "src"}, registry=other)
+    assert [a.name for a in first.spec.overload._schema.arguments] == ["x", "k"]  # the first registry's still hold
+    assert first(x=torch.ones(2), k=3).tolist() == [3.0, 3.0]
