@@ -344,7 +344,8 @@ def same_shape(input: str, other: str, *, drop_last: int = 0, what: str | None =
         "same_shape", input, lambda env: text,
         lambda env: (f"{_shape(env[other])} and {_shape(env[input])}"
                      if key(env[input]) != key(env[other]) or key(env[input])[1] is None else None),
-        lambda b: _equal_vectors(b, _shape_key(b, input, drop_last), _shape_key(b, other, drop_last)),
+        lambda b: b.node("And", [_equal_vectors(b, _shape_key(b, input, drop_last), _shape_key(b, other, drop_last)),
+                                 b.node("GreaterOrEqual", [b.rank(input), b.const([drop_last])])]),
         fix or f"Pass {input} shaped like {other}.", text)
 
 
