@@ -101,9 +101,9 @@ def bev_pool_v2_backward(grad_out: torch.Tensor, depth: torch.Tensor, feat: torc
                          ) -> tuple[torch.Tensor, torch.Tensor]:
     """Gradients of bev_pool_v2 for depth and feat (accumulated in float32 for float16)."""
     acc = _acc_dtype(feat.dtype)
-    c = feat.shape[4]
     point, cell = _expand_intervals(ranks_bev, interval_starts, interval_lengths)
-    g = grad_out.to(acc).permute(0, 2, 3, 4, 1).flatten(0, 3)[cell]  # NOTE: flatten, not reshape(-1, c): C may be 0
+    # NOTE: flatten(0, 3), not reshape(-1, C): with C = 0 the -1 would be ambiguous
+    g = grad_out.to(acc).permute(0, 2, 3, 4, 1).flatten(0, 3)[cell]
     rd, rf = ranks_depth.long()[point], ranks_feat.long()[point]
     d = depth.to(acc).reshape(-1)
     f = feat.to(acc).flatten(0, 3)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-import torch
 
 from bridge.errors import OpBridgeError
 from bridge.spec import OpSpec, python_signature

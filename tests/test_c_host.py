@@ -3,7 +3,6 @@ loaded by the C++ host of examples/c_host (ONNX Runtime's C API only) and by a p
 process that cannot reach a compiler or opbridge."""
 
 import importlib.util
-import os
 import shutil
 import subprocess
 import sys

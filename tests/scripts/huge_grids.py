@@ -12,12 +12,10 @@ import resource
 import sys
 from pathlib import Path
 
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bad_inputs: single_node, attempt
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: op_db
 
-import bridge  # noqa: E402
 from bad_inputs import attempt  # noqa: E402
 from op_db import F32, OP_DB  # noqa: E402
 
