@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-
 from bridge.errors import OpBridgeError
 from bridge.spec import OpSpec, python_signature
 
@@ -61,7 +60,7 @@ def translation(spec: OpSpec) -> Callable:
 def translation_table(registry) -> dict:
     """``{OpOverload: translation}`` for ``torch.onnx.export(custom_translation_table=...)``.
 
-    >>> import bridge, custom_ops
+    >>> import torch, bridge, custom_ops
     >>> table = translation_table(bridge.REGISTRY)
     >>> table[torch.ops.bev.bev_pool_v2.default].__name__
     'bev_pool_v2'
