@@ -629,6 +629,31 @@ class _Builder:
         return out
 
 
+def unreadable(proto: onnx.FunctionProto, checks: Checks, attr_types: dict[str, int]) -> dict[int, str]:
+    """``{index: why}`` of the checks reading an input or an int/ints attribute ``proto`` lacks:
+    each check is built as a guard over ``proto`` (a check without a guard, ``ok`` None, by its
+    input alone). Used to validate a check list against an op's signature and to leave out the
+    guards of attributes a derived body bakes in.
+
+    Example:
+        >>> import onnx
+        >>> body = onnx.helper.make_function("d", "f", ["x"], ["y"], [onnx.helper.make_node("Neg", ["x"], ["y"])],
+        ...                                  [onnx.helper.make_opsetid("", 20)])
+        >>> list(unreadable(body, Checks("d::f", [rank("x", 1), rank("z", 1)]), {}))
+        [1]
+    """
+    found = {}
+    for index, check in enumerate(checks):
+        try:
+            if check.ok is None and check.input not in proto.input:
+                raise OpBridgeError(f"a check names input '{check.input}'. Got inputs {list(proto.input)}. "
+                                    "Name a tensor input.")
+            guarded_body(proto, Checks(checks.qualname, [check]), attr_types)
+        except OpBridgeError as e:
+            found[index] = str(e).removeprefix("opbridge: ")
+    return found
+
+
 def guarded_body(proto: onnx.FunctionProto, checks: Checks, attr_types: dict[str, int],
                  skip: Sequence[int] = ()) -> onnx.FunctionProto:
     """``proto`` with one guard per check (but the indices in ``skip``): onnxruntime fails, at a

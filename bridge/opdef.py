@@ -18,7 +18,7 @@ import onnx
 import torch
 from torch._library import custom_ops
 
-from bridge.checks import Check, Checks, GuardedFunction, guarded_body
+from bridge.checks import Check, Checks, GuardedFunction, unreadable
 from bridge.errors import OpBridgeError
 from bridge.proxy import (class_schemas, define_method_proxy, define_op_proxy, ensure_fake_class, is_composite_only,
                           method_schema, user_fake_class)
@@ -186,35 +186,30 @@ def bind_call(spec: OpSpec, args: Sequence, kwargs: dict) -> dict:
     return env
 
 
-def _validate_checks(spec: OpSpec) -> None:
-    """Every name a check reads is a tensor input or an int/ints attribute of ``spec``: each check
-    is built as a guard over a stub body with the op's signature, which names what is missing."""
-    types = {p.name: getattr(onnx.AttributeProto, p.attr_type.name) for p in spec.attributes}
+def _validate_checks(spec: OpSpec, attr_types: dict[str, int]) -> None:
+    """Every name a check reads is a tensor input or an int/ints attribute of ``spec`` (checked
+    over a stub body with the op's signature)."""
     tensors = [p.name for p in spec.tensors]
     stub = onnx.helper.make_function(spec.domain, spec.name, tensors, ["y"],
                                      [onnx.helper.make_node("Identity", tensors[:1], ["y"])],
-                                     [onnx.helper.make_opsetid("", 20)], list(types))
-    for index, check in enumerate(spec.checks):
-        try:
-            if check.ok is None and check.input not in tensors:
-                raise OpBridgeError(f"a check names input '{check.input}'. Got inputs {tensors}. Name a tensor input.")
-            guarded_body(stub, Checks(spec.qualname, [check]), types)
-        except OpBridgeError as e:
-            raise OpBridgeError(f"{spec.qualname}: check {index} ({check.kind}) reads a name the op does not have: "
-                                f"{str(e).removeprefix('opbridge: ')} Fix the check list.") from None
+                                     [onnx.helper.make_opsetid("", 20)], list(attr_types))
+    for index, why in unreadable(stub, spec.checks, attr_types).items():
+        check = spec.checks.checks[index]
+        raise OpBridgeError(f"{spec.qualname}: check {index} ({check.kind}) reads a name the op does not have: "
+                            f"{why} Fix the check list.")
 
 
 def with_guards(spec: OpSpec) -> OpSpec:
     """``spec`` with its function body carrying its checks as guards (``bridge.checks.guarded_body``);
     the checks are validated against the op's signature first."""
+    types = {p.name: getattr(onnx.AttributeProto, p.attr_type.name) for p in spec.attributes}
     if spec.checks is not None:
-        _validate_checks(spec)
+        _validate_checks(spec, types)
     function = spec.function
     if isinstance(function, GuardedFunction):
         function = function.function
     if function is None or spec.checks is None or not len(spec.checks):
         return spec if function is spec.function else dataclasses.replace(spec, function=function)
-    types = {p.name: getattr(onnx.AttributeProto, p.attr_type.name) for p in spec.attributes}
     return dataclasses.replace(spec, function=GuardedFunction(function, spec.checks, types))
 
 

@@ -48,7 +48,7 @@ try:  # NOTE: torch.onnx's own pieces, to build its op registry once per process
 except ImportError:  # pragma: no cover  another torch: the public API, slower
     _onnx_core = None
 
-from bridge.checks import Check, Checks, guarded_body
+from bridge.checks import guarded_body, unreadable
 from bridge.domains import is_custom
 from bridge.dtypes import TORCH_TO_ONNX, numpy_dtype, torch_dtype
 from bridge.errors import OpBridgeError
@@ -912,22 +912,12 @@ def _with_guards(proto: onnx.FunctionProto, spec: OpSpec) -> onnx.FunctionProto:
         kept = {p.name: getattr(onnx.AttributeProto, p.attr_type.name) for p in spec.attributes if p.name in names}
         # NOTE: a check reading an attribute baked into this body (its value was checked when the
         # body was traced) gets no guard; every other check keeps its own
-        baked = [i for i, check in enumerate(spec.checks) if not _guardable(proto, spec, check, kept)]
-        guarded = guarded_body(proto, spec.checks, kept, skip=baked)
+        guarded = guarded_body(proto, spec.checks, kept, skip=list(unreadable(proto, spec.checks, kept)))
         if guarded is not proto:
             return guarded
     copy = onnx.FunctionProto()
     copy.CopyFrom(proto)
     return copy
-
-
-def _guardable(proto: onnx.FunctionProto, spec: OpSpec, check: Check, kept: dict[str, int]) -> bool:
-    """Whether ``check`` reads only inputs and attributes ``proto`` has."""
-    try:
-        guarded_body(proto, Checks(spec.qualname, [check]), kept)
-    except OpBridgeError:
-        return False
-    return True
 
 
 def _import_opsets(model: onnx.ModelProto, proto: onnx.FunctionProto, registry: Registry) -> None:

@@ -29,7 +29,7 @@ import onnx
 import onnx.version_converter
 from onnx import defs, helper
 
-from bridge.domains import is_custom, is_onnx
+from bridge.domains import is_custom, is_onnx, may_hold_subgraphs
 from bridge.errors import OpBridgeError
 from bridge.registry import REGISTRY, Registry
 
@@ -89,15 +89,10 @@ class _Context:
                              f"to ONNX opset {self.target}: {why}. {fix}")
 
 
-# NOTE: the standard ops that carry subgraphs; the attributes of other standard nodes are not
-# scanned (a walk over a function body is then ~2.5x cheaper; sessions walk every body).
-_SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
-
-
 def _walk_nodes(nodes) -> Iterator[onnx.NodeProto]:
     for node in nodes:
         yield node
-        if node.op_type not in _SUBGRAPH_OPS and is_onnx(node.domain):
+        if not may_hold_subgraphs(node):
             continue
         for attr in node.attribute:
             for graph in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
