@@ -14,6 +14,7 @@ import torch
 
 import bridge
 import custom_ops.demo as demo
+from models import pool_case
 from op_db import OPS
 from ort_kernels import build
 
@@ -87,6 +88,36 @@ def test_result_does_not_depend_on_intra_op_threads(demo_native, threads):
     got = bridge.parity.run_ort(sess, case.args)[0]
     with torch.no_grad():
         assert bridge.compare("out", case.model(*case.args), got).passed
+
+
+def test_parallel_pass_matches_float64_for_any_thread_count_and_names_the_first_bad_rank():
+    """Input large enough for the parallel pass (>= 64k points: tasks of ~16k points, each reading
+    ahead): float64 eager agrees, 1 and 2 threads agree bit for bit, out-of-order intervals take the
+    serial path to the same answer, and a bad index in a late task is named by its position."""
+    model, inputs = pool_case(b=2, n=6, d=20, h=16, w=44, c=16, grid=(64, 64, 2), seed=3)
+    assert inputs[2].numel() > 100_000
+    proto = bridge.export(model, inputs)
+    with torch.no_grad():
+        expected = model(inputs[0].double(), inputs[1].double(), *inputs[2:]).numpy()
+    sessions = {}
+    for threads in (1, 2):
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        sessions[threads] = bridge.session(proto, tier="native", sess_options=options)
+    got = {t: bridge.parity.run_ort(s, inputs)[0] for t, s in sessions.items()}
+    np.testing.assert_array_equal(got[1], got[2])
+    np.testing.assert_allclose(got[2], expected, rtol=1e-5, atol=1e-5)
+    starts, lengths = inputs[5].flip(0), inputs[6].flip(0)  # cells out of order: the serial path
+    np.testing.assert_array_equal(bridge.parity.run_ort(sessions[2], (*inputs[:5], starts, lengths))[0], got[2])
+    rows = inputs[1].numel() // inputs[1].shape[-1]
+    ranks_feat = inputs[3].clone()
+    late, early = ranks_feat.numel() - 5, ranks_feat.numel() // 3
+    ranks_feat[late] = rows
+    with pytest.raises(Exception, match=f"'ranks_feat' has value {rows} at position {late},"):
+        bridge.parity.run_ort(sessions[2], (*inputs[:3], ranks_feat, *inputs[4:]))
+    ranks_feat[early] = -7
+    with pytest.raises(Exception, match=f"'ranks_feat' has value -7 at position {early},"):
+        bridge.parity.run_ort(sessions[2], (*inputs[:3], ranks_feat, *inputs[4:]))
 
 
 def test_native_tier_names_ops_without_a_kernel(bare_op_model, registry):

@@ -37,8 +37,10 @@
 #endif
 #if defined(__GNUC__)
 #define OPBRIDGE_INLINE inline __attribute__((always_inline))
+#define OPBRIDGE_PREFETCH(p) __builtin_prefetch(p)
 #else
 #define OPBRIDGE_INLINE inline
+#define OPBRIDGE_PREFETCH(p) ((void)0)
 #endif
 
 namespace opbridge {
@@ -150,11 +152,17 @@ template <typename A, int W> struct Vec {  // one lane: plain scalar code
 #define OPBRIDGE_VREF(A, W, p) (*(p))
 #endif
 
+// NOTE: while point p is summed, the depth value and feat row of point p + kPrefetch are requested:
+// the rows are gathered from all over feat, and without the hint each point's loads wait on cache
+// misses (BEVDet-R50 size, 1 thread, a call after other work: 2.36 -> 1.90 ms). Only points whose
+// indices were already checked are prefetched: the `ahead` points from the interval's start.
+constexpr int64_t kPrefetch = 32;
+
 // dst[0 .. K vectors) (=, or += when kAdd) the sum over the interval's points of depth * feat row,
 // for the channels starting at feat_col. K is fixed at compile time so the sums stay in registers.
 template <int K, bool kAdd, int W, typename A>
 OPBRIDGE_INLINE void pool_block(const A* depth, const A* feat_col, int64_t channels, const int32_t* rd,
-                                const int32_t* rf, int64_t length, A* dst) {
+                                const int32_t* rf, int64_t length, int64_t ahead, A* dst) {
   constexpr int L = Vec<A, W>::kLanes;
   typename Vec<A, W>::V acc[K];
   for (int k = 0; k < K; ++k) acc[k] = typename Vec<A, W>::V{};
@@ -162,7 +170,13 @@ OPBRIDGE_INLINE void pool_block(const A* depth, const A* feat_col, int64_t chann
   // base + index + displacement operand (integer element offsets cost an extra add per load).
   const char* base = reinterpret_cast<const char*>(feat_col);
   const int64_t row_bytes = channels * static_cast<int64_t>(sizeof(A));
+  constexpr int64_t kBlockBytes = K * L * static_cast<int64_t>(sizeof(A));
   for (int64_t p = 0; p < length; ++p) {
+    if (p + kPrefetch < ahead) {
+      OPBRIDGE_PREFETCH(depth + rd[p + kPrefetch]);
+      const char* next = base + rf[p + kPrefetch] * row_bytes;
+      for (int64_t off = 0; off < kBlockBytes; off += 64) OPBRIDGE_PREFETCH(next + off);
+    }
     const A d = depth[rd[p]];
     const A* row = reinterpret_cast<const A*>(base + rf[p] * row_bytes);
     for (int k = 0; k < K; ++k) acc[k] += d * OPBRIDGE_VLOAD(A, W, row + k * L);
@@ -185,20 +199,21 @@ OPBRIDGE_INLINE void pool_one(const A* depth, const A* feat_col, int64_t channel
 // Channels [c0, c0 + n) of one interval into dst[0 .. n): blocks of 8, 4, 2, 1 vectors, then single channels.
 template <bool kAdd, int W, typename A>
 OPBRIDGE_INLINE void pool_channels(const A* depth, const A* feat, int64_t channels, const int32_t* rd,
-                                   const int32_t* rf, int64_t length, int64_t c0, int64_t n, A* dst) {
+                                   const int32_t* rf, int64_t length, int64_t ahead, int64_t c0, int64_t n, A* dst) {
   constexpr int64_t L = Vec<A, W>::kLanes;
   int64_t c = 0;
-  for (; c + 8 * L <= n; c += 8 * L) pool_block<8, kAdd, W>(depth, feat + c0 + c, channels, rd, rf, length, dst + c);
+  for (; c + 8 * L <= n; c += 8 * L)
+    pool_block<8, kAdd, W>(depth, feat + c0 + c, channels, rd, rf, length, ahead, dst + c);
   if (n - c >= 4 * L) {
-    pool_block<4, kAdd, W>(depth, feat + c0 + c, channels, rd, rf, length, dst + c);
+    pool_block<4, kAdd, W>(depth, feat + c0 + c, channels, rd, rf, length, ahead, dst + c);
     c += 4 * L;
   }
   if (n - c >= 2 * L) {
-    pool_block<2, kAdd, W>(depth, feat + c0 + c, channels, rd, rf, length, dst + c);
+    pool_block<2, kAdd, W>(depth, feat + c0 + c, channels, rd, rf, length, ahead, dst + c);
     c += 2 * L;
   }
   if (n - c >= L) {
-    pool_block<1, kAdd, W>(depth, feat + c0 + c, channels, rd, rf, length, dst + c);
+    pool_block<1, kAdd, W>(depth, feat + c0 + c, channels, rd, rf, length, ahead, dst + c);
     c += L;
   }
   for (; c < n; ++c) pool_one<kAdd>(depth, feat + c0 + c, channels, rd, rf, length, dst + c);
@@ -348,8 +363,9 @@ OPBRIDGE_INLINE TaskResult pool_sorted_task(const Job<A, Out>& j, int64_t i0, in
     Out* out = j.out + (a / zyx) * channels * zyx + a % zyx;
     // NOTE: untrusted intervals were just checked to partition the points, so the tile's points
     // are one contiguous run: their ranks are checked in one vectorized pass before any is read through.
-    if (!j.trusted && any && !points_ok(j, j.starts[i], int64_t{j.starts[k - 1]} + j.lengths[k - 1]))
-      return TaskResult::kBadRank;
+    // Points before `checked` have valid indices (the prefetch reads ahead up to there).
+    const int64_t checked = j.trusted || !any ? j.points : int64_t{j.starts[k - 1]} + j.lengths[k - 1];
+    if (!j.trusted && any && !points_ok(j, j.starts[i], checked)) return TaskResult::kBadRank;
     if (!any) {
       for (int64_t c = 0; c < channels; ++c) std::fill(out + c * zyx, out + c * zyx + cells, Num<Out>::store(A(0)));
     } else {
@@ -362,7 +378,8 @@ OPBRIDGE_INLINE TaskResult pool_sorted_task(const Job<A, Out>& j, int64_t i0, in
           const int64_t start = j.starts[q];
           const int64_t r = j.rb[start] - a;
           std::fill(tile + row * n, tile + r * n, A(0));
-          pool_channels<false, W>(j.depth, j.feat, channels, j.rd + start, j.rf + start, length, c0, n, tile + r * n);
+          pool_channels<false, W>(j.depth, j.feat, channels, j.rd + start, j.rf + start, length, checked - start, c0, n,
+                                  tile + r * n);
           row = r + 1;
         }
         std::fill(tile + row * n, tile + cells * n, A(0));
@@ -383,8 +400,8 @@ OPBRIDGE_INLINE void pool_unsorted(const Job<A, Out>& j, int64_t intervals, A* t
     const int64_t length = j.lengths[q];
     if (length == 0) continue;
     const int64_t start = j.starts[q];
-    pool_channels<true, W>(j.depth, j.feat, channels, j.rd + start, j.rf + start, length, 0, channels,
-                        total + static_cast<int64_t>(j.rb[start]) * channels);
+    pool_channels<true, W>(j.depth, j.feat, channels, j.rd + start, j.rf + start, length, j.points - start, 0,
+                           channels, total + static_cast<int64_t>(j.rb[start]) * channels);
   }
 }
 
@@ -550,10 +567,13 @@ Status bev_pool_v2(Span<const T> depth, Span<const T> feat, const Indices& ix, c
 
   constexpr int64_t kMaxTasks = 64;
   // NOTE: a parallel section waits for every worker that started; on busy cores a woken worker
-  // may run only milliseconds later, so small inputs (< 2 x 32k points) stay on the calling thread.
-  constexpr int64_t kPointsPerTask = 32 * 1024;
-  const int64_t tasks = std::min<int64_t>({kMaxTasks, std::max<int64_t>(1, points / kPointsPerTask),
-                                           std::max<int64_t>(intervals, 1)});
+  // may run only milliseconds later, so small inputs (< 64k points) stay on the calling thread.
+  // Larger ones get tasks of ~16k points: enough of them that the threads finish together (7 tasks
+  // of 32k on 2 threads left one idle a seventh of the time: 2 threads 1.57x of 1, now 1.85x).
+  constexpr int64_t kParallelFrom = 64 * 1024, kPointsPerTask = 16 * 1024;
+  const int64_t tasks = points < kParallelFrom ? 1
+                                               : std::min<int64_t>({kMaxTasks, points / kPointsPerTask,
+                                                                    std::max<int64_t>(intervals, 1)});
   int64_t first[kMaxTasks + 1], cell_from[kMaxTasks + 1];
   TaskResult results[kMaxTasks];
   auto run_tasks = [&]() {
