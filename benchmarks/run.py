@@ -9,7 +9,10 @@
    (where it can compile the model), ORT native / function / python
 4. bev_pool_v2 at BEVDet-R50 size: the floor (memcpy of the bytes the op touches), ORT native
    (2 and 1 intra-op threads), ORT function, eager torch, torch.compile of gather + index_add
-5. bev_pool_v2 scaling with point count (10k..2M) per tier; the log-log slope says if cost is linear
+5. bev_pool_v2 scaling with point count (10k..2M) per tier, more depth bins on BEVDet-R50's fixed
+   grid; the log-log slope says if cost is linear (the floor's own slope shows what the fixed
+   grid's output allows)
+6. the same over B = 1..8 frames of BEVDet-R50 in one call (everything grows with the points)
 Absolute times are context; the ratios are the result. ``--quick`` (a smoke run) skips
 torch.compile and AOTInductor, uses few repeats and points up to 100k.
 """
@@ -144,6 +147,31 @@ def model_runs(case, repeats: int, quick: bool, tiers=("native", "function", "py
             "vs_native": {k: v / native for k, v in ms.items()} if native else {}, "notes": notes}
 
 
+FLOOR = "memcpy (floor)"
+
+
+def floor_fn(inputs, shape):
+    """A memcpy of the bytes the op touches at this size (each input and output byte once)."""
+    nbytes = sum(t.numel() * t.element_size() for t in inputs) + int(np.prod(shape)) * 4
+    src = np.ones(nbytes // 4, np.float32)
+    dst = np.empty_like(src)
+    return lambda: np.copyto(dst, src)
+
+
+def loglog_slope(rows: list[dict], key: str, low: int = 0, minus: float = 0.0) -> float | None:
+    """Least-squares slope of log(time - minus) over log(points), rows with at least ``low`` points."""
+    pts = [(r["points"], r[key] - minus) for r in rows if key in r and r["points"] >= low]
+    if len(pts) < 3 or any(t <= 0 for _, t in pts):
+        return None
+    return float(np.polyfit(np.log([p for p, _ in pts]), np.log([t for _, t in pts]), 1)[0])
+
+
+def _slopes(rows, low=0, minus=None) -> dict:
+    keys = [k for k in rows[0] if k not in ("target", "points", "batch")]
+    out = {k: loglog_slope(rows, k, low, minus[k] if minus else 0.0) for k in keys}
+    return {k: v for k, v in out.items() if v is not None}
+
+
 def scaling(points_targets, repeats: int, python_max: int = 100_000) -> dict:
     per_bin = bev.R50["cams"] * bev.R50["height"] * bev.R50["width"] * 0.8  # kept points per depth bin, roughly
     cases = [(t, *bev.bevdet_inputs(depth_bins=max(2, round(t / per_bin)))) for t in points_targets]
@@ -157,32 +185,47 @@ def scaling(points_targets, repeats: int, python_max: int = 100_000) -> dict:
         sessions[tier] = bridge.session(proto, tier=tier, sess_options=options)
     # NOTE: the grid is fixed (BEVDet's 128x128), so every call also writes the whole output: a
     # cost that does not depend on the points. It is measured at 0 points (same grid, empty ranks
-    # and intervals) and taken out for the slope of the per-point cost.
+    # and intervals) and taken out for the slope of the per-point cost. The floor (a memcpy of the
+    # bytes touched at each size) shows what that fixed part allows.
     first = cases[0][1]
     empty = (*first[:2], *(t[:0] for t in first[2:]))
     rows = []
-    for target, inputs, _ in [(0, empty, None), *cases]:
+    for target, inputs, shape in [(0, empty, cases[0][2]), *cases]:
         fns = {"eager torch": lambda i=inputs: model(*i)}
         for tier, sess in sessions.items():
             if tier == "python" and target > python_max:  # outputs copied through Python lists: slow
                 continue
             feed = bridge.parity.ort_feed(sess, inputs)
             fns[f"ORT {tier}"] = lambda s=sess, f=feed: s.run(None, f)
+        fns[FLOOR] = floor_fn(inputs, shape)
         with torch.no_grad():
             rows.append({"target": target, "points": int(inputs[2].numel()), **bev.round_robin(fns, repeats)})
     fixed, rows = rows[0], rows[1:]
-    slopes, slopes_100k, net_100k = {}, {}, {}
-    for key in rows[0]:
-        if key in ("target", "points"):
-            continue
-        for out, low, minus in ((slopes, 0, 0.0), (slopes_100k, 100_000, 0.0), (net_100k, 100_000, fixed[key])):
-            pts = [(r["points"], r[key] - minus) for r in rows if key in r and r["target"] >= low]
-            if len(pts) >= 3 and all(t > 0 for _, t in pts):
-                x, y = np.log([p for p, _ in pts]), np.log([t for _, t in pts])
-                out[key] = float(np.polyfit(x, y, 1)[0])
-    return {"rows": rows, "zero_points_ms": {k: v for k, v in fixed.items() if k not in ("target", "points")},
-            "loglog_slope": slopes, "loglog_slope_above_100k": slopes_100k,
-            "loglog_slope_above_100k_per_point": net_100k, "target_above_100k": [0.9, 1.1]}
+    zero = {k: v for k, v in fixed.items() if k not in ("target", "points")}
+    return {"rows": rows, "zero_points_ms": zero, "loglog_slope": _slopes(rows),
+            "loglog_slope_above_100k": _slopes(rows, 100_000),
+            "loglog_slope_above_100k_per_point": _slopes(rows, 100_000, zero), "target_above_100k": [0.9, 1.1]}
+
+
+def scaling_frames(batches, repeats: int) -> dict:
+    """B frames of BEVDet-R50 in one call: the points, feature maps and BEV output all grow with B."""
+    rows = []
+    for b in batches:
+        inputs, shape = bev.bevdet_inputs(batch=b)
+        model = bev.Pool(shape)
+        proto = bridge.export(model, inputs)
+        with torch.no_grad():
+            expected = model(*inputs)
+        fns = {"eager torch": lambda m=model, i=inputs: m(*i)}
+        for tier in ("native", "function"):
+            sess = bridge.session(proto, tier=tier, sess_options=bev.session_options())
+            feed = bridge.parity.ort_feed(sess, inputs)
+            assert bridge.compare(tier, expected, sess.run(None, feed)[0]).passed
+            fns[f"ORT {tier}"] = lambda s=sess, f=feed: s.run(None, f)
+        fns[FLOOR] = floor_fn(inputs, shape)
+        with torch.no_grad():
+            rows.append({"batch": b, "points": int(inputs[2].numel()), **bev.round_robin(fns, repeats)})
+    return {"rows": rows, "loglog_slope": _slopes(rows), "target": [0.9, 1.1]}
 
 
 def main(argv=None) -> dict:
@@ -218,8 +261,8 @@ def main(argv=None) -> dict:
     results["bevdet_r50"] = r50 = bev.measure(3 if quick else 40, quick)
     print("4. " + bev.report(r50).replace("\n", "\n   "))
     results["scaling"] = s = scaling(targets, 2 if quick else 9, python_max=10_000 if quick else 100_000)
-    keys = ["eager torch", "ORT native", "ORT function", "ORT python"]
-    print("5. bev_pool_v2 scaling (median ms):")
+    keys = ["eager torch", "ORT native", "ORT function", "ORT python", FLOOR]
+    print("5. bev_pool_v2 scaling, fixed 128x128 grid, more depth bins (median ms):")
     print("   " + f"{'points':>9}" + "".join(f"{k:>15}" for k in keys))
     for row in s["rows"]:
         print("   " + f"{row['points']:>9}" + "".join(f"{row[k]:>15.2f}" if k in row else f"{'-':>15}" for k in keys))
@@ -228,6 +271,14 @@ def main(argv=None) -> dict:
     print("   at 0 points (the fixed grid's cost): " + ", ".join(f"{k} {v:.2f} ms" for k, v in s["zero_points_ms"].items()))
     print("   above 100k, per-point cost (time - time at 0 points): "
           + ", ".join(f"{k} {v:.2f}" for k, v in s["loglog_slope_above_100k_per_point"].items()))
+    frames = (1, 2) if quick else (1, 2, 4, 8)
+    results["scaling_frames"] = f = scaling_frames(frames, 2 if quick else 9)
+    keys = ["eager torch", "ORT native", "ORT function", FLOOR]
+    print("6. bev_pool_v2 over B frames of BEVDet-R50 (median ms):")
+    print("   " + f"{'frames':>7}{'points':>9}" + "".join(f"{k:>16}" for k in keys))
+    for row in f["rows"]:
+        print("   " + f"{row['batch']:>7}{row['points']:>9}" + "".join(f"{row[k]:>16.2f}" for k in keys))
+    print("   log-log slope (1.0 = linear): " + ", ".join(f"{k} {v:.2f}" for k, v in f["loglog_slope"].items()))
     results["machine"]["load_average_at_end"] = list(os.getloadavg())
     if args.json:
         with open(args.json, "w") as fh:

@@ -12,8 +12,8 @@ def test_bev_pool_v2_benchmark_runs(tmp_path):
     # a smaller size than BEVDet-R50's 59 depth bins: the suite's quick run below covers that size
     result = bev_pool_v2.main(["--quick", "--repeats", "1", "--depth-bins", "8", "--json", str(tmp_path / "r.json")])
     assert 20_000 < result["points"] < 40_000 and result["config"]["channels"] == 64
-    assert set(result["median_ms"]) == {"memcpy (floor)", "ORT native", "ORT native 1 thread", "ORT function",
-                                        "eager torch"}
+    assert set(result["median_ms"]) == {"memcpy (floor)", "ORT native", "ORT native 1 thread", "ORT native, lone call",
+                                        "ORT function", "eager torch"}
     assert result["checks"]["native_deterministic"] and result["checks"]["native_vs_float64_max_abs"] < 1e-4
     assert (tmp_path / "r.json").exists()
 
@@ -23,7 +23,8 @@ def test_benchmark_suite_quick_run(tmp_path):
     import run
 
     result = run.main(["--quick", "--json", str(tmp_path / "all.json")])
-    assert set(result) == {"machine", "export", "session", "models", "bevdet_r50", "scaling"}
+    assert set(result) == {"machine", "export", "session", "models", "bevdet_r50", "scaling", "scaling_frames"}
+    assert [r["batch"] for r in result["scaling_frames"]["rows"]] == [1, 2]
     assert [r["points"] for r in result["scaling"]["rows"]] == sorted(r["points"] for r in result["scaling"]["rows"])
     assert set(result["models"]["demo"]["ms"]) == {"eager torch", "ORT function", "ORT native", "ORT python"}
     assert set(result["models"]["identity"]["ms"]) == {"eager torch", "ORT function", "ORT native"}
