@@ -92,11 +92,12 @@ def round_robin(fns: dict, repeats: int, lone: tuple[str, ...] = ()) -> dict[str
     """Median ms of each callable over ``repeats`` rounds; in each round every callable runs twice
     back to back and the second call is timed (names in ``lone`` run once, timed).
 
-    NOTE: the second call is the steady state of a model that runs frame after frame. A lone call
-    after the other contenders also pays for waking the machine's idle second core (measured here:
-    native at BEVDet-R50 size 0.88 ms right after another native call, 1.26 ms after 10 ms idle, on 2
-    virtual cores), a cost that lands on short multi-threaded calls and would make the figures depend
-    on what ran before. ``lone`` keeps that figure alongside.
+    NOTE: the second call is warm: its threads awake and, where they fit the 32 MiB L3, its inputs
+    still in cache (the floor's two buffers too, up to BEVDet-R50 size) - a best case, near a model
+    that runs frame after frame. A lone call after the other contenders also pays for waking the
+    idle second core (measured here: native at BEVDet-R50 size 0.88 ms right after another native
+    call, 1.26 ms after 10 ms idle, on 2 virtual cores), a cost that lands on short multi-threaded
+    calls and makes the figures depend on what ran before. ``lone`` keeps that figure alongside.
     """
     for fn in fns.values():
         fn()

@@ -96,7 +96,8 @@ def test_parallel_pass_matches_float64_for_any_thread_count_and_names_the_first_
     serial path to the same answer, and a bad index in a late task is named by its position."""
     model, inputs = pool_case(b=2, n=6, d=20, h=16, w=44, c=16, grid=(64, 64, 2), seed=3)
     assert inputs[2].numel() > 100_000
-    proto = bridge.export(model, inputs)
+    intervals = torch.export.Dim("intervals")
+    proto = bridge.export(model, inputs, dynamic_shapes=(None,) * 5 + ({0: intervals},) * 2)
     with torch.no_grad():
         expected = model(inputs[0].double(), inputs[1].double(), *inputs[2:]).numpy()
     sessions = {}
@@ -109,14 +110,20 @@ def test_parallel_pass_matches_float64_for_any_thread_count_and_names_the_first_
     np.testing.assert_allclose(got[2], expected, rtol=1e-5, atol=1e-5)
     starts, lengths = inputs[5].flip(0), inputs[6].flip(0)  # cells out of order: the serial path
     np.testing.assert_array_equal(bridge.parity.run_ort(sessions[2], (*inputs[:5], starts, lengths))[0], got[2])
+    keep = torch.arange(inputs[5].numel()) != inputs[5].numel() // 2  # a gap: sorted, not a partition
+    gap = (*inputs[:5], inputs[5][keep], inputs[6][keep])
+    with torch.no_grad():
+        expected_gap = model(gap[0].double(), gap[1].double(), *gap[2:]).numpy()
+    np.testing.assert_allclose(bridge.parity.run_ort(sessions[2], gap)[0], expected_gap, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(expected_gap, expected)  # the dropped interval mattered
     rows = inputs[1].numel() // inputs[1].shape[-1]
     ranks_feat = inputs[3].clone()
     late, early = ranks_feat.numel() - 5, ranks_feat.numel() // 3
     ranks_feat[late] = rows
-    with pytest.raises(Exception, match=f"'ranks_feat' has value {rows} at position {late},"):
+    with pytest.raises(bridge.OpBridgeError, match=f"'ranks_feat' has value {rows} at position {late},"):
         bridge.parity.run_ort(sessions[2], (*inputs[:3], ranks_feat, *inputs[4:]))
     ranks_feat[early] = -7
-    with pytest.raises(Exception, match=f"'ranks_feat' has value -7 at position {early},"):
+    with pytest.raises(bridge.OpBridgeError, match=f"'ranks_feat' has value -7 at position {early},"):
         bridge.parity.run_ort(sessions[2], (*inputs[:3], ranks_feat, *inputs[4:]))
 
 
