@@ -171,11 +171,14 @@ OPBRIDGE_INLINE void pool_block(const A* depth, const A* feat_col, int64_t chann
   const char* base = reinterpret_cast<const char*>(feat_col);
   const int64_t row_bytes = channels * static_cast<int64_t>(sizeof(A));
   constexpr int64_t kBlockBytes = K * L * static_cast<int64_t>(sizeof(A));
+  // rows not on 64-byte lines (C not a multiple of 16 float32) spread a block over one more line
+  const bool straddles = (reinterpret_cast<uintptr_t>(base) | static_cast<uintptr_t>(row_bytes)) % 64 != 0;
   for (int64_t p = 0; p < length; ++p) {
     if (p + kPrefetch < ahead) {
       OPBRIDGE_PREFETCH(depth + rd[p + kPrefetch]);
       const char* next = base + rf[p + kPrefetch] * row_bytes;
       for (int64_t off = 0; off < kBlockBytes; off += 64) OPBRIDGE_PREFETCH(next + off);
+      if (straddles) OPBRIDGE_PREFETCH(next + kBlockBytes - 1);
     }
     const A d = depth[rd[p]];
     const A* row = reinterpret_cast<const A*>(base + rf[p] * row_bytes);
