@@ -88,6 +88,13 @@ def bytes_touched(inputs, output) -> int:
     return sum(t.numel() * t.element_size() for t in inputs) + output.numel() * output.element_size()
 
 
+def floor_copy(nbytes: int):
+    """The floor at ``nbytes``: a callable that copies that many bytes (one numpy memcpy)."""
+    src = np.ones(nbytes // 4, np.float32)
+    dst = np.empty_like(src)
+    return lambda: np.copyto(dst, src)
+
+
 def round_robin(fns: dict, repeats: int, lone: tuple[str, ...] = ()) -> dict[str, float]:
     """Median ms of each callable over ``repeats`` rounds; in each round every callable runs twice
     back to back and the second call is timed (names in ``lone`` run once, timed).
@@ -156,8 +163,6 @@ def measure(repeats: int = 40, quick: bool = False, config: dict | None = None) 
         assert row.passed, row  # same answer before timing anything
 
     nbytes = bytes_touched(inputs, expected)
-    src = np.ones(nbytes // 4, np.float32)
-    dst = np.empty_like(src)
     # NOTE: torch first: its OpenMP threads spin a little after each call, which would slow the next
     # call; that is then an ORT session's (tens of ms), never the floor's or native's.
     fns = {EAGER: lambda: model(*inputs)}
@@ -175,7 +180,7 @@ def measure(repeats: int = 40, quick: bool = False, config: dict | None = None) 
     fns[FUNCTION] = lambda: sessions[FUNCTION].run(None, feed)
     fns[NATIVE_LONE] = lambda: sessions[NATIVE].run(None, feed)
     fns.update({name: (lambda s=sessions[name]: s.run(None, feed)) for name in (NATIVE_1T, NATIVE)})
-    fns[FLOOR] = lambda: np.copyto(dst, src)
+    fns[FLOOR] = floor_copy(nbytes)
     with torch.no_grad():
         ms = round_robin(fns, repeats, lone=(NATIVE_LONE,))
 

@@ -149,7 +149,7 @@ def model_runs(case, repeats: int, quick: bool, tiers=("native", "function", "py
             "vs_native": {k: v / native for k, v in ms.items()} if native else {}, "notes": notes}
 
 
-FLOOR = "memcpy (floor)"
+FLOOR = bev.FLOOR
 # NOTE: the order of each round, as in bev_pool_v2.measure: torch first, native last before the
 # floor. A call right after eager torch runs slower for a while after it (measured at BEVDet-R50
 # size: native 1.08 ms there vs 0.77 ms after the other ORT tiers), whichever call that is.
@@ -157,11 +157,9 @@ ORDER = ("function", "python", "native")
 
 
 def floor_fn(inputs, shape):
-    """A memcpy of the bytes the op touches at this size (each input and output byte once)."""
-    nbytes = sum(t.numel() * t.element_size() for t in inputs) + int(np.prod(shape)) * 4
-    src = np.ones(nbytes // 4, np.float32)
-    dst = np.empty_like(src)
-    return lambda: np.copyto(dst, src)
+    """The floor at this size: a memcpy of the bytes the op touches (its float32 output on the
+    meta device: a size, no memory)."""
+    return bev.floor_copy(bev.bytes_touched(inputs, torch.empty(shape, device="meta")))
 
 
 def loglog_slope(rows: list[dict], key: str, low: int = 0, minus: float = 0.0) -> float | None:
