@@ -31,6 +31,7 @@ class Registry:
         self._ops: dict[str, OpSpec] = {}
         self._twins: dict[str, OpSpec] = {}  # functional twins of mutating ops, by the op's qualname
         self.generation = 0  # bumped on every change: caches derived from the registry key on it
+        self._by_onnx_name: tuple[int, dict] = (-1, {})  # (generation, (domain, op_type) -> spec): find()
         # NOTE: onnx's schema table is process-wide: an op also registered elsewhere (another
         # registry) gets its schema back when this registry forgets the op.
         self._displaced: dict[str, defs.OpSchema] = {}
@@ -68,10 +69,14 @@ class Registry:
 
     def find(self, domain: str, op_type: str) -> OpSpec | None:
         """The spec an ONNX node (domain, op_type) came from, if any."""
-        for spec in self.exportable():
-            if spec.domain == domain and spec.name == op_type:
-                return spec
-        return None
+        # NOTE: called per node by every walk over a model (sessions, tiers): an index rebuilt when
+        # the registry changes, not a sorted scan per call
+        if self._by_onnx_name[0] != self.generation:
+            index: dict[tuple[str, str], OpSpec] = {}
+            for spec in self.exportable():
+                index.setdefault((spec.domain, spec.name), spec)
+            self._by_onnx_name = (self.generation, index)
+        return self._by_onnx_name[1].get((domain, op_type))
 
     def for_torchbind(self, class_name: str, method: str) -> OpSpec | None:
         """The op standing for ``class_name.method`` (class as ``ns::Class``), if declared."""
