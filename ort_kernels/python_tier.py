@@ -64,7 +64,7 @@ def _text(value) -> str:
 
 
 def _parse_attr(p, value):
-    if p.optional and not _list_attr(p) and p.attr_type != onnx.defs.OpSchema.AttrType.STRING:
+    if _as_text(p) and not _list_attr(p):  # an optional scalar
         text = _text(value)
         number = float(text) if p.attr_type == onnx.defs.OpSchema.AttrType.FLOAT else int(text)
         return p.from_onnx_value(number)
@@ -135,8 +135,8 @@ def _io_dtypes(spec, model_types: dict):
     if spec.sample_inputs is not None:
         inputs, outputs = io_types(spec, torch.float32)
     elif (spec.domain, spec.name) in model_types:
-        inputs, outputs = _padded(spec, model_types[(spec.domain, spec.name)][0]), \
-            model_types[(spec.domain, spec.name)][1]
+        inputs, outputs = model_types[(spec.domain, spec.name)]
+        inputs = _padded(spec, inputs)
     else:
         return None
     return [by_onnx[t] for t in inputs], [by_onnx[t] for t in outputs]
