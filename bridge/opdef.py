@@ -257,6 +257,11 @@ def resolve_overload(op: Any) -> torch._ops.OpOverload:
                         f"Got {type(op).__name__}. Pass the op itself.")
 
 
+def _check_version(qualname: str, version: Any) -> None:
+    if not isinstance(version, int) or version < 1:
+        raise OpBridgeError(f"{qualname}: version must be an int >= 1. Got {version!r}. Use version=1.")
+
+
 def _torchbind_target(op: Any) -> str | None:
     """``"ns::Class.method"`` when ``op`` names a method of a torchbind class, else None."""
     if not isinstance(op, str) or "." not in op:
@@ -321,9 +326,8 @@ def register(
     """
     reg = REGISTRY if registry is None else registry
     method = _torchbind_target(op)
-    if method is not None and (not isinstance(version, int) or version < 1):
-        raise OpBridgeError(f"{method}: version must be an int >= 1. Got {version!r}. Use version=1.")
     if method is not None:
+        _check_version(method, version)
         if torchbind:
             raise OpBridgeError(f"{method}: torchbind= lists methods an op stands for. Got it for a method. Drop it: "
                                 "the method's node stands for itself.")
@@ -337,8 +341,7 @@ def register(
                             f"{overload._overloadname!r}. Wrap it in a torch.library.custom_op with its own name.")
     qualname = overload.name()
     reg.check_free(qualname)
-    if not isinstance(version, int) or version < 1:
-        raise OpBridgeError(f"{qualname}: version must be an int >= 1. Got {version!r}. Use version=1.")
+    _check_version(qualname, version)
     if attributes is not None:
         raise OpBridgeError(f"{qualname}: attributes= names a torchbind object's state. Got it for an op. Drop it: "
                             "an op's attributes come from its schema.")
@@ -461,8 +464,7 @@ def op(
         raise OpBridgeError(f"torch already has op {qualname} ({origin}). Got a second definition, which would "
                             f"replace or shadow it. Bridge the existing op instead: bridge.register({qualname!r}, "
                             "function=..., reference=..., sample_inputs=...).")
-    if not isinstance(version, int) or version < 1:
-        raise OpBridgeError(f"{qualname}: version must be an int >= 1. Got {version!r}. Use version=1.")
+    _check_version(qualname, version)
     if (backward is None) != (setup_context is None) and backward is None:
         raise OpBridgeError(f"{qualname}: setup_context given without backward. Got only one. Pass both.")
     base = _caller_folder()

@@ -206,7 +206,7 @@ def define_op_proxy(overload: torch._ops.OpOverload, fake: Callable,
                             f"Got names {_renames(original, renamed)}. Use the same names= (torch ops cannot be "
                             "undefined, so a proxy keeps its argument names for the whole process), or bridge the "
                             "op in one registry and share it.")
-    return _define(_proxy_name(qualname), signature, _as_original(schema, overload), _as_original(schema, fake))
+    return _define(name, signature, _as_original(schema, overload), _as_original(schema, fake))
 
 
 def _fqn(class_name: str) -> str:
