@@ -28,7 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import bridge  # noqa: E402
 import custom_ops  # noqa: E402,F401
 from benchmarks import bev_pool_v2 as bench  # noqa: E402
-from bridge.checks import guarded_body  # noqa: E402
+from bridge.core.checks import guarded_body  # noqa: E402
 
 
 def guards_alone(spec, inputs, shape, repeats: int) -> dict[str, float]:

@@ -23,8 +23,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 import bridge  # noqa: E402
-import bridge.localize  # noqa: E402
-import bridge.parity  # noqa: E402
+import bridge.tools.localize  # noqa: E402
+import bridge.tools.parity  # noqa: E402
 import custom_ops.demo as demo  # noqa: E402
 from tests import test_localize as broken  # noqa: E402
 

@@ -36,7 +36,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bridge  # noqa: E402
 import custom_ops.demo as demo  # noqa: E402
 from bridge import cli  # noqa: E402
-from bridge.testing import OpModule, cases  # noqa: E402
+from bridge.tools.testing import OpModule, cases  # noqa: E402
 from ort_kernels.build import LIBRARY_NAME, served_ops  # noqa: E402
 from ort_matrix_table import DEFAULT_JSON, render  # noqa: E402
 

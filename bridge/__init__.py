@@ -17,27 +17,32 @@ import importlib
 
 # NOTE: public name -> (module, attribute); a name is defined in exactly one module.
 _PUBLIC: dict[str, tuple[str, str]] = {
-    "OpBridgeError": ("bridge.errors", "OpBridgeError"),
-    "UnsupportedInTier": ("bridge.errors", "UnsupportedInTier"),
-    "REGISTRY": ("bridge.registry", "REGISTRY"),
-    "Registry": ("bridge.registry", "Registry"),
-    "OpSpec": ("bridge.spec", "OpSpec"),
-    "SampleInput": ("bridge.spec", "SampleInput"),
-    "op": ("bridge.opdef", "op"),
-    "BridgeOp": ("bridge.opdef", "BridgeOp"),
-    "register": ("bridge.opdef", "register"),
+    "OpBridgeError": ("bridge.core.errors", "OpBridgeError"),
+    "UnsupportedInTier": ("bridge.core.errors", "UnsupportedInTier"),
+    "REGISTRY": ("bridge.core.registry", "REGISTRY"),
+    "Registry": ("bridge.core.registry", "Registry"),
+    "OpSpec": ("bridge.core.spec", "OpSpec"),
+    "SampleInput": ("bridge.core.spec", "SampleInput"),
+    "op": ("bridge.core.opdef", "op"),
+    "BridgeOp": ("bridge.core.opdef", "BridgeOp"),
+    "register": ("bridge.core.opdef", "register"),
     "export": ("exporters.export", "export"),
     "attach_functions": ("exporters.opsets", "attach_functions"),
     "TIERS": ("ort_kernels.tiers", "NAMES"),
-    "session": ("bridge.sessions", "session"),
-    "check_parity": ("bridge.parity", "check_parity"),
-    "assert_parity": ("bridge.parity", "assert_parity"),
-    "compare": ("bridge.parity", "compare"),
-    "ParityReport": ("bridge.parity", "ParityReport"),
-    "ModelCase": ("bridge.testing", "ModelCase"),
+    "session": ("bridge.tools.sessions", "session"),
+    "check_parity": ("bridge.tools.parity", "check_parity"),
+    "assert_parity": ("bridge.tools.parity", "assert_parity"),
+    "compare": ("bridge.tools.parity", "compare"),
+    "ParityReport": ("bridge.tools.parity", "ParityReport"),
+    "ModelCase": ("bridge.tools.testing", "ModelCase"),
 }
-_SUBMODULES = ("checks", "cli", "domains", "dtypes", "errors", "functional", "localize", "opdef", "parity", "progress",
-               "proxy", "registry", "schema", "sessions", "spec", "testing")
+# NOTE: submodules reachable as ``bridge.<name>``: the ground floor lives in bridge/core/, the
+# user-facing floor in bridge/tools/ (ARCHITECTURE.md).
+_SUBMODULES: dict[str, str] = {
+    **{name: f"bridge.core.{name}" for name in ("checks", "domains", "dtypes", "errors", "files", "functional", "names",
+                                                 "opdef", "progress", "proxy", "registry", "schema", "spec")},
+    **{name: f"bridge.tools.{name}" for name in ("cli", "localize", "openvino_runtime", "parity", "sessions", "testing")},
+}
 
 __all__ = sorted(_PUBLIC)
 
@@ -47,7 +52,7 @@ def __getattr__(name: str):
         module, attr = _PUBLIC[name]
         value = getattr(importlib.import_module(module), attr)
     elif name in _SUBMODULES:
-        value = importlib.import_module(f"bridge.{name}")
+        value = importlib.import_module(_SUBMODULES[name])
     else:
         raise AttributeError(f"module 'bridge' has no attribute {name!r}")
     globals()[name] = value  # resolved once

@@ -2,6 +2,6 @@
 
 import sys
 
-from bridge.cli import main
+from bridge.tools.cli import main
 
 sys.exit(main())

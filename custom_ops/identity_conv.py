@@ -21,7 +21,7 @@ from torch.utils import cpp_extension
 
 import bridge
 from bridge import SampleInput, checks
-from bridge.progress import step
+from bridge.core.progress import step
 
 DOMAIN = values.Opset("opbridge", 1)
 SOURCE = Path(__file__).with_name("csrc") / "identity_conv.cpp"

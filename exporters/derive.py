@@ -48,14 +48,14 @@ try:  # NOTE: torch.onnx's own pieces, to build its op registry once per process
 except ImportError:  # pragma: no cover  another torch: the public API, slower
     _onnx_core = None
 
-from bridge.checks import guarded_body, unreadable
-from bridge.domains import is_custom
-from bridge.dtypes import TORCH_TO_ONNX, numpy_dtype, torch_dtype
-from bridge.errors import OpBridgeError
-from bridge.functional import SUFFIX
-from bridge.progress import step
-from bridge.registry import REGISTRY, Registry
-from bridge.spec import AttrType, OpSpec, Param, SampleInput
+from bridge.core.checks import guarded_body, unreadable
+from bridge.core.domains import is_custom
+from bridge.core.dtypes import TORCH_TO_ONNX, numpy_dtype, torch_dtype
+from bridge.core.errors import OpBridgeError
+from bridge.core.functional import SUFFIX
+from bridge.core.progress import step
+from bridge.core.registry import REGISTRY, Registry
+from bridge.core.spec import AttrType, OpSpec, Param, SampleInput
 from exporters.translation import translation
 
 # NOTE: example sizes for dynamic dims: distinct primes, large enough that sizes computed from them
@@ -905,7 +905,7 @@ def attach_derived(model: onnx.ModelProto, registry: Registry) -> list[str]:
 
 
 def _with_guards(proto: onnx.FunctionProto, spec: OpSpec) -> onnx.FunctionProto:
-    """A copy of a derived body, with the op's check guards (bridge.checks) where the body keeps
+    """A copy of a derived body, with the op's check guards (bridge.core.checks) where the body keeps
     every attribute they read as a function attribute."""
     if spec.checks is not None:
         names = {*proto.attribute, *(a.name for a in proto.attribute_proto)}  # without and with defaults

@@ -15,11 +15,11 @@ from collections.abc import Callable, Sequence
 import onnx
 import torch
 
-from bridge.domains import all_nodes, is_custom
-from bridge.errors import OpBridgeError
-from bridge.progress import step
-from bridge.proxy import redirect, specialisation_check
-from bridge.registry import REGISTRY, Registry
+from bridge.core.domains import all_nodes, is_custom
+from bridge.core.errors import OpBridgeError
+from bridge.core.progress import step
+from bridge.core.proxy import redirect, specialisation_check
+from bridge.core.registry import REGISTRY, Registry
 from exporters.derive import attach_derived
 from exporters.inline import inline_functions
 from exporters.names import dim_names, name_custom_outputs, name_graph_io, rename_dims
@@ -92,7 +92,7 @@ def _ensure_opset_imports(model: onnx.ModelProto, registry: Registry) -> None:
 
 def proxy_targets(registry: Registry) -> dict:
     """``{op: (what runs, argument check)}`` during torch.export: an op bridged through a proxy
-    (bridge.proxy) goes to the proxy, one opaque node; every other registered op runs as it is. The
+    (bridge.core.proxy) goes to the proxy, one opaque node; every other registered op runs as it is. The
     check names the op and argument when an ``int`` gets a size marked dynamic."""
     targets = {s.overload: (s.overload, specialisation_check(s.qualname, s.overload)) for s in registry
                if s.proxy_for is None}

@@ -14,9 +14,9 @@ import tempfile
 import onnx
 import onnx.inliner
 
-from bridge.errors import OpBridgeError
-from bridge.progress import step
-from bridge.registry import REGISTRY, Registry
+from bridge.core.errors import OpBridgeError
+from bridge.core.progress import step
+from bridge.core.registry import REGISTRY, Registry
 from exporters.opsets import attach_functions
 
 # NOTE: domains every ONNX runtime knows; a node in any other domain must be inlined away.

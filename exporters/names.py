@@ -10,8 +10,8 @@ from collections.abc import Sequence
 import onnx
 import torch
 
-from bridge.domains import all_nodes, graphs, is_custom
-from bridge.errors import OpBridgeError
+from bridge.core.domains import all_nodes, graphs, is_custom
+from bridge.core.errors import OpBridgeError
 
 
 def rename_values(model: onnx.ModelProto, mapping: dict[str, str]) -> None:

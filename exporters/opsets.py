@@ -29,9 +29,9 @@ import onnx
 import onnx.version_converter
 from onnx import defs, helper
 
-from bridge.domains import is_custom, is_onnx, may_hold_subgraphs
-from bridge.errors import OpBridgeError
-from bridge.registry import REGISTRY, Registry
+from bridge.core.domains import is_custom, is_onnx, may_hold_subgraphs
+from bridge.core.errors import OpBridgeError
+from bridge.core.registry import REGISTRY, Registry
 
 Nodes = list[onnx.NodeProto]
 

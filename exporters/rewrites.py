@@ -11,7 +11,7 @@ import operator
 
 import torch
 
-from bridge.errors import OpBridgeError
+from bridge.core.errors import OpBridgeError
 
 
 def _is_auto_functionalized(target) -> bool:

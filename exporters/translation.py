@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from bridge.errors import OpBridgeError
-from bridge.spec import OpSpec, python_signature
+from bridge.core.errors import OpBridgeError
+from bridge.core.spec import OpSpec, python_signature
 
 
 def _is_concrete(value) -> bool:

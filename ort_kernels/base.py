@@ -16,8 +16,8 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from bridge.registry import Registry
-from bridge.spec import OpSpec
+from bridge.core.registry import Registry
+from bridge.core.spec import OpSpec
 
 
 @dataclasses.dataclass

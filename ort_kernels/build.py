@@ -24,10 +24,10 @@ import onnxruntime
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from bridge.dtypes import TORCH_TO_ONNX
-from bridge.errors import OpBridgeError
-from bridge.progress import step
-from bridge.registry import REGISTRY
+from bridge.core.dtypes import TORCH_TO_ONNX
+from bridge.core.errors import OpBridgeError
+from bridge.core.progress import step
+from bridge.core.registry import REGISTRY
 
 SOURCE_DIR = Path(__file__).resolve().parent
 INCLUDE_DIR = SOURCE_DIR / "include"

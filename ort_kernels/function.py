@@ -12,11 +12,11 @@ import onnxruntime as ort
 import torch
 from onnx import external_data_helper, numpy_helper
 
-from bridge.checks import explain_failure, failed_guard
-from bridge.domains import all_nodes, is_custom
-from bridge.errors import OpBridgeError, UnsupportedInTier
-from bridge.registry import Registry
-from bridge.spec import OpSpec
+from bridge.core.checks import explain_failure, failed_guard
+from bridge.core.domains import all_nodes, is_custom
+from bridge.core.errors import OpBridgeError, UnsupportedInTier
+from bridge.core.registry import Registry
+from bridge.core.spec import OpSpec
 from exporters.derive import attach_derived, body_status, last_failure
 from exporters.export import DEFAULT_OPSET
 from exporters.opsets import attach_functions

@@ -9,10 +9,10 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from bridge.domains import custom_nodes
-from bridge.errors import OpBridgeError, UnsupportedInTier
-from bridge.registry import Registry
-from bridge.spec import OpSpec
+from bridge.core.domains import custom_nodes
+from bridge.core.errors import OpBridgeError, UnsupportedInTier
+from bridge.core.registry import Registry
+from bridge.core.spec import OpSpec
 from exporters.opsets import attach_functions
 from ort_kernels.base import Prepared, Tier, with_library
 from ort_kernels.build import library_path, native_source, served_ops

@@ -29,10 +29,10 @@ import onnxruntime as ort
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
-from bridge.domains import all_nodes, is_custom
-from bridge.errors import OpBridgeError, UnsupportedInTier
-from bridge.registry import Registry
-from bridge.spec import OpSpec
+from bridge.core.domains import all_nodes, is_custom
+from bridge.core.errors import OpBridgeError, UnsupportedInTier
+from bridge.core.registry import Registry
+from bridge.core.spec import OpSpec
 from ort_kernels.base import Prepared, Tier, helper_functions, with_library
 from ort_kernels.build import io_types
 

@@ -7,7 +7,10 @@ from pathlib import Path
 
 import pytest
 
-tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+try:
+    import tomllib
+except ImportError:  # Python 3.10: the test extra installs tomli there
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = ("bridge", "exporters", "ort_kernels")
@@ -34,12 +37,27 @@ def test_import_linter_contracts_are_kept():
     assert "BROKEN" not in r.stdout and r.stdout.count("KEPT") == len(_contracts())
 
 
+def _layered() -> set[str]:
+    named = set()
+    for contract in (c for c in _contracts() if c["type"] == "layers"):
+        prefixes = [f"{c}." for c in contract.get("containers", [])] or [""]
+        named |= {p + m.strip() for p in prefixes for layer in contract["layers"] for m in layer.split("|")}
+    return named
+
+
 def test_every_library_module_sits_in_a_layer():
-    layers = next(c for c in _contracts() if c["type"] == "layers")["layers"]
-    named = {m.strip() for layer in layers for m in layer.split("|")}
-    packages = set(LIBRARY)  # package __init__ files: the facade and the package docstrings
-    loose = [m for p in LIBRARY for m in _modules(p) if m not in named | packages and m != "bridge.__main__"]
+    named = _layered()
+    folders = {m for p in LIBRARY for m, path in _modules(p).items() if path.name == "__init__.py"}
+    loose = [m for p in LIBRARY for m in _modules(p) if m not in named | folders and m != "bridge.__main__"]
     assert not loose, f"modules outside every layer of pyproject.toml: {loose}"
+
+
+def test_folders_are_floors():
+    # NOTE: the first contract orders whole folders; every library folder (subfolders count as their
+    # own) is one floor of it, so no folder can import a folder that imports it.
+    floors = next(c for c in _contracts() if c["type"] == "layers")["layers"]
+    folders = {m for p in LIBRARY for m, path in _modules(p).items() if path.name == "__init__.py"} - {"bridge"}
+    assert folders == set(floors), f"library folders {sorted(folders)} vs floors {floors}"
 
 
 @pytest.mark.parametrize("package", LIBRARY)

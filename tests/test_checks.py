@@ -1,4 +1,4 @@
-"""bridge.checks: one check list per op; its eager form and its ONNX guards accept and reject the same
+"""bridge.core.checks: one check list per op; its eager form and its ONNX guards accept and reject the same
 calls (judged against predicates written out here), and every tier reports a failed check alike."""
 
 import copy

@@ -14,7 +14,7 @@ import torch
 from torch.export import Dim
 
 import bridge
-from bridge.testing import OpModule, cases
+from bridge.tools.testing import OpModule, cases
 from exporters import derive
 from ort_kernels.tiers import TIERS
 from tests.vendor import plain_ops

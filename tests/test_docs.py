@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULES = ["bridge", "bridge.checks", "bridge.errors", "bridge.dtypes", "bridge.domains", "bridge.progress",
-           "bridge.registry", "bridge.opdef", "bridge.proxy", "bridge.sessions", "ort_kernels.tiers", "exporters.translation",
+MODULES = ["bridge", "bridge.core.checks", "bridge.core.errors", "bridge.core.dtypes", "bridge.core.domains", "bridge.core.progress",
+           "bridge.core.registry", "bridge.core.opdef", "bridge.core.proxy", "bridge.tools.sessions", "ort_kernels.tiers", "exporters.translation",
            "bridge.parity", "bridge.localize", "bridge.testing", "custom_ops.demo", "exporters.export",
            "exporters.derive"]
 
@@ -24,7 +24,7 @@ def test_docstring_examples(name):
     module = importlib.import_module(name)
     result = doctest.testmod(module, optionflags=doctest.ELLIPSIS | doctest.IGNORE_EXCEPTION_DETAIL)
     assert result.failed == 0
-    if name not in ("bridge.errors",):
+    if name not in ("bridge.core.errors",):
         assert result.attempted > 0 or name in ("bridge",), f"{name} has no runnable example"
 
 

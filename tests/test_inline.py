@@ -18,9 +18,9 @@ import torch
 import bridge
 import custom_ops.demo as demo
 import exporters.inline
-from bridge.cli import main
-from bridge.parity import TOLERANCES, run_ort
-from bridge.testing import OpModule, cases
+from bridge.tools.cli import main
+from bridge.tools.parity import TOLERANCES, run_ort
+from bridge.tools.testing import OpModule, cases
 from exporters.inline import custom_op_types, inline_functions
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,7 +160,7 @@ def test_every_seed_op_inlined_matches_eager_in_onnxruntime(seed_cases):
 
 @openvino_test
 def test_every_seed_op_inlined_matches_eager_in_openvino(seed_cases):
-    from bridge.openvino_runtime import session
+    from bridge.tools.openvino_runtime import session
 
     chosen, module, proto = seed_cases[0]
     assert {c.spec.qualname for c in chosen} >= {"bev::bev_pool_v2", "opbridge::crop", "opbridge::paste",
@@ -173,7 +173,7 @@ def test_openvino_refuses_zero_size_tensors_instead_of_crashing(seed_cases, tmp_
     # compiling the crop to an empty box killed the process with SIGFPE: a subprocess holds it
     path = tmp_path / "empty.onnx"
     onnx.save(seed_cases[1][2], path)
-    code = f"from bridge.openvino_runtime import session\nsession({str(path)!r})"
+    code = f"from bridge.tools.openvino_runtime import session\nsession({str(path)!r})"
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert r.returncode == 1 and "zero-size tensors" in r.stderr, r.stderr[-2000:]
@@ -210,7 +210,7 @@ def test_check_parity_runtime_openvino():
 
 
 def test_missing_openvino_names_the_install(monkeypatch):
-    from bridge.openvino_runtime import session
+    from bridge.tools.openvino_runtime import session
 
     monkeypatch.setitem(sys.modules, "openvino", None)  # import openvino -> ImportError
     proto = onnx.helper.make_model(onnx.helper.make_graph(

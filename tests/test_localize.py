@@ -24,10 +24,10 @@ from onnxscript import opset20 as op
 from onnxscript import script, values
 
 import bridge
-import bridge.localize
-import bridge.parity
-from bridge.cli import main
-from bridge.testing import ModelCase
+import bridge.tools.localize
+import bridge.tools.parity
+from bridge.tools.cli import main
+from bridge.tools.testing import ModelCase
 from exporters.export import export_with_program
 from exporters.translation import translation_table
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import bridge
-from bridge.testing import OpModule
+from bridge.tools.testing import OpModule
 from op_db import parity_params
 
 

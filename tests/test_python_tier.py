@@ -52,7 +52,7 @@ def test_demo_runs_in_the_python_tier():
 
 def test_list_attributes_travel_as_strings_and_defaults_are_written():
     crop = bridge.REGISTRY.get("opbridge::crop")
-    from bridge.testing import OpModule
+    from bridge.tools.testing import OpModule
 
     module, tensors = OpModule.from_sample(crop, bridge.SampleInput((torch.randn(1, 5, 5), [-1, 1, 3, 4])))
     report = bridge.check_parity(module, tensors, tier="python", rtol=0, atol=0)

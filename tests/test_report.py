@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import bridge
-from bridge.parity import ParityReport, compare, tolerance
+from bridge.tools.parity import ParityReport, compare, tolerance
 
 
 def test_tolerances_per_dtype_and_overrides():

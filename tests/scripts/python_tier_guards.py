@@ -14,7 +14,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: models
 
 import bridge  # noqa: E402
-from bridge.testing import OpModule  # noqa: E402
+from bridge.tools.testing import OpModule  # noqa: E402
 from models import pool_case  # noqa: E402
 
 

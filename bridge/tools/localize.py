@@ -26,10 +26,10 @@ import torch
 from torch.export.graph_signature import InputKind
 from torch.utils import _pytree as pytree
 
-from bridge.domains import is_custom
-from bridge.errors import OpBridgeError
-from bridge.progress import format_table, step
-from bridge.sessions import load_model, session
+from bridge.core.domains import is_custom
+from bridge.core.errors import OpBridgeError
+from bridge.core.progress import format_table, step
+from bridge.tools.sessions import load_model, session
 from ort_kernels.function import FunctionTier
 
 _FX_NODE_KEY = "pkg.torch.onnx.fx_node"
@@ -53,7 +53,7 @@ class NodeParity:
     onnx_op: str
     torch_op: str
     fx_node: str
-    outputs: list  # bridge.parity.OutputParity per compared output value
+    outputs: list  # bridge.tools.parity.OutputParity per compared output value
     inputs: list[str]
     inputs_ok: bool
     via: list[str] = dataclasses.field(default_factory=list)
@@ -303,7 +303,7 @@ def localize(
     in onnxruntime (``tier``) against eager, and find the first node that diverges.
 
     ``program`` is the program torch.onnx translated (``exporters.export.export_with_program``'s
-    ``.program``); ``compare`` is ``bridge.parity.compare`` (per-dtype tolerances, overridable
+    ``.program``); ``compare`` is ``bridge.tools.parity.compare`` (per-dtype tolerances, overridable
     with ``rtol``/``atol``). The model may be edited after export: values keep their names.
     Usually called through ``bridge.check_parity(..., localize=True)``.
 

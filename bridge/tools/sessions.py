@@ -13,10 +13,10 @@ import onnx
 import onnxruntime as ort
 from onnx import external_data_helper
 
-from bridge.domains import all_nodes, is_custom
-from bridge.errors import OpBridgeError
-from bridge.progress import step
-from bridge.registry import REGISTRY, Registry
+from bridge.core.domains import all_nodes, is_custom
+from bridge.core.errors import OpBridgeError
+from bridge.core.progress import step
+from bridge.core.registry import REGISTRY, Registry
 from ort_kernels import tiers
 
 

@@ -21,7 +21,7 @@ Example:
     >>> checks.run(x=torch.ones(2, 4), width=3)
     Traceback (most recent call last):
     ...
-    bridge.checks.CheckError: opbridge: demo::scale: input 'x' must have x.shape[1] == width = 3. Got shape (2, 4). Pass matching sizes.
+    bridge.core.checks.CheckError: opbridge: demo::scale: input 'x' must have x.shape[1] == width = 3. Got shape (2, 4). Pass matching sizes.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ import torch
 from onnx import TensorProto, helper
 from torch._subclasses.fake_tensor import is_fake
 
-from bridge.errors import OpBridgeError
+from bridge.core.errors import OpBridgeError
 
 GUARD_PREFIX = "opbridge_check"
 # onnxruntime names a node of an inlined function '_inlfunc_<function>_<node name>' (measured on

@@ -25,7 +25,7 @@ import torch
 from torch._library import simple_registry
 from torch.overrides import TorchFunctionMode
 
-from bridge.errors import OpBridgeError
+from bridge.core.errors import OpBridgeError
 
 PROXY_NAMESPACE = "opbridge_proxy"
 _COMPOSITE = "CompositeImplicitAutograd"

@@ -8,9 +8,9 @@ from collections.abc import Iterator
 
 from onnx import defs
 
-from bridge.errors import OpBridgeError
-from bridge.functional import define_twin, twin_spec
-from bridge.spec import OpSpec, function_signature
+from bridge.core.errors import OpBridgeError
+from bridge.core.functional import define_twin, twin_spec
+from bridge.core.spec import OpSpec, function_signature
 
 
 class Registry:
@@ -24,7 +24,7 @@ class Registry:
         >>> reg.get("nope::op")
         Traceback (most recent call last):
         ...
-        bridge.errors.OpBridgeError: opbridge: op 'nope::op' is not registered. Got 'nope::op'. ...
+        bridge.core.errors.OpBridgeError: opbridge: op 'nope::op' is not registered. Got 'nope::op'. ...
     """
 
     def __init__(self) -> None:

@@ -8,7 +8,7 @@ from onnx import defs, helper
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 
-from bridge.dtypes import ALL_TENSOR_TYPES, TORCH_TO_ONNX, torch_dtype
+from bridge.core.dtypes import ALL_TENSOR_TYPES, TORCH_TO_ONNX, torch_dtype
 
 # NOTE: unknown ONNX dims are given distinct hint sizes >= 2 so the ShapeEnv does not
 # specialise them to 0/1; the hint only steers guards, the output stays symbolic.

@@ -6,7 +6,7 @@ import dataclasses
 
 import torch
 
-from bridge.spec import OpSpec, SampleInput
+from bridge.core.spec import OpSpec, SampleInput
 
 
 _TENSOR = object()  # a tensor slot of a sample (None stays an omitted optional input)

@@ -16,7 +16,7 @@ What this runner fixes or refuses, measured with OpenVINO 2026.4.1 on CPU:
 
 Example:
     >>> import numpy as np, torch, bridge, custom_ops
-    >>> from bridge.openvino_runtime import session
+    >>> from bridge.tools.openvino_runtime import session
     >>> class M(torch.nn.Module):
     ...     def forward(self, x):
     ...         return torch.ops.opbridge.identity_conv(x, 2) + 1
@@ -33,7 +33,7 @@ import os
 import numpy as np
 import onnx
 
-from bridge.errors import OpBridgeError
+from bridge.core.errors import OpBridgeError
 
 INSTALL = "pip install openvino"
 # NOTE: the domains OpenVINO's ONNX frontend converts; opbridge's custom domains are not among them.

@@ -20,8 +20,8 @@ from onnx import defs
 from onnxscript import values
 from torch._library import simple_registry
 
-from bridge.errors import OpBridgeError
-from bridge.schema import build_onnx_schema
+from bridge.core.errors import OpBridgeError
+from bridge.core.schema import build_onnx_schema
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 NO_DEFAULT = inspect.Parameter.empty
@@ -145,9 +145,9 @@ class OpSpec:
     torchbind: tuple[str, ...] = ()  # "ns::Class.method" calls this op stands for (state -> attributes)
     native_source: str | None = None  # the op's C++ kernel file, if not ort_kernels/cpu/<name>.cc
     # the op (OpOverload) or torchbind method ("ns::Class.method") that ``custom_op``, a bridge proxy
-    # op (bridge.proxy), stands for; None when ``custom_op`` is the op itself
+    # op (bridge.core.proxy), stands for; None when ``custom_op`` is the op itself
     proxy_for: Any = None
-    checks: Any = None  # bridge.checks.Checks: the input checks every tier applies
+    checks: Any = None  # bridge.core.checks.Checks: the input checks every tier applies
 
     # -- identity -------------------------------------------------------------------
     @property

@@ -13,13 +13,13 @@ import numpy as np
 import torch
 from torch.utils import _pytree as pytree
 
-from bridge.dtypes import numpy_dtype
-from bridge.errors import OpBridgeError
-from bridge.openvino_runtime import session as openvino_session
-from bridge.localize import Localization, wanted
-from bridge.localize import localize as localize_run
-from bridge.progress import format_table, step
-from bridge.sessions import session
+from bridge.core.dtypes import numpy_dtype
+from bridge.core.errors import OpBridgeError
+from bridge.tools.openvino_runtime import session as openvino_session
+from bridge.tools.localize import Localization, wanted
+from bridge.tools.localize import localize as localize_run
+from bridge.core.progress import format_table, step
+from bridge.tools.sessions import session
 from exporters.export import export_with_program
 
 # NOTE: (rtol, atol) per dtype; |ort - eager| <= atol + rtol * |eager| passes. float16's
@@ -151,7 +151,7 @@ class ParityReport:
     @property
     def first_divergence(self):
         """The first ONNX node whose outputs leave tolerance while its inputs are within it (a
-        ``bridge.localize.NodeParity``), when localization ran and found one; else None."""
+        ``bridge.tools.localize.NodeParity``), when localization ran and found one; else None."""
         return None if self.localization is None else self.localization.first_divergence
 
     def to_dict(self) -> dict:
@@ -248,7 +248,7 @@ def run_ort(sess, args: Sequence, kwargs: dict | None = None) -> list[np.ndarray
     try:
         return sess.run(None, feed)
     except OpBridgeError:
-        raise  # another runtime's session (bridge.openvino_runtime) words its own errors
+        raise  # another runtime's session (bridge.tools.openvino_runtime) words its own errors
     except Exception as e:
         raise OpBridgeError(f"onnxruntime failed to run the model. Got {type(e).__name__}: "
                             f"{str(e)[:600]}. Check the inputs against the kernel's contract.") from e
@@ -276,9 +276,9 @@ def check_parity(
     Tolerances default per dtype (see ``TOLERANCES``); ``rtol``/``atol`` override with a float
     or a ``{dtype: float}`` map. ``extra_args`` reuse the same ONNX file (dynamic shapes).
     ``inline=True`` checks the inlined file (custom nodes replaced by their bodies; tier
-    "inlined"); ``runtime="openvino"`` runs it in OpenVINO (``bridge.openvino_runtime``).
+    "inlined"); ``runtime="openvino"`` runs it in OpenVINO (``bridge.tools.openvino_runtime``).
     ``localize=True``: when a run fails, compare every intermediate value too and report the first
-    node that diverges (``report.first_divergence``; ``bridge.localize``); a passing check costs
+    node that diverges (``report.first_divergence``; ``bridge.tools.localize``); a passing check costs
     nothing extra. ``localize="always"`` compares the intermediates of the first run even when it passes.
 
     Example:

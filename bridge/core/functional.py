@@ -13,7 +13,7 @@ import re
 
 import torch
 
-from bridge.spec import OpSpec
+from bridge.core.spec import OpSpec
 
 SUFFIX = "_functional"
 

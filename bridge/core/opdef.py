@@ -18,12 +18,12 @@ import onnx
 import torch
 from torch._library import custom_ops
 
-from bridge.checks import Check, Checks, GuardedFunction, unreadable
-from bridge.errors import OpBridgeError
-from bridge.proxy import (class_schemas, define_method_proxy, define_op_proxy, ensure_fake_class, is_composite_only,
+from bridge.core.checks import Check, Checks, GuardedFunction, unreadable
+from bridge.core.errors import OpBridgeError
+from bridge.core.proxy import (class_schemas, define_method_proxy, define_op_proxy, ensure_fake_class, is_composite_only,
                           method_schema, user_fake_class)
-from bridge.registry import REGISTRY, Registry
-from bridge.spec import OpSpec, function_signature, has_fake_kernel, parse_params, validate_qualname
+from bridge.core.registry import REGISTRY, Registry
+from bridge.core.spec import OpSpec, function_signature, has_fake_kernel, parse_params, validate_qualname
 
 
 def resolve_native(path: str | os.PathLike, base: str | os.PathLike | None, qualname: str) -> str:
@@ -112,7 +112,7 @@ class BridgeOp:
         self._registry.replace(with_guards(dataclasses.replace(self.spec, **changes)))
 
     def register_checks(self, *checks: Check) -> Checks:
-        """The op's input checks, stated once (``bridge.checks`` vocabulary): the eager
+        """The op's input checks, stated once (``bridge.core.checks`` vocabulary): the eager
         implementation runs them with :meth:`check`, the function body gets them as guards, the
         function tier reports a failed guard with the eager message. Replaces earlier checks.
 
@@ -128,14 +128,14 @@ class BridgeOp:
             >>> first(torch.tensor([-1, 2]), 1)  # an index-like int tensor
             Traceback (most recent call last):
             ...
-            bridge.checks.CheckError: opbridge: demo::first: input 'x' values must be >= 0. Got min -1. Pass x >= 0.
+            bridge.core.checks.CheckError: opbridge: demo::first: input 'x' values must be >= 0. Got min -1. Pass x >= 0.
         """
         found = Checks(self.qualname, checks)
         self._attach(checks=found)
         return found
 
     def check(self, *args, **kwargs) -> None:
-        """Run the op's checks on a call (as the op takes it); raise ``bridge.checks.CheckError``
+        """Run the op's checks on a call (as the op takes it); raise ``bridge.core.checks.CheckError``
         naming the op and the input. No checks registered: nothing to do."""
         spec = self.spec
         if spec.checks is not None:
@@ -200,7 +200,7 @@ def _validate_checks(spec: OpSpec, attr_types: dict[str, int]) -> None:
 
 
 def with_guards(spec: OpSpec) -> OpSpec:
-    """``spec`` with its function body carrying its checks as guards (``bridge.checks.guarded_body``);
+    """``spec`` with its function body carrying its checks as guards (``bridge.core.checks.guarded_body``);
     the checks are validated against the op's signature first."""
     types = {p.name: getattr(onnx.AttributeProto, p.attr_type.name) for p in spec.attributes}
     if spec.checks is not None:
@@ -296,7 +296,7 @@ def register(
     only when it has none). Returns the op object, as :func:`op` does.
 
     A composite-only op given ``fake=``, a torchbind method, and an op given ``names=`` are bridged
-    through a proxy op (``bridge.proxy``): export records the call as one node in the op's own
+    through a proxy op (``bridge.core.proxy``): export records the call as one node in the op's own
     domain and name, and eager calls outside export still run the op itself.
     ``names={"_0": "src", ...}`` renames arguments (C++-inferred schemas name them ``_0``, ``_1``,
     ...) for ONNX inputs, attributes and messages; an op's proxy keeps its names for the whole process
@@ -441,7 +441,7 @@ def op(
     function). The keyword pieces are shortcuts for the op object's ``register_*`` methods:
     ``function`` is an onnxscript function in ``Opset(domain, version)`` with the op's name, used
     as the model-local ONNX-function kernel; ``native`` a C++ kernel file, relative to the
-    declaring module's folder; ``checks`` the op's input checks (``bridge.checks`` vocabulary),
+    declaring module's folder; ``checks`` the op's input checks (``bridge.core.checks`` vocabulary),
     stated once for every tier: the implementation runs them with ``op.check(...)``, the function
     body carries them as guards.
 

@@ -38,13 +38,13 @@ import onnx
 import onnxruntime
 import torch
 
-from bridge.errors import OpBridgeError
-from bridge.parity import check_parity
-from bridge.progress import enable as enable_progress
-from bridge.progress import format_table
-from bridge.registry import REGISTRY
-from bridge.sessions import load_model, session
-from bridge.testing import ModelCase, OpModule, cases
+from bridge.core.errors import OpBridgeError
+from bridge.tools.parity import check_parity
+from bridge.core.progress import enable as enable_progress
+from bridge.core.progress import format_table
+from bridge.core.registry import REGISTRY
+from bridge.tools.sessions import load_model, session
+from bridge.tools.testing import ModelCase, OpModule, cases
 from exporters.derive import body_status, show_body
 from exporters.export import DEFAULT_OPSET, export
 from exporters.inline import custom_op_types, inline_file
@@ -98,10 +98,10 @@ def _load_case(spec: str):
         factory = getattr(import_ops(module_name), attr)
     except AttributeError as e:
         raise OpBridgeError(f"cannot load model factory {spec!r}. Got {e}. "
-                            "Pass MODULE:FACTORY of a function returning bridge.testing.ModelCase.") from None
+                            "Pass MODULE:FACTORY of a function returning bridge.tools.testing.ModelCase.") from None
     case = factory()
     if not isinstance(case, ModelCase):
-        raise OpBridgeError(f"{spec} must return a bridge.testing.ModelCase. Got {type(case).__name__}. "
+        raise OpBridgeError(f"{spec} must return a bridge.tools.testing.ModelCase. Got {type(case).__name__}. "
                             "Return ModelCase(model, args, dynamic_shapes).")
     return case
 
