@@ -39,7 +39,7 @@ _PUBLIC: dict[str, tuple[str, str]] = {
 # NOTE: submodules reachable as ``bridge.<name>``: the ground floor lives in bridge/core/, the
 # user-facing floor in bridge/tools/ (ARCHITECTURE.md).
 _SUBMODULES: dict[str, str] = {
-    **{name: f"bridge.core.{name}" for name in ("checks", "domains", "dtypes", "errors", "files", "functional", "names",
+    **{name: f"bridge.core.{name}" for name in ("checks", "domains", "dtypes", "errors", "files", "functional", "opnames",
                                                  "opdef", "progress", "proxy", "registry", "schema", "spec")},
     **{name: f"bridge.tools.{name}" for name in ("cli", "localize", "openvino_runtime", "parity", "sessions", "testing")},
 }
