@@ -10,7 +10,7 @@ from collections.abc import Sequence
 import onnx
 import torch
 
-from bridge.core.domains import all_nodes, graphs, is_custom
+from bridge.core.graphs import FreshNames, custom_nodes, graphs, value_names
 from bridge.core.errors import OpBridgeError
 
 
@@ -37,32 +37,17 @@ def rename_values(model: onnx.ModelProto, mapping: dict[str, str]) -> None:
             t.name = mapping.get(t.name, t.name)
 
 
-def _taken(model: onnx.ModelProto) -> set[str]:
-    names = set()
-    for graph in graphs(model.graph):
-        names |= {v.name for v in [*graph.input, *graph.output, *graph.value_info]}
-        names |= {t.name for t in graph.initializer}
-        for node in graph.node:
-            names.update(node.output)
-    return names
-
-
 def name_custom_outputs(model: onnx.ModelProto, registry) -> None:
     """Outputs of multi-output custom nodes take the op's own names (``<op>_out<i>``), never the
     exporter's ``getitem``/``getitem_1``."""
-    taken = _taken(model)
+    fresh = FreshNames(value_names(model.graph))
     mapping = {}
-    for node in all_nodes(model):
-        if not is_custom(node.domain) or len(node.output) < 2:
+    for node in custom_nodes(model):
+        if len(node.output) < 2:
             continue
         for i, out in enumerate(node.output):
             if out and out.startswith("getitem"):
-                base = f"{node.op_type}_out{i}"
-                name, k = base, 1
-                while name in taken:
-                    name, k = f"{base}_{k}", k + 1
-                taken.add(name)
-                mapping[out] = name
+                mapping[out] = fresh(f"{node.op_type}_out{i}")
     rename_values(model, mapping)
 
 
@@ -82,7 +67,7 @@ def name_graph_io(model: onnx.ModelProto, input_names: Sequence[str] | None,
             raise OpBridgeError(f"{kind} must name each of the model's {len(values)} graph {kind[:-6]}s once. Got "
                                 f"{given} for {values}. Pass {len(values)} distinct non-empty names.")
         mapping.update({old: new for old, new in zip(values, given) if old != new})
-    clash = (set(mapping.values()) & _taken(model)) - set(mapping)
+    clash = (set(mapping.values()) & value_names(model.graph)) - set(mapping)
     if clash:
         raise OpBridgeError(f"names {sorted(clash)} are already used inside the graph. Got a clash. Pick other names.")
     rename_values(model, mapping)

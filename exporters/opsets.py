@@ -22,14 +22,14 @@ Example:
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Iterator
 
 import onnx
 import onnx.version_converter
 from onnx import defs, helper
 
-from bridge.core.domains import is_custom, is_onnx, may_hold_subgraphs
+from bridge.core.domains import is_custom, is_onnx
+from bridge.core.graphs import FreshNames, custom_ops, walk
 from bridge.core.errors import OpBridgeError
 from bridge.core.registry import REGISTRY, Registry
 
@@ -61,20 +61,15 @@ class _Context:
     def __init__(self, nodes: Nodes, where: str, target: int):
         self.where, self.target = where, target
         self.producers: dict[str, onnx.NodeProto] = {}
-        self.names: set[str] = set()
-        for node in _walk_nodes(nodes):
-            self.names.update(node.input)
-            self.names.update(node.output)
+        self.names = FreshNames()
+        for node in walk(nodes):
+            self.names.taken.update(node.input)
+            self.names.taken.update(node.output)
             for out in node.output:
                 self.producers[out] = node
-        self._counter = itertools.count()
 
     def fresh(self, base: str) -> str:
-        while True:
-            name = f"{base}_opset{self.target}_{next(self._counter)}"
-            if name not in self.names:
-                self.names.add(name)
-                return name
+        return self.names(f"{base}_opset{self.target}")
 
     def node(self, op_type: str, inputs: list[str], base: str, **attrs) -> tuple[onnx.NodeProto, str]:
         out = self.fresh(base)
@@ -87,16 +82,6 @@ class _Context:
     def error(self, node: onnx.NodeProto, why: str, fix: str) -> OpBridgeError:
         return OpBridgeError(f"{self.where}: cannot convert node {node.name or node.op_type!r} ({node.op_type}) "
                              f"to ONNX opset {self.target}: {why}. {fix}")
-
-
-def _walk_nodes(nodes) -> Iterator[onnx.NodeProto]:
-    for node in nodes:
-        yield node
-        if not may_hold_subgraphs(node):
-            continue
-        for attr in node.attribute:
-            for graph in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
-                yield from _walk_nodes(graph.node)
 
 
 def _attr(node: onnx.NodeProto, name: str) -> onnx.AttributeProto | None:
@@ -442,7 +427,7 @@ def portable_constants(function: onnx.FunctionProto) -> onnx.FunctionProto:
     """
     result = onnx.FunctionProto()
     result.CopyFrom(function)
-    for node in _walk_nodes(result.node):
+    for node in walk(result.node):
         if node.op_type != "Constant" or not is_onnx(node.domain) or len(node.attribute) != 1:
             continue
         attr = node.attribute[0]
@@ -454,16 +439,6 @@ def portable_constants(function: onnx.FunctionProto) -> onnx.FunctionProto:
         del node.attribute[:]
         node.attribute.append(helper.make_attribute("value", tensor))
     return result
-
-
-def _custom_calls(model: onnx.ModelProto) -> list[tuple[str, str]]:
-    """Distinct (domain, op_type) of custom nodes in the main graph (and its subgraphs) and in the
-    model's functions, in order of first appearance."""
-    seen: dict[tuple[str, str], None] = {}
-    for node in itertools.chain(_walk_nodes(model.graph.node), *(_walk_nodes(f.node) for f in model.functions)):
-        if is_custom(node.domain):
-            seen.setdefault((node.domain, node.op_type), None)
-    return list(seen)
 
 
 def attach_functions(model: onnx.ModelProto, registry: Registry | None = None) -> list[str]:
@@ -499,7 +474,7 @@ def attach_functions(model: onnx.ModelProto, registry: Registry | None = None) -
             changed.append(name_of(function.domain, function.name))
     have = {(f.domain, f.name) for f in model.functions}
     while True:  # an attached body may call further custom ops
-        wanted = [key for key in _custom_calls(model) if key not in have]
+        wanted = [key for key in custom_ops(model, functions=True) if key not in have]
         bodies = []
         for key in wanted:
             spec = reg.find(*key)

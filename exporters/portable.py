@@ -27,6 +27,8 @@ from collections.abc import Iterator
 import onnx
 from onnx import helper
 
+from bridge.core.graphs import graphs, model_graphs, model_nodes
+
 # NOTE: element types by the IR version that introduced them (onnx.proto's IR history).
 _TYPE_IR = {getattr(onnx.TensorProto, name): ir for name, ir in (
     ("FLOAT8E4M3FN", 9), ("FLOAT8E4M3FNUZ", 9), ("FLOAT8E5M2", 9), ("FLOAT8E5M2FNUZ", 9),
@@ -35,40 +37,12 @@ _TYPE_IR = {getattr(onnx.TensorProto, name): ir for name, ir in (
 METADATA_IR = 10  # NOTE: metadata_props on nodes/values/tensors/graphs/functions, function overloads
 
 
-def _graph_nodes(graph: onnx.GraphProto) -> Iterator[onnx.NodeProto]:
-    for node in graph.node:
-        yield node
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
-                yield from _graph_nodes(sub)
-
-
-def _graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
-                yield from _graphs(sub)
-
-
-def _all_nodes(model: onnx.ModelProto) -> Iterator[onnx.NodeProto]:
-    yield from _graph_nodes(model.graph)
-    for function in model.functions:
-        for node in function.node:
-            yield node
-            for attr in node.attribute:
-                for sub in ([attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)):
-                    yield from _graph_nodes(sub)
-
-
 def _annotated(model: onnx.ModelProto) -> Iterator:
     """Every proto of ``model`` that has ``doc_string`` and (from IR 10) ``metadata_props``."""
-    for graph in itertools.chain(_graphs(model.graph), *(
-            _graphs(a.g) for f in model.functions for n in f.node for a in n.attribute
-            if a.type == onnx.AttributeProto.GRAPH)):
+    for graph in model_graphs(model, functions=True):
         yield graph
         yield from itertools.chain(graph.input, graph.output, graph.value_info, graph.initializer)
-    yield from _all_nodes(model)
+    yield from model_nodes(model, functions=True)
     for function in model.functions:
         yield function
         yield from function.value_info
@@ -88,7 +62,7 @@ def _tensor_types(type_proto: onnx.TypeProto) -> Iterator[int]:
 
 
 def _element_types(model: onnx.ModelProto) -> Iterator[int]:
-    for graph in _graphs(model.graph):
+    for graph in graphs(model.graph):
         for value in itertools.chain(graph.input, graph.output, graph.value_info):
             yield from _tensor_types(value.type)
         yield from (t.data_type for t in graph.initializer)
@@ -96,7 +70,7 @@ def _element_types(model: onnx.ModelProto) -> Iterator[int]:
     for function in model.functions:
         for value in function.value_info:
             yield from _tensor_types(value.type)
-    for node in _all_nodes(model):
+    for node in model_nodes(model, functions=True):
         for attr in node.attribute:
             if attr.type == onnx.AttributeProto.TENSOR:
                 yield attr.t.data_type
@@ -123,7 +97,7 @@ def required_ir_version(model: onnx.ModelProto, *, metadata: bool = False) -> in
         need = max(need, 8)
     if any(f.attribute_proto for f in model.functions):
         need = max(need, 9)
-    if any(f.overload for f in model.functions) or any(n.overload for n in _all_nodes(model)):
+    if any(f.overload for f in model.functions) or any(n.overload for n in model_nodes(model, functions=True)):
         need = max(need, METADATA_IR)
     need = max([need, *(_TYPE_IR.get(t, 0) for t in _element_types(model))])
     if metadata and any(p.metadata_props for p in _annotated(model)):

@@ -1,0 +1,124 @@
+"""ONNX graphs: every walk over a model, its subgraphs and its functions, written once.
+
+A model's *custom* nodes are those whose domain :func:`bridge.core.domains.is_custom` calls custom
+(neither an ONNX domain nor one of onnxruntime's own); every lister here uses that one definition.
+
+Example:
+    >>> from onnx import helper
+    >>> inner = helper.make_graph([helper.make_node("f", ["a"], ["b"], domain="d")], "inner", [], [])
+    >>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"]),
+    ...                        helper.make_node("If", ["c"], ["z"], then_branch=inner, else_branch=inner),
+    ...                        helper.make_node("FusedConv", ["y"], ["w"], domain="com.microsoft")], "g", [], [])
+    >>> [n.op_type for n in model_nodes(helper.make_model(g))]
+    ['Relu', 'If', 'f', 'f', 'FusedConv']
+    >>> custom_ops(helper.make_model(g))
+    [('d', 'f')]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Iterator
+
+import onnx
+
+from bridge.core.domains import is_custom, is_onnx
+
+# NOTE: the standard ops that carry subgraphs; walks skip the attributes of other standard nodes
+# (a walk over a function body is then ~2.5x cheaper; sessions walk every body)
+SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
+
+
+def may_hold_subgraphs(node: onnx.NodeProto) -> bool:
+    """Whether ``node`` can carry graph attributes: a standard control-flow op, or any non-standard node."""
+    return node.op_type in SUBGRAPH_OPS or not is_onnx(node.domain)
+
+
+def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
+    """The graphs held by ``node``'s attributes (If branches, Loop/Scan bodies), not nested deeper."""
+    if not may_hold_subgraphs(node):
+        return []
+    found = []
+    for attr in node.attribute:
+        if attr.type == onnx.AttributeProto.GRAPH:
+            found.append(attr.g)
+        elif attr.type == onnx.AttributeProto.GRAPHS:
+            found.extend(attr.graphs)
+    return found
+
+
+def graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    """``graph`` and every subgraph inside it, depth first."""
+    yield graph
+    for node in graph.node:
+        for sub in subgraphs(node):
+            yield from graphs(sub)
+
+
+def model_graphs(model: onnx.ModelProto, *, functions: bool = False) -> Iterator[onnx.GraphProto]:
+    """The model's graph and its subgraphs; with ``functions``, the subgraphs inside its local functions too."""
+    yield from graphs(model.graph)
+    if functions:
+        for function in model.functions:
+            for node in function.node:
+                for sub in subgraphs(node):
+                    yield from graphs(sub)
+
+
+def walk(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.NodeProto]:
+    """Each of ``nodes`` followed by the nodes of its subgraphs, depth first."""
+    for node in nodes:
+        yield node
+        for sub in subgraphs(node):
+            yield from walk(sub.node)
+
+
+def model_nodes(model: onnx.ModelProto, *, functions: bool = False) -> Iterator[onnx.NodeProto]:
+    """Every node of the model's graph and its subgraphs; with ``functions``, of its local functions too."""
+    yield from walk(model.graph.node)
+    if functions:
+        for function in model.functions:
+            yield from walk(function.node)
+
+
+def custom_nodes(model: onnx.ModelProto, *, functions: bool = False) -> Iterator[onnx.NodeProto]:
+    """The custom nodes among :func:`model_nodes`."""
+    return (n for n in model_nodes(model, functions=functions) if is_custom(n.domain))
+
+
+def custom_ops(model: onnx.ModelProto, *, functions: bool = False) -> list[tuple[str, str]]:
+    """Distinct ``(domain, op_type)`` of the model's custom nodes, in order of first appearance."""
+    return list(dict.fromkeys((n.domain, n.op_type) for n in custom_nodes(model, functions=functions)))
+
+
+def value_names(graph: onnx.GraphProto | onnx.FunctionProto) -> set[str]:
+    """Every value name used in ``graph`` (inputs, outputs, initializers, node inputs and outputs),
+    its subgraphs included: the names a new value must avoid."""
+    names = set(graph.input) if isinstance(graph, onnx.FunctionProto) else set()
+    if isinstance(graph, onnx.GraphProto):
+        for g in graphs(graph):
+            names |= {v.name for v in (*g.input, *g.output, *g.value_info)} | {t.name for t in g.initializer}
+    for node in walk(graph.node):
+        names.update(node.input)
+        names.update(node.output)
+    names.discard("")
+    return names
+
+
+class FreshNames:
+    """Hands out value names unused so far: ``hint`` itself when free, else ``hint__1``, ``hint__2`` ...
+
+    >>> names = FreshNames({"x", "x__1"})
+    >>> names("x"), names("x"), names("y")
+    ('x__2', 'x__3', 'y')
+    """
+
+    def __init__(self, taken: Iterable[str] = ()):
+        self.taken = set(taken)
+
+    def __call__(self, hint: str) -> str:
+        name, i = hint, 0
+        while name in self.taken:
+            i += 1
+            name = f"{hint}__{i}"
+        self.taken.add(name)
+        return name
