@@ -16,6 +16,7 @@ import onnx
 import torch
 
 from bridge.core.domains import all_nodes, is_custom
+from bridge.core import torch_compat
 from bridge.core.errors import OpBridgeError
 from bridge.core.progress import step
 from bridge.core.proxy import redirect, specialisation_check
@@ -54,13 +55,13 @@ def check_program(program: torch.export.ExportedProgram, registry: Registry) -> 
         if node.op != "call_function":
             continue
         target = node.target
-        if isinstance(target, torch._ops.HigherOrderOperator) and target.name().startswith("auto_functionalized"):
+        if isinstance(target, torch_compat.HigherOrderOperator) and target.name().startswith("auto_functionalized"):
             mutated = node.args[0].name() if node.args else target.name()
             raise OpBridgeError(
                 f"the model calls mutating op {mutated}, whose export is not supported yet. "
                 f"Got node {node.name}. Use a functional op (return the new tensor) for export."
             )
-        if not isinstance(target, torch._ops.OpOverload) or target.namespace in _TORCH_NAMESPACES:
+        if not isinstance(target, torch_compat.OpOverload) or target.namespace in _TORCH_NAMESPACES:
             continue
         spec = registry.for_overload(target)
         if spec is None:
@@ -97,7 +98,7 @@ def proxy_targets(registry: Registry) -> dict:
     targets = {s.overload: (s.overload, specialisation_check(s.qualname, s.overload)) for s in registry
                if s.proxy_for is None}
     targets.update({s.proxy_for: (s.overload, specialisation_check(s.qualname, s.overload)) for s in registry
-                    if isinstance(s.proxy_for, torch._ops.OpOverload)})
+                    if isinstance(s.proxy_for, torch_compat.OpOverload)})
     return targets
 
 

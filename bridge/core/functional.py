@@ -13,6 +13,7 @@ import re
 
 import torch
 
+from bridge.core import torch_compat
 from bridge.core.spec import OpSpec
 
 SUFFIX = "_functional"
@@ -20,10 +21,10 @@ SUFFIX = "_functional"
 
 def twin_schema(spec: OpSpec) -> str:
     """The twin's schema string (without its name): alias annotations dropped, mutated values returned."""
-    schema = str(spec.overload._schema)
+    schema = str(torch_compat.schema_of(spec.overload))
     args = schema[schema.index("("):schema.rindex(") ->") + 1]
     args = re.sub(r"Tensor\([a-z0-9]+!?\)", "Tensor", args)
-    returns = [str(r.type) for r in spec.overload._schema.returns] + ["Tensor"] * len(spec.mutated)
+    returns = [str(r.type) for r in torch_compat.schema_of(spec.overload).returns] + ["Tensor"] * len(spec.mutated)
     ret = returns[0] if len(returns) == 1 else "(" + ", ".join(returns) + ")"
     return f"{args} -> {ret}"
 

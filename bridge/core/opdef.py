@@ -16,8 +16,8 @@ from typing import Any
 
 import onnx
 import torch
-from torch._library import custom_ops
 
+from bridge.core import torch_compat
 from bridge.core.checks import Check, Checks, GuardedFunction, unreadable
 from bridge.core.errors import OpBridgeError
 from bridge.core.proxy import (class_schemas, define_method_proxy, define_op_proxy, ensure_fake_class, is_composite_only,
@@ -221,31 +221,31 @@ def _as_checks(qualname: str, checks) -> Checks | None:
 
 def torch_origin(qualname: str) -> str | None:
     """Where torch's op ``qualname`` comes from, or None when torch has no such op."""
-    if not torch._C._jit_get_schemas_for_operator(qualname):
+    if not torch_compat.op_exists(qualname):
         return None
-    opdef = custom_ops.OPDEFS.get(qualname)
+    opdef = torch_compat.custom_op_def(qualname)
     if opdef is not None:
-        fn = opdef._init_fn
+        fn = torch_compat.python_impl(opdef)
         return f"torch.library.custom_op in module {fn.__module__!r}, {fn.__code__.co_filename}:{fn.__code__.co_firstlineno}"
     return "defined in C++ (TORCH_LIBRARY, e.g. loaded with torch.ops.load_library) or with torch.library.define"
 
 
-def resolve_overload(op: Any) -> torch._ops.OpOverload:
+def resolve_overload(op: Any) -> torch_compat.OpOverload:
     """The torch OpOverload behind ``op``: ``"ns::name"`` (``"ns::name.overload"``),
     ``torch.ops.ns.name`` (``.default``), or a CustomOpDef."""
     if isinstance(op, BridgeOp):
         raise OpBridgeError(f"{op.qualname} is already bridged. Got its op object. Attach more pieces with "
                             "op.register_function(...), op.register_reference(...) and the like.")
-    if hasattr(op, "_opoverload"):  # torch.library.custom_op's CustomOpDef
-        return op._opoverload
-    if isinstance(op, torch._ops.OpOverloadPacket):
+    if torch_compat.is_custom_op_def(op):  # torch.library.custom_op's CustomOpDef
+        return torch_compat.overload_of(op)
+    if isinstance(op, torch_compat.OpOverloadPacket):
         op = op.default
-    if isinstance(op, torch._ops.OpOverload):
+    if isinstance(op, torch_compat.OpOverload):
         return op
     if isinstance(op, str):
         name, _, overload = op.partition(".")
         ns, short = validate_qualname(name)
-        if not torch._C._jit_get_schemas_for_operator(name):
+        if not torch_compat.op_exists(name):
             raise OpBridgeError(f"torch has no op {name!r}. Got {op!r}. Import or load what defines it first "
                                 "(the package, or torch.ops.load_library(path) for a C++ library).")
         packet = getattr(getattr(torch.ops, ns), short)
@@ -345,7 +345,7 @@ def register(
     if attributes is not None:
         raise OpBridgeError(f"{qualname}: attributes= names a torchbind object's state. Got it for an op. Drop it: "
                             "an op's attributes come from its schema.")
-    custom = op if hasattr(op, "_opoverload") else None
+    custom = op if torch_compat.is_custom_op_def(op) else None
     target = custom if custom is not None else overload
     proxy_for = None
     if custom is None and fake is not None and is_composite_only(overload):
@@ -366,7 +366,7 @@ def register(
     if names and proxy_for is None:
         # NOTE: readable names for an op with kernels of its own: a proxy whose fake is the op's own
         proxy_for, target = overload, define_op_proxy(overload, overload, names)
-    params, n_out = parse_params(qualname, (overload if proxy_for is None else target)._schema)
+    params, n_out = parse_params(qualname, torch_compat.schema_of(overload if proxy_for is None else target))
     spec = OpSpec(
         qualname=qualname, custom_op=target, params=params, num_outputs=n_out,
         domain=domain or overload.namespace, version=version, function=function, reference=reference,
@@ -402,7 +402,7 @@ def _register_method(target: str, *, function, reference, sample_inputs, fake, d
                             f"Pass fake=(tensors..., {', '.join(attributes)}) -> empty outputs.")
     proxy = define_method_proxy(target, attributes, fake, names)
     ensure_fake_class(class_name, method, proxy, attributes)
-    params, n_out = parse_params(target, proxy._schema)
+    params, n_out = parse_params(target, torch_compat.schema_of(proxy))
     ns, _, cls_name = class_name.partition("::")
     spec = OpSpec(
         qualname=target, custom_op=proxy, params=params, num_outputs=n_out, domain=domain or ns, version=version,
@@ -472,7 +472,7 @@ def op(
     def decorate(fn: Callable) -> BridgeOp:
         mutates = (mutates_args,) if isinstance(mutates_args, str) else tuple(mutates_args)
         schema_str = torch.library.infer_schema(fn, mutates_args=mutates)
-        params, n_out = parse_params(qualname, torch._C.parse_schema(qualname + schema_str))
+        params, n_out = parse_params(qualname, torch_compat.parse_schema(qualname + schema_str))
         source = None if native is None else resolve_native(
             native, _folder_of(fn.__code__.co_filename) or base, qualname)
         custom = torch.library.custom_op(qualname, fn, mutates_args=mutates, device_types=device_types)
@@ -490,7 +490,7 @@ def op(
         try:
             reg.add(with_guards(spec))
         except OpBridgeError:
-            custom._lib._destroy()  # leave torch as it was: the declaration failed as a whole
+            torch_compat.destroy_custom_op(custom)  # leave torch as it was: the declaration failed as a whole
             raise
         return BridgeOp(qualname, reg, custom)
 

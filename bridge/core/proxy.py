@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import torch
-from torch._library import simple_registry
 from torch.overrides import TorchFunctionMode
 
+from bridge.core import torch_compat
 from bridge.core.errors import OpBridgeError
 
 PROXY_NAMESPACE = "opbridge_proxy"
@@ -46,7 +46,7 @@ _FAKES: dict[str, Callable] = {}
 _KERNELS: dict[str, Callable] = {}
 
 
-def is_composite_only(overload: torch._ops.OpOverload) -> bool:
+def is_composite_only(overload: torch_compat.OpOverload) -> bool:
     """Whether ``overload``'s only kernel is CompositeImplicitAutograd and it has no fake kernel: torch
     traces into it at export (into C++ code, for a C++ library) and refuses a fake for it.
 
@@ -56,9 +56,9 @@ def is_composite_only(overload: torch._ops.OpOverload) -> bool:
         False
     """
     name = overload.name()
-    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    has = torch_compat.has_kernel
     return (has(name, _COMPOSITE) and not any(has(name, k) for k in _OWN_KERNEL_KEYS)
-            and simple_registry.singleton.find(name).fake_impl.kernel is None)
+            and torch_compat.fake_impl(name) is None)
 
 
 def _proxy_name(*parts: str) -> str:
@@ -87,7 +87,7 @@ def readable_names(qualname: str, given: Iterable[str], names: Mapping[str, str]
     return out
 
 
-def _define(name: str, schema: str, kernel: Callable, fake: Callable) -> torch._ops.OpOverload:
+def _define(name: str, schema: str, kernel: Callable, fake: Callable) -> torch_compat.OpOverload:
     """Define (or reuse) ``opbridge_proxy::name`` with ``schema``; kernel and fake are swapped in."""
     _KERNELS[name], _FAKES[name] = kernel, fake
     lib, old = _LIBS.get(name, (None, None))
@@ -126,7 +126,7 @@ def schema_parts(schema: torch.FunctionSchema) -> tuple[list[tuple[str, str]], l
 
     Example:
         >>> import torch
-        >>> schema_parts(torch._C.parse_schema("a::b(Tensor _0, int? _1, int[] l=[1, 2]) -> (Tensor _0, Tensor _1)"))
+        >>> schema_parts(torch_compat.parse_schema("a::b(Tensor _0, int? _1, int[] l=[1, 2]) -> (Tensor _0, Tensor _1)"))
         ([('Tensor', ''), ('int?', ''), ('int[]', '=[1, 2]')], ['Tensor', 'Tensor'])
     """
     text = str(schema)
@@ -154,7 +154,7 @@ def _as_original(schema: torch.FunctionSchema, fn: Callable) -> Callable:
 
     Example:
         >>> import torch
-        >>> call = _as_original(torch._C.parse_schema("a::b(Tensor x, *, int k=1) -> Tensor"), lambda x, *, k: (x, k))
+        >>> call = _as_original(torch_compat.parse_schema("a::b(Tensor x, *, int k=1) -> Tensor"), lambda x, *, k: (x, k))
         >>> call("x", 2)
         ('x', 2)
     """
@@ -174,8 +174,8 @@ def _renames(original: list[str], renamed: list[str]) -> dict[str, str]:
     return {a: b for a, b in zip(original, renamed) if a != b}
 
 
-def define_op_proxy(overload: torch._ops.OpOverload, fake: Callable,
-                    names: Mapping[str, str] | None = None) -> torch._ops.OpOverload:
+def define_op_proxy(overload: torch_compat.OpOverload, fake: Callable,
+                    names: Mapping[str, str] | None = None) -> torch_compat.OpOverload:
     """The proxy of a composite-only op: same schema (arguments renamed by ``names``), fake ``fake``,
     kernel the op itself. A second call for the same op swaps in its fake (it serves every registry
     holding the op) and must give the same names; other names raise OpBridgeError.
@@ -186,11 +186,11 @@ def define_op_proxy(overload: torch._ops.OpOverload, fake: Callable,
         >>> _ = lib.define("twice(Tensor _0, int? _1) -> Tensor")
         >>> lib.impl("twice", lambda x, k: x * 2, "CompositeImplicitAutograd")
         >>> proxy = define_op_proxy(torch.ops.proxy_doc.twice.default, lambda x, k: torch.empty_like(x), {"_0": "x"})
-        >>> str(proxy._schema), proxy(torch.ones(1), None).tolist()
+        >>> str(torch_compat.schema_of(proxy)), proxy(torch.ones(1), None).tolist()
         ('opbridge_proxy::proxy_doc__twice(Tensor x, int? _1) -> Tensor', [2.0])
     """
     qualname = overload.name()
-    schema = overload._schema
+    schema = torch_compat.schema_of(overload)
     mutated = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
     if mutated:
         raise OpBridgeError(f"{qualname}: a composite-only op that writes its arguments cannot be bridged. Got "
@@ -201,7 +201,7 @@ def define_op_proxy(overload: torch._ops.OpOverload, fake: Callable,
     signature = _signature(pairs, renamed, returns)
     name = _proxy_name(qualname)
     if name in _LIBS and _LIBS[name][1] != signature:
-        had = [a.name for a in getattr(getattr(torch.ops, PROXY_NAMESPACE), name).default._schema.arguments]
+        had = [a.name for a in torch_compat.schema_of(getattr(getattr(torch.ops, PROXY_NAMESPACE), name).default).arguments]
         raise OpBridgeError(f"{qualname} is already bridged through a proxy with names {_renames(original, had)}. "
                             f"Got names {_renames(original, renamed)}. Use the same names= (torch ops cannot be "
                             "undefined, so a proxy keeps its argument names for the whole process), or bridge the "
@@ -224,7 +224,7 @@ def class_schemas(class_name: str) -> dict[str, torch.FunctionSchema]:
         ['__getstate__', '__init__', '__obj_flatten__', '__setstate__', 'forward']
     """
     fqn = _fqn(class_name)
-    return {s.name: s for s in torch._C._jit_get_custom_class_schemas()
+    return {s.name: s for s in torch_compat.custom_class_schemas()
             if s.arguments and str(s.arguments[0].type) == fqn}
 
 
@@ -266,7 +266,7 @@ def method_schema(target: str) -> torch.FunctionSchema:
 
 
 def define_method_proxy(target: str, attributes: list[str], fake: Callable,
-                        names: Mapping[str, str] | None = None) -> torch._ops.OpOverload:
+                        names: Mapping[str, str] | None = None) -> torch_compat.OpOverload:
     """The proxy of torchbind method ``"ns::Class.method"``: the method's arguments (renamed by
     ``names``), then the object's state as ``attributes`` (names of ``__obj_flatten__``'s pairs, in
     order; types from its schema); fake ``fake``; kernel the method of an object built by the class
@@ -276,7 +276,7 @@ def define_method_proxy(target: str, attributes: list[str], fake: Callable,
         >>> import torch, custom_ops
         >>> proxy = define_method_proxy("opbridge::IdentityConvClass.forward", ["channels"],
         ...                             lambda x, channels: torch.empty_like(x), {"_1": "x"})
-        >>> str(proxy._schema), proxy(torch.ones(1, 2), 2).shape
+        >>> str(torch_compat.schema_of(proxy)), proxy(torch.ones(1, 2), 2).shape
         ('opbridge_proxy::opbridge__IdentityConvClass__forward(Tensor x, int channels) -> Tensor', torch.Size([1, 2]))
     """
     class_name, _, method = target.rpartition(".")
@@ -322,11 +322,11 @@ def user_fake_class(class_name: str) -> Any | None:
         >>> user_fake_class("opbridge::IdentityConvClass").__name__
         'FakeIdentityConvClass'
     """
-    cls = torch._library.fake_class_registry.find_fake_class(_fqn(class_name))
+    cls = torch_compat.find_fake_class(_fqn(class_name))
     return None if cls is None or getattr(cls, "_opbridge_proxy", False) else cls
 
 
-def ensure_fake_class(class_name: str, method: str, proxy: torch._ops.OpOverload, attributes: list[str]) -> None:
+def ensure_fake_class(class_name: str, method: str, proxy: torch_compat.OpOverload, attributes: list[str]) -> None:
     """Register a fake class for ``class_name`` whose ``method`` runs the proxy on fake tensors, unless
     the user registered one: export needs it to trace a model holding the object. The bridge's own
     is replaced on a later registration (new state names).
@@ -339,11 +339,10 @@ def ensure_fake_class(class_name: str, method: str, proxy: torch._ops.OpOverload
         >>> user_fake_class("opbridge::IdentityConvClass").__name__  # the user's own is kept
         'FakeIdentityConvClass'
     """
-    registry = torch._library.fake_class_registry
     if user_fake_class(class_name) is not None:
         return
-    if registry.has_fake_class(_fqn(class_name)):
-        registry.deregister_fake_class(class_name)
+    if torch_compat.has_fake_class(_fqn(class_name)):
+        torch_compat.deregister_fake_class(class_name)
 
     class FakeObject:
         _opbridge_proxy = True
@@ -360,10 +359,10 @@ def ensure_fake_class(class_name: str, method: str, proxy: torch._ops.OpOverload
 
     setattr(FakeObject, method, call)
     FakeObject.__name__ = f"Fake{class_name.partition('::')[2]}"
-    registry.register_fake_class(class_name, FakeObject)
+    torch_compat.register_fake_class(class_name, FakeObject)
 
 
-def specialisation_check(qualname: str, proxy: torch._ops.OpOverload) -> Callable:
+def specialisation_check(qualname: str, proxy: torch_compat.OpOverload) -> Callable:
     """``check(args, kwargs)`` raising OpBridgeError when an ``int`` (not ``SymInt``) argument of
     ``proxy`` gets a symbolic size: torch would specialise it, and the export would fail with a
     constraint error that names no op.
@@ -374,8 +373,8 @@ def specialisation_check(qualname: str, proxy: torch._ops.OpOverload) -> Callabl
         >>> check((torch.ones(3), 0, 1), {}) is None  # plain ints pass
         True
     """
-    pairs, _ = schema_parts(proxy._schema)
-    names = [a.name for a in proxy._schema.arguments]
+    pairs, _ = schema_parts(torch_compat.schema_of(proxy))
+    names = [a.name for a in torch_compat.schema_of(proxy).arguments]
     ints = {i for i, (t, _) in enumerate(pairs) if t.rstrip("?") in ("int", "int[]") or t.startswith("int[")}
 
     def check(args, kwargs):
@@ -404,14 +403,14 @@ class _Redirect(TorchFunctionMode):
             return func(*args, **kwargs)
         original, proxy, check = hit
         if kwargs and proxy is not original:  # NOTE: keywords of the original's names, the proxy's own
-            renamed = dict(zip((a.name for a in original._schema.arguments), (a.name for a in proxy._schema.arguments)))
+            renamed = dict(zip((a.name for a in torch_compat.schema_of(original).arguments), (a.name for a in torch_compat.schema_of(proxy).arguments)))
             kwargs = {renamed.get(k, k): v for k, v in kwargs.items()}
         check(args, kwargs)
         return proxy(*args, **kwargs)
 
 
 @contextlib.contextmanager
-def redirect(targets: Mapping[torch._ops.OpOverload, tuple[torch._ops.OpOverload, Callable]]):
+def redirect(targets: Mapping[torch_compat.OpOverload, tuple[torch_compat.OpOverload, Callable]]):
     """While active, calls of each original op (overload or packet) go to its proxy after
     ``check(args, kwargs)`` (keywords renamed to the proxy's argument names); the export traces the
     proxy as one node. Nothing changes outside.

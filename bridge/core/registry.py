@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 from onnx import defs
 
+from bridge.core import torch_compat
 from bridge.core.errors import OpBridgeError
 from bridge.core.functional import define_twin, twin_spec
 from bridge.core.spec import OpSpec, function_signature
@@ -113,7 +114,7 @@ class Registry:
             try:
                 _validate_function(twin)
             except OpBridgeError:
-                twin.custom_op._lib._destroy()  # the twin goes with the failed declaration
+                torch_compat.destroy_custom_op(twin.custom_op)  # the twin goes with the failed declaration
                 raise
         self._store(spec, twin)
         return spec

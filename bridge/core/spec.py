@@ -18,8 +18,8 @@ import onnx
 import torch
 from onnx import defs
 from onnxscript import values
-from torch._library import simple_registry
 
+from bridge.core import torch_compat
 from bridge.core.errors import OpBridgeError
 from bridge.core.schema import build_onnx_schema
 
@@ -160,9 +160,9 @@ class OpSpec:
         return self.onnx_name or self.qualname.split("::")[1]
 
     @property
-    def overload(self) -> torch._ops.OpOverload:
+    def overload(self) -> torch_compat.OpOverload:
         """The torch op the exported graph calls (a proxy's, for ``proxy_for`` ops)."""
-        return getattr(self.custom_op, "_opoverload", self.custom_op)
+        return torch_compat.overload_of(self.custom_op) or self.custom_op
 
     @property
     def tensors(self) -> tuple[Param, ...]:
@@ -185,7 +185,7 @@ class OpSpec:
     def has_autograd(self) -> bool:
         if hasattr(self.custom_op, "_backward_fn"):
             return self.custom_op._backward_fn is not None
-        return any(torch._C._dispatch_has_kernel_for_dispatch_key(self.overload.name(), key)
+        return any(torch_compat.has_kernel(self.overload.name(), key)
                    for key in ("Autograd", "AutogradCPU", "CompositeImplicitAutograd"))
 
     # -- derived ONNX views ------------------------------------------------------------
@@ -209,12 +209,11 @@ class OpSpec:
 def has_fake_kernel(op: Any) -> bool:
     """Whether torch can run ``op`` (a CustomOpDef or an OpOverload) on fake tensors: a fake kernel
     from Python (register_fake), a Meta kernel from C++, or a composite kernel that traces through."""
-    if hasattr(op, "_abstract_fn"):  # torch.library.custom_op
-        return op._abstract_fn is not None
+    if torch_compat.is_custom_op_def(op):  # torch.library.custom_op
+        return torch_compat.custom_op_fake(op) is not None
     name = op.name()
-    entry = simple_registry.singleton.find(name)
-    return entry.fake_impl.kernel is not None or any(
-        torch._C._dispatch_has_kernel_for_dispatch_key(name, key) for key in ("Meta", "CompositeImplicitAutograd"))
+    return torch_compat.fake_impl(name) is not None or any(
+        torch_compat.has_kernel(name, key) for key in ("Meta", "CompositeImplicitAutograd"))
 
 
 def python_signature(spec: OpSpec, annotate: bool = False) -> inspect.Signature:

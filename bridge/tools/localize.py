@@ -24,10 +24,10 @@ from collections.abc import Callable, Sequence
 import onnx
 import torch
 from torch.export.graph_signature import InputKind
-from torch.utils import _pytree as pytree
 
 from bridge.core.domains import is_custom
 from bridge.core.errors import OpBridgeError
+from bridge.core.torch_compat import pytree
 from bridge.core.progress import format_table, step
 from bridge.tools.sessions import load_model, session
 from ort_kernels.function import FunctionTier

@@ -1,0 +1,117 @@
+"""Every private torch API opbridge uses, in one module; the rest of the code calls public torch or this.
+
+Each wrapper says what it does and the torch releases it is tested on (the torch matrix in
+``benchmarks/torch_matrix.py`` runs the suite on each); where a release differs, the branch is here.
+``TESTED`` is the range that matrix covers.
+
+Example:
+    >>> import torch
+    >>> str(schema_of(torch.ops.aten.relu.default))
+    'aten::relu(Tensor self) -> Tensor'
+    >>> has_kernel("aten::relu", "CompositeImplicitAutograd"), is_overload(torch.ops.aten.relu.default)
+    (False, True)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch._library.custom_ops as _custom_ops
+import torch._library.fake_class_registry as _fake_classes
+import torch._library.simple_registry as _simple_registry
+import torch.utils._pytree as pytree  # noqa: F401  (re-exported: tree_flatten, tree_map, ...)
+from torch._subclasses.fake_tensor import FakeTensorMode, is_fake  # noqa: F401  (re-exported)
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext  # noqa: F401
+
+TESTED = ("2.12", "2.13", "2.14", "2.15")
+
+# NOTE: the op classes torch keeps in the private torch._ops (2.12-2.15); isinstance checks only.
+OpOverload = torch._ops.OpOverload
+OpOverloadPacket = torch._ops.OpOverloadPacket
+HigherOrderOperator = torch._ops.HigherOrderOperator
+
+
+def is_overload(value: Any) -> bool:
+    """Whether ``value`` is one overload of a torch op (``torch.ops.ns.name.default``)."""
+    return isinstance(value, OpOverload)
+
+
+def schema_of(op: Any) -> torch.FunctionSchema:
+    """The ``FunctionSchema`` of an OpOverload (its private ``_schema``, 2.12-2.15)."""
+    return op._schema
+
+
+def parse_schema(text: str) -> torch.FunctionSchema:
+    """Parse ``"ns::name(Tensor x) -> Tensor"`` into a ``FunctionSchema`` (``torch._C.parse_schema``)."""
+    return torch._C.parse_schema(text)
+
+
+def op_exists(qualname: str) -> bool:
+    """Whether torch knows an op ``ns::name`` (any overload), without creating a packet for it."""
+    return bool(torch._C._jit_get_schemas_for_operator(qualname))
+
+
+def has_kernel(name: str, dispatch_key: str) -> bool:
+    """Whether op ``name`` (``ns::op`` or ``ns::op.overload``) has a kernel for ``dispatch_key``."""
+    return torch._C._dispatch_has_kernel_for_dispatch_key(name, dispatch_key)
+
+
+def custom_class_schemas() -> list:
+    """The method schemas of every registered torchbind class (``torch._C._jit_get_custom_class_schemas``)."""
+    return torch._C._jit_get_custom_class_schemas()
+
+
+def custom_op_def(qualname: str) -> Any | None:
+    """torch's ``CustomOpDef`` for ``qualname`` when it was made by ``torch.library.custom_op``, else None."""
+    return _custom_ops.OPDEFS.get(qualname)
+
+
+def overload_of(custom_op: Any) -> OpOverload | None:
+    """The OpOverload behind a ``CustomOpDef`` (``_opoverload``), None for anything else."""
+    return getattr(custom_op, "_opoverload", None) if is_custom_op_def(custom_op) else None
+
+
+def is_custom_op_def(value: Any) -> bool:
+    """Whether ``value`` is a ``torch.library.custom_op`` object (``CustomOpDef``)."""
+    return isinstance(value, _custom_ops.CustomOpDef)
+
+
+def python_impl(custom_op: Any) -> Callable | None:
+    """The Python function a ``CustomOpDef`` was made from (its ``_init_fn``)."""
+    return getattr(custom_op, "_init_fn", None)
+
+
+def fake_impl(name: str) -> Callable | None:
+    """The Python fake kernel registered for op ``name`` (``register_fake``), or None."""
+    return _simple_registry.singleton.find(name).fake_impl.kernel
+
+
+def custom_op_fake(custom_op: Any) -> Callable | None:
+    """The fake kernel of a ``CustomOpDef`` (its ``_abstract_fn``), or None."""
+    return custom_op._abstract_fn
+
+
+def destroy_custom_op(custom_op: Any) -> None:
+    """Undefine a ``CustomOpDef`` from torch (its private library's ``_destroy``), so a failed
+    declaration leaves torch as it was."""
+    custom_op._lib._destroy()
+
+
+def find_fake_class(qualified_class: str) -> type | None:
+    """The fake class registered for torchbind class ``__torch__.torch.classes.ns.Name``, or None."""
+    return _fake_classes.find_fake_class(qualified_class)
+
+
+def has_fake_class(qualified_class: str) -> bool:
+    return _fake_classes.has_fake_class(qualified_class)
+
+
+def register_fake_class(class_name: str, cls: type) -> None:
+    """Register ``cls`` as the fake of torchbind class ``ns::Name`` (``torch._library.fake_class_registry``)."""
+    _fake_classes.register_fake_class(class_name, cls)
+
+
+def deregister_fake_class(class_name: str) -> None:
+    _fake_classes.deregister_fake_class(class_name)
