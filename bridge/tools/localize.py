@@ -354,6 +354,21 @@ def _bodies(proto: onnx.ModelProto) -> dict[tuple[str, str], list[str]]:
     return {(f.domain, f.name): [n.op_type for n in f.node] for f in proto.functions}
 
 
+def _lineage(node: onnx.NodeProto, i: int, producer: dict, results: dict, depends: dict) -> tuple[set, set]:
+    """The compared values ``node`` depends on, and the uncompared nodes between them and it."""
+    ancestors, segment = set(), {i}
+    for name in node.input:
+        if not name or name not in producer:
+            continue  # graph input, initializer, omitted optional: exact on both sides
+        if name in results:
+            ancestors.add(name)
+        else:
+            a, s = depends[name]
+            ancestors |= a
+            segment |= s
+    return ancestors, segment
+
+
 def _walk(graph: onnx.GraphProto, results: dict, targets: dict[str, str], bodies: dict,
           ) -> tuple[list[NodeParity], int]:
     """Each node with compared outputs, in topological order, with the compared values it depends on."""
@@ -361,16 +376,7 @@ def _walk(graph: onnx.GraphProto, results: dict, targets: dict[str, str], bodies
     depends: dict[str, tuple[frozenset, frozenset]] = {}  # value -> (compared ancestors, nodes computing it)
     nodes, uncompared = [], 0
     for i, node in enumerate(graph.node):
-        ancestors, segment = set(), {i}
-        for name in node.input:
-            if not name or name not in producer:
-                continue  # graph input, initializer, omitted optional: exact on both sides
-            if name in results:
-                ancestors.add(name)
-            else:
-                a, s = depends[name]
-                ancestors |= a
-                segment |= s
+        ancestors, segment = _lineage(node, i, producer, results, depends)
         for out in node.output:
             depends[out] = (frozenset(ancestors), frozenset(segment))
         compared = [results[o] for o in node.output if o in results]
@@ -380,14 +386,13 @@ def _walk(graph: onnx.GraphProto, results: dict, targets: dict[str, str], bodies
         # NOTE: the node's own FX node (metadata) first: the optimizer may have renamed its output
         # after a later no-op node (a copy), whose eager value is the same tensor
         fx = _fx_name(node) or next(o for o in node.output if o in results)
-        inputs = sorted(ancestors, key=producer.__getitem__)
         via = [f"{graph.node[j].name} ({graph.node[j].op_type})" for j in sorted(segment)
                if graph.node[j].op_type != "Constant"]
         domain = node.domain or ""
-        body = bodies.get((domain, node.op_type), []) if is_custom(domain) else []
         nodes.append(NodeParity(
             index=i, node=node.name or f"#{i}", onnx_op=f"{domain}::{node.op_type}",
             torch_op=targets.get(fx, ""), fx_node=fx,
-            outputs=compared, inputs=inputs, inputs_ok=all(results[a].passed for a in ancestors),
-            via=via, body=body))
+            outputs=compared, inputs=sorted(ancestors, key=producer.__getitem__),
+            inputs_ok=all(results[a].passed for a in ancestors),
+            via=via, body=bodies.get((domain, node.op_type), []) if is_custom(domain) else []))
     return nodes, uncompared
