@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import inspect
 import io
 import logging
 import os
@@ -11,6 +12,7 @@ import shutil
 import tempfile
 import warnings
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import onnx
 import torch
@@ -155,29 +157,15 @@ def export(
         >>> [n.op_type for n in proto.graph.node]
         ['identity_conv', 'Add']
     """
-    return export_with_program(model, args, f, kwargs=kwargs, dynamic_shapes=dynamic_shapes, registry=registry,
-                               functions=functions, opset_version=opset_version, check=check,
-                               rewrites=rewrites, input_names=input_names, output_names=output_names,
-                               inline=inline).proto
+    return _export(model, args, f, kwargs=kwargs, dynamic_shapes=dynamic_shapes, registry=registry,
+                   functions=functions, opset_version=opset_version, check=check, rewrites=rewrites,
+                   input_names=input_names, output_names=output_names, inline=inline).proto
 
 
-def export_with_program(
-    model: torch.nn.Module,
-    args: Sequence,
-    f: str | os.PathLike | None = None,
-    *,
-    kwargs: dict | None = None,
-    dynamic_shapes=None,
-    registry: Registry | None = None,
-    functions: bool = True,
-    opset_version: int = DEFAULT_OPSET,
-    check: bool = True,
-    rewrites: Sequence[Callable] | None = None,
-    input_names: Sequence[str] | None = None,
-    output_names: Sequence[str] | None = None,
-    inline: bool = False,
-) -> Exported:
-    """``export`` that also returns the program torch.onnx translated (see :class:`Exported`).
+def export_with_program(model: torch.nn.Module, args: Sequence, f: str | os.PathLike | None = None,
+                        **options: Any) -> Exported:
+    """``export`` that also returns the program torch.onnx translated (see :class:`Exported`);
+    ``options`` are :func:`export`'s keywords.
 
     Example:
         >>> import torch, bridge, custom_ops
@@ -190,6 +178,14 @@ def export_with_program(
         >>> [n.output[0] for n in out.proto.graph.node]
         ['identity_conv', 'relu']
     """
+    # NOTE: export's signature is the one list of keywords; bind() refuses any other
+    bound = inspect.signature(export).bind(model, args, f, **options)
+    bound.apply_defaults()
+    return _export(**bound.arguments)
+
+
+def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opset_version, check, rewrites,
+            input_names, output_names, inline) -> Exported:
     reg = REGISTRY if registry is None else registry
     args = tuple(args)
     warn_training_mode(model)
