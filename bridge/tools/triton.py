@@ -66,10 +66,13 @@ def triton_type(value: onnx.ValueInfoProto) -> str:
                             f"{value.type.WhichOneof('value')}. Export a model whose inputs and outputs are tensors.")
     elem = value.type.tensor_type.elem_type
     if elem not in TRITON_TYPES:
-        name = onnx.helper.tensor_dtype_to_string(elem) if elem else "UNDEFINED"
-        raise OpBridgeError(f"{value.name!r} has ONNX element type {name}, which Triton has no data type for. "
-                            f"Got {elem}. Use one of {sorted(t.split('.')[-1] for t in map(onnx.helper.tensor_dtype_to_string, TRITON_TYPES))}.")
+        raise OpBridgeError(f"{value.name!r} has ONNX element type {_type_name(elem)}, which Triton has no data "
+                            f"type for. Got {elem}. Use one of {sorted(map(_type_name, TRITON_TYPES))}.")
     return TRITON_TYPES[elem]
+
+
+def _type_name(elem: int) -> str:
+    return onnx.helper.tensor_dtype_to_string(elem).split(".")[-1] if elem else "UNDEFINED"
 
 
 def onnx_dims(value: onnx.ValueInfoProto) -> list[int]:
