@@ -157,6 +157,16 @@ def test_external_data_files_are_copied_beside_the_model(tmp_path):
     np.testing.assert_array_equal(out[0, 0], np.arange(3, dtype=np.float32) % 7)  # row 0 of the external weight
 
 
+def test_names_with_quotes_backslashes_and_non_ascii_survive_the_text_format(tmp_path):
+    names = ['in "1" \\ é', "out\tñ"]
+    x = onnx.helper.make_tensor_value_info(names[0], onnx.TensorProto.FLOAT, [2])
+    y = onnx.helper.make_tensor_value_info(names[1], onnx.TensorProto.FLOAT, [2])
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Relu", [names[0]], [names[1]])], "g", [x], [y])
+    onnx.save(onnx.helper.make_model(graph), tmp_path / "q.onnx")
+    config = parse_config(triton.write_repository(tmp_path / "repo", tmp_path / "q.onnx", name="q"))
+    assert [config.input[0].name, config.output[0].name] == names
+
+
 def test_static_batch_dim_with_max_batch_size_is_an_error_and_writes_nothing(demo_file, tmp_path):
     model_path, _ = demo_file
     with pytest.raises(OpBridgeError, match=r"opbridge: with max_batch_size 2 .* 'images' has shape \[1, 6, 3, 8, 22\]"):
