@@ -15,6 +15,7 @@ Examples (the demo model is the default ``--model``)::
     opbridge check --localize             # on a mismatch, name the first ONNX node that diverges
     opbridge doctor --build               # build the native library, say what it serves
     opbridge build -o dist/               # the deployable native library + manifest.json
+    opbridge build --triton repo --model demo.onnx  # a Triton model repository for the file
     opbridge attach in.onnx -o out.onnx   # re-attach function bodies at the file's opset
 """
 
@@ -45,6 +46,7 @@ from bridge.core.progress import format_table
 from bridge.core.registry import REGISTRY
 from bridge.tools.sessions import load_model, session
 from bridge.tools.testing import ModelCase, OpModule, cases
+from bridge.tools.triton import write_repository
 from exporters.derive import body_status, show_body
 from exporters.export import DEFAULT_OPSET, export
 from exporters.inline import custom_op_types, inline_file
@@ -287,7 +289,13 @@ def cmd_doctor(args) -> int:
 
 
 def cmd_build(args) -> int:
-    """Copy the native library (every registered op with a C++ kernel) and a manifest into ``-o DIR``."""
+    """Copy the native library (every registered op with a C++ kernel) and a manifest into ``-o DIR``,
+    or write a Triton model repository for ``--model FILE`` with ``--triton REPO``."""
+    if args.triton:
+        return _build_triton(args)
+    if not args.output or args.model:
+        raise OpBridgeError(f"build needs -o DIR (the library and a manifest) or --triton REPO --model FILE. "
+                            f"Got -o {args.output!r}, --model {args.model!r}. Pass one of the two forms.")
     library = build.library_path(build=True)
     served = build.served_ops(REGISTRY)
     manifest = {
@@ -305,6 +313,16 @@ def cmd_build(args) -> int:
         os.replace(tmp.name, out / name)
     print(f"wrote {out / build.LIBRARY_NAME} ({len(served)} ops) and {out / 'manifest.json'}")
     print("load it with onnxruntime.SessionOptions().register_custom_ops_library(PATH); no compiler needed")
+    return 0
+
+
+def _build_triton(args) -> int:
+    if not args.model or args.output:
+        raise OpBridgeError(f"build --triton REPO needs --model FILE (an .onnx file) and no -o. Got --model "
+                            f"{args.model!r}, -o {args.output!r}. Pass --model m.onnx.")
+    model_dir = write_repository(args.triton, args.model, name=args.name, max_batch_size=args.max_batch_size,
+                                 library_path_as_served=args.library_path)
+    print(f"wrote Triton model {model_dir.name!r} in {model_dir}; serve it with: tritonserver --model-repository={args.triton}")
     return 0
 
 
@@ -375,7 +393,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_doctor)
 
     p = sub.add_parser("build", help="write the deployable native library (registered ops) and a manifest")
-    p.add_argument("-o", "--output", required=True, metavar="DIR", help="folder to write into (created)")
+    p.add_argument("-o", "--output", metavar="DIR", help="folder to write into (created)")
+    p.add_argument("--triton", metavar="REPO", help="write a Triton model repository REPO/NAME for --model instead")
+    p.add_argument("--model", metavar="FILE", help="with --triton: the .onnx file to serve")
+    p.add_argument("--name", help="with --triton: the model's name (default: the file's stem)")
+    p.add_argument("--max-batch-size", type=int, default=0, metavar="N",
+                   help="with --triton: Triton's max_batch_size (>0: first dim is the batch dim; default 0)")
+    p.add_argument("--library-path", metavar="PATH",
+                   help="with --triton: the library's path as the server sees it (default: the absolute "
+                        "path of the copy in REPO/NAME)")
     p.set_defaults(func=cmd_build)
 
     p = sub.add_parser("attach", help="re-attach the registered function bodies a file lacks, at its opset")
