@@ -371,3 +371,21 @@ def test_a_failed_re_export_keeps_the_old_inputs(tmp_path, tmpfs):
     assert files.load_model(disk / "m.onnx").graph.node  # the .onnx fitted: the .inputs.npz write failed
     assert (disk / "m.inputs.npz").read_bytes() == old
     assert _listing(disk) == ["filler", "m.inputs.npz", "m.onnx"]
+
+
+@pytest.mark.parametrize("case,needle", [
+    ("export_full_disk", "cannot write '{d}/m.onnx': no space left on the device holding '{d}'"),
+    ("build_full_disk", "no space left on the device holding '{d}/dist'"),
+    ("build_read_only", "cannot write '{d}/dist': the folder '{d}' is not writable"),
+])
+def test_cli_full_disk_and_read_only_folder_are_one_line_errors(case, needle, tmpfs):
+    disk = tmpfs("disk", "size=64k,ro" if case == "build_read_only" else "size=64k")
+    if case == "export_full_disk":
+        (disk / "m.onnx").write_bytes(b"old")
+        _fill(disk)
+        r = _cli("export", "--model", "tests.test_files:big_input_case", "-o", disk / "m.onnx")
+        assert (disk / "m.onnx").read_bytes() == b"old"
+    else:
+        r = _cli("build", "-o", disk / "dist")
+    _one_line_error(r, needle.format(d=disk))
+    assert _listing(disk) == (["filler", "m.onnx"] if case == "export_full_disk" else [])  # no temp file, no dist/

@@ -421,10 +421,16 @@ def cmd_build(args) -> int:
         "ops": [{"op": REGISTRY.find(d, n).qualname, "domain": d, "name": n, "version": REGISTRY.find(d, n).version,
                  "dtypes": [_dtype_name(t) for t in dtypes]} for (d, n), dtypes in sorted(served.items())],
     }
+    created = not os.path.isdir(args.output)
     out = Path(files.make_folder(args.output))
     # NOTE: each file lands whole or not at all, with the umask's mode (the library's with exec bits)
-    files.copy_file(library, out / build.LIBRARY_NAME, executable=True)
-    files.write_json(out / "manifest.json", manifest)
+    try:
+        files.copy_file(library, out / build.LIBRARY_NAME, executable=True)
+        files.write_json(out / "manifest.json", manifest)
+    except BaseException:
+        if created and not any(out.iterdir()):
+            out.rmdir()  # NOTE: a folder this command made stays only with what it was made for
+        raise
     print(f"wrote {out / build.LIBRARY_NAME} ({len(served)} ops) and {out / 'manifest.json'}")
     print("load it with onnxruntime.SessionOptions().register_custom_ops_library(PATH); no compiler needed")
     return 0
