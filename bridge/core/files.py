@@ -214,7 +214,7 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], *
     target = check_writable(path)
     folder = os.path.dirname(target) or "."
     previous = os.stat(target) if keep_mode and os.path.isfile(target) else None
-    tmp = os.path.join(folder, f".{os.path.basename(target)}.{secrets.token_hex(4)}.tmp")
+    tmp, fd = os.path.join(folder, f".{os.path.basename(target)}.{secrets.token_hex(8)}.tmp"), None
     try:
         # NOTE: os.open applies the umask itself, as for any new file; O_EXCL never reuses a file
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
@@ -227,8 +227,9 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], *
                 _keep(fh.fileno(), previous)
         os.replace(tmp, target)
     except BaseException as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
+        if fd is not None:  # NOTE: only the temp file this call made
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
         if isinstance(e, OSError) and (translated := _translate(e, target)) is not e:
             raise translated from None
         raise
