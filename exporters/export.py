@@ -8,8 +8,6 @@ import inspect
 import io
 import logging
 import os
-import shutil
-import tempfile
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -17,6 +15,7 @@ from typing import Any
 import onnx
 import torch
 
+from bridge.core import files
 from bridge.core.domains import all_nodes, is_custom
 from bridge.core import torch_compat
 from bridge.core.errors import OpBridgeError
@@ -38,7 +37,6 @@ DEFAULT_OPSET = 20
 TORCH_MIN_OPSET = 18  # NOTE: below it, torch.onnx writes 18 and the bridge converts (exporters.opsets)
 # NOTE: namespaces torch.onnx translates by itself; any other op must come from the registry.
 _TORCH_NAMESPACES = {"aten", "prim", "prims", "_operator", "math", "higher_order", "torchvision"}
-_SINGLE_FILE_LIMIT = 1 << 31  # protobuf's 2 GiB: past it the weights go to external data
 
 
 def _walk(value):
@@ -188,6 +186,8 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
             input_names, output_names, inline) -> Exported:
     reg = REGISTRY if registry is None else registry
     args = tuple(args)
+    if f is not None:
+        files.check_writable(f, what="model")  # NOTE: a path that cannot be written fails before the export
     warn_training_mode(model)
     with step("torch.export"), redirect(proxy_targets(reg)):
         try:
@@ -234,31 +234,8 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
         with step("onnx.checker (full)"):
             onnx.checker.check_model(proto, full_check=True)
     if f is not None:
-        save(proto, f)
+        files.save_model(proto, f)  # NOTE: one file; only models past protobuf's 2 GiB get a .data file
     return Exported(proto, onnx_program.exported_program)
-
-
-def save(proto: onnx.ModelProto, f: str | os.PathLike) -> None:
-    """Write one file; only models past protobuf's 2 GiB limit get an external data file.
-
-    The write is atomic: the file is written in a temp folder beside the target and renamed into
-    place, so a failed write (disk full, interrupted) leaves an existing file as it was.
-    """
-    target = os.path.abspath(os.fspath(f))
-    folder, name = os.path.split(target)
-    if not os.path.isdir(folder):
-        raise OpBridgeError(f"cannot write {os.fspath(f)!r}: its folder does not exist. Got {folder!r}. "
-                            "Create the folder first or pick another path.")
-    external = proto.ByteSize() >= _SINGLE_FILE_LIMIT
-    tmp = tempfile.mkdtemp(prefix=".opbridge-", dir=folder)
-    try:
-        onnx.save_model(proto, os.path.join(tmp, name), save_as_external_data=external,
-                        location=name + ".data" if external else None)
-        if external:
-            os.replace(os.path.join(tmp, name + ".data"), target + ".data")
-        os.replace(os.path.join(tmp, name), target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 # NOTE: layers whose forward differs between train() and eval(); ONNX gets their eval behaviour.

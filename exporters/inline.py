@@ -7,13 +7,12 @@ so the file holds standard ONNX only and any ONNX runtime reads it.
 
 from __future__ import annotations
 
-import contextlib
 import os
-import tempfile
 
 import onnx
 import onnx.inliner
 
+from bridge.core import files
 from bridge.core.errors import OpBridgeError
 from bridge.core.progress import step
 from bridge.core.registry import REGISTRY, Registry
@@ -21,7 +20,6 @@ from exporters.opsets import attach_functions
 
 # NOTE: domains every ONNX runtime knows; a node in any other domain must be inlined away.
 STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml"})
-_SINGLE_FILE_LIMIT = 1 << 31  # protobuf cannot serialise a model past 2 GiB
 
 
 def _graphs(graph: onnx.GraphProto):
@@ -105,46 +103,22 @@ def inline_functions(model: onnx.ModelProto, registry: Registry | None = None) -
     return proto
 
 
-def _load(path: str) -> onnx.ModelProto:
-    if not os.path.isfile(path):
-        raise OpBridgeError(f"no ONNX file at {path!r}. Got a path that does not exist. "
-                            "Export one first with `opbridge export` or bridge.export(...).")
-    try:
-        return onnx.load(path)  # external tensors too: the inlined file is written whole
-    except Exception as e:
-        raise OpBridgeError(f"{path!r} is not a readable ONNX model (truncated or corrupt?). "
-                            f"Got {type(e).__name__}: {str(e)[:200]}. Export it again.") from None
-
-
 def save_atomic(model: onnx.ModelProto, path: str | os.PathLike) -> None:
-    """Write ``model`` to ``path`` through a temporary file in the same folder and ``os.replace``:
-    readers see the old file or the whole new one, never half of it."""
-    path = os.fspath(path)
+    """Write ``model`` to ``path`` as one file, whole or not at all (``bridge.core.files``): readers
+    see the old file or the whole new one, never half of it."""
     size = model.ByteSize()
-    if size >= _SINGLE_FILE_LIMIT:
+    if size >= files.SINGLE_FILE_LIMIT:
         raise OpBridgeError(f"the inlined model is {size / 2**30:.1f} GiB, past protobuf's 2 GiB for one "
-                            f"file. Got {path!r}. Keep the non-inlined file with external data for this model.")
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(model.SerializeToString())
-            fh.flush()
-            os.fsync(fh.fileno())
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes 0600; give the file the usual mode
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
+                            f"file. Got {os.fspath(path)!r}. Keep the non-inlined file with external data for "
+                            "this model.")
+    files.save_model(model, path, external=False)
 
 
 def inline_file(src: str | os.PathLike, dst: str | os.PathLike,
                 registry: Registry | None = None) -> tuple[onnx.ModelProto, onnx.ModelProto]:
     """Inline the ONNX file ``src`` into ``dst`` (written atomically); return (original, inlined)."""
-    original = _load(os.fspath(src))
+    files.check_writable(dst, what="model")
+    original = files.load_model(src)  # external tensors too: the inlined file is written whole
     inlined = inline_functions(original, registry)
     save_atomic(inlined, dst)
     return original, inlined

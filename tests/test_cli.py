@@ -71,3 +71,139 @@ def test_run_on_a_corrupt_file(tmp_path):
     (tmp_path / "x.npz").write_bytes(b"")
     r = run("run", str(bad), "--inputs", str(tmp_path / "x.npz"))
     assert r.returncode == 2 and "not a readable ONNX model" in r.stderr
+
+
+# --- every failure a one-line error, found before the expensive work --------------------------------------
+
+def _one_line_error(r, needle: str) -> None:
+    lines = [line for line in r.stderr.splitlines() if line.strip()]
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert len(lines) == 1 and lines[0].startswith("error: opbridge: ") and needle in lines[0], r.stderr
+
+
+@pytest.fixture(scope="module")
+def bad_files(tmp_path_factory):
+    """An exported crop model and broken copies: a node with too many inputs, an attribute of the
+    wrong type, a recursive model-local function; models with string and sequence outputs."""
+    import numpy as np
+    import onnx
+    import torch
+    from onnx import TensorProto as T
+    from onnx import helper as h
+
+    import bridge
+    import custom_ops  # noqa: F401
+
+    folder = tmp_path_factory.mktemp("bad_files")
+
+    class Crop(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.opbridge.crop(x, [0, 0, 2, 2]) * 2
+
+    good = bridge.export(Crop(), (torch.randn(1, 3, 4, 4),), folder / "good.onnx")
+    many = onnx.ModelProto()
+    many.CopyFrom(good)
+    crop = next(n for n in many.graph.node if n.op_type == "crop")
+    crop.input.append(crop.input[0])
+    onnx.save(many, folder / "many_inputs.onnx")
+    typed = onnx.ModelProto()
+    typed.CopyFrom(good)
+    crop = next(n for n in typed.graph.node if n.op_type == "crop")
+    del crop.attribute[:]
+    crop.attribute.append(h.make_attribute("box", 1.5))
+    onnx.save(typed, folder / "wrong_attribute.onnx")
+    opsets = [h.make_opsetid("", 20), h.make_opsetid("rec", 1)]
+    loop = h.make_function("rec", "loop", ["x"], ["y"], [h.make_node("loop", ["x"], ["y"], domain="rec")], opsets)
+    x, y = h.make_tensor_value_info("x", T.FLOAT, [2]), h.make_tensor_value_info("y", T.FLOAT, [2])
+    graph = h.make_graph([h.make_node("loop", ["x"], ["y"], domain="rec")], "g", [x], [y])
+    onnx.save(h.make_model(graph, opset_imports=opsets, functions=[loop]), folder / "recursive.onnx")
+    graph = h.make_graph([h.make_node("Cast", ["x"], ["y"], to=T.STRING)], "g", [x],
+                         [h.make_tensor_value_info("y", T.STRING, [2])])
+    onnx.save(h.make_model(graph, opset_imports=opsets[:1]), folder / "strings.onnx")
+    graph = h.make_graph([h.make_node("SequenceConstruct", ["x", "x"], ["y"])], "g", [x],
+                         [h.make_tensor_sequence_value_info("y", T.FLOAT, [2])])
+    onnx.save(h.make_model(graph, opset_imports=opsets[:1]), folder / "sequence.onnx")
+    np.savez(folder / "x.npz", x=np.array([1.5, -2], np.float32))
+    (folder / "a_dir").mkdir()
+    return folder
+
+
+@pytest.mark.parametrize("args,needle", [
+    (("check", "--json", "{d}/missing/dir/x.json"), "cannot write '{d}/missing/dir/x.json': its folder does not exist"),
+    (("check", "--plot", "{d}/a_dir"), "it names a folder, not a plot"),
+    (("attach", "{d}/good.onnx", "-o", "{d}/missing/"), "it names a folder, not a model. Got a path ending in /"),
+    (("inline", "{d}/good.onnx", "-o", "{d}/missing/"), "it names a folder, not a model. Got a path ending in /"),
+    (("inline", "{d}/good.onnx", "-o", "{d}/no/such/m.onnx"), "its folder does not exist"),
+    (("export", "-o", "{d}/a_dir"), "it names a folder, not a model. Got an existing directory. Name a file"),
+    (("build", "-o", "{d}/good.onnx"), "cannot write into folder '{d}/good.onnx': the path is not a folder"),
+    (("build", "-o", "{d}/good.onnx/dist"), "the path is not a folder. Got a file at"),
+])
+def test_unwritable_targets_fail_before_the_work(args, needle, bad_files):
+    r = run("-q", *(a.format(d=bad_files) for a in args))
+    _one_line_error(r, needle.format(d=bad_files))
+    assert r.stdout == "" and sorted(p.name for p in bad_files.iterdir() if p.name.startswith(".")) == []
+
+
+@pytest.mark.parametrize("command", ["inline", "attach"])
+@pytest.mark.parametrize("name,needle", [
+    ("many_inputs", "node 'node_crop' (opbridge::crop) has 2 inputs; the op takes 1 to 1"),
+    ("wrong_attribute", "node 'node_crop' (opbridge::crop) has attribute 'box' of type FLOAT, the op declares INTS"),
+    ("recursive", "Cycle detected in model-local function references: rec::loop -> rec::loop"),
+])
+def test_broken_models_are_one_line_errors(command, name, needle, bad_files, tmp_path):
+    source = tmp_path / f"{name}.onnx"
+    source.write_bytes((bad_files / f"{name}.onnx").read_bytes())
+    before = source.read_bytes()
+    r = run("-q", command, str(source))
+    _one_line_error(r, needle)
+    assert source.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [source.name]
+
+
+@pytest.mark.parametrize("name,line", [("strings", "y: shape [2] string"), ("sequence", "y: sequence of 2 (float32)")])
+def test_run_prints_string_and_sequence_outputs(name, line, bad_files):
+    r = run("-q", "run", str(bad_files / f"{name}.onnx"), "--inputs", str(bad_files / "x.npz"))
+    assert r.returncode == 0 and r.stderr == "", r.stderr
+    assert r.stdout.splitlines()[0] == line
+
+
+@pytest.mark.parametrize("source,needle", [
+    ("import sys\nsys.exit('no thanks')\n", "op module 'exits' exited while being imported (sys.exit('no thanks'))"),
+    ("import argparse\nargparse.ArgumentParser().add_argument('data')\nimport sys\n"
+     "p = argparse.ArgumentParser()\np.add_argument('data')\np.parse_args()\n",
+     "exited while being imported (sys.exit(2), after printing"),
+])
+def test_op_modules_that_exit_at_import(source, needle, tmp_path):
+    (tmp_path / "exits.py").write_text(source)
+    _one_line_error(run("-q", "--ops", "exits", "ops", cwd=tmp_path), needle)
+
+
+def test_op_modules_parse_an_empty_argv(tmp_path):
+    # NOTE: a module whose argparse runs at import sees the program name only, not opbridge's arguments
+    (tmp_path / "parses.py").write_text("import argparse, sys\np = argparse.ArgumentParser()\n"
+                                        "p.add_argument('--scale', type=float, default=1.0)\n"
+                                        "print('argv', sys.argv[1:], p.parse_args().scale, file=sys.stderr)\n")
+    r = run("-q", "--ops", "parses", "ops", cwd=tmp_path)
+    assert r.returncode == 0 and r.stderr == "argv [] 1.0\n", r.stderr
+    assert "5 ops registered" in r.stdout
+
+
+NO_SAMPLES = """
+import torch, bridge
+@bridge.op("mine::nosamp", dtypes=(torch.float32,))
+def nosamp(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+@bridge.op("mine::emptysamp", dtypes=(torch.float32,), sample_inputs=lambda dtype: [])
+def emptysamp(x: torch.Tensor) -> torch.Tensor:
+    return x * 3
+"""
+
+
+@pytest.mark.parametrize("op,needle", [
+    ("mine::nosamp", "nothing was checked: mine::nosamp has no sample inputs. Got sample_inputs=None. Give the op samples"),
+    ("mine::emptysamp", "nothing was checked: the sample inputs of mine::emptysamp are empty"),
+])
+def test_check_op_without_samples_is_not_a_pass(op, needle, tmp_path):
+    (tmp_path / "no_samples.py").write_text(NO_SAMPLES)
+    r = run("-q", "--ops", "no_samples", "check", "--op", op, cwd=tmp_path)
+    _one_line_error(r, needle)
+    assert "passed" not in r.stdout

@@ -22,16 +22,17 @@ Examples (the demo model is the default ``--model``)::
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import importlib.util
+import io
 import json
 import os
 import platform
-import shutil
 import sys
-import tempfile
 import time
 import traceback
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -39,17 +40,18 @@ import onnx
 import onnxruntime
 import torch
 
+from bridge.core import files
 from bridge.core.errors import OpBridgeError
-from bridge.tools.parity import check_parity
 from bridge.core.progress import enable as enable_progress
 from bridge.core.progress import format_table
 from bridge.core.registry import REGISTRY
-from bridge.tools.sessions import load_model, session
+from bridge.tools.parity import check_parity
+from bridge.tools.sessions import check_nodes, session
 from bridge.tools.testing import ModelCase, OpModule, cases
 from bridge.tools.triton import write_repository
 from exporters.derive import body_status, show_body
 from exporters.export import DEFAULT_OPSET, export
-from exporters.inline import custom_op_types, inline_file
+from exporters.inline import custom_op_types, inline_functions, save_atomic
 from exporters.opsets import attach_functions, onnx_opset
 from exporters.portable import required_ir_version
 from ort_kernels import build
@@ -81,14 +83,40 @@ def import_ops(name: str):
         name = path.stem
     elif "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
+    return _import_alone(name)
+
+
+def _import_alone(name: str):
+    """Import the user's module as if it were imported by a bare ``python``.
+
+    NOTE: during the import ``sys.argv`` is the program name alone (an argparse at import time parses
+    nothing of opbridge's), and what the module writes to stderr is held until the import ends: a
+    ``sys.exit()`` (or argparse's exit) becomes one error line quoting the module's last line."""
+    argv, held = sys.argv, io.StringIO()
+    sys.argv = argv[:1]
     try:
-        return importlib.import_module(name)
+        with contextlib.redirect_stderr(held):
+            return importlib.import_module(name)
+    except SystemExit as e:
+        said = held.getvalue().strip().splitlines()
+        held = io.StringIO()
+        quoted = f", after printing {said[-1].strip()!r}" if said else ""
+        raise OpBridgeError(f"op module {name!r} exited while being imported (sys.exit({e.code!r}){quoted}). Got "
+                            "SystemExit. Keep its script part under `if __name__ == \"__main__\":` so importing it "
+                            "only registers ops.") from None
     except Exception as e:  # noqa: BLE001  any error of the user's module becomes one line
         raise _import_error(name, e) from None
+    finally:
+        sys.argv = argv
+        sys.stderr.write(held.getvalue())
 
 
 def _load_ops(modules: list[str]) -> None:
-    for name in ["custom_ops", *modules]:
+    try:  # NOTE: opbridge's own seed ops, imported plainly: their progress lines show as they come
+        importlib.import_module("custom_ops")
+    except Exception as e:  # noqa: BLE001
+        raise _import_error("custom_ops", e) from None
+    for name in modules:
         import_ops(name)
 
 
@@ -113,62 +141,82 @@ def _inputs_path(onnx_path: str) -> str:
     return root + ".inputs.npz"
 
 
+def _dtype_name(dtype) -> str:
+    return str(dtype).replace("torch.", "")
+
+
+def _op_row(spec) -> dict:
+    """One op as ``opbridge ops --json`` shows it."""
+    onnx_spec = REGISTRY.functional(spec)
+    body, body_note = body_status(onnx_spec, opset=DEFAULT_OPSET)
+    runs = {name: tier.why_not(onnx_spec) is None for name, tier in TIERS.items()}
+    return {
+        "op": spec.qualname, "onnx": f"{spec.domain}::{spec.name} v{spec.version}",
+        "inputs": [p.name for p in spec.tensors],
+        "attributes": {p.name: p.attr_type.name + ("(bool)" if p.is_bool else "") for p in spec.attributes},
+        "mutates": list(spec.mutated), "torchbind": list(spec.torchbind), "dtypes": [_dtype_name(d) for d in spec.dtypes],
+        "fake": spec.has_fake, "autograd": spec.has_autograd, "reference": spec.reference is not None,
+        "samples": spec.sample_inputs is not None, "body": body, "body_note": body_note,
+        "tiers": runs,
+        "skipped": {name: {_dtype_name(d): why for d in spec.dtypes if runs[name] and (why := tier.why_not(onnx_spec, d))}
+                    for name, tier in TIERS.items()},
+        "missing": REGISTRY.missing(spec),
+    }
+
+
+def _op_notes(r: dict) -> Iterator[str]:
+    """The lines under the ops table for one op: skipped dtypes, torchbind methods, gaps, body."""
+    for tier_name, dtypes in r["skipped"].items():
+        for why in sorted(set(dtypes.values())):
+            names = ", ".join(d for d, w in dtypes.items() if w == why)
+            yield f"tier {tier_name} skips {r['op']} {names}: {why}"
+    for method in r["torchbind"]:
+        yield f"note: {r['op']} also stands for torchbind {method} (object state -> attributes)"
+    for gap in r["missing"]:
+        yield f"note: {r['op']} lacks {gap}"
+    if r["body"] == "none":
+        yield f"note: {r['op']} has no portable body (function tier): {r['body_note']}"
+    elif r["body_note"]:
+        yield f"note: {r['op']} body: {r['body_note']}"
+
+
+def _ops_table(rows: list[dict]) -> str:
+    mark = {True: "yes", False: "-"}
+    head = ("op", "onnx node", "attributes", "fake", "autograd", "ref", "samples", "body", *TIER_NAMES)
+    return format_table([head] + [
+        (r["op"], r["onnx"], ",".join(f"{k}:{v}" for k, v in r["attributes"].items()) or "-",
+         mark[r["fake"]], mark[r["autograd"]], mark[r["reference"]], mark[r["samples"]], r["body"],
+         *(mark[r["tiers"][t]] for t in TIER_NAMES)) for r in rows])
+
+
 def cmd_ops(args) -> int:
     if args.show_body:
         spec = REGISTRY.functional(REGISTRY.get(args.show_body))
         print(show_body(spec, opset=DEFAULT_OPSET))
         return 0
-    rows = []
-    for spec in REGISTRY:
-        onnx_spec = REGISTRY.functional(spec)
-        body, body_note = body_status(onnx_spec, opset=DEFAULT_OPSET)
-        rows.append({
-            "op": spec.qualname, "onnx": f"{spec.domain}::{spec.name} v{spec.version}",
-            "inputs": [p.name for p in spec.tensors],
-            "attributes": {p.name: p.attr_type.name + ("(bool)" if p.is_bool else "") for p in spec.attributes},
-            "mutates": list(spec.mutated), "torchbind": list(spec.torchbind), "dtypes": [str(d).replace("torch.", "") for d in spec.dtypes],
-            "fake": spec.has_fake, "autograd": spec.has_autograd, "reference": spec.reference is not None,
-            "samples": spec.sample_inputs is not None, "body": body, "body_note": body_note,
-            "tiers": {name: tier.why_not(onnx_spec) is None for name, tier in TIERS.items()},
-            "skipped": {name: {str(d).replace("torch.", ""): why for d in spec.dtypes
-                               if (why := tier.why_not(onnx_spec, d)) and tier.why_not(onnx_spec) is None}
-                        for name, tier in TIERS.items()},
-            "missing": REGISTRY.missing(spec),
-        })
+    rows = [_op_row(spec) for spec in REGISTRY]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0
-    mark = {True: "yes", False: "-"}
-    head = ("op", "onnx node", "attributes", "fake", "autograd", "ref", "samples", "body", *TIER_NAMES)
-    print(format_table([head] + [
-        (r["op"], r["onnx"], ",".join(f"{k}:{v}" for k, v in r["attributes"].items()) or "-",
-         mark[r["fake"]], mark[r["autograd"]], mark[r["reference"]], mark[r["samples"]], r["body"],
-         *(mark[r["tiers"][t]] for t in TIER_NAMES)) for r in rows]))
+    print(_ops_table(rows))
     for r in rows:
-        for tier_name, dtypes in r["skipped"].items():
-            for why in sorted(set(dtypes.values())):
-                names = ", ".join(d for d, w in dtypes.items() if w == why)
-                print(f"tier {tier_name} skips {r['op']} {names}: {why}")
-        for method in r["torchbind"]:
-            print(f"note: {r['op']} also stands for torchbind {method} (object state -> attributes)")
-        for gap in r["missing"]:
-            print(f"note: {r['op']} lacks {gap}")
-        if r["body"] == "none":
-            print(f"note: {r['op']} has no portable body (function tier): {r['body_note']}")
-        elif r["body_note"]:
-            print(f"note: {r['op']} body: {r['body_note']}")
+        for line in _op_notes(r):
+            print(line)
     print(f"{len(rows)} ops registered")
     return 0
 
 
 def cmd_export(args) -> int:
+    inputs_path = _inputs_path(args.output)
+    files.check_writable(args.output, what="model")  # NOTE: both targets before the export, not after
+    files.check_writable(inputs_path)
     case = _load_case(args.model)
     proto = export(case.model, case.args, args.output, dynamic_shapes=case.dynamic_shapes,
                    functions=not args.no_functions, inline=args.inline, opset_version=args.opset)
     tensors = [a.detach().numpy() for a in case.args]
-    np.savez(_inputs_path(args.output), **dict(zip((i.name for i in proto.graph.input), tensors)))
+    files.save_npz(inputs_path, dict(zip((i.name for i in proto.graph.input), tensors)))
     size = os.path.getsize(args.output)
-    print(f"wrote {args.output} ({size / 1024:.1f} KiB) and {_inputs_path(args.output)}")
+    print(f"wrote {args.output} ({size / 1024:.1f} KiB) and {inputs_path}")
     return 0
 
 
@@ -189,6 +237,25 @@ def load_inputs(path: str, names: list[str]) -> dict[str, np.ndarray]:
                         "Save one array per model input, keyed by input name (or arr_0... in input order).")
 
 
+def _summary(value) -> str:
+    """One output as ``opbridge run`` prints it: shape, dtype and value range; strings, sequences and
+    maps (which have no range) by what they hold."""
+    if isinstance(value, list):
+        kinds = sorted({str(v.dtype) if isinstance(v, np.ndarray) else type(v).__name__ for v in value})
+        return f"sequence of {len(value)} ({', '.join(kinds)})" if value else "sequence, empty"
+    if isinstance(value, dict):
+        return f"map of {len(value)} entries"
+    if not isinstance(value, np.ndarray):
+        return type(value).__name__
+    kind = "string" if value.dtype.kind in "OUS" else str(value.dtype)
+    if value.size == 0:
+        return f"shape {list(value.shape)} {kind} empty"
+    if kind == "string":
+        return f"shape {list(value.shape)} {kind}"
+    return (f"shape {list(value.shape)} {kind} min {value.min():.4g} max {value.max():.4g} "
+            f"mean {value.mean():.4g}")
+
+
 def cmd_run(args) -> int:
     inputs_path = args.inputs or _inputs_path(args.model_file)
     if not os.path.isfile(inputs_path):
@@ -204,60 +271,118 @@ def cmd_run(args) -> int:
                             f"{str(e)[:600]}. Check the inputs.") from None
     ms = (time.perf_counter() - start) * 1e3
     for meta, out in zip(sess.get_outputs(), outputs):
-        stats = f"min {out.min():.4g} max {out.max():.4g} mean {out.mean():.4g}" if out.size else "empty"
-        print(f"{meta.name}: shape {list(out.shape)} {out.dtype} {stats}")
+        print(f"{meta.name}: {_summary(out)}")
     print(f"ran in {ms:.1f} ms ({args.tier} tier)")
     return 0
 
 
-def cmd_check(args) -> int:
-    reports, skipped = [], []
-    if args.op:
-        spec = REGISTRY.get(args.op)
-        tier = TIERS[args.tier]
-        why = tier.why_not(REGISTRY.functional(spec))
-        if why is not None and not args.inline:
-            raise OpBridgeError(f"tier {args.tier!r} cannot run {spec.qualname}: {why}. Got --tier {args.tier}. "
-                                "Pick another tier (opbridge ops shows which run it), or add what it lacks.")
-        if args.tier == "function" and body_status(REGISTRY.functional(spec), opset=DEFAULT_OPSET)[0] == "derived":
-            print(f"note: {spec.qualname} runs the ONNX body derived from its PyTorch implementation")
-        # NOTE: dtypes a tier does not run are reported as skipped, with the tier's reason
-        run = [d for d in spec.dtypes if args.inline or tier.why_not(REGISTRY.functional(spec), d) is None]
-        skipped = [f"{spec.qualname} {str(d).replace('torch.', '')} (tier {args.tier} "
-                   f"{tier.why_not(REGISTRY.functional(spec), d)})" for d in spec.dtypes if d not in run]
-        for case in cases([spec], dtypes=tuple(run)):
-            module, tensors = OpModule.from_sample(spec, case.sample)
-            reports.append(check_parity(module, tensors, tier=args.tier, rtol=args.rtol, atol=args.atol,
-                                        name=case.id, inline=args.inline, runtime=args.runtime,
-                                        localize=args.localize))
-    else:
-        case = _load_case(args.model)
-        reports.append(check_parity(case.model, case.args, dynamic_shapes=case.dynamic_shapes,
-                                    extra_args=case.extra_args, tier=args.tier, rtol=args.rtol,
-                                    atol=args.atol, path=args.output, name=case.name or args.model,
-                                    inline=args.inline, runtime=args.runtime, localize=args.localize))
-    for r in reports:
-        print(r)
-        print()
-    for line in skipped:
-        print(f"skipped {line}")
-    ok = all(r.passed for r in reports)
-    print(f"{sum(r.passed for r in reports)} passed, {sum(not r.passed for r in reports)} failed"
-          + (f", {len(skipped)} dtypes skipped" if skipped else ""))
+def _check_targets(args) -> None:
+    """NOTE: every file ``check`` writes is checked before the check runs, not after it."""
+    for path, what in ((args.output, "model"), (args.json, "report"), (args.plot, "plot")):
+        if path:
+            files.check_writable(path, what=what)
+
+
+def _nothing_checked(spec, args, run: list, skipped: list[str]) -> OpBridgeError:
+    """``check --op`` found no case to run: that is no pass. Say why and how to give it samples."""
+    if spec.sample_inputs is None:
+        return OpBridgeError(f"nothing was checked: {spec.qualname} has no sample inputs. Got sample_inputs=None. "
+                             "Give the op samples: @bridge.op(..., sample_inputs=lambda dtype: "
+                             "[bridge.SampleInput((tensor, ...))]) or @my_op.register_samples.")
+    if not run:
+        return OpBridgeError(f"nothing was checked: tier {args.tier!r} runs none of {spec.qualname}'s dtypes. Got "
+                             f"{'; '.join(skipped) or 'no dtypes'}. Pick another tier (opbridge ops shows which "
+                             "run it), or add what it lacks.")
+    return OpBridgeError(f"nothing was checked: the sample inputs of {spec.qualname} are empty. Got no "
+                         f"SampleInput for {', '.join(map(_dtype_name, run))}. Return at least one "
+                         "bridge.SampleInput per dtype from its sample_inputs.")
+
+
+def _op_reports(args) -> tuple[list, list[str]]:
+    """``check --op``: one report per dtype and sample the tier runs, and the dtypes it skips."""
+    spec = REGISTRY.get(args.op)
+    tier, onnx_spec = TIERS[args.tier], REGISTRY.functional(spec)
+    why = tier.why_not(onnx_spec)
+    if why is not None and not args.inline:
+        raise OpBridgeError(f"tier {args.tier!r} cannot run {spec.qualname}: {why}. Got --tier {args.tier}. "
+                            "Pick another tier (opbridge ops shows which run it), or add what it lacks.")
+    # NOTE: dtypes a tier does not run are reported as skipped, with the tier's reason
+    run = [d for d in spec.dtypes if args.inline or tier.why_not(onnx_spec, d) is None]
+    skipped = [f"{spec.qualname} {_dtype_name(d)} (tier {args.tier} {tier.why_not(onnx_spec, d)})"
+               for d in spec.dtypes if d not in run]
+    selected = cases([spec], dtypes=tuple(run))
+    if not selected:
+        raise _nothing_checked(spec, args, run, skipped)
+    if args.tier == "function" and body_status(onnx_spec, opset=DEFAULT_OPSET)[0] == "derived":
+        print(f"note: {spec.qualname} runs the ONNX body derived from its PyTorch implementation")
+    reports = []
+    for case in selected:
+        module, tensors = OpModule.from_sample(spec, case.sample)
+        reports.append(check_parity(module, tensors, tier=args.tier, rtol=args.rtol, atol=args.atol,
+                                    name=case.id, inline=args.inline, runtime=args.runtime, localize=args.localize))
+    return reports, skipped
+
+
+def _model_report(args):
+    case = _load_case(args.model)
+    return check_parity(case.model, case.args, dynamic_shapes=case.dynamic_shapes, extra_args=case.extra_args,
+                        tier=args.tier, rtol=args.rtol, atol=args.atol, path=args.output,
+                        name=case.name or args.model, inline=args.inline, runtime=args.runtime, localize=args.localize)
+
+
+def _write_reports(args, reports: list) -> None:
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump([json.loads(r.to_json()) for r in reports], fh, indent=2)
+        files.write_json(args.json, [json.loads(r.to_json()) for r in reports])
     if args.plot:
         root, ext = os.path.splitext(args.plot)
         for i, r in enumerate(reports):
             target = args.plot if len(reports) == 1 else f"{root}-{i}{ext or '.png'}"
             print(f"wrote {r.plot(target)}")
-    return 0 if ok else 1
+
+
+def cmd_check(args) -> int:
+    _check_targets(args)
+    reports, skipped = _op_reports(args) if args.op else ([_model_report(args)], [])
+    for r in reports:
+        print(r)
+        print()
+    for line in skipped:
+        print(f"skipped {line}")
+    print(f"{sum(r.passed for r in reports)} passed, {sum(not r.passed for r in reports)} failed"
+          + (f", {len(skipped)} dtypes skipped" if skipped else ""))
+    _write_reports(args, reports)
+    return 0 if all(r.passed for r in reports) else 1
+
+
+@contextlib.contextmanager
+def _onnx_errors(path: str, action: str) -> Iterator[None]:
+    """onnx's own errors (checker, shape inference, inliner) as one OpBridgeError naming the file;
+    onnx's message names the node or function at fault."""
+    try:
+        yield
+    except OpBridgeError:
+        raise
+    except (Exception, RecursionError) as e:  # noqa: BLE001  onnx raises several types, C++ ones included
+        said = " ".join(str(e).split())[:500].rstrip(".")
+        raise OpBridgeError(f"onnx cannot {action} {path}. Got {type(e).__name__}: {said}. "
+                            "Fix the node or function it names, or export the model again with opbridge.") from None
+
+
+def _load_checked(path: str):
+    """The model at ``path`` (external tensors loaded), its custom nodes checked against the registry:
+    a wrong attribute type or input count is named by node before onnx meets it."""
+    proto = files.load_model(path)
+    check_nodes(proto, REGISTRY)
+    return proto
 
 
 def cmd_inline(args) -> int:
     output = args.output or os.path.splitext(args.model_file)[0] + "_inline.onnx"
-    original, inlined = inline_file(args.model_file, output)
+    files.check_writable(output, what="model")
+    original = _load_checked(args.model_file)
+    with _onnx_errors(args.model_file, "inline"):
+        inlined = inline_functions(original, REGISTRY)
+    save_atomic(inlined, output)
     ops = ", ".join(f"{d}::{t}" for d, t in custom_op_types(original)) or "none"
     print(f"inlined {ops}: {len(original.graph.node)} -> {len(inlined.graph.node)} nodes")
     print(f"wrote {output} ({os.path.getsize(output) / 1024:.1f} KiB)")
@@ -296,21 +421,24 @@ def cmd_build(args) -> int:
     if not args.output or args.model:
         raise OpBridgeError(f"build needs -o DIR (the library and a manifest) or --triton REPO --model FILE. "
                             f"Got -o {args.output!r}, --model {args.model!r}. Pass one of the two forms.")
+    files.check_folder(args.output)  # NOTE: before the build, which can take a minute
     library = build.library_path(build=True)
     served = build.served_ops(REGISTRY)
     manifest = {
         "library": build.LIBRARY_NAME, "onnxruntime_c_api": 17, "built_with_onnxruntime": onnxruntime.__version__,
         "ops": [{"op": REGISTRY.find(d, n).qualname, "domain": d, "name": n, "version": REGISTRY.find(d, n).version,
-                 "dtypes": [str(t).replace("torch.", "") for t in dtypes]} for (d, n), dtypes in sorted(served.items())],
+                 "dtypes": [_dtype_name(t) for t in dtypes]} for (d, n), dtypes in sorted(served.items())],
     }
-    out = Path(args.output)
-    out.mkdir(parents=True, exist_ok=True)
-    # NOTE: each file lands whole or not at all (temp file in the target folder, then rename)
-    for name, write in ((build.LIBRARY_NAME, lambda f: shutil.copyfileobj(open(library, "rb"), f)),
-                        ("manifest.json", lambda f: f.write(json.dumps(manifest, indent=2).encode()))):
-        with tempfile.NamedTemporaryFile(dir=out, delete=False) as tmp:
-            write(tmp)
-        os.replace(tmp.name, out / name)
+    created = not os.path.isdir(args.output)
+    out = Path(files.make_folder(args.output))
+    # NOTE: each file lands whole or not at all, with the umask's mode (the library's with exec bits)
+    try:
+        files.copy_file(library, out / build.LIBRARY_NAME, executable=True)
+        files.write_json(out / "manifest.json", manifest)
+    except BaseException:
+        if created and not any(out.iterdir()):
+            out.rmdir()  # NOTE: a folder this command made stays only with what it was made for
+        raise
     print(f"wrote {out / build.LIBRARY_NAME} ({len(served)} ops) and {out / 'manifest.json'}")
     print("load it with onnxruntime.SessionOptions().register_custom_ops_library(PATH); no compiler needed")
     return 0
@@ -329,27 +457,16 @@ def _build_triton(args) -> int:
 def cmd_attach(args) -> int:
     """Give a file (e.g. one ``onnx.version_converter`` or another tool rewrote) the registered
     function bodies it lacks, at its own opset; write it whole or not at all."""
-    proto = load_model(args.model_file)
-    onnx.external_data_helper.load_external_data_for_model(proto, os.path.dirname(os.path.abspath(args.model_file)))
-    changed = attach_functions(proto, REGISTRY)
-    proto.ir_version = max(proto.ir_version, required_ir_version(proto))
-    try:
+    target = args.output or args.model_file
+    files.check_writable(target, what="model")
+    proto = _load_checked(args.model_file)
+    with _onnx_errors(args.model_file, "attach bodies to"):
+        changed = attach_functions(proto, REGISTRY)
+        proto.ir_version = max(proto.ir_version, required_ir_version(proto))
         onnx.checker.check_model(proto, full_check=True)
-    except Exception as e:  # noqa: BLE001  checker errors are one line for the user
-        raise OpBridgeError(f"{args.model_file} fails onnx.checker after attaching bodies. Got {type(e).__name__}: "
-                            f"{str(e)[:300]}. Export the model again with opbridge.") from None
-    target = Path(args.output or args.model_file)
-    external = proto.ByteSize() >= 1 << 31  # NOTE: protobuf's 2 GiB limit
-    # NOTE: the .onnx lands whole or not at all (temp file in the target folder, then rename)
-    with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".onnx", delete=False) as tmp:
-        pass
-    try:
-        onnx.save_model(proto, tmp.name, save_as_external_data=external,
-                        location=target.name + ".data" if external else None)
-        os.replace(tmp.name, target)
-    finally:
-        if os.path.exists(tmp.name):
-            os.unlink(tmp.name)
+    # NOTE: a file rewritten in place keeps its mode; a new -o file gets the umask's
+    in_place = os.path.isfile(target) and os.path.samefile(target, args.model_file)
+    files.save_model(proto, target, keep_mode=in_place)
     print(f"{'attached or converted ' + ', '.join(changed) if changed else 'nothing to attach'} "
           f"(ONNX opset {onnx_opset(proto)}); wrote {target}")
     return 0
@@ -435,7 +552,7 @@ def main(argv: list[str] | None = None) -> int:
         _load_ops(args.ops)
         return args.func(args)
     except OpBridgeError as e:
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)  # NOTE: one line, whatever the message holds
         return 2
 
 

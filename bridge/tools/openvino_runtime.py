@@ -34,6 +34,7 @@ import numpy as np
 import onnx
 
 from bridge.core.errors import OpBridgeError
+from bridge.core.files import load_model
 
 INSTALL = "pip install openvino"
 # NOTE: the domains OpenVINO's ONNX frontend converts; opbridge's custom domains are not among them.
@@ -93,10 +94,7 @@ class OpenVINOSession:
             proto, source = model, (model.SerializeToString(), b"")
         else:
             path = os.fspath(model)
-            if not os.path.isfile(path):
-                raise OpBridgeError(f"no ONNX file at {path!r}. Got a path that does not exist. "
-                                    "Export one with `opbridge export --inline`.")
-            proto, source = onnx.load(path, load_external_data=False), (path,)
+            proto, source = load_model(path, external_data=False), (path,)
         custom = sorted({f"{n.domain}::{n.op_type}" for n in proto.graph.node if n.domain not in _STANDARD})
         if custom:
             raise OpBridgeError(

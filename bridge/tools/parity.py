@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import io
 import json
 import math
 import os
@@ -15,6 +16,7 @@ from torch.utils import _pytree as pytree
 
 from bridge.core.dtypes import numpy_dtype
 from bridge.core.errors import OpBridgeError
+from bridge.core.files import write_bytes
 from bridge.tools.openvino_runtime import session as openvino_session
 from bridge.tools.localize import Localization, wanted
 from bridge.tools.localize import localize as localize_run
@@ -196,9 +198,10 @@ class ParityReport:
         if self.localization is not None:
             self.localization.plot(axes[1][0])
         fig.tight_layout()
-        fig.savefig(os.fspath(path), dpi=100)
+        image = io.BytesIO()  # NOTE: rendered in memory, written whole through bridge.core.files
+        fig.savefig(image, format=os.path.splitext(os.fspath(path))[1][1:].lower() or "png", dpi=100)
         plt.close(fig)
-        return os.fspath(path)
+        return write_bytes(path, image.getvalue())
 
     def __str__(self) -> str:
         head = ("output", "shape", "dtype", "max abs", "max rel", "mismatch", "rtol/atol", "result")

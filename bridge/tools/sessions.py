@@ -13,6 +13,7 @@ import onnx
 import onnxruntime as ort
 from onnx import external_data_helper
 
+from bridge.core import files
 from bridge.core.domains import all_nodes, is_custom
 from bridge.core.errors import OpBridgeError
 from bridge.core.progress import step
@@ -22,30 +23,11 @@ from ort_kernels import tiers
 
 def load_model(model: str | os.PathLike | onnx.ModelProto | bytes) -> onnx.ModelProto:
     """Load a model from a path, bytes or proto (copied: sessions edit their copy); errors are clear."""
-    if isinstance(model, onnx.ModelProto):
-        copy = onnx.ModelProto()
-        copy.CopyFrom(model)
-        return _readable(copy, "the model")
-    if isinstance(model, bytes):
-        try:
-            return _readable(onnx.load_from_string(model), "the model bytes")
-        except OpBridgeError:
-            raise
-        except Exception as e:
-            raise OpBridgeError(f"the model bytes are not an ONNX model. Got {type(e).__name__}: {e}. "
-                                "Pass the bytes of a saved .onnx file.") from None
-    path = os.fspath(model)
-    if not os.path.isfile(path):
-        raise OpBridgeError(f"no ONNX file at {path!r}. Got a path that does not exist. "
-                            "Export one first with `opbridge export` or bridge.export(...).")
-    try:
-        # NOTE: external tensors load only when the session must re-serialise (_with_external_data)
-        return _readable(onnx.load(path, load_external_data=False), repr(path))
-    except OpBridgeError:
-        raise
-    except Exception as e:
-        raise OpBridgeError(f"{path!r} is not a readable ONNX model (truncated or corrupt?). "
-                            f"Got {type(e).__name__}: {str(e)[:200]}. Export it again.") from None
+    # NOTE: external tensors load only when the session must re-serialise (_with_external_data)
+    proto = files.load_model(model, external_data=False)
+    what = ("the model" if isinstance(model, onnx.ModelProto) else "the model bytes" if isinstance(model, bytes)
+            else repr(os.fspath(model)))
+    return _readable(proto, what)
 
 
 # NOTE: digests of model-local functions whose names were found to be text: sessions opened again

@@ -1,0 +1,333 @@
+"""Files: the one ONNX model loader and the one atomic writer every file opbridge writes goes through.
+
+A write lands whole or not at all: the bytes go to a temp file in the target's folder, are flushed
+and fsynced, and ``os.replace`` puts the file in place. The new file gets the mode the umask gives
+(0644 under umask 022, 0755 for a library), like any other tool's output; ``keep_mode=True``
+(a file rewritten in place) keeps the existing file's mode. On any failure the existing target
+is untouched and no temp file is left. A missing folder, a directory in the way, a folder that
+cannot be written and a full disk are each an ``OpBridgeError`` naming the path and the fix.
+
+Example:
+    >>> import os, tempfile
+    >>> from bridge.core.files import load_model, save_model, write_json
+    >>> import onnx
+    >>> folder = tempfile.mkdtemp()
+    >>> graph = onnx.helper.make_graph([], "g", [], [])
+    >>> path = save_model(onnx.helper.make_model(graph), os.path.join(folder, "m.onnx"))
+    >>> load_model(path).graph.name
+    'g'
+    >>> old = os.umask(0o022)
+    >>> oct(os.stat(write_json(os.path.join(folder, "r.json"), {"ok": True})).st_mode & 0o777)
+    '0o644'
+    >>> _ = os.umask(old)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import secrets
+import shutil
+import stat
+import tempfile
+from collections.abc import Callable, Mapping
+from typing import BinaryIO
+
+import numpy as np
+import onnx
+
+from bridge.core.errors import OpBridgeError
+
+SINGLE_FILE_LIMIT = 1 << 31  # NOTE: protobuf cannot serialise a message past 2 GiB: bigger models use external data
+
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+_NOT_WRITABLE = (errno.EACCES, errno.EPERM, errno.EROFS)
+
+
+# --- loading ------------------------------------------------------------------------------------------
+
+def load_model(model: str | os.PathLike | bytes | onnx.ModelProto, *,
+               external_data: bool = True) -> onnx.ModelProto:
+    """The model in ``model`` (a path, the bytes of a file, or a proto, which is copied).
+
+    A path that is missing, a folder, unreadable, or not an ONNX model is an ``OpBridgeError`` with
+    one message per cause. ``external_data=False`` leaves tensors stored beside the file unloaded.
+
+    Example:
+        >>> load_model("nowhere.onnx")
+        Traceback (most recent call last):
+        ...
+        bridge.core.errors.OpBridgeError: opbridge: no ONNX file at 'nowhere.onnx'. Got a path that does not exist. Export one first with `opbridge export` or bridge.export(...).
+        >>> load_model(b"not a model")  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        bridge.core.errors.OpBridgeError: opbridge: the model bytes are not a readable ONNX model (truncated or corrupt?). Got DecodeError: Error parsing message... of a saved .onnx file.
+    """
+    if isinstance(model, onnx.ModelProto):
+        copy = onnx.ModelProto()
+        copy.CopyFrom(model)
+        return copy
+    if isinstance(model, (bytes, bytearray, memoryview)):
+        return _parse(lambda: onnx.load_from_string(bytes(model)), "the model bytes",
+                      "Pass the bytes of a saved .onnx file.")
+    path = os.fspath(model)
+    if os.path.isdir(path):
+        raise OpBridgeError(f"{path!r} is a folder, not an ONNX file. Got a directory. Pass the path of a .onnx file.")
+    if not os.path.isfile(path):
+        raise OpBridgeError(f"no ONNX file at {path!r}. Got a path that does not exist. "
+                            "Export one first with `opbridge export` or bridge.export(...).")
+    if not os.access(path, os.R_OK):
+        raise OpBridgeError(f"cannot read {path!r}. Got no read permission. Make the file readable "
+                            f"(chmod u+r {path}) or run as its owner.")
+    return _parse(lambda: onnx.load(path, load_external_data=external_data), repr(path), "Export it again.")
+
+
+def _parse(load: Callable[[], onnx.ModelProto], what: str, fix: str) -> onnx.ModelProto:
+    try:
+        proto = load()
+    except (FileNotFoundError, onnx.checker.ValidationError) as e:
+        # NOTE: onnx reads external tensors after the proto: their file is missing or outside the folder
+        raise OpBridgeError(f"the external data of {what} cannot be read. Got {type(e).__name__}: {str(e)[:200]}. "
+                            "Keep the .data file the model names beside the .onnx file.") from None
+    except Exception as e:  # noqa: BLE001  truncated, not protobuf, damaged: one message
+        raise _unreadable(what, f"{type(e).__name__}: {str(e)[:200]}", fix) from None
+    if not proto.HasField("graph"):
+        # NOTE: protobuf parses an empty file (and some other bytes) as a message with no graph
+        raise _unreadable(what, f"no graph in {proto.ByteSize()} bytes of model fields", fix)
+    return proto
+
+
+def _unreadable(what: str, got: str, fix: str) -> OpBridgeError:
+    verb = "are" if what.endswith("bytes") else "is"
+    return OpBridgeError(f"{what} {verb} not a readable ONNX model (truncated or corrupt?). Got {got}. {fix}")
+
+
+# --- writing ------------------------------------------------------------------------------------------
+
+def check_writable(path: str | os.PathLike, *, what: str = "file") -> str:
+    """Raise ``OpBridgeError`` unless a file can be written at ``path``; return the path.
+
+    Call it before expensive work whose result goes to ``path``: a missing folder, a directory in
+    the way (a path ending in ``/`` names a folder) and a folder that cannot be written are found
+    before anything is computed.
+
+    Example:
+        >>> check_writable("no/such/folder/m.onnx")
+        Traceback (most recent call last):
+        ...
+        bridge.core.errors.OpBridgeError: opbridge: cannot write 'no/such/folder/m.onnx': its folder does not exist. Got 'no/such/folder'. Create it first (mkdir -p no/such/folder) or write elsewhere.
+    """
+    shown = os.fspath(path)
+    if shown.endswith(os.sep) or os.path.isdir(shown):
+        example = os.path.join(shown, f"out{_SUFFIX.get(what, '')}")
+        raise OpBridgeError(f"cannot write {shown!r}: it names a folder, not a {what}. Got "
+                            f"{'an existing directory' if os.path.isdir(shown) else 'a path ending in /'}. "
+                            f"Name a file, e.g. {example}.")
+    folder = os.path.dirname(shown) or "."
+    if not os.path.isdir(folder):
+        if os.path.exists(folder):
+            raise OpBridgeError(f"cannot write {shown!r}: its folder is a file. Got {folder!r}, not a directory. "
+                                "Write elsewhere, or move that file away.")
+        raise OpBridgeError(f"cannot write {shown!r}: its folder does not exist. Got {folder!r}. "
+                            f"Create it first (mkdir -p {folder}) or write elsewhere.")
+    if not os.access(folder, os.W_OK | os.X_OK):
+        raise _not_writable(shown, folder)
+    return shown
+
+
+def check_folder(path: str | os.PathLike) -> str:
+    """Raise ``OpBridgeError`` unless ``path`` is a folder files can be written into, or one that
+    can be created (its nearest existing parent is a writable folder); return the path.
+
+    Example:
+        >>> import tempfile
+        >>> check_folder(tempfile.mkdtemp() + "/new/dist").endswith("dist")
+        True
+    """
+    shown = os.fspath(path)
+    existing = os.path.abspath(shown)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        got = "an existing file" if existing == os.path.abspath(shown) else f"a file at {existing!r}"
+        raise OpBridgeError(f"cannot write into folder {shown!r}: the path is not a folder. Got {got}. "
+                            "Pass a folder (it is created if missing), or move that file away.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise _not_writable(shown, existing)
+    return shown
+
+
+def make_folder(path: str | os.PathLike) -> str:
+    """``check_folder``, then create the folder and its parents where missing; return the path."""
+    shown = check_folder(path)
+    try:
+        os.makedirs(shown, exist_ok=True)
+    except OSError as e:
+        if (translated := _translate(e, os.path.join(shown, "."))) is not e:
+            raise translated from None
+        raise
+    return shown
+
+
+_SUFFIX = {"model": ".onnx", "report": ".json", "plot": ".png"}
+
+
+def _not_writable(path: str, folder: str) -> OpBridgeError:
+    return OpBridgeError(f"cannot write {path!r}: the folder {folder!r} is not writable (read-only or owned by "
+                         "another user). Got a permission error. Write elsewhere, or make the folder writable "
+                         f"(chmod u+w {folder}).")
+
+
+def _translate(e: OSError, path: str) -> OSError | OpBridgeError:
+    """The user-facing error for a failed write; an OSError of another cause stays as it is."""
+    folder = os.path.dirname(path) or "."
+    if e.errno in _NO_SPACE:
+        return OpBridgeError(f"cannot write {path!r}: no space left on the device holding {folder!r}. Got "
+                             f"{errno.errorcode[e.errno]}; the existing file, if any, is unchanged. Free space "
+                             "there or write elsewhere.")
+    if e.errno in _NOT_WRITABLE:
+        return _not_writable(path, folder)
+    if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.EISDIR):
+        try:
+            check_writable(path)
+        except OpBridgeError as found:
+            return found
+    return e
+
+
+def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], *, executable: bool = False,
+                 keep_mode: bool = False) -> str:
+    """Write ``path`` whole or not at all with ``write(binary_file)``; return the path.
+
+    The file's mode is what the umask gives a new file (``0o666 & ~umask``; ``0o777 & ~umask`` when
+    ``executable``); ``keep_mode=True`` keeps the mode (and, where allowed, the owner) of the file
+    being replaced. See the module doc for the guarantees.
+
+    Example:
+        >>> import os, tempfile
+        >>> target = os.path.join(tempfile.mkdtemp(), "a.bin")
+        >>> write_atomic(target, lambda fh: fh.write(b"abc")) == target, open(target, "rb").read()
+        (True, b'abc')
+    """
+    target = check_writable(path)
+    folder = os.path.dirname(target) or "."
+    previous = os.stat(target) if keep_mode and os.path.isfile(target) else None
+    tmp, fd = os.path.join(folder, f".{os.path.basename(target)}.{secrets.token_hex(8)}.tmp"), None
+    try:
+        # NOTE: os.open applies the umask itself, as for any new file; O_EXCL never reuses a file
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o777 if executable else 0o666)
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+            if previous is not None:
+                _keep(fh.fileno(), previous)
+        os.replace(tmp, target)
+    except BaseException as e:
+        if fd is not None:  # NOTE: only the temp file this call made
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        if isinstance(e, OSError) and (translated := _translate(e, target)) is not e:
+            raise translated from None
+        raise
+    _sync_folder(folder)
+    return target
+
+
+def _keep(fd: int, previous: os.stat_result) -> None:
+    with contextlib.suppress(PermissionError):  # NOTE: only root may give a file to another owner
+        os.fchown(fd, previous.st_uid, previous.st_gid)
+    os.fchmod(fd, stat.S_IMODE(previous.st_mode))
+
+
+def _sync_folder(folder: str) -> None:
+    """Make the rename durable (best effort: some file systems refuse fsync on a folder)."""
+    with contextlib.suppress(OSError):
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_bytes(path: str | os.PathLike, data: bytes, *, executable: bool = False, keep_mode: bool = False) -> str:
+    """Write ``data`` to ``path`` atomically (see ``write_atomic``); return the path."""
+    return write_atomic(path, lambda fh: fh.write(data), executable=executable, keep_mode=keep_mode)
+
+
+def write_text(path: str | os.PathLike, text: str) -> str:
+    """Write ``text`` (UTF-8) to ``path`` atomically; return the path."""
+    return write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(path: str | os.PathLike, value, *, indent: int = 2) -> str:
+    """Write ``value`` as JSON (with a final newline) to ``path`` atomically; return the path."""
+    return write_text(path, json.dumps(value, indent=indent) + "\n")
+
+
+def save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> str:
+    """Write ``arrays`` as an uncompressed ``.npz`` (``numpy.savez``) to ``path`` atomically.
+
+    Example:
+        >>> import os, tempfile
+        >>> target = save_npz(os.path.join(tempfile.mkdtemp(), "x.npz"), {"x": np.arange(3)})
+        >>> np.load(target)["x"].tolist()
+        [0, 1, 2]
+    """
+    return write_atomic(path, lambda fh: np.savez(fh, **arrays))
+
+
+def copy_file(src: str | os.PathLike, dst: str | os.PathLike, *, executable: bool = False) -> str:
+    """Copy the file ``src`` to ``dst`` atomically, with the umask's mode (see ``write_atomic``)."""
+    return write_atomic(dst, _copier(src), executable=executable)
+
+
+def needs_external_data(proto: onnx.ModelProto) -> bool:
+    """True for a model past protobuf's 2 GiB: its tensors must go to a ``.data`` file."""
+    return proto.ByteSize() >= SINGLE_FILE_LIMIT
+
+
+def save_model(proto: onnx.ModelProto, path: str | os.PathLike, *, external: bool | None = None,
+               keep_mode: bool = False) -> str:
+    """Write ``proto`` to ``path`` atomically; return the path.
+
+    One file, unless the model is past protobuf's 2 GiB (or ``external=True``): then its tensors go
+    to ``<name>.data`` beside it, written first, and each of the two files lands whole.
+    """
+    target = check_writable(path, what="model")
+    if not (needs_external_data(proto) if external is None else external):
+        return write_atomic(target, lambda fh: fh.write(proto.SerializeToString()), keep_mode=keep_mode)
+    folder, name = os.path.split(os.path.abspath(target))
+    # NOTE: onnx writes the model and its .data file into a private folder beside the target; each file
+    # is then written through write_atomic, so modes and failures follow the one rule
+    staging = _staging_folder(folder, target)
+    try:
+        onnx.save_model(proto, os.path.join(staging, name), save_as_external_data=True,
+                        all_tensors_to_one_file=True, location=name + ".data", size_threshold=0)
+        copy_file(os.path.join(staging, name + ".data"), target + ".data")
+        return write_atomic(target, _copier(os.path.join(staging, name)), keep_mode=keep_mode)
+    except OSError as e:
+        if (translated := _translate(e, target)) is not e:
+            raise translated from None
+        raise
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _staging_folder(folder: str, target: str) -> str:
+    try:
+        return tempfile.mkdtemp(prefix=".opbridge-", dir=folder)
+    except OSError as e:
+        if (translated := _translate(e, target)) is not e:
+            raise translated from None
+        raise
+
+
+def _copier(src: str) -> Callable[[BinaryIO], None]:
+    def write(fh: BinaryIO) -> None:
+        with open(src, "rb") as source:
+            shutil.copyfileobj(source, fh, 1 << 20)
+    return write
