@@ -16,14 +16,12 @@ elsewhere (e.g. ``/models/NAME/libopbridge_ort.so`` inside a container).
 from __future__ import annotations
 
 import os
-import secrets
-import shutil
 from pathlib import Path
-from typing import Callable, BinaryIO
 
 import onnx
 from google.protobuf import text_encoding
 
+from bridge.core import files
 from bridge.core.errors import OpBridgeError
 from bridge.core.registry import REGISTRY
 from bridge.tools.sessions import load_model
@@ -158,27 +156,6 @@ def config_text(model: onnx.ModelProto, name: str, *, max_batch_size: int = 0,
     return "\n".join(lines) + "\n"
 
 
-def _write_atomic(path: Path, write: Callable[[BinaryIO], object], *, mode: int = 0o666) -> None:
-    """Write ``path`` whole or not at all (temp file in the same folder, then rename), mode from the umask.
-
-    NOTE: a local stand-in until the project's one file writer (bridge.core.files) lands.
-    """
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            write(f)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def _copy_file(source: Path, target: Path, *, mode: int = 0o666) -> None:
-    with open(source, "rb") as src:
-        _write_atomic(target, lambda f: shutil.copyfileobj(src, f), mode=mode)
-
-
 def _external_files(model: onnx.ModelProto, model_path: Path) -> list[str]:
     """Relative locations of the file's external-data tensors, each checked to lie beside the model."""
     tensors = [*model.graph.initializer, *(a.t for n in model.graph.node for a in n.attribute if a.HasField("t"))]
@@ -223,7 +200,7 @@ def write_repository(repo: str | os.PathLike, model_path: str | os.PathLike, *, 
     module docstring for how Triton resolves it). ``registry`` defaults to the global one.
 
     Example:
-        >>> import tempfile
+        >>> import shutil, tempfile
         >>> folder = Path(tempfile.mkdtemp())
         >>> x = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, ["n", 4])
         >>> y = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 4])
@@ -253,10 +230,10 @@ def write_repository(repo: str | os.PathLike, model_path: str | os.PathLike, *, 
     text = config_text(model, name, max_batch_size=max_batch_size, op_library=str(served_as))  # errors before writing
     library = build.library_path(registry, build=True)
     (model_dir / VERSION).mkdir(parents=True, exist_ok=True)
-    _copy_file(library, model_dir / build.LIBRARY_NAME, mode=0o777)
+    files.copy_file(library, model_dir / build.LIBRARY_NAME, executable=True)
     for location in external:
         (model_dir / VERSION / location).parent.mkdir(parents=True, exist_ok=True)
-        _copy_file(model_path.parent / location, model_dir / VERSION / location)
-    _copy_file(model_path, model_dir / VERSION / MODEL_NAME)
-    _write_atomic(model_dir / CONFIG_NAME, lambda f: f.write(text.encode()))
+        files.copy_file(model_path.parent / location, model_dir / VERSION / location)
+    files.copy_file(model_path, model_dir / VERSION / MODEL_NAME)
+    files.write_text(model_dir / CONFIG_NAME, text)
     return model_dir
