@@ -2,6 +2,8 @@
 calls (judged against predicates written out here), and every tier reports a failed check alike."""
 
 import copy
+import doctest
+import importlib
 
 import numpy as np
 import onnx
@@ -198,7 +200,7 @@ def test_guards_leave_the_body_alone_when_checks_hold():
     guarded, raw = spec.function.to_function_proto(), spec.function.function.to_function_proto()
     names = [n.name for n in guarded.node if n.name.startswith(C.GUARD_PREFIX)]
     assert names[0] == "opbridge_check/bev::bev_pool_v2/depth/0.rank" and len(names) == len(
-        [c for c in spec.checks if c.ok is not None])
+        [c for c in spec.checks if c.guarded])
     assert [n.op_type for n in guarded.node[-len(raw.node):]] == [n.op_type for n in raw.node]
 
 
@@ -286,3 +288,11 @@ def test_checks_over_an_omitted_optional_input_do_not_apply(registry, fresh_name
     assert weighted(torch.ones(3)).tolist() == [2.0, 2.0, 2.0]
     with pytest.raises(ValueError, match="must have equal length. Got lengths 3 and 2"):
         weighted(torch.ones(3), torch.ones(2))
+
+
+@pytest.mark.parametrize("module", ["bridge.core.check_vocabulary", "bridge.core.check_guards",
+                                    "bridge.core.check_explanation"])
+def test_check_modules_examples_run(module):
+    """The examples of the three check modules (vocabulary, guards, explanation) run."""
+    result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
+    assert result.failed == 0 and result.attempted > 0
