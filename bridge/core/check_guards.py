@@ -126,11 +126,24 @@ class GuardBuilder:
     def double(self, value: str) -> str:
         return self.node("Cast", [value], to=TensorProto.DOUBLE)
 
+    def is_empty(self, value: str) -> str:
+        """True [1] when ``value`` has no elements."""
+        return self.node("Equal", [self.numel(value), self.const([0])])
+
+    def reduce(self, op_type: str, value: str) -> str:
+        """``op_type`` (ReduceMin, ReduceMax) of ``value``, as [1]; of [0] when ``value`` is empty:
+        its callers pass an empty value by :meth:`is_empty`.
+
+        NOTE: onnxruntime 1.17 fails reducing an empty tensor (later releases give the type's
+        max/min); a 0 of the value's type is appended then (Pad by 0 or 1)."""
+        flat = self.node("Reshape", [value, self.const([-1])])
+        pads = self.node("Concat", [self.const([0]), self.node("Cast", [self.is_empty(value)], to=TensorProto.INT64)],
+                         axis=0)
+        return self.node(op_type, [self.node("Pad", [flat, pads])], keepdims=1)
+
     def reduce_double(self, op_type: str, name: str) -> str:
-        """ReduceMin/ReduceMax of input ``name`` as float64 [1] (exact for int32 and float values;
-        an empty input gives the type's max/min, which passes)."""
-        reduced = self.node(op_type, [self.input(name)], keepdims=0)
-        return self.node("Reshape", [self.double(reduced), self.const([1])])
+        """:meth:`reduce` of input ``name`` as float64 [1] (exact for int32 and float values)."""
+        return self.double(self.reduce(op_type, self.input(name)))
 
     def shape_key(self, name: str, drop_last: int) -> str:
         """The shape of input ``name`` with its last ``drop_last`` dims masked, then its rank, as one

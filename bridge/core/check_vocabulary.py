@@ -370,9 +370,10 @@ class ValuesIn(Check):
         return None if least >= self.low.eval(env) and most < self.high.eval(env) else f"min {least}, max {most}"
 
     def guard(self, b):
-        return b.node("And", [
+        within = b.node("And", [
             b.node("GreaterOrEqual", [b.reduce_double("ReduceMin", self.input), b.double(self.low.onnx(b))]),
             b.node("Less", [b.reduce_double("ReduceMax", self.input), b.double(self.high.onnx(b))])])
+        return b.node("Or", [b.is_empty(b.input(self.input)), within])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -390,7 +391,8 @@ class ValuesGe(Check):
         return f"min {t.min().item()}" if t.numel() and not t.min().item() >= self.low else None
 
     def guard(self, b):
-        return b.node("GreaterOrEqual", [b.reduce_double("ReduceMin", self.input), b.double(b.const([self.low]))])
+        least = b.node("GreaterOrEqual", [b.reduce_double("ReduceMin", self.input), b.double(b.const([self.low]))])
+        return b.node("Or", [b.is_empty(b.input(self.input)), least])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -512,10 +514,11 @@ class IntervalsWithin(Check):
         n = b.node("Min", [b.numel(b.input(self.input)), b.numel(b.input(self.lengths))])
         s = b.node("Cast", [b.node("Slice", [b.input(self.input), b.const([0]), n])], to=TensorProto.INT64)
         length = b.node("Cast", [b.node("Slice", [b.input(self.lengths), b.const([0]), n])], to=TensorProto.INT64)
-        low = b.node("ReduceMin", [s], keepdims=1)  # NOTE: empty: int64 max, passes
-        high = b.node("ReduceMax", [b.node("Add", [s, length])], keepdims=1)
-        return b.node("And", [b.node("GreaterOrEqual", [low, b.const([0])]),
-                              b.node("LessOrEqual", [high, self.points.onnx(b)])])
+        low = b.reduce("ReduceMin", s)
+        high = b.reduce("ReduceMax", b.node("Add", [s, length]))
+        within = b.node("And", [b.node("GreaterOrEqual", [low, b.const([0])]),
+                                b.node("LessOrEqual", [high, self.points.onnx(b)])])
+        return b.node("Or", [b.is_empty(s), within])
 
 
 @dataclasses.dataclass(frozen=True)
