@@ -32,6 +32,12 @@ def guard_name(qualname: str, index: int, check: Check) -> str:
     return f"{GUARD_PREFIX}/{qualname}/{check.input}/{index}.{check.kind}"
 
 
+def _pad(n: int) -> int:
+    """How many filler items make item ``n - 1`` exist; at least 8, so that the dims and items
+    below 8 of one value share one padded copy."""
+    return max(n, 8)
+
+
 class GuardBuilder:
     """Appends nodes to a function body, with fresh value names; the same pure node (a constant, a
     Shape, a reduction) is made once per body."""
@@ -99,8 +105,12 @@ class GuardBuilder:
         return self.node("Shape", [self.node("Unsqueeze", [self.input(name), self.const([0])])])
 
     def numel(self, value: str) -> str:
+        """The element count of ``value`` as an int64 scalar (compared with a [1] value, it gives [1])."""
+        return self.node("Size", [value])
+
+    def numel1(self, value: str) -> str:
         """The element count of ``value`` as int64 [1]."""
-        return self.node("Reshape", [self.node("Size", [value]), self.const([1])])
+        return self.node("Reshape", [self.numel(value), self.const([1])])
 
     def rank(self, name: str) -> str:
         """The rank of input ``name`` as int64 [1]."""
@@ -110,9 +120,9 @@ class GuardBuilder:
         """``name.shape[axis]`` as int64 [1]; -1 when there is no such axis."""
         shape = self.shape1(name)  # [1, *shape]
         if axis >= 0:
-            padded = self.node("Concat", [shape, self.const([-1] * (axis + 1))], axis=0)
+            padded = self.node("Concat", [shape, self.const([-1] * _pad(axis + 1))], axis=0)
             return self.node("Slice", [padded, self.const([axis + 1]), self.const([axis + 2])])
-        padded = self.node("Concat", [self.const([-1] * -axis), shape], axis=0)
+        padded = self.node("Concat", [self.const([-1] * _pad(-axis)), shape], axis=0)
         end = axis + 1 if axis != -1 else 2**62
         value = self.node("Slice", [padded, self.const([axis]), self.const([end])])
         present = self.node("GreaterOrEqual", [self.rank(name), self.const([-axis])])
@@ -120,7 +130,7 @@ class GuardBuilder:
 
     def attr_item(self, name: str, index: int, missing: int = -1) -> str:
         """Item ``index`` of ints attribute ``name`` as int64 [1]; ``missing`` when it has no such item."""
-        padded = self.node("Concat", [self.attr(name), self.const([missing] * (index + 1))], axis=0)
+        padded = self.node("Concat", [self.attr(name), self.const([missing] * _pad(index + 1))], axis=0)
         return self.node("Slice", [padded, self.const([index]), self.const([index + 1])])
 
     def double(self, value: str) -> str:
@@ -161,7 +171,7 @@ class GuardBuilder:
 
     def equal_vectors(self, x: str, y: str) -> str:
         """True [1] when int64 vectors x and y are equal (total: unequal lengths are unequal)."""
-        nx, ny = self.numel(x), self.numel(y)
+        nx, ny = self.numel1(x), self.numel1(y)
         n = self.node("Max", [nx, ny])
         # NOTE: both padded with a value no dim or rank key takes to the longer length
         px = self.node("Pad", [x, self.node("Concat", [self.const([0]), self.node("Sub", [n, nx])], axis=0),
@@ -177,16 +187,13 @@ class GuardBuilder:
 def _chain(b: GuardBuilder, qualname: str, guarded: Sequence[tuple[int, Check]]) -> str:
     """The guards of ``guarded`` ((index, check) pairs), chained; the last guard's output.
 
-    NOTE: ONNX has no Assert. A guard is ``Gather([0], Cast(Not(ok)))``: index 1 is out of
-    bounds. Each index adds the previous guard's 0 output, so guards fail in list order, like
-    the eager check."""
-    data = b.const([0])
-    chain = None
+    NOTE: ONNX has no Assert. A guard is ``Gather(data, Where(ok, [0], [1]))`` with a one-item
+    ``data``: index 1 is out of bounds. ``data`` is the previous guard's output ([0]), so guards
+    fail in list order, like the eager check (two nodes per check)."""
+    chain = b.const([0])
     for index, check in guarded:
-        bad = b.node("Cast", [b.node("Not", [check.guard(b)])], to=TensorProto.INT64)
-        if chain is not None:
-            bad = b.node("Add", [bad, chain])
-        chain = b.node("Gather", [data, bad], name=guard_name(qualname, index, check))
+        bad = b.node("Where", [check.guard(b), b.const([0]), b.const([1])])
+        chain = b.node("Gather", [chain, bad], name=guard_name(qualname, index, check))
     return chain
 
 

@@ -100,7 +100,7 @@ class Numel(Expr):
         return env[self.input].numel()
 
     def onnx(self, b):
-        return b.numel(b.input(self.input))
+        return b.numel1(b.input(self.input))
 
     def __str__(self):
         return f"{self.input}.numel()"
@@ -154,13 +154,10 @@ class _AttrProd(Expr):
         return math.prod(list(env[self.name])[:self.stop])
 
     def onnx(self, b):
-        # NOTE: int64 products by Mul (ReduceProd has no int64 kernel in every onnxruntime the
-        # project supports); a missing item counts as 1, as in eager
-        items = [b.attr_item(self.name, i, missing=1) for i in range(self.stop)]
-        product = items[0] if items else b.const([1])
-        for item in items[1:]:
-            product = b.node("Mul", [product, item])
-        return product
+        # NOTE: a missing item counts as 1, as in eager; the [1] appended keeps the product from
+        # reducing an empty tensor (onnxruntime 1.17 fails there)
+        items = b.node("Slice", [b.attr(self.name), b.const([0]), b.const([self.stop])])
+        return b.node("ReduceProd", [b.node("Concat", [items, b.const([1])], axis=0)], keepdims=1)
 
     def __str__(self):
         return f"prod({self.name}[:{self.stop}])"
@@ -279,7 +276,9 @@ class Rank(Check):
         return f"shape {_shape(t)}" if bad else None
 
     def guard(self, b):
-        return b.node("GreaterOrEqual" if self.at_least else "Equal", [b.rank(self.input), b.const([self.n])])
+        # NOTE: the size of [1, *shape] against n + 1: one node fewer than the rank itself
+        return b.node("GreaterOrEqual" if self.at_least else "Equal",
+                      [b.numel(b.shape1(self.input)), b.const([self.n + 1])])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -343,6 +342,8 @@ class SameShape(Check):
 
     def guard(self, b):
         same = b.equal_vectors(b.shape_key(self.input, self.drop_last), b.shape_key(self.other, self.drop_last))
+        if not self.drop_last:
+            return same  # NOTE: every rank is >= 0
         return b.node("And", [same, b.node("GreaterOrEqual", [b.rank(self.input), b.const([self.drop_last])])])
 
 
@@ -478,7 +479,7 @@ class AttrProdLe(Check):
         items = b.node("Max", [b.attr(self.input), b.const([1])])  # NOTE: zeros count as 1
         padded = b.node("Concat", [items, b.const([1])], axis=0)  # NOTE: an empty list passes
         approx = b.node("ReduceProd", [b.node("Cast", [padded], to=TensorProto.FLOAT)], keepdims=1)
-        no_wrap = b.node("LessOrEqual", [approx, b.node("Cast", [b.const([2**62])], to=TensorProto.FLOAT)])
+        no_wrap = b.node("LessOrEqual", [approx, b.node("Constant", [], value_float=float(2**62))])
         # NOTE: where the product could wrap, it is not taken at all (signed overflow)
         exact = b.node("ReduceProd", [b.node("Where", [no_wrap, padded, b.const([1])])], keepdims=1)
         return b.node("And", [no_wrap, b.node("LessOrEqual", [exact, b.const([self.limit])])])
@@ -511,7 +512,7 @@ class IntervalsWithin(Check):
         return None
 
     def guard(self, b):
-        n = b.node("Min", [b.numel(b.input(self.input)), b.numel(b.input(self.lengths))])
+        n = b.node("Min", [b.numel1(b.input(self.input)), b.numel1(b.input(self.lengths))])
         s = b.node("Cast", [b.node("Slice", [b.input(self.input), b.const([0]), n])], to=TensorProto.INT64)
         length = b.node("Cast", [b.node("Slice", [b.input(self.lengths), b.const([0]), n])], to=TensorProto.INT64)
         low = b.reduce("ReduceMin", s)
