@@ -1,0 +1,52 @@
+"""The function tier's explanation of a failed guard: which check an onnxruntime error stopped at
+(:func:`failed_guard`), and its message (:func:`explain_failure`): the eager one where the op's
+inputs are known, else the check's text without values.
+
+Example:
+    >>> import torch
+    >>> from bridge.core.check_vocabulary import Checks, rank
+    >>> checks = Checks("d::f", [rank("x", 2)])
+    >>> explain_failure(checks, 0, [{"x": torch.ones(3)}], "opbridge_check/d::f/x/0.rank")
+    "opbridge: d::f: input 'x' must have 2 dims. Got shape (3,). Pass a 2-D x."
+    >>> explain_failure(checks, 0, [], "opbridge_check/d::f/x/0.rank")  # doctest: +NORMALIZE_WHITESPACE
+    "opbridge: d::f: input 'x' must have 2 dims. Got a value that fails it inside the model
+    (onnxruntime stopped at guard node 'opbridge_check/d::f/x/0.rank'). Pass a 2-D x."
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+
+from bridge.core.check_guards import GUARD_PREFIX
+from bridge.core.check_vocabulary import Checks
+
+# onnxruntime names a node of an inlined function '_inlfunc_<function>_<node name>' (measured on
+# onnxruntime 1.32); only the node's own name is matched, wherever it sits in the message.
+# A torchbind method's qualname has a dot: ns::Class.method.
+_GUARD_NAME = re.compile(GUARD_PREFIX + r"/([A-Za-z_][\w]*::[A-Za-z_][\w.]*)/(\w+)/(\d+)\.\w+")
+
+
+def failed_guard(error: BaseException | str) -> tuple[str, str, int] | None:
+    """(op qualname, input, check index) of the guard an onnxruntime error stopped at, else None.
+
+    Example:
+        >>> failed_guard("running Gather node. Name:'_inlfunc_f_opbridge_check/d::f/x/3.rank' Status Message: ...")
+        ('d::f', 'x', 3)
+    """
+    m = _GUARD_NAME.search(str(error))
+    return (m.group(1), m.group(2), int(m.group(3))) if m else None
+
+
+def explain_failure(checks: Checks, index: int, envs: Sequence[dict], node: str) -> str:
+    """The message for guard ``index`` of ``checks`` failing: the eager message when one of
+    ``envs`` (the op's inputs at its nodes, where known) fails a check, else the check's text
+    without values."""
+    for env in envs:
+        try:
+            message = checks.first_failure(env)
+        except Exception:  # noqa: BLE001  an env that cannot be evaluated is skipped
+            message = None
+        if message is not None:
+            return message
+    return checks.checks[index].explain(checks.qualname, node)
