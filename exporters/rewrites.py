@@ -104,6 +104,63 @@ def _class_name(fqn: str) -> str:
     return f"{parts[-2]}::{parts[-1]}" if len(parts) >= 2 else fqn
 
 
+def _is_torchbind_call(node) -> bool:
+    return node.op == "call_function" and (getattr(node.target, "__name__", "") == "call_torchbind"
+                                           or "call_torchbind" in str(node.target))
+
+
+def _state_names_match(spec, class_name: str, state: dict) -> None:
+    attr_names = {p.name for p in spec.attributes}
+    required = {p.name for p in spec.attributes if not p.has_default}
+    if not required <= set(state) <= attr_names:
+        raise OpBridgeError(
+            f"{class_name}.__obj_flatten__() gives state {sorted(state)} but {spec.qualname} has attributes "
+            f"{sorted(attr_names)} (required {sorted(required)}). Got a mismatch. Make the flattened "
+            "state names equal the op's attribute names."
+        )
+
+
+def _op_for_call(program, node, obj_inputs: dict, registry) -> tuple:
+    """The op standing for a ``call_torchbind`` node, and the called object's state (its attributes)."""
+    obj_node, method = node.args[:2]
+    in_spec = obj_inputs.get(obj_node.name)
+    if in_spec is None:
+        raise OpBridgeError(f"torchbind call {node.format_node()} does not read a module attribute. "
+                            "Got an object created inside forward(). Create it in __init__.")
+    class_name = _class_name(in_spec.arg.class_fqn)
+    spec = registry.for_torchbind(class_name, method)
+    if spec is None:
+        raise OpBridgeError(
+            f"the model calls {class_name}.{method} (torchbind), which no op stands for. Got "
+            f"node {node.name}. Declare an op with @bridge.op(..., torchbind=['{class_name}.{method}']) "
+            "whose tensors are the method's arguments and whose attributes are the object's state."
+        )
+    state = dict(program.constants[in_spec.target].__obj_flatten__())
+    _state_names_match(spec, class_name, state)
+    return spec, state
+
+
+def _replace_call(graph, node, spec, state: dict) -> None:
+    """Swap a ``call_torchbind`` node for a call of ``spec``'s op with the state as its attributes."""
+    tensors = iter(node.args[2:])
+    call = [next(tensors) if p.is_tensor else state.get(p.name, p.default) for p in spec.params]
+    with graph.inserting_before(node):
+        new = graph.call_function(spec.overload, tuple(call))
+    new.meta.update({k: v for k, v in node.meta.items() if k in ("val", "tensor_meta", "stack_trace")})
+    node.replace_all_uses_with(new)
+    graph.erase_node(node)
+
+
+def _drop_unused_objects(program, obj_inputs: dict) -> None:
+    graph = program.graph
+    for name, in_spec in obj_inputs.items():
+        placeholder = next(n for n in graph.nodes if n.op == "placeholder" and n.name == name)
+        if not placeholder.users:
+            graph.erase_node(placeholder)
+            program.graph_signature.input_specs.remove(in_spec)
+            program.constants.pop(in_spec.target, None)
+
+
 def torchbind_to_ops(program: torch.export.ExportedProgram, registry) -> torch.export.ExportedProgram:
     """Turn ``call_torchbind(obj, method, *args)`` into the op declared for that method.
 
@@ -113,49 +170,12 @@ def torchbind_to_ops(program: torch.export.ExportedProgram, registry) -> torch.e
     graph = program.graph
     obj_inputs = {s.arg.name: s for s in program.graph_signature.input_specs
                   if s.kind == torch.export.graph_signature.InputKind.CUSTOM_OBJ}
-    changed = False
-    for node in list(graph.nodes):
-        if node.op != "call_function" or getattr(node.target, "__name__", "") != "call_torchbind" and \
-                "call_torchbind" not in str(node.target):
-            continue
-        obj_node, method, *args = node.args
-        in_spec = obj_inputs.get(obj_node.name)
-        if in_spec is None:
-            raise OpBridgeError(f"torchbind call {node.format_node()} does not read a module attribute. "
-                                "Got an object created inside forward(). Create it in __init__.")
-        class_name = _class_name(in_spec.arg.class_fqn)
-        spec = registry.for_torchbind(class_name, method)
-        if spec is None:
-            raise OpBridgeError(
-                f"the model calls {class_name}.{method} (torchbind), which no op stands for. Got "
-                f"node {node.name}. Declare an op with @bridge.op(..., torchbind=['{class_name}.{method}']) "
-                "whose tensors are the method's arguments and whose attributes are the object's state."
-            )
-        obj = program.constants[in_spec.target]
-        state = dict(obj.__obj_flatten__())
-        attr_names = {p.name for p in spec.attributes}
-        required = {p.name for p in spec.attributes if not p.has_default}
-        if not required <= set(state) <= attr_names:
-            raise OpBridgeError(
-                f"{class_name}.__obj_flatten__() gives state {sorted(state)} but {spec.qualname} has attributes "
-                f"{sorted(attr_names)} (required {sorted(required)}). Got a mismatch. Make the flattened "
-                "state names equal the op's attribute names."
-            )
-        tensors = iter(args)
-        call = [next(tensors) if p.is_tensor else state.get(p.name, p.default) for p in spec.params]
-        with graph.inserting_before(node):
-            new = graph.call_function(spec.overload, tuple(call))
-        new.meta.update({k: v for k, v in node.meta.items() if k in ("val", "tensor_meta", "stack_trace")})
-        node.replace_all_uses_with(new)
-        graph.erase_node(node)
-        changed = True
-    if not changed:
+    calls = [node for node in graph.nodes if _is_torchbind_call(node)]
+    if not calls:
         return program
-    for name, in_spec in obj_inputs.items():
-        placeholder = next(n for n in graph.nodes if n.op == "placeholder" and n.name == name)
-        if not placeholder.users:
-            graph.erase_node(placeholder)
-            program.graph_signature.input_specs.remove(in_spec)
-            program.constants.pop(in_spec.target, None)
+    for node in calls:
+        spec, state = _op_for_call(program, node, obj_inputs, registry)
+        _replace_call(graph, node, spec, state)
+    _drop_unused_objects(program, obj_inputs)
     program.graph_module.recompile()
     return program

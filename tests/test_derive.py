@@ -1,4 +1,4 @@
-"""Bodies derived from an op's PyTorch implementation (exporters/derive.py): ops with no ONNX code."""
+"""Bodies derived from an op's PyTorch implementation (exporters/derive/): ops with no ONNX code."""
 
 import dataclasses
 import os
@@ -16,6 +16,7 @@ from torch.export import Dim
 import bridge
 from bridge.tools.testing import OpModule, cases
 from exporters import derive
+from exporters.derive import attach, guards
 from ort_kernels.tiers import TIERS
 from tests.vendor import plain_ops
 
@@ -209,6 +210,104 @@ def test_crop_derived_at_a_dynamic_size_serves_other_sizes(without_written_body,
     proto = bridge.export(M(), feeds[0], path, dynamic_shapes=({0: Dim("n"), 1: Dim("h"), 2: Dim("w")},))
     assert [list(f.attribute) for f in proto.functions] == [["box"]]  # one body, box read from each node
     _assert_matches(M(), feeds, _run_plain_ort(path, feeds), rtol=0, atol=0)
+
+
+def test_guards_with_torch_sym_min_and_max_are_read():
+    # NOTE: torch 2.14 writes min/max of sizes in guards as torch.sym_max/sym_min (2.13: plain
+    # min/max); a guard the evaluator cannot read refused every reuse, so each site was derived again
+    spec = bridge.REGISTRY.get("opbridge::crop")
+
+    def site(box):
+        return derive.Site((derive.TensorSig(torch.float32, ("n", 6, 7)),), (("box", box),))
+
+    width = "torch.sym_max(1, L['inputs'][3] + ((-1)*L['inputs'][1])) == (L['inputs'][3] + ((-1)*L['inputs'][1]))"
+    dynamic = "torch.sym_min(L['inputs'][0].size()[0], L['inputs'][4]) >= 0"  # reads a dynamic size: undecided
+    body = derive.Derived(onnx.FunctionProto(), site((1, 2, 5, 4)).structure, (), (), (width, dynamic), ("box",))
+    assert guards.fits(body, spec, site((2, 0, 4, 3)))  # width 2 >= 1: the guard holds
+    assert not guards.fits(body, spec, site((3, 0, 3, 3)))  # width 0: max(1, 0) != 0
+
+
+def test_equal_bodies_derived_twice_are_attached_once(without_written_body, monkeypatch, tmp_path):
+    # NOTE: what torch 2.14 did: each site's body derived anew (no earlier body deemed to fit) gave
+    # two equal bodies, attached as two functions with one overload id, which onnx.checker refuses
+    without_written_body("opbridge::crop")
+    derive_once = attach.derive
+    monkeypatch.setattr(attach, "derive", lambda *a: dataclasses.replace(derive_once(*a)))  # a new object each
+
+    class M(torch.nn.Module):
+        def forward(self, img):
+            return torch.ops.opbridge.crop(img, [1, 2, 5, 4]), torch.ops.opbridge.crop(img, [2, 0, 4, 3])
+
+    g = torch.Generator().manual_seed(3)
+    feeds = [(torch.randn(3, 6, 7, generator=g),), (torch.randn(2, 9, 11, generator=g),)]
+    path = tmp_path / "crop.onnx"
+    proto = bridge.export(M(), feeds[0], path, dynamic_shapes=({0: Dim("n"), 1: Dim("h"), 2: Dim("w")},))
+    assert [(f.name, f.overload, list(f.attribute)) for f in proto.functions] == [("crop", "", ["box"])]
+    assert all(n.overload == "" for n in proto.graph.node if n.domain == "opbridge")
+    _assert_matches(M(), feeds, _run_plain_ort(path, feeds), rtol=0, atol=0)
+
+
+def test_a_changed_registry_never_serves_an_earlier_body(registry, fresh_name):
+    name = fresh_name("halve")
+
+    @bridge.op(name, fake=lambda x: torch.empty_like(x), registry=registry)
+    def halve(x: torch.Tensor) -> torch.Tensor:
+        return x / 2
+
+    spec = registry.get(name)
+    site = derive.Site((derive.TensorSig(torch.float32, ("n", 4)),), ())
+    first = derive.derive(spec, site, registry=registry)
+    assert derive.derive(spec, site, registry=registry) is first  # one generation: the body is kept
+    registry.replace(dataclasses.replace(spec, doc="changed"))  # any change is a new generation
+    again = derive.derive(registry.get(name), site, registry=registry)
+    assert again is not first and again.proto.SerializeToString() == first.proto.SerializeToString()
+    assert derive.derive(spec, site, registry=registry) is not first  # the old spec too: nothing stale
+
+
+ALIASING = {"itself": (lambda x: x, lambda x: torch.empty_like(x)),
+            "a view": (lambda x: x.view(-1), lambda x: x.new_empty(x.numel())),
+            "a slice": (lambda x: x[1:], lambda x: x.new_empty(x.shape[0] - 1, *x.shape[1:]))}
+
+
+@pytest.mark.parametrize("returns", list(ALIASING))
+def test_op_returning_its_input_or_a_view_of_it_is_a_clear_error(registry, fresh_name, returns):
+    name = fresh_name("alias")
+    body, fake = ALIASING[returns]
+
+    @bridge.op(name, fake=fake, registry=registry)
+    def alias(x: torch.Tensor) -> torch.Tensor:
+        return body(x)
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return alias(x) * 2
+
+    with pytest.raises(RuntimeError, match="may not alias any inputs"):
+        alias(torch.randn(3, 4))  # what torch says when the op runs
+    message = (rf"opbridge: {name}: its implementation returns its input 'x' \(or a view of it\) as output 0, "
+               r"and a custom op's outputs may not alias its inputs .*Return a copy instead \(e\.g\. x\.clone\(\)\)")
+    with pytest.raises(bridge.OpBridgeError, match=message):
+        bridge.export(M(), (torch.randn(3, 4),), registry=registry)
+    site = derive.Site((derive.TensorSig(torch.float32, ("n", 4)),), ())
+    with pytest.raises(bridge.OpBridgeError, match=message):
+        derive.derive(registry.get(name), site, registry=registry)
+
+
+def test_op_returning_a_copy_of_its_input_gets_a_body(registry, fresh_name, tmp_path):
+    name = fresh_name("copy")
+
+    @bridge.op(name, fake=lambda x: torch.empty_like(x), registry=registry)
+    def copy(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return copy(x) * 2
+
+    x = torch.randn(3, 4)
+    proto = bridge.export(M(), (x,), tmp_path / "c.onnx", registry=registry)
+    assert [f.name for f in proto.functions] == ["copy"]
+    _assert_matches(M(), [(x,)], _run_plain_ort(tmp_path / "c.onnx", [(x,)]), rtol=0, atol=0)
 
 
 def test_body_keyed_by_baked_values_gets_one_overload_each(registry, fresh_name, tmp_path):

@@ -1,0 +1,44 @@
+"""Derived ONNX function bodies: an op with no written ``function=`` body gets one traced from its own
+PyTorch implementation, so ops written in plain torch need no ONNX code.
+
+At each export site (a custom node of a model) the op's implementation — a ``torch.library.custom_op``'s
+Python function, or the composite (CompositeImplicitAutograd) kernel of an op defined elsewhere — is
+traced with ``torch.export`` at the site's input dtypes and ranks, every tensor dim and every int
+attribute dynamic, exported with ``torch.onnx`` at the model's opset, and turned into a FunctionProto
+in the op's domain with the op's input and attribute names:
+
+- int / int[] attributes the trace keeps symbolic become FunctionProto attributes
+  (``Constant <value_int: int = @k>``); float, bool and str attributes, and ints the implementation
+  branches on, are baked in, so such a body is keyed by those values (and by the input dtypes). A model
+  whose sites of one op need different bodies gets one body per key (ONNX function ``overload``).
+- ScatterND with a reduction (what ``index_put(accumulate=True)`` and ``index_add`` become), which
+  onnxruntime's threaded CPU kernel runs nondeterministically over duplicate indices, is rewritten to
+  ScatterElements over the flattened data, which accumulates in a fixed order.
+- before use, every body passes ``onnx.checker`` (full) and runs in onnxruntime against eager at the
+  traced sizes and, where the site has dynamic dims, at other sizes; an implementation returning
+  (a view of) an input, which torch forbids for custom ops, is an OpBridgeError naming the op.
+
+An implementation that cannot be traced (NumPy, ``.item()``, data-dependent control flow, a C++
+kernel) gives no body; :func:`body_status` says why in one line and the other tiers still run the op.
+
+Modules, bottom up: ``sites`` (what a body is derived for, the errors), ``implementation`` (the
+code traced), ``cache`` (every cache, one object tied to the registry's generation), ``tracing``
+(the op alone under torch.export and torch.onnx), ``scatter`` (racy ScatterND rewritten), ``body``
+(the trace as a FunctionProto), ``verify`` (no aliasing, checker, eager match), ``guards`` (whether an
+earlier body serves a site), ``derivation`` (per site and attribute values, cached), ``attach``
+(bodies into a model, with check guards), ``status`` (``opbridge ops`` and ``--show-body``).
+
+Example:
+    >>> import torch, bridge, custom_ops
+    >>> body_status(bridge.REGISTRY.get("opbridge::crop"))
+    ('written', None)
+"""
+
+from exporters.derive.attach import attach_derived
+from exporters.derive.derivation import derive, last_failure
+from exporters.derive.implementation import implementation
+from exporters.derive.sites import Derived, NoPortableBody, Site, TensorSig, sample_site, site_of
+from exporters.derive.status import body_status, show_body
+
+__all__ = ["Derived", "NoPortableBody", "Site", "TensorSig", "attach_derived", "body_status", "derive",
+           "implementation", "last_failure", "sample_site", "show_body", "site_of"]

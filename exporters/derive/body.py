@@ -1,0 +1,139 @@
+"""The translated trace as the op's FunctionProto: the op's domain, name, input and attribute names;
+int attributes the trace kept symbolic read from the node (``Constant <value_int: int = @k>``)."""
+
+from __future__ import annotations
+
+import onnx
+from onnx import helper
+
+from bridge.core.spec import OpSpec, Param
+
+
+class _Names:
+    """Value names inside the body: op inputs keep the op's names, nothing else may take them."""
+
+    def __init__(self, reserved: set[str]):
+        self.reserved, self.map, self.used = set(reserved), {}, set(reserved)
+
+    def __call__(self, name: str) -> str:
+        if not name:
+            return name
+        if name not in self.map:
+            new, i = name, 0
+            while new in self.used:
+                i += 1
+                new = f"{name}__{i}"
+            self.map[name] = new
+            self.used.add(new)
+        return self.map[name]
+
+    def fresh(self, hint: str) -> str:
+        new, i = hint, 0
+        while new in self.used or new in self.map:
+            i += 1
+            new = f"{hint}__{i}"
+        self.used.add(new)
+        return new
+
+
+def _renamed(node: onnx.NodeProto, names: _Names) -> onnx.NodeProto:
+    out = onnx.NodeProto()
+    out.CopyFrom(node)
+    out.input[:] = [names(n) for n in node.input]
+    out.output[:] = [names(n) for n in node.output]
+    for a in out.attribute:  # NOTE: subgraphs read outer values by name
+        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            _rename_graph(g, names)
+    return out
+
+
+def _rename_graph(graph: onnx.GraphProto, names: _Names) -> None:
+    for v in list(graph.input) + list(graph.output) + list(graph.value_info):
+        v.name = names(v.name)
+    for t in graph.initializer:
+        t.name = names(t.name)
+    renamed = [_renamed(n, names) for n in graph.node]
+    del graph.node[:]
+    graph.node.extend(renamed)
+
+
+def _ref(attr: str, kind: int, ref: str) -> onnx.AttributeProto:
+    a = onnx.AttributeProto()
+    a.name, a.type, a.ref_attr_name = attr, kind, ref
+    return a
+
+
+
+def _attribute_constant(name: str, field: str) -> onnx.NodeProto:
+    """``name = Constant <field = @name>``: the node's attribute ``name`` as a value of the body."""
+    kind = onnx.AttributeProto.INT if field == "value_int" else onnx.AttributeProto.INTS
+    node = helper.make_node("Constant", [], [name])
+    node.attribute.append(_ref(field, kind, name))
+    return node
+
+
+def _element(p: Param, j: int, whole: set[str], names: _Names) -> list[onnx.NodeProto]:
+    """Nodes giving element ``j`` of int[] attribute ``p`` (its last output); the whole list's Constant
+    once per attribute (``whole`` records those emitted)."""
+    nodes = []
+    if p.name not in whole:
+        whole.add(p.name)
+        nodes.append(_attribute_constant(p.name, "value_ints"))
+    index = names.fresh(f"{p.name}_{j}_index")
+    return nodes + [helper.make_node("Constant", [], [index], value_int=j),
+                    helper.make_node("Gather", [p.name, index], [names.fresh(f"{p.name}_{j}")], axis=0)]
+
+
+def _inputs(graph: onnx.GraphProto, roles: dict[str, tuple], names: _Names) -> list[onnx.NodeProto]:
+    """Map the graph's inputs to the body's values: a tensor keeps its op input's name, an int attribute
+    becomes a Constant reading it (an int[] element, a Gather from the whole list)."""
+    nodes: list[onnx.NodeProto] = []
+    whole: set[str] = set()  # int[] attributes whose Constant (all elements) is emitted
+    for inp in graph.input:
+        kind, a, b = roles[inp.name]
+        if kind == "tensor":
+            names.map[inp.name] = b.name
+        elif b is None:  # an int attribute: the op's own name
+            names.map[inp.name] = a.name
+            nodes.append(_attribute_constant(a.name, "value_int"))
+        else:  # one element of an int[] attribute
+            nodes += _element(a, b, whole, names)
+            names.map[inp.name] = nodes[-1].output[0]
+    return nodes
+
+
+def _outputs(graph: onnx.GraphProto, nodes: list[onnx.NodeProto], names: _Names) -> list[str]:
+    """The body's output names; an output that is an input or repeats another gets an Identity (appended)."""
+    outputs, seen = [], set()
+    produced = {o for n in nodes for o in n.output}
+    for o in graph.output:
+        name = names(o.name)
+        if name not in produced or name in seen:  # an input or a repeated value: give it its own output
+            copy = names.fresh(f"{name}__out")
+            nodes.append(helper.make_node("Identity", [name], [copy]))
+            name = copy
+        seen.add(name)
+        outputs.append(name)
+    return outputs
+
+
+def function_body(spec: OpSpec, model: onnx.ModelProto, roles: dict[str, tuple],
+                  parametric: set[str]) -> onnx.FunctionProto:
+    """The FunctionProto of ``spec`` from ``model`` (the translated trace): ``roles`` maps each graph
+    input to its role (tracing.flat_roles), ``parametric`` names the attributes the body reads."""
+    graph = model.graph
+    names = _Names({p.name for p in spec.params})
+    nodes = _inputs(graph, roles, names)
+    nodes += [helper.make_node("Constant", [], [names(t.name)], value=t) for t in graph.initializer]
+    nodes += [_renamed(n, names) for n in graph.node]
+    outputs = _outputs(graph, nodes, names)
+    attrs = [p for p in spec.attributes if p.name in parametric]
+    proto = helper.make_function(
+        spec.domain, spec.name, [p.name for p in spec.tensors], outputs, nodes,
+        opset_imports=list(model.opset_import),
+        attributes=[p.name for p in attrs if not p.has_default or p.default is None],
+        doc_string=f"derived by opbridge from the PyTorch implementation of {spec.qualname}")
+    for p in attrs:
+        if p.has_default and p.default is not None:  # NOTE: an omitted optional (None) has no ONNX value
+            proto.attribute_proto.append(helper.make_attribute(p.name, p.to_onnx_value(p.default)))
+    return proto

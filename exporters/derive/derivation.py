@@ -1,0 +1,162 @@
+"""Deriving a body at a site, per attribute values: int attributes traced symbolic first (the body
+reads them from the node), else baked in (the body is keyed by their values); bodies and failures
+cached (cache.CACHE) and reused where an earlier body fits (guards.fits)."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Callable
+
+import onnx
+import torch
+
+from bridge.core.domains import is_custom
+from bridge.core.progress import step
+from bridge.core.registry import REGISTRY, Registry
+from bridge.core.spec import OpSpec
+from exporters.derive.body import function_body
+from exporters.derive.cache import CACHE, Generation
+from exporters.derive.guards import fits
+from exporters.derive.implementation import implementation
+from exporters.derive.scatter import avoid_racy_scatter, racy_nodes
+from exporters.derive.sites import Derived, NoPortableBody, Site, TensorSig, Untraceable  # noqa: F401  (doctest)
+from exporters.derive.tracing import example_sizes, export_program, flat_roles, symbolic_int, to_onnx
+from exporters.derive.verify import refuse_aliases, verify
+
+
+def derive(spec: OpSpec, site: Site, opset: int = 20, registry: Registry | None = None) -> Derived:
+    """The op's body at ``site``, derived from its implementation (or an earlier body that fits).
+
+    Int attributes are first traced symbolic (FunctionProto attributes); where that trace fails, they
+    are traced as the site's values. Raises :class:`NoPortableBody` with the one-line reason when the
+    implementation cannot be traced or translated, or its body does not match eager.
+
+    Example:
+        >>> import torch, bridge, custom_ops
+        >>> spec = bridge.REGISTRY.get("opbridge::paste")
+        >>> site = Site((TensorSig(torch.float32, ("n", 6, 7)), TensorSig(torch.float32, ("n", 3, 4))),
+        ...             (("left", 2), ("top", 1)))
+        >>> body = derive(spec, site)
+        >>> body.proto.domain, body.proto.name, list(body.proto.input), body.parametric
+        ('opbridge', 'paste', ['image', 'patch'], ('left', 'top'))
+    """
+    reg = REGISTRY if registry is None else registry
+    cache = CACHE.of(reg)
+    key = cache.key(spec, site, opset)
+    for body in cache.bodies.get(key, []):
+        if fits(body, spec, site):
+            return body
+    if key + (site,) in cache.failed:
+        raise NoPortableBody(spec.qualname, cache.failed[key + (site,)])
+    try:
+        with step(f"derive the ONNX body of {spec.qualname} ({site.describe()})"), _quiet():
+            body = _specialised(spec, implementation(spec), site, opset, reg, cache, key)
+    except (NoPortableBody, Untraceable) as e:
+        reason = e.reason if isinstance(e, NoPortableBody) else str(e)
+        cache.failed[key + (site,)] = reason
+        CACHE.fail(spec.qualname, reason)
+        raise NoPortableBody(spec.qualname, reason) from None
+    cache.bodies.setdefault(key, []).append(body)
+    CACHE.fail(spec.qualname, None)
+    return body
+
+
+def last_failure(qualname: str) -> str | None:
+    """The reason the latest derivation for ``qualname`` failed (None after a success or none tried)."""
+    return CACHE.failure(qualname)
+
+
+def _specialised(spec: OpSpec, fn: Callable, site: Site, opset: int, registry: Registry, cache: Generation,
+                 key: tuple) -> Derived:
+    """The body with int attributes symbolic where the trace allows, else with the site's values."""
+    signs = (key, tuple(v < 0 for v in _ints(spec, site)))
+    if signs not in cache.values_only and any(symbolic_int(p) for p in spec.attributes):
+        try:
+            return _derive(spec, fn, site, opset, registry, symbolic=True)
+        except Untraceable:
+            cache.values_only.add(signs)  # NOTE: later sites like this one skip the symbolic attempt
+    return _derive(spec, fn, site, opset, registry, symbolic=False)
+
+
+@contextlib.contextmanager
+def _quiet():
+    """torch's warnings while tracing (0/1 specialisation, guard evaluation) are the trace's business:
+    what matters reaches the user as the reason, or through the self-check."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(previous)
+
+
+def _ints(spec: OpSpec, site: Site) -> list[int]:
+    values = dict(site.attrs)
+    return [int(x) for p in spec.attributes if symbolic_int(p)
+            for x in (values[p.name] if isinstance(values[p.name], tuple) else (values[p.name],))]
+
+
+def _placeholders(program, site: Site, roles: list[tuple]) -> tuple[dict, list, set]:
+    """Each traced input's role by its name, the dims the trace fixed (refused where the site has them
+    dynamic), and the int attributes it fixed."""
+    placeholders = [n for n in program.graph.nodes if n.op == "placeholder"
+                    and n.name in program.graph_signature.user_inputs]
+    by_name, fixed_dims, fixed_ints = {}, [], set()
+    for node, role in zip(placeholders, roles):
+        by_name[node.name] = role
+        val = node.meta.get("val")
+        if role[0] != "tensor":
+            if not isinstance(val, torch.SymInt):
+                fixed_ints.add(role[1].name)
+            continue
+        for d, size in enumerate(val.shape):
+            if not isinstance(size, int):
+                continue
+            if isinstance(site.tensors[role[1]].dims[d], str):
+                raise Untraceable(f"its implementation fixes dim {d} of '{role[2].name}' to {size}, "
+                                  "which the model has dynamic")
+            fixed_dims.append((role[1], d, size))
+    return by_name, fixed_dims, fixed_ints
+
+
+def _outputs(program, spec: OpSpec) -> list:
+    """The traced outputs (fx nodes), as many as the op declares."""
+    out_node = program.graph.output_node()
+    outputs = list(out_node.args[0]) if out_node.args else []
+    if len(outputs) != spec.num_outputs or not all(isinstance(o, torch.fx.Node) for o in outputs):
+        raise Untraceable(f"its implementation returns {len(outputs)} values, the op declares "
+                          f"{spec.num_outputs} tensors")
+    return outputs
+
+
+def _translated(program, opset: int, registry: Registry) -> onnx.ModelProto:
+    """The trace in ONNX, with only custom nodes opbridge knows and no racy ScatterND."""
+    model = to_onnx(program, opset, registry)
+    for node in model.graph.node:
+        if is_custom(node.domain) and registry.find(node.domain, node.op_type) is None:
+            raise Untraceable(f"its trace holds custom node {node.domain}::{node.op_type}, which opbridge has "
+                              "no record of")
+    avoid_racy_scatter(model)
+    racy = racy_nodes(model.graph.node)
+    if racy:
+        raise Untraceable(f"torch.onnx translated it to {racy[0]}, which onnxruntime runs nondeterministically "
+                          "over duplicate indices")
+    return model
+
+
+def _derive(spec: OpSpec, fn: Callable, site: Site, opset: int, registry: Registry, symbolic: bool) -> Derived:
+    sizes = example_sizes(site)
+    roles = flat_roles(spec, site, symbolic)
+    refuse_aliases(spec, fn, site, roles, sizes)
+    program = export_program(spec, fn, site, roles, sizes)
+    by_name, fixed_dims, fixed_ints = _placeholders(program, site, roles)
+    outputs = _outputs(program, spec)
+    model = _translated(program, opset, registry)
+    parametric = {r[1].name for r in roles if r[0] == "int"} - fixed_ints
+    proto = function_body(spec, model, by_name, parametric)
+    verify(spec, fn, site, roles, proto, sizes, [(o.meta["val"].dtype, o.meta["val"].dim()) for o in outputs])
+    guards = tuple(getattr(program, "_guards_code", ()) or ())
+    fixed = tuple((n, v) for n, v in site.attrs if n not in parametric)
+    return Derived(proto, site.structure, fixed, tuple(fixed_dims), guards,
+                   tuple(p.name for p in spec.attributes if p.name in parametric))

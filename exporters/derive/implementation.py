@@ -1,0 +1,67 @@
+"""The PyTorch code an op's body is derived from: a custom_op's own function, or the composite
+kernel of an op defined elsewhere."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from torch._library import custom_ops as torch_custom_ops
+
+from bridge.core.functional import SUFFIX
+from bridge.core.spec import OpSpec
+from exporters.derive.sites import NoPortableBody, Untraceable
+
+
+def _schema_op(qualname: str) -> torch._ops.OpOverload | None:
+    ns, _, name = qualname.partition("::")
+    if not torch._C._jit_get_schemas_for_operator(qualname):
+        return None
+    return getattr(getattr(torch.ops, ns), name).default
+
+
+def _python_impl(overload: torch._ops.OpOverload) -> Callable:
+    qualname = overload.name().split(".")[0]
+    opdef = torch_custom_ops.OPDEFS.get(qualname)
+    if opdef is not None and opdef._init_fn is not None:
+        return opdef._init_fn
+    if torch._C._dispatch_has_kernel_for_dispatch_key(qualname, "CompositeImplicitAutograd"):
+        return overload.decompose
+    raise Untraceable("its kernel is C++ (no PyTorch implementation or composite kernel to trace)")
+
+
+def implementation(spec: OpSpec) -> Callable:
+    """The PyTorch code the op's body is derived from, called with the op's arguments in schema order.
+
+    A custom_op's own function; an op defined elsewhere, its composite (CompositeImplicitAutograd)
+    kernel; the functional twin of a mutating op, the op's implementation on copies of the tensors it
+    writes (returning its results, then their new values). Raises ``NoPortableBody`` when there is none.
+
+    Example:
+        >>> import torch, bridge, custom_ops
+        >>> fn = implementation(bridge.REGISTRY.get("opbridge::crop"))
+        >>> tuple(fn(torch.ones(1, 4, 4), [0, 0, 2, 3]).shape)
+        (1, 3, 2)
+    """
+    try:
+        if spec.qualname.endswith(SUFFIX):
+            original = _schema_op(spec.qualname[: -len(SUFFIX)])
+            if original is not None:
+                written = [i for i, a in enumerate(original._schema.arguments)
+                           if a.alias_info is not None and a.alias_info.is_write]
+                if written:
+                    return _functional(_python_impl(original), written)
+        return _python_impl(spec.overload)
+    except Untraceable as e:
+        raise NoPortableBody(spec.qualname, str(e)) from None
+
+
+def _functional(fn: Callable, written: list[int]) -> Callable:
+    def functional(*args):
+        args = list(args)
+        for i in written:
+            args[i] = args[i].clone()
+        out = fn(*args)
+        outs = () if out is None else (tuple(out) if isinstance(out, (tuple, list)) else (out,))
+        return (*outs, *(args[i] for i in written))
+    return functional

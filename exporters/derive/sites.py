@@ -1,0 +1,137 @@
+"""What a body is derived for (a :class:`Site`: input dtypes and dims, attribute values), what it
+gives (:class:`Derived`), and the errors that say why there is none."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import onnx
+import torch
+from onnx import helper
+
+from bridge.core.dtypes import torch_dtype
+from bridge.core.errors import OpBridgeError
+from bridge.core.spec import OpSpec, SampleInput
+
+
+class NoPortableBody(OpBridgeError):
+    """An op without a written body whose implementation cannot be turned into one; ``reason`` is one line."""
+
+    def __init__(self, qualname: str, reason: str):
+        self.qualname, self.reason = qualname, reason
+        super().__init__(f"{qualname} has no portable ONNX body: {reason}. Got no function= body, and none "
+                         "can be derived from its implementation. Give the op a function= body "
+                         "(op.register_function), or use tier='native' or 'python'.")
+
+
+class Untraceable(Exception):
+    """Internal: the one-line reason a body cannot be derived."""
+
+
+def one_line(e: BaseException) -> str:
+    """The innermost cause of ``e`` as ``Type: first line`` (at most 240 characters)."""
+    while e.__cause__ is not None:  # NOTE: torch.onnx wraps the error that says what went wrong
+        e = e.__cause__
+    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
+    text = lines[0] if lines else ""
+    text = text if len(text) <= 240 else text[:237] + "..."
+    return f"{type(e).__name__}: {text}" if text else type(e).__name__
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSig:
+    """A tensor at an export site: dtype, and per dim a static size (int) or a symbol (str; equal
+    symbols are equal sizes)."""
+
+    dtype: torch.dtype
+    dims: tuple[int | str, ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Site:
+    """What a body is derived for: each tensor input (None: an absent optional one) and the attribute
+    values (as the torch op takes them)."""
+
+    tensors: tuple[TensorSig | None, ...]
+    attrs: tuple[tuple[str, Any], ...]
+
+    def __post_init__(self):  # NOTE: lists become tuples: sites are cache keys
+        object.__setattr__(self, "attrs", tuple((n, tuple(v) if isinstance(v, list) else v) for n, v in self.attrs))
+
+    @property
+    def structure(self) -> tuple:
+        """What any body for this site must agree on: dtypes, ranks, present inputs, list lengths."""
+        return (tuple(None if t is None else (t.dtype, len(t.dims)) for t in self.tensors),
+                tuple((n, len(v)) if isinstance(v, (list, tuple)) else (n, type(v).__name__) for n, v in self.attrs))
+
+    def describe(self) -> str:
+        shown = [f"{str(t.dtype).replace('torch.', '')}[{','.join(map(str, t.dims))}]" if t else "None"
+                 for t in self.tensors]
+        return ", ".join(shown + [f"{n}={v!r}" for n, v in self.attrs])
+
+
+@dataclasses.dataclass(frozen=True)
+class Derived:
+    """A derived body and where it holds: the attributes baked in (by value), dims the trace fixed,
+    and torch.export's guards (checked against each further site before the body is reused)."""
+
+    proto: onnx.FunctionProto
+    structure: tuple
+    fixed: tuple[tuple[str, Any], ...]
+    fixed_dims: tuple[tuple[int, int, int], ...]  # (tensor input, dim, size)
+    guards: tuple[str, ...]
+    parametric: tuple[str, ...]  # attributes the body reads from the node
+
+
+def value_types(graph: onnx.GraphProto) -> dict[str, onnx.TypeProto]:
+    """The type of each value of ``graph`` that it records (inputs, value_info, outputs, initializers)."""
+    out = {v.name: v.type for v in list(graph.input) + list(graph.value_info) + list(graph.output)}
+    for t in graph.initializer:
+        out[t.name] = helper.make_tensor_type_proto(t.data_type, list(t.dims))
+    return out
+
+
+def _tensor_sig(name: str, t: onnx.TypeProto | None, param: str) -> TensorSig:
+    if t is None or not t.tensor_type.HasField("shape"):
+        raise Untraceable(f"the model records no type and shape for its input '{param}' ({name})")
+    try:
+        dtype = torch_dtype(t.tensor_type.elem_type)
+    except TypeError as e:
+        raise Untraceable(one_line(e)) from None
+    dims = tuple(d.dim_value if d.HasField("dim_value") else (d.dim_param or f"{name}:{k}")
+                 for k, d in enumerate(t.tensor_type.shape.dim))
+    return TensorSig(dtype, dims)
+
+
+def site_of(spec: OpSpec, node: onnx.NodeProto, types: dict[str, onnx.TypeProto]) -> Site:
+    """The export site of ``node`` (a node of ``spec``'s op): its input types and attribute values."""
+    tensors = []
+    for i, p in enumerate(spec.tensors):
+        name = node.input[i] if i < len(node.input) else ""
+        tensors.append(_tensor_sig(name, types.get(name), p.name) if name else None)
+    given = {a.name: a for a in node.attribute}
+    attrs = []
+    for p in spec.attributes:
+        if p.name in given:
+            attrs.append((p.name, p.from_onnx_value(helper.get_attribute_value(given[p.name]))))
+        elif p.has_default:
+            attrs.append((p.name, p.default))
+        else:
+            raise Untraceable(f"the node lacks its attribute '{p.name}'")
+    return Site(tuple(tensors), tuple(attrs))
+
+
+def sample_site(spec: OpSpec, sample: SampleInput) -> Site:
+    """The site of one sample call (static sizes; the trace still makes every dim dynamic).
+
+    Example:
+        >>> import torch, bridge, custom_ops
+        >>> spec = bridge.REGISTRY.get("opbridge::crop")
+        >>> sample_site(spec, spec.sample_inputs(torch.float32)[0]).describe()
+        'float32[3,6,7], box=(1, 2, 5, 4)'
+    """
+    bound = spec.bind(*sample.args, **sample.kwargs)
+    tensors = tuple(None if bound[p.name] is None else TensorSig(bound[p.name].dtype, tuple(bound[p.name].shape))
+                    for p in spec.tensors)
+    return Site(tensors, tuple((p.name, bound[p.name]) for p in spec.attributes))

@@ -1,0 +1,68 @@
+"""Where an op's portable body comes from, for ``opbridge ops``, the tiers and ``--show-body``."""
+
+from __future__ import annotations
+
+import onnx
+import torch
+
+from bridge.core.errors import OpBridgeError
+from bridge.core.registry import Registry
+from bridge.core.spec import OpSpec
+from exporters.derive.derivation import derive
+from exporters.derive.implementation import implementation
+from exporters.derive.sites import NoPortableBody, sample_site
+
+
+def _status_dtype(spec: OpSpec, dtype: torch.dtype | None) -> torch.dtype:
+    if dtype is not None:
+        return dtype
+    return torch.float32 if torch.float32 in spec.dtypes else spec.dtypes[0]
+
+
+def body_status(spec: OpSpec, dtype: torch.dtype | None = None, opset: int = 20,
+                registry: Registry | None = None) -> tuple[str, str | None]:
+    """Where the op's portable body comes from: ``("written", None)``, ``("derived", note)`` (derived
+    from the first sample at ``dtype``; the note says when there is no sample to try), or
+    ``("none", reason)``.
+
+    Example:
+        >>> import torch, bridge, custom_ops
+        >>> body_status(bridge.REGISTRY.get("opbridge::crop"))
+        ('written', None)
+    """
+    if spec.function is not None:
+        return "written", None
+    try:
+        implementation(spec)
+    except NoPortableBody as e:
+        return "none", e.reason
+    dtype = _status_dtype(spec, dtype)
+    samples = spec.sample_inputs(dtype) if spec.sample_inputs is not None else []
+    if not samples:
+        return "derived", "derived at each export (no sample inputs to try it here)"
+    try:
+        derive(spec, sample_site(spec, samples[0]), opset, registry)
+    except NoPortableBody as e:
+        return "none", e.reason
+    return "derived", None
+
+
+def show_body(spec: OpSpec, dtype: torch.dtype | None = None, opset: int = 20,
+              registry: Registry | None = None) -> str:
+    """The op's portable body as onnx.printer text: the written one, or the one derived from its
+    first sample at ``dtype`` (a comment line says which)."""
+    if spec.function is not None:
+        return f"# {spec.qualname}: written body\n" + onnx.printer.to_text(spec.function.to_function_proto())
+    dtype = _status_dtype(spec, dtype)
+    samples = spec.sample_inputs(dtype) if spec.sample_inputs is not None else []
+    if not samples:
+        implementation(spec)
+        raise OpBridgeError(f"{spec.qualname}: its body is derived at each export site, and it has no sample "
+                            "inputs to derive one from here. Got no samples. Register samples "
+                            "(op.register_samples), or export a model and read model.functions.")
+    site = sample_site(spec, samples[0])
+    body = derive(spec, site, opset, registry)
+    baked = ", ".join(f"{n}={v!r}" for n, v in body.fixed) or "none"
+    head = (f"# {spec.qualname}: derived from its implementation at {site.describe()} "
+            f"(attributes read from the node: {', '.join(body.parametric) or 'none'}; baked in: {baked})")
+    return head + "\n" + onnx.printer.to_text(body.proto)

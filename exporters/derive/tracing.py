@@ -1,0 +1,167 @@
+"""The op alone, traced and translated: its implementation called with the site's tensors (every
+dim and int attribute dynamic) under ``torch.export``, then ``torch.onnx`` at the model's opset."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import warnings
+from collections.abc import Callable, Sequence
+
+import onnx
+import torch
+from torch.export import Dim
+
+try:  # NOTE: torch.onnx's own pieces, to build its op registry once per process (not per body)
+    from torch.onnx._internal.exporter import _constants as _onnx_constants
+    from torch.onnx._internal.exporter import _core as _onnx_core
+    from torch.onnx._internal.exporter import _registration as _onnx_registration
+except ImportError:  # pragma: no cover  another torch: the public API, slower
+    _onnx_core = None
+
+from bridge.core.registry import Registry
+from bridge.core.spec import AttrType, OpSpec, Param
+from exporters.derive.cache import CACHE
+from exporters.derive.sites import Site, TensorSig, Untraceable, one_line
+from exporters.translation import translation
+
+# NOTE: example sizes for dynamic dims: distinct primes, large enough that sizes computed from them
+# (a slice past an offset) are rarely 0 or 1, which torch would specialise.
+_SIZES = (17, 19, 23, 29, 31, 37, 41, 43, 47, 53, 59, 61, 67, 71, 73, 79)
+
+
+def symbolic_int(p: Param) -> bool:
+    """Whether ``p`` is an int or int[] attribute (traced symbolic at first)."""
+    return p.attr_type in (AttrType.INT, AttrType.INTS) and not p.is_bool
+
+
+def example_sizes(site: Site) -> dict:
+    """A size for each dim symbol of ``site``, none equal to a static size of it."""
+    taken = {d for t in site.tensors if t is not None for d in t.dims if isinstance(d, int)}
+    free = (s for s in _SIZES if s not in taken)
+    symbols = sorted({d for t in site.tensors if t is not None for d in t.dims if isinstance(d, str)})
+    return {s: next(free) for s in symbols}
+
+
+def example(sig: TensorSig, sizes: dict, generator: torch.Generator) -> torch.Tensor:
+    """A tensor for ``sig`` at ``sizes``: random floats, zeros otherwise."""
+    shape = [sizes[d] if isinstance(d, str) else d for d in sig.dims]
+    if sig.dtype.is_floating_point:
+        return torch.randn(shape, generator=generator, dtype=torch.float64).to(sig.dtype)
+    return torch.zeros(shape, dtype=sig.dtype)  # NOTE: 0 is a valid index into any non-empty dim
+
+
+def flat_roles(spec: OpSpec, site: Site, symbolic: bool) -> list[tuple]:
+    """The traced module's inputs, in order: ("tensor", input index, param) for each present tensor,
+    and, when ``symbolic``, ("int", param, element index or None) for each int attribute value."""
+    roles, values, tensors = [], dict(site.attrs), iter(enumerate(site.tensors))
+    for p in spec.params:
+        if p.is_tensor:
+            i, sig = next(tensors)
+            if sig is not None:
+                roles.append(("tensor", i, p))
+        elif symbolic and symbolic_int(p):
+            v = values[p.name]
+            roles += [("int", p, j) for j in range(len(v))] if isinstance(v, tuple) else [("int", p, None)]
+    return roles
+
+
+def flat_values(roles: list[tuple], site: Site, tensors: Sequence) -> list:
+    """Values for ``roles``: the given tensors (one per present input) and the site's ints."""
+    values, it, out = dict(site.attrs), iter(tensors), []
+    for role in roles:
+        if role[0] == "tensor":
+            out.append(next(it))
+        else:
+            v = values[role[1].name]
+            out.append(int(v if role[2] is None else v[role[2]]))
+    return out
+
+
+def call_args(spec: OpSpec, site: Site, roles: list[tuple], flat: Sequence) -> tuple[list, dict]:
+    """The op's arguments (positional, keyword-only) from the flat inputs and the site's constants."""
+    values = {n: list(v) if isinstance(v, tuple) else v for n, v in site.attrs}
+    for p in spec.tensors:
+        values[p.name] = None
+    for role, value in zip(roles, flat):
+        if role[0] == "tensor":
+            values[role[2].name] = value
+        elif role[2] is None:
+            values[role[1].name] = value
+        else:
+            values[role[1].name][role[2]] = value
+    args, kwargs = [], {}
+    for p, arg in zip(spec.params, spec.overload._schema.arguments):
+        if arg.kwarg_only:
+            kwargs[p.name] = values[p.name]
+        else:
+            args.append(values[p.name])
+    return args, kwargs
+
+
+class _Call(torch.nn.Module):
+    def __init__(self, spec: OpSpec, fn: Callable, site: Site, roles: list[tuple]):
+        super().__init__()
+        self.spec, self.fn, self.site, self.roles = spec, fn, site, roles
+
+    def forward(self, *inputs):
+        args, kwargs = call_args(self.spec, self.site, self.roles, inputs)
+        out = self.fn(*args, **kwargs)
+        return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+def example_inputs(roles: list[tuple], site: Site, sizes: dict) -> list:
+    """The flat example inputs for ``roles`` at ``sizes`` (seeded: the same on every call)."""
+    g = torch.Generator().manual_seed(0)
+    return flat_values(roles, site, [example(t, sizes, g) for t in site.tensors if t is not None])
+
+
+def export_program(spec: OpSpec, fn: Callable, site: Site, roles: list[tuple], sizes: dict):
+    """``fn`` at ``site`` under ``torch.export`` (non-strict), every dim and int dynamic."""
+    flat = example_inputs(roles, site, sizes)
+    # NOTE: every dim and int dynamic; AUTO (not DYNAMIC) lets the trace fix what it must, which is
+    # then checked: a fixed dim the model has dynamic refuses the body, a fixed int keys it by value.
+    dynamic = [{d: Dim.AUTO for d in range(v.dim())} if isinstance(v, torch.Tensor) else Dim.AUTO for v in flat]
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            return torch.export.export(_Call(spec, fn, site, roles), tuple(flat), dynamic_shapes=(tuple(dynamic),),
+                                       strict=False)
+    except Exception as e:  # noqa: BLE001  whatever the trace trips on is the reason, in one line
+        raise Untraceable(f"tracing its implementation failed ({one_line(e)})") from None
+
+
+def _onnx_export(program, opset: int, registry: Registry):
+    nested = {}
+    for node in program.graph.nodes:
+        inner = registry.for_overload(node.target) if isinstance(node.target, torch._ops.OpOverload) else None
+        if inner is None:
+            continue
+        if inner.function is not None:
+            nested[node.target] = inner  # NOTE: stays a node, run by its written body
+        elif not torch._C._dispatch_has_kernel_for_dispatch_key(inner.overload.name(), "CompositeImplicitAutograd"):
+            raise Untraceable(f"its implementation calls custom op {inner.qualname}, which has no written body "
+                              "(derived bodies do not nest)")
+    if nested or _onnx_core is None:  # NOTE: an implementation calling bridged ops: their translations
+        return torch.onnx.export(program, dynamo=True, opset_version=opset, optimize=True, verify=False,
+                                 external_data=False,
+                                 custom_translation_table={t: translation(s) for t, s in nested.items()})
+    # NOTE: torch.onnx.export builds its registry of ATen translations anew on every call (seconds);
+    # a body per site would pay that each time, so it is built here once per opset, as
+    # torch.onnx.export builds it, and handed to the exporter torch.onnx.export calls.
+    if opset not in CACHE.torchlib:
+        CACHE.torchlib[opset] = _onnx_registration.ONNXRegistry.from_torchlib(
+            opset_version=max(opset, _onnx_constants.TORCHLIB_OPSET))
+    return _onnx_core.export(program, registry=CACHE.torchlib[opset], optimize=True, verify=False,
+                             opset_version=opset, verbose=False)
+
+
+def to_onnx(program, opset: int, registry: Registry) -> onnx.ModelProto:
+    """The traced program as an ONNX model at ``opset`` (bridged ops it calls keep their written bodies)."""
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            onnx_program = _onnx_export(program, opset, registry)
+    except Exception as e:  # noqa: BLE001
+        raise Untraceable(f"torch.onnx could not translate its trace ({one_line(e)})") from None
+    return onnx_program.model_proto
