@@ -184,6 +184,21 @@ def test_setup_blocks_are_what_ci_runs():
             assert rest == [ci[2].replace(" -p no:cacheprovider", "")], (rest, ci[2])
 
 
+def _shell_block(page: str, text: str) -> Block:
+    (block,) = [b for b in CODE if b.lang == "bash" and b.page.name == page and text in b.code]
+    return block
+
+
+def test_user_op_passes_over_each_dtype_in_each_tier(doc_run):
+    # the function tier runs float32 and float64; the python tier float32 only
+    result = doc_run.through(_shell_block("README.md", "--ops my_ops check --op mine::clamp_scale --tier python"))
+    assert result.ok and "2 passed, 0 failed" in result.output and "1 passed, 0 failed" in result.output, \
+        result.output[-3000:]
+    result = doc_run.through(_shell_block("ops.md", "--tier native"))
+    assert result.ok and "2 passed, 0 failed" in result.output, result.output[-3000:]
+    assert (doc_run.folder / "dist" / "manifest.json").is_file()
+
+
 def test_use_example_passes_and_writes_the_file(doc_run):
     (use,) = [b for b in CODE if b.page.name == "README.md" and "case = demo.build()" in b.code]
     result = doc_run.through(use)

@@ -35,13 +35,7 @@ def test_readme_user_op_walkthrough(tmp_path):
     written = [line for line in code.splitlines() if line.strip() and not line.strip().startswith("#")]
     assert len(written) == 8  # the count the README states
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]))
-    r = subprocess.run([sys.executable, "-m", "bridge", "-q", "--ops", "my_ops", "check", "--op", "mine::clamp_scale"],
-                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "2 passed, 0 failed" in r.stdout
-    r = subprocess.run([sys.executable, "-m", "bridge", "-q", "--ops", "my_ops", "check", "--op", "mine::clamp_scale",
-                        "--tier", "python"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
-    assert r.returncode == 0 and "1 passed, 0 failed" in r.stdout, r.stdout + r.stderr  # float32 only
+    # NOTE: the parity checks of the walkthrough run as its own blocks: tests/test_doc_blocks.py
     r = subprocess.run([sys.executable, "-m", "bridge", "--ops", "my_ops", "ops"],
                        capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
     assert "mine::clamp_scale" in r.stdout and "6 ops registered" in r.stdout
