@@ -204,3 +204,26 @@ def test_use_example_passes_and_writes_the_file(doc_run):
     result = doc_run.through(use)
     assert result.ok, result.output[-3000:]
     assert "| PASS" in result.output and (doc_run.folder / "bev.onnx").exists()
+
+
+LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def _anchor(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_links_between_pages_resolve():
+    broken = []
+    for page in PAGES:
+        for target in LINK.findall(FENCE.sub("", page.read_text())):
+            if target.startswith(("http://", "https://")):
+                continue
+            path, _, anchor = target.partition("#")
+            file = (page.parent / path).resolve() if path else page
+            headings = {_anchor(h) for h in re.findall(r"^#+ (.*)$", FENCE.sub("", file.read_text()), re.M)} \
+                if file.is_file() else set()
+            if not file.exists() or (anchor and anchor not in headings):
+                broken.append(f"{page.relative_to(ROOT)}: {target}")
+    assert not broken, f"links to no file or no heading: {broken}"
