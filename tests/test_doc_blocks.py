@@ -88,15 +88,25 @@ class Result:
     output: str = ""
 
 
+def _tracked_top_level() -> list[str]:
+    """The repository's own top-level entries (git's list; without git, what is there minus build
+    outputs): a local dist/ or build/ is never linked, so the blocks' outputs stay in the temp folder."""
+    r = subprocess.run(["git", "ls-files"], capture_output=True, text=True, cwd=ROOT)
+    if r.returncode == 0 and r.stdout:
+        names = {line.split("/", 1)[0] for line in r.stdout.splitlines()}
+    else:
+        names = {p.name for p in ROOT.iterdir() if p.name not in {"dist", "build"} and not p.name.endswith(".egg-info")}
+    return sorted(n for n in names if not n.startswith(".") and (ROOT / n).exists())
+
+
 class DocRun:
     """Runs the blocks in order, each once, on demand: a test runs the blocks before its own first
     (a skipped block is never run; a slow one only by its own test)."""
 
     def __init__(self, folder: Path):
         self.folder, self.results = folder, {}
-        for entry in ROOT.iterdir():
-            if not entry.name.startswith(".") and not entry.name.endswith(".egg-info"):
-                (folder / entry.name).symlink_to(entry)
+        for name in _tracked_top_level():
+            (folder / name).symlink_to(ROOT / name)
         (folder / ".venv").symlink_to(sys.prefix)
 
     def through(self, block: Block) -> Result:
