@@ -9,8 +9,8 @@
    ort-matrix/, reused) with only onnxruntime and numpy (numpy<2 where that release needs it);
    ``ort_matrix_runner.py`` runs every file in the function tier (the file as exported) and the
    native tier (the library registered, served bodies removed) and compares with the eager outputs.
-3. Print the table and write the JSON; ``ort_matrix_table.py --readme README.md`` puts the
-   table into the README.
+3. Print the table and write the JSON; ``ort_matrix_table.py --readme`` puts the
+   table into the page holding its markers (docs/evidence.md).
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Render an ORT-matrix JSON (``benchmarks/ort_matrix.py``) as a markdown table; optionally put it
-into the README between ``<!-- ort-matrix:start -->`` and ``<!-- ort-matrix:end -->``.
+into the docs between ``<!-- ort-matrix:start -->`` and ``<!-- ort-matrix:end -->`` (``--readme``:
+the page, README.md or docs/*.md, that holds the markers; ``--readme PAGE``: that page).
 
-    python benchmarks/ort_matrix_table.py [benchmarks/results/ort_matrix.json] [--readme README.md]
+    python benchmarks/ort_matrix_table.py [benchmarks/results/ort_matrix.json] [--readme [PAGE]]
 """
 
 from __future__ import annotations
@@ -12,9 +13,12 @@ import re
 import sys
 from pathlib import Path
 
+import doc_markers
+
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "ort_matrix.json"
-START, END = "<!-- ort-matrix:start -->", "<!-- ort-matrix:end -->"
+BLOCK = "ort-matrix"
+START, END = doc_markers.markers(BLOCK)
 
 
 def refusal(error: str) -> str:
@@ -72,22 +76,18 @@ def render(result: dict) -> str:
 
 
 def update_readme(readme: Path, table: str) -> None:
-    text = readme.read_text()
-    if START not in text or END not in text:
-        raise SystemExit(f"{readme} has no {START} ... {END} markers")
-    before, rest = text.split(START, 1)
-    _, after = rest.split(END, 1)
-    readme.write_text(f"{before}{START}\n{table}\n{END}{after}")
+    readme.write_text(doc_markers.replace(readme.read_text(), BLOCK, table))
 
 
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("json", nargs="?", default=str(DEFAULT_JSON))
-    parser.add_argument("--readme", help="README to update between the ort-matrix markers")
+    parser.add_argument("--readme", nargs="?", const="", help="update the page holding the ort-matrix markers "
+                        "(default: found among README.md and docs/*.md)")
     args = parser.parse_args(argv)
     table = render(json.loads(Path(args.json).read_text()))
-    if args.readme:
-        update_readme(Path(args.readme), table)
+    if args.readme is not None:
+        update_readme(Path(args.readme) if args.readme else doc_markers.page_with(BLOCK), table)
     print(table)
     return table
 

@@ -1,10 +1,11 @@
-"""Regenerate the README's evidence blocks from the benchmark JSON (no hand-typed figures).
+"""Regenerate the docs' evidence blocks from the benchmark JSON (no hand-typed figures).
 
     python benchmarks/run.py --json benchmarks/results.json
-    python benchmarks/readme_table.py [--json benchmarks/results.json] [--readme README.md] [--check]
+    python benchmarks/readme_table.py [--json benchmarks/results.json] [--readme PAGE] [--check]
 
 Rewrites only the lines between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->`` for each block
-NAME below; ``--check`` exits 1 when the README differs from what the JSON gives.
+NAME below, in the page (README.md or docs/*.md) that holds them, or in PAGE; ``--check`` exits 1
+when the page differs from what the JSON gives.
 """
 
 from __future__ import annotations
@@ -12,9 +13,10 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import re
 import sys
 from pathlib import Path
+
+import doc_markers
 
 ROOT = Path(__file__).resolve().parents[1]
 NATIVE, FUNCTION, EAGER = "ORT native", "ORT function", "eager torch"
@@ -172,22 +174,18 @@ BLOCKS = {"bench": evidence, "bench-native": native}
 
 def render(readme: str, results: dict) -> str:
     for name, fn in BLOCKS.items():
-        pattern = re.compile(rf"(<!-- {name}:start -->\n)(.*?)(<!-- {name}:end -->)", re.S)
-        if not pattern.search(readme):
-            raise SystemExit(f"README has no <!-- {name}:start --> ... <!-- {name}:end --> block")
-        body = "\n".join(fn(results)) + "\n"
-        readme = pattern.sub(lambda m, body=body: m.group(1) + body + m.group(3), readme, count=1)
+        readme = doc_markers.replace(readme, name, "\n".join(fn(results)))
     return readme
 
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", default=str(ROOT / "benchmarks" / "results.json"))
-    parser.add_argument("--readme", default=str(ROOT / "README.md"))
+    parser.add_argument("--readme", help="the page holding the blocks (default: found by its markers)")
     parser.add_argument("--check", action="store_true", help="exit 1 if the README is not what the JSON gives")
     args = parser.parse_args(argv)
     results = json.loads(Path(args.json).read_text())
-    path = Path(args.readme)
+    path = Path(args.readme) if args.readme else doc_markers.page_with(next(iter(BLOCKS)))
     old = path.read_text()
     new = render(old, results)
     if args.check:

@@ -30,6 +30,7 @@ from bridge.tools.cli import main
 from bridge.tools.testing import ModelCase
 from exporters.export import export_with_program
 from exporters.translation import translation_table
+from test_doc_blocks import doc_block
 
 ROOT = Path(__file__).resolve().parents[1]
 _export_module = importlib.import_module("exporters.export")  # the package re-exports `export` over it
@@ -293,9 +294,9 @@ def _skeleton(text: str) -> list[str]:
 
 
 def test_readme_parity_failure_example_prints_what_the_readme_shows(tmp_path):
-    readme = (ROOT / "README.md").read_text()
-    code = re.search(r"```python\n# parity_failure.py\n(.*?)```", readme, re.S).group(1)
-    shown = re.search(r"checks this block against a fresh run\):\n\n```text\n(.*?)```", readme, re.S).group(1)
+    code = doc_block("# parity_failure.py").code
+    page = doc_block("# parity_failure.py").page.read_text()
+    shown = re.search(r"checks this block against a fresh run\):\n\n```text\n(.*?)```", page, re.S).group(1)
     (tmp_path / "parity_failure.py").write_text(code)
     r = subprocess.run([sys.executable, "parity_failure.py"], capture_output=True, text=True, timeout=600,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=tmp_path)

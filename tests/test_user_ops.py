@@ -17,6 +17,7 @@ import torch
 
 import bridge
 import custom_ops.demo as demo
+from test_doc_blocks import doc_block
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -28,8 +29,7 @@ def opbridge(*args, cwd):
 
 
 def _readme_block(start: str, fence: str) -> str:
-    readme = (ROOT / "README.md").read_text()
-    return re.search(r"```" + fence + r"\n(" + re.escape(start) + r"\n.*?)```", readme, re.S).group(1)
+    return doc_block(start, fence).code
 
 
 @pytest.fixture(scope="module")
