@@ -20,6 +20,7 @@ here (measured on 0.15.2, see shared/FINDINGS.md):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
@@ -37,6 +38,9 @@ from ort_kernels.base import Prepared, Tier, helper_functions, with_library
 from ort_kernels.build import io_types
 
 _lock = threading.Lock()
+# NOTE: the Python kernels are declared in private domains ("opbridge.python.<domain>"), not the op's:
+# options reused across tiers may carry the native library, whose kernels take the op's own domain
+PYTHON_DOMAIN = "opbridge.python."
 _declared: dict[tuple[str, str], tuple] = {}  # (domain, op_type) -> (OpSpec served, its input ONNX types)
 # NOTE: PyOp inputs are all required: an omitted optional input is fed an empty placeholder and
 # named in this attribute, so the kernel passes None for it.
@@ -185,7 +189,7 @@ def _declare_all(registry, tier, model_types: dict) -> None:
             attrs[ABSENT_ATTR] = PyCustomOpDef.dt_string
         if any(p.optional for p in spec.attributes):
             attrs[ABSENT_ATTRS] = PyCustomOpDef.dt_string
-        onnx_op(op_type=f"{spec.domain}::{spec.name}", inputs=inputs, outputs=outputs, attrs=attrs)(_kernel(spec))
+        onnx_op(op_type=f"{PYTHON_DOMAIN}{spec.domain}::{spec.name}", inputs=inputs, outputs=outputs, attrs=attrs)(_kernel(spec))
         _declared[key] = (spec, _onnx_input_types(spec, model_types))
 
 
@@ -266,21 +270,31 @@ def _kernel_error() -> str:
     return _errors[0].rstrip(".") + ". Fix the inputs (the op's own eager checks apply in this tier)."
 
 
-class PythonTierSession(ort.InferenceSession):
-    """InferenceSession whose ``run`` raises the Python kernels' errors as OpBridgeError."""
-
-    def run(self, output_names, input_feed, run_options=None):
-        with _lock:  # NOTE: one run at a time: the error list is shared by every kernel
-            _errors.clear()
-            try:
-                result = super().run(output_names, input_feed, run_options)
-            except Exception as e:
-                if _errors:
-                    raise OpBridgeError(_kernel_error()) from e
-                raise
+@contextlib.contextmanager
+def _kernel_errors():
+    """The guard of every run of a python-tier session: one run at a time (the error list is shared
+    by every kernel), and a kernel's recorded exception raised as OpBridgeError after it."""
+    with _lock:
+        _errors.clear()
+        try:
+            yield
+        except Exception as e:
             if _errors:
-                raise OpBridgeError(_kernel_error())
-            return result
+                raise OpBridgeError(_kernel_error()) from e
+            raise
+        if _errors:
+            raise OpBridgeError(_kernel_error())
+
+
+def _to_private_domains(model: onnx.ModelProto) -> None:
+    """The served nodes call their Python kernels in the tier's private domains (``PYTHON_DOMAIN``),
+    so the same options can also carry the native library, whose kernels use the op's own domain."""
+    versions = {o.domain: o.version for o in model.opset_import}
+    moved = {}
+    for node in _served_nodes(model):
+        moved[PYTHON_DOMAIN + node.domain] = versions.get(node.domain, 1)
+        node.domain = PYTHON_DOMAIN + node.domain
+    model.opset_import.extend(onnx.helper.make_opsetid(d, v) for d, v in moved.items() if d not in versions)
 
 
 class PythonTier(Tier):
@@ -324,10 +338,11 @@ class PythonTier(Tier):
                                         f"Got ops {sorted(set(missing))}. Use tier='function' or 'native'.")
             _check_types(model, inferred)
             _rewrite_attributes(model)
+            _to_private_domains(model)
             # the Python kernels, not function bodies, run the custom nodes; helper functions stay
             keep = [f for f in model.functions if (f.domain, f.name) in helpers]
             del model.functions[:]
             model.functions.extend(keep)
             options = with_library(options, get_library_path())
             _library_used = True
-        return Prepared(options, changed=True, session_class=PythonTierSession)
+        return Prepared(options, changed=True, guard=_kernel_errors)
