@@ -57,3 +57,39 @@ def test_list_attributes_travel_as_strings_and_defaults_are_written():
     module, tensors = OpModule.from_sample(crop, bridge.SampleInput((torch.randn(1, 5, 5), [-1, 1, 3, 4])))
     report = bridge.check_parity(module, tensors, tier="python", rtol=0, atol=0)
     assert report.passed and report.outputs[0].shape == (1, 3, 4)
+
+
+RUN_METHODS = ("run_with_ort_values", "run_with_iobinding", "run_with_ortvaluevector", "run_async")
+
+
+@pytest.mark.parametrize("method", RUN_METHODS)
+def test_every_run_method_raises_the_kernel_error(guards, method):
+    """Not only run(): each run method of a python-tier session raises the kernel's error (once they
+    returned empty (0,) outputs without a word); run_async hands the same text to its callback."""
+    assert guards[f"{method}_valid"] == guards["valid"] and guards["valid"]["ok"]
+    err = guards[f"{method}_kernel_exception"]
+    assert not err["ok"], err
+    assert err["type"] == ("RuntimeError" if method == "run_async" else "OpBridgeError")
+    assert "bev::bev_pool_v2: the Python kernel raised CheckError" in err["error"]
+    assert "input 'ranks_depth' values must lie in [0, 120)" in err["error"]
+    if method == "run_async":
+        assert err["error"].startswith("callback error: opbridge: ")
+
+
+def test_one_session_options_serves_every_tier_in_turn(guards):
+    """One SessionOptions object, passed to native, python, function, python, native, function
+    sessions in one process: each session opens, computes the right values, and runs its own
+    tier's kernels (each tier words a bad input differently)."""
+    runs = guards["options_reuse"]["runs"]
+    assert [r["tier"] for r in runs] == ["native", "python", "function", "python", "native", "function"]
+    for r in runs:
+        assert r["valid"] == guards["valid"], r
+        assert not r["bad"]["ok"], r
+        error = r["bad"]["error"]
+        if r["tier"] == "native":  # the C++ kernel's message
+            assert "input 'ranks_depth' has value 1000000 at position 0, outside [0, 120)" in error
+        elif r["tier"] == "python":
+            assert r["bad"]["type"] == "OpBridgeError" and "the Python kernel raised CheckError" in error
+        else:  # the function body's guard, explained with the eager message: not the native kernel
+            assert r["bad"]["type"] == "OpBridgeError" and "Python kernel" not in error
+            assert error.startswith("opbridge: bev::bev_pool_v2: input 'ranks_depth' values must lie in [0, 120)")
