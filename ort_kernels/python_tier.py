@@ -202,6 +202,37 @@ def _served_nodes(model):
     return [n for n in _custom_nodes(model) if (n.domain, n.op_type) in _declared]
 
 
+def _infer_types(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with inferred value types: the tier needs element types only. A fake kernel that
+    refuses symbolic dims (a channel check on a dim_param) gets another pass over a copy without
+    shapes, where element types come from the model's own value types (what the native tier needs).
+
+    NOTE: a model whose dims are all concrete keeps the first pass's error: its node really is wrong.
+    """
+    try:
+        return onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception as e:  # noqa: BLE001  a fake kernel refusing the node's shapes or attributes
+        error = e
+    if _has_symbolic_dims(model):
+        shapeless = onnx.ModelProto()
+        shapeless.CopyFrom(model)
+        for v in [*shapeless.graph.input, *shapeless.graph.output, *shapeless.graph.value_info]:
+            if v.type.HasField("tensor_type"):
+                v.type.tensor_type.ClearField("shape")
+        try:
+            return onnx.shape_inference.infer_shapes(shapeless, strict_mode=False)
+        except Exception as e:  # noqa: BLE001
+            error = e
+    raise OpBridgeError(f"tier 'python' cannot type the model's custom nodes. Got {type(error).__name__}: "
+                        f"{str(error)[:400]}. Fix the node's inputs or attributes (export the model again "
+                        "with opbridge).") from None
+
+
+def _has_symbolic_dims(model: onnx.ModelProto) -> bool:
+    values = [*model.graph.input, *model.graph.output, *model.graph.value_info]
+    return any(not d.HasField("dim_value") for v in values for d in v.type.tensor_type.shape.dim)
+
+
 def _check_types(model: onnx.ModelProto, inferred: onnx.ModelProto) -> None:
     types = _value_types(inferred)
     for node in _served_nodes(model):
@@ -317,12 +348,7 @@ class PythonTier(Tier):
         except ImportError:
             raise UnsupportedInTier("tier 'python' needs onnxruntime-extensions. Got no such package. "
                                     "pip install 'opbridge[python-tier]' (onnxruntime-extensions==0.15.*).") from None
-        try:
-            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-        except Exception as e:  # noqa: BLE001  a fake kernel refusing the node's shapes or attributes
-            raise OpBridgeError(f"tier 'python' cannot type the model's custom nodes. Got "
-                                f"{type(e).__name__}: {str(e)[:400]}. Fix the node's inputs or attributes "
-                                "(export the model again with opbridge).") from None
+        inferred = _infer_types(model)
         with _lock:
             if not _library_used:
                 _declare_all(registry, self, _model_types(inferred))

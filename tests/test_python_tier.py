@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -93,3 +94,26 @@ def test_one_session_options_serves_every_tier_in_turn(guards):
         else:  # the function body's guard, explained with the eager message: not the native kernel
             assert r["bad"]["type"] == "OpBridgeError" and "Python kernel" not in error
             assert error.startswith("opbridge: bev::bev_pool_v2: input 'ranks_depth' values must lie in [0, 120)")
+
+
+@pytest.mark.parametrize("value_info", ["kept", "dropped"])
+def test_symbolic_channel_dim_runs_in_the_python_tier_as_in_native(value_info):
+    """identity_conv's fake kernel checks channels == x.shape[1]: on a dim_param it used to fail ONNX
+    shape inference, and the python tier refused a model the native tier runs."""
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.opbridge.identity_conv(x, 3)
+
+    proto = bridge.export(M(), (torch.ones(1, 3, 4, 4),))
+    for v in [*proto.graph.input, *proto.graph.output, *proto.graph.value_info]:
+        if len(v.type.tensor_type.shape.dim) == 4:
+            v.type.tensor_type.shape.dim[1].dim_param = "C"
+    if value_info == "dropped":
+        del proto.graph.value_info[:]
+    x = np.random.default_rng(0).standard_normal((1, 3, 4, 4)).astype(np.float32)
+    for tier in ("native", "python"):
+        sess = bridge.session(proto, tier=tier)
+        assert np.array_equal(sess.run(None, {"x": x})[0], x), tier
+    # the op's own check still holds at run time, with its eager message
+    with pytest.raises(bridge.OpBridgeError, match=r"input 'x' must be \(N, channels=3, \.\.\.\)"):
+        sess.run(None, {"x": np.ones((1, 4, 4, 4), np.float32)})
