@@ -489,8 +489,8 @@ def op(
         )
         try:
             reg.add(with_guards(spec))
-        except OpBridgeError:
-            custom._lib._destroy()  # leave torch as it was: the declaration failed as a whole
+        except BaseException:  # NOTE: any failure (onnx's too): leave torch as it was, the declaration failed whole
+            custom._lib._destroy()
             raise
         return BridgeOp(qualname, reg, custom)
 
