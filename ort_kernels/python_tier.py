@@ -5,7 +5,8 @@ so prototyping needs no extra code. onnxruntime-extensions' PyOp has sharp edges
 here (measured on 0.15.2, see shared/FINDINGS.md):
 
 - an exception inside a kernel aborts the process: kernels catch everything, hand ORT a
-  placeholder, and the session's ``run`` raises the recorded error as OpBridgeError;
+  placeholder, and every run method of the session raises the recorded error as OpBridgeError
+  (the tier's run guard, ``_kernel_errors``);
 - INTS/FLOATS attributes are unsupported: the session's copy of the model carries them as
   comma-separated STRING attributes, parsed back in the kernel; every declared attribute must be
   present, so defaults are written into the nodes, optional scalars (``int?``) travel as STRING,
