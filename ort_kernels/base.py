@@ -8,26 +8,108 @@ Adding a tier is one module with a :class:`Tier` subclass plus one entry in ``or
 from __future__ import annotations
 
 import abc
+import contextlib
 import dataclasses
 import os
+import threading
+from collections.abc import Callable, Sequence
 from typing import ClassVar
 
 import onnx
 import onnxruntime as ort
 import torch
 
+from bridge.core.domains import all_nodes, graphs, is_custom
+from bridge.core.errors import OpBridgeError
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
+
+
+# An explainer: (the exception a run raised, the feed as arrays by input name) -> the OpBridgeError
+# message for it, or None when it is not about what this explainer knows.
+Explain = Callable[[BaseException, dict], "str | None"]
 
 
 @dataclasses.dataclass
 class Prepared:
     """A tier's answer: the options to open the session with, whether the model proto was changed
-    (else the file goes to onnxruntime by path), and the session class to use."""
+    (else the file goes to onnxruntime by path), the explainers of its run errors, and ``guard``,
+    a context manager every run enters (the python tier's: one run at a time, its kernels' errors
+    raised)."""
 
     options: ort.SessionOptions | None
     changed: bool
-    session_class: type = ort.InferenceSession
+    explain: tuple[Explain, ...] = ()
+    guard: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+
+
+class Session(ort.InferenceSession):
+    """The one session class of every tier: an ``onnxruntime.InferenceSession`` whose run methods
+    (``run``, ``run_with_ort_values``, ``run_with_iobinding``, ``run_with_ortvaluevector``,
+    ``run_async``) enter the tier's guard and turn an error an explainer recognises into
+    OpBridgeError. NOTE: explainers look only after a failure: a run that works pays nothing."""
+
+    def __init__(self, content, options, *, providers, explain: Sequence[Explain] = (),
+                 guard: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext):
+        self._explainers = tuple(explain)
+        self._guard = guard
+        super().__init__(content, options, providers=list(providers))
+
+    def run(self, output_names, input_feed, run_options=None):
+        return self._checked(lambda: super(Session, self).run(output_names, input_feed, run_options), input_feed)
+
+    def run_with_ort_values(self, output_names, input_dict_ort_values, run_options=None):
+        return self._checked(lambda: super(Session, self).run_with_ort_values(
+            output_names, input_dict_ort_values, run_options), input_dict_ort_values)
+
+    def run_with_iobinding(self, iobinding, run_options=None):
+        return self._checked(lambda: super(Session, self).run_with_iobinding(iobinding, run_options), {})
+
+    def run_with_ortvaluevector(self, run_options, feed_names, feeds, fetch_names, fetches, fetch_devices):
+        return self._checked(lambda: super(Session, self).run_with_ortvaluevector(
+            run_options, feed_names, feeds, fetch_names, fetches, fetch_devices), dict(zip(feed_names, feeds)))
+
+    def run_async(self, output_names, input_feed, callback, user_data, run_options=None):
+        """Like onnxruntime's: ``callback(results, user_data, error_text)`` is called from another
+        thread; a failed run passes ``[]`` and the same OpBridgeError text ``run`` raises.
+        NOTE: the run itself is ``run`` in a worker thread, so the tier's guard holds for it too."""
+        self._validate_input(list(input_feed))  # NOTE: bad input names raise here, as onnxruntime's does
+
+        def work():
+            try:
+                results = self.run(output_names, input_feed, run_options)
+            except Exception as e:  # noqa: BLE001  handed to the callback, as onnxruntime does
+                callback([], user_data, str(e))
+                return
+            callback(results, user_data, "")
+
+        threading.Thread(target=work, name="opbridge-run-async", daemon=True).start()
+
+    def _checked(self, call: Callable, feed: dict):
+        with self._guard():
+            try:
+                return call()
+            except OpBridgeError:
+                raise
+            except Exception as e:
+                arrays = _arrays(feed)
+                message = next((m for m in (explain(e, arrays) for explain in self._explainers) if m), None)
+                if message is None:
+                    raise
+                raise OpBridgeError(message) from e
+
+
+def _arrays(feed: dict) -> dict:
+    """The feed as numpy arrays where it can be read (OrtValues on the CPU), for explainers."""
+    out = {}
+    for name, value in feed.items():
+        if isinstance(value, ort.OrtValue):
+            try:
+                value = value.numpy()
+            except Exception:  # noqa: BLE001  a value that cannot be read is left out of the message
+                continue
+        out[name] = value
+    return out
 
 
 class Tier(abc.ABC):
@@ -58,24 +140,74 @@ def helper_functions(model: onnx.ModelProto, registry: Registry) -> set[tuple[st
     return {(f.domain, f.name) for f in model.functions if registry.find(f.domain, f.name) is None}
 
 
-# NOTE: registering a library twice into one SessionOptions adds its domains twice, and every
-# later session on those options fails ("Domain already set in registry"). Options a library
-# went into are kept alive here, so their ids cannot be reused by other objects.
-_registered: dict[tuple[int, str], ort.SessionOptions] = {}
+# NOTE: the custom-op libraries registered into a SessionOptions are recorded in the options
+# themselves, one config entry each ("opbridge.custom_ops_library.<n>": path, never overwritten:
+# onnxruntime warns on that), so nothing outside the options keeps them or their ids alive.
+_LIBRARY_KEY = "opbridge.custom_ops_library."
+
+
+def libraries(options: ort.SessionOptions | None) -> list[str]:
+    """The custom-op libraries ``with_library`` registered into ``options``, in order.
+
+    >>> libraries(ort.SessionOptions()), libraries(None)
+    ([], [])
+    """
+    found: list[str] = []
+    while options is not None:
+        try:
+            found.append(options.get_session_config_entry(f"{_LIBRARY_KEY}{len(found)}"))
+        except RuntimeError:  # NOTE: onnxruntime's answer for a key the options lack
+            break
+    return found
 
 
 def with_library(options: ort.SessionOptions | None, path: str) -> ort.SessionOptions:
     """``options`` (or new options) with the custom-op library at ``path`` registered once.
 
-    Options the caller passes are remembered (they may be reused for more sessions); options
-    made here belong to one session and are released with it.
+    A library already registered into the options (recorded in them) is not registered again, so
+    options can be reused for many sessions; nothing is kept per call.
     """
-    if options is None:
-        options = ort.SessionOptions()
+    options = ort.SessionOptions() if options is None else options
+    registered = libraries(options)
+    if path not in registered:
         options.register_custom_ops_library(path)
-        return options
-    key = (id(options), path)
-    if key not in _registered:
-        options.register_custom_ops_library(path)
-        _registered[key] = options
+        options.add_session_config_entry(f"{_LIBRARY_KEY}{len(registered)}", path)
     return options
+
+
+def private_domains(model: onnx.ModelProto, prefix: str) -> bool:
+    """Move every custom domain of ``model`` (nodes, subgraphs, model-local functions and the calls
+    in them, opset imports) to ``prefix + domain``; whether there was any.
+
+    NOTE: a kernel of a custom-op library registered into the session options wins over a
+    model-local function of the same (domain, name): a private domain keeps the body the one that runs.
+
+    >>> from onnx import helper
+    >>> g = helper.make_graph([helper.make_node("f", ["x"], ["y"], domain="d")], "g", [], [])
+    >>> m = helper.make_model(g, opset_imports=[helper.make_opsetid("d", 1)])
+    >>> private_domains(m, "p."), m.graph.node[0].domain, m.opset_import[0].domain
+    (True, 'p.d', 'p.d')
+    """
+    renamed = False
+    nodes = [*all_nodes(model), *(n for f in model.functions for n in _function_nodes(f))]
+    for node in nodes:
+        if is_custom(node.domain):
+            node.domain, renamed = prefix + node.domain, True
+    for f in model.functions:
+        if is_custom(f.domain):
+            f.domain = prefix + f.domain
+    for imports in [model.opset_import, *(f.opset_import for f in model.functions)]:
+        for entry in imports:
+            if is_custom(entry.domain):
+                entry.domain = prefix + entry.domain
+    return renamed
+
+
+def _function_nodes(function: onnx.FunctionProto):
+    """Every node of a model-local function's body, subgraphs included."""
+    for node in function.node:
+        yield node
+        for a in node.attribute:
+            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                for sub in graphs(g):
+                    yield from sub.node

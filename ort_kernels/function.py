@@ -4,6 +4,7 @@ The body is the op's written one, or one derived from its PyTorch implementation
 
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -20,7 +21,10 @@ from bridge.core.spec import OpSpec
 from exporters.derive import attach_derived, body_status, last_failure
 from exporters.export import DEFAULT_OPSET
 from exporters.opsets import attach_functions
-from ort_kernels.base import Prepared, Tier
+from ort_kernels.base import Prepared, Tier, libraries, private_domains
+
+# NOTE: the prefix of the private domains the tier's nodes move to when the options carry a library
+FUNCTION_DOMAIN = "opbridge.function."
 
 
 class FunctionTier(Tier):
@@ -47,8 +51,8 @@ class FunctionTier(Tier):
                 "tier='native' or 'python'."
             )
         _check_optional_inputs(model, registry)
-        session_class = _session_class(model, registry)
-        for spec, _, attrs, _ in session_class._calls:
+        calls = _checked_calls(model, registry)
+        for spec, _, attrs, _ in calls:
             # NOTE: a bad attribute can fail onnxruntime's load (shape inference of the body) before
             # any guard runs: the attribute checks run here, with the same message.
             if len(attrs) < len(spec.attributes):
@@ -56,7 +60,10 @@ class FunctionTier(Tier):
             message = spec.checks.attribute_failure(attrs)
             if message is not None:
                 raise OpBridgeError(message)
-        return Prepared(options, changed=bool(added), session_class=session_class)
+        # NOTE: options that carry a custom-op library (reused from a native or python session) would
+        # run its kernels instead of the bodies: the nodes and bodies move to private domains
+        private = private_domains(model, FUNCTION_DOMAIN) if libraries(options) else False
+        return Prepared(options, changed=bool(added) or private, explain=(functools.partial(_explain, calls),))
 
 
 def _check_optional_inputs(model: onnx.ModelProto, registry: Registry) -> None:
@@ -118,46 +125,36 @@ def _why(registry: Registry, domain: str, name: str) -> str:
     return last_failure(spec.qualname) or "no body"
 
 
-class FunctionTierSession(ort.InferenceSession):
-    """InferenceSession whose ``run`` reports a failed check guard (an op's input check, in its
-    function body) as OpBridgeError with the op's own eager message, naming op and input."""
-
-    _calls: tuple = ()  # (spec, {param: input value name}, {attribute: value}, {name: initializer})
-
-    def run(self, output_names, input_feed, run_options=None):
-        try:
-            return super().run(output_names, input_feed, run_options)
-        except Exception as e:
-            guard = failed_guard(e)
-            if guard is None:
-                raise
-            raise OpBridgeError(self._explain(guard, input_feed, str(e))) from e
-
-    def _explain(self, guard: tuple[str, str, int], feed: dict, error: str) -> str:
-        qualname, _, index = guard
-        envs, checks = [], None
-        for spec, inputs, attrs, known in self._calls:
-            if spec.checks is None or spec.checks.qualname != qualname:
-                continue
-            checks = spec.checks
-            env = dict(attrs)
-            for param, name in inputs.items():
-                value = feed.get(name, known.get(name)) if name else None
-                if name and not isinstance(value, np.ndarray):
-                    break
-                env[param] = None if value is None else torch.from_numpy(np.array(value))
-            else:
-                envs.append(env)
-        node = error.split("Name:'", 1)[-1].split("'", 1)[0]
-        if checks is None:
-            return (f"opbridge: {qualname}: an input check failed (onnxruntime stopped at guard node '{node}'). "
-                    "Got inputs that fail it. Run the op eagerly on them to see which.")
-        return explain_failure(checks, index, envs, node)
+def _explain(calls: tuple, error: BaseException, feed: dict) -> str | None:
+    """The function tier's explainer: a failed check guard (an op's input check, in its function
+    body) as the op's own eager message, naming op and input; None for any other error."""
+    guard = failed_guard(error)
+    if guard is None:
+        return None
+    qualname, _, index = guard
+    envs, checks = [], None
+    for spec, inputs, attrs, known in calls:
+        if spec.checks is None or spec.checks.qualname != qualname:
+            continue
+        checks = spec.checks
+        env = dict(attrs)
+        for param, name in inputs.items():
+            value = feed.get(name, known.get(name)) if name else None
+            if name and not isinstance(value, np.ndarray):
+                break
+            env[param] = None if value is None else torch.from_numpy(np.array(value))
+        else:
+            envs.append(env)
+    node = str(error).split("Name:'", 1)[-1].split("'", 1)[0]
+    if checks is None:
+        return (f"opbridge: {qualname}: an input check failed (onnxruntime stopped at guard node '{node}'). "
+                "Got inputs that fail it. Run the op eagerly on them to see which.")
+    return explain_failure(checks, index, envs, node)
 
 
-def _session_class(model: onnx.ModelProto, registry: Registry) -> type:
-    """A FunctionTierSession subclass that knows ``model``'s checked custom nodes: their inputs,
-    attributes and any initializers they read (to re-run the eager checks on a failure)."""
+def _checked_calls(model: onnx.ModelProto, registry: Registry) -> tuple:
+    """``model``'s checked custom nodes: (spec, {param: input value name}, {attribute: value},
+    {name: initializer}), what the explainer needs to re-run the eager checks on a failure."""
     # NOTE: only what the messages need is kept, not the model (its weights may be large).
     initializers = {t.name: t for t in model.graph.initializer}
     calls = []
@@ -175,4 +172,4 @@ def _session_class(model: onnx.ModelProto, registry: Registry) -> type:
                  if n in initializers and initializers[n].ByteSize() < 2**24
                  and not external_data_helper.uses_external_data(initializers[n])}
         calls.append((spec, inputs, attrs, known))
-    return type("FunctionTierSession", (FunctionTierSession,), {"_calls": tuple(calls)})
+    return tuple(calls)

@@ -5,7 +5,8 @@ so prototyping needs no extra code. onnxruntime-extensions' PyOp has sharp edges
 here (measured on 0.15.2, see shared/FINDINGS.md):
 
 - an exception inside a kernel aborts the process: kernels catch everything, hand ORT a
-  placeholder, and the session's ``run`` raises the recorded error as OpBridgeError;
+  placeholder, and every run method of the session raises the recorded error as OpBridgeError
+  (the tier's run guard, ``_kernel_errors``);
 - INTS/FLOATS attributes are unsupported: the session's copy of the model carries them as
   comma-separated STRING attributes, parsed back in the kernel; every declared attribute must be
   present, so defaults are written into the nodes, optional scalars (``int?``) travel as STRING,
@@ -20,6 +21,7 @@ here (measured on 0.15.2, see shared/FINDINGS.md):
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
@@ -37,6 +39,9 @@ from ort_kernels.base import Prepared, Tier, helper_functions, with_library
 from ort_kernels.build import io_types
 
 _lock = threading.Lock()
+# NOTE: the Python kernels are declared in private domains ("opbridge.python.<domain>"), not the op's:
+# options reused across tiers may carry the native library, whose kernels take the op's own domain
+PYTHON_DOMAIN = "opbridge.python."
 _declared: dict[tuple[str, str], tuple] = {}  # (domain, op_type) -> (OpSpec served, its input ONNX types)
 # NOTE: PyOp inputs are all required: an omitted optional input is fed an empty placeholder and
 # named in this attribute, so the kernel passes None for it.
@@ -185,7 +190,7 @@ def _declare_all(registry, tier, model_types: dict) -> None:
             attrs[ABSENT_ATTR] = PyCustomOpDef.dt_string
         if any(p.optional for p in spec.attributes):
             attrs[ABSENT_ATTRS] = PyCustomOpDef.dt_string
-        onnx_op(op_type=f"{spec.domain}::{spec.name}", inputs=inputs, outputs=outputs, attrs=attrs)(_kernel(spec))
+        onnx_op(op_type=f"{PYTHON_DOMAIN}{spec.domain}::{spec.name}", inputs=inputs, outputs=outputs, attrs=attrs)(_kernel(spec))
         _declared[key] = (spec, _onnx_input_types(spec, model_types))
 
 
@@ -196,6 +201,37 @@ def _custom_nodes(model):
 def _served_nodes(model):
     """Custom nodes this tier runs (helper functions the model carries bodies for run as they are)."""
     return [n for n in _custom_nodes(model) if (n.domain, n.op_type) in _declared]
+
+
+def _infer_types(model: onnx.ModelProto) -> onnx.ModelProto:
+    """``model`` with inferred value types: the tier needs element types only. A fake kernel that
+    refuses symbolic dims (a channel check on a dim_param) gets another pass over a copy without
+    shapes, where element types come from the model's own value types (what the native tier needs).
+
+    NOTE: a model whose dims are all concrete keeps the first pass's error: its node really is wrong.
+    """
+    try:
+        return onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception as e:  # noqa: BLE001  a fake kernel refusing the node's shapes or attributes
+        error = e
+    if _has_symbolic_dims(model):
+        shapeless = onnx.ModelProto()
+        shapeless.CopyFrom(model)
+        for v in [*shapeless.graph.input, *shapeless.graph.output, *shapeless.graph.value_info]:
+            if v.type.HasField("tensor_type"):
+                v.type.tensor_type.ClearField("shape")
+        try:
+            return onnx.shape_inference.infer_shapes(shapeless, strict_mode=False)
+        except Exception as e:  # noqa: BLE001
+            error = e
+    raise OpBridgeError(f"tier 'python' cannot type the model's custom nodes. Got {type(error).__name__}: "
+                        f"{str(error)[:400]}. Fix the node's inputs or attributes (export the model again "
+                        "with opbridge).") from None
+
+
+def _has_symbolic_dims(model: onnx.ModelProto) -> bool:
+    values = [*model.graph.input, *model.graph.output, *model.graph.value_info]
+    return any(not d.HasField("dim_value") for v in values for d in v.type.tensor_type.shape.dim)
 
 
 def _check_types(model: onnx.ModelProto, inferred: onnx.ModelProto) -> None:
@@ -266,21 +302,31 @@ def _kernel_error() -> str:
     return _errors[0].rstrip(".") + ". Fix the inputs (the op's own eager checks apply in this tier)."
 
 
-class PythonTierSession(ort.InferenceSession):
-    """InferenceSession whose ``run`` raises the Python kernels' errors as OpBridgeError."""
-
-    def run(self, output_names, input_feed, run_options=None):
-        with _lock:  # NOTE: one run at a time: the error list is shared by every kernel
-            _errors.clear()
-            try:
-                result = super().run(output_names, input_feed, run_options)
-            except Exception as e:
-                if _errors:
-                    raise OpBridgeError(_kernel_error()) from e
-                raise
+@contextlib.contextmanager
+def _kernel_errors():
+    """The guard of every run of a python-tier session: one run at a time (the error list is shared
+    by every kernel), and a kernel's recorded exception raised as OpBridgeError after it."""
+    with _lock:
+        _errors.clear()
+        try:
+            yield
+        except Exception as e:
             if _errors:
-                raise OpBridgeError(_kernel_error())
-            return result
+                raise OpBridgeError(_kernel_error()) from e
+            raise
+        if _errors:
+            raise OpBridgeError(_kernel_error())
+
+
+def _to_private_domains(model: onnx.ModelProto) -> None:
+    """The served nodes call their Python kernels in the tier's private domains (``PYTHON_DOMAIN``),
+    so the same options can also carry the native library, whose kernels use the op's own domain."""
+    versions = {o.domain: o.version for o in model.opset_import}
+    moved = {}
+    for node in _served_nodes(model):
+        moved[PYTHON_DOMAIN + node.domain] = versions.get(node.domain, 1)
+        node.domain = PYTHON_DOMAIN + node.domain
+    model.opset_import.extend(onnx.helper.make_opsetid(d, v) for d, v in moved.items() if d not in versions)
 
 
 class PythonTier(Tier):
@@ -303,12 +349,7 @@ class PythonTier(Tier):
         except ImportError:
             raise UnsupportedInTier("tier 'python' needs onnxruntime-extensions. Got no such package. "
                                     "pip install 'opbridge[python-tier]' (onnxruntime-extensions==0.15.*).") from None
-        try:
-            inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
-        except Exception as e:  # noqa: BLE001  a fake kernel refusing the node's shapes or attributes
-            raise OpBridgeError(f"tier 'python' cannot type the model's custom nodes. Got "
-                                f"{type(e).__name__}: {str(e)[:400]}. Fix the node's inputs or attributes "
-                                "(export the model again with opbridge).") from None
+        inferred = _infer_types(model)
         with _lock:
             if not _library_used:
                 _declare_all(registry, self, _model_types(inferred))
@@ -324,10 +365,11 @@ class PythonTier(Tier):
                                         f"Got ops {sorted(set(missing))}. Use tier='function' or 'native'.")
             _check_types(model, inferred)
             _rewrite_attributes(model)
+            _to_private_domains(model)
             # the Python kernels, not function bodies, run the custom nodes; helper functions stay
             keep = [f for f in model.functions if (f.domain, f.name) in helpers]
             del model.functions[:]
             model.functions.extend(keep)
             options = with_library(options, get_library_path())
             _library_used = True
-        return Prepared(options, changed=True, session_class=PythonTierSession)
+        return Prepared(options, changed=True, guard=_kernel_errors)

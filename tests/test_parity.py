@@ -4,6 +4,10 @@ torch and against the op's independent reference.
 Each sample is exported once (bridge.export) and the file is run in every tier.
 """
 
+import json
+import math
+
+import numpy as np
 import pytest
 import torch
 
@@ -55,3 +59,94 @@ def test_parity(case, tier, exported):
     for i, (e, g) in enumerate(zip(expected, got)):
         row = bridge.compare(f"output {i} vs reference", e, g, rtol=rtol, atol=atol)
         assert row.passed, row
+
+
+# -- NaN/inf: numpy's assert_allclose(equal_nan=True), as a table ---------------------------------
+NAN, INF = float("nan"), float("inf")
+
+
+@pytest.mark.parametrize("dtype,eager,ort,passed,bad", [
+    (torch.float32, [NAN, 2, NAN], [2, 2, 3], False, [[0], [2]]),      # ORT anything where eager is NaN
+    (torch.float32, [INF], [-INF], False, [[0]]),                     # inf vs -inf
+    (torch.float32, [-INF], [INF], False, [[0]]),
+    (torch.float32, [NAN, 1], [NAN, 1], True, []),                    # NaN matches NaN
+    (torch.float32, [INF, -INF], [INF, -INF], True, []),              # inf matches the same inf
+    (torch.float32, [1.0, 2.0], [1.0, INF], False, [[1]]),            # eager finite, ORT inf
+    (torch.float32, [1.0, INF], [1.0, 3.0e38], False, [[1]]),         # eager inf, ORT finite (even huge)
+    (torch.float32, [1.0, -INF], [1.0, -3.0e38], False, [[1]]),
+    (torch.float32, [NAN], [INF], False, [[0]]),                      # NaN vs inf
+    (torch.float32, [INF], [NAN], False, [[0]]),
+    (torch.float32, [1.0], [NAN], False, [[0]]),                      # eager finite, ORT NaN
+    (torch.float16, [NAN, INF, 1.0], [NAN, INF, 1.0], True, []),
+    (torch.float16, [NAN, INF, 1.0], [0.0, 65504.0, 1.0], False, [[0], [1]]),
+    (torch.float16, [1.0, 2.0], [1.0005, 2.0], True, []),             # finite: within float16's tolerance
+    (torch.float64, [NAN, -INF, 1.0], [NAN, -INF, 1.0 + 1e-9], True, []),
+    (torch.float64, [NAN, 5.0], [-INF, 5.0], False, [[0]]),
+    (torch.float64, [1.0, 2.0], [1.0, 2.001], False, [[1]]),          # finite: past float64's tolerance
+    (torch.int64, [1, 2, 3], [1, 2, 3], True, []),
+    (torch.int64, [1, 2, 3], [1, 2, 4], False, [[2]]),
+    (torch.int32, [7], [8], False, [[0]]),
+    (torch.bool, [True, False], [True, True], False, [[1]]),
+])
+def test_nan_inf_rules(dtype, eager, ort, passed, bad):
+    e = torch.tensor(eager, dtype=dtype)
+    a = np.array(ort, dtype=e.numpy().dtype)
+    r = bridge.compare("y", e, a)
+    assert r.passed is passed and r.mismatches == len(bad)
+    # each mismatch reported with its position, ahead of any error within tolerance
+    assert sorted(w["index"] for w in r.worst[:len(bad)]) == bad
+    # the reference semantics: numpy's assert_allclose(equal_nan=True) at the same tolerance
+    try:
+        np.testing.assert_allclose(a, e.numpy(), rtol=r.rtol, atol=r.atol, equal_nan=True)
+        numpy_passed = True
+    except AssertionError:
+        numpy_passed = False
+    assert numpy_passed is passed
+    # max abs/rel are over finite pairs only: finite numbers even when NaN/inf pairs mismatch
+    assert math.isfinite(r.max_abs)
+    if r.nonfinite:
+        assert "NaN/inf mismatch" in r.note and "over finite pairs" in r.note
+
+
+def test_ints_stay_exact_whatever_the_overrides():
+    r = bridge.compare("i", torch.tensor([1, 2]), np.array([1, 3], np.int64), rtol=0.5, atol=5)
+    assert not r.passed and (r.rtol, r.atol) == (0.0, 0.0)
+
+
+def test_nan_inf_mismatches_in_the_report_and_json():
+    r = bridge.compare("y", torch.tensor([NAN, 2.0, INF]), np.array([2.0, 2.0, -INF], np.float32))
+    report = bridge.ParityReport("M", "function", [r])
+    text = str(report)
+    assert "FAIL (2 NaN/inf mismatches; max abs/rel over finite pairs)" in text
+    assert "at (0,): eager nan  ort 2" in text and "at (2,): eager inf  ort -inf" in text
+    data = json.loads(report.to_json())["outputs"][0]  # strict JSON: no bare NaN/Infinity
+    assert data["nonfinite"] == 2 and data["max_abs"] == 0.0
+    assert [(w["index"], w["eager"], w["ort"]) for w in data["worst"]] == [([0], "nan", 2.0), ([2], "inf", "-inf")]
+
+
+def test_check_parity_fails_an_output_that_differs_only_at_a_nan(registry, fresh_name):
+    """Eager log(x) is NaN at x < 0; the ONNX body log(|x|) is not: only the NaN position differs."""
+    from onnxscript import opset20 as op
+    from onnxscript import script, values
+
+    name = fresh_name("log")
+    ns, _ = name.split("::")
+
+    @script(values.Opset(ns, 1), default_opset=op)
+    def log(x):
+        return op.Log(op.Abs(x))
+
+    @bridge.op(name, fake=lambda x: torch.empty_like(x), registry=registry, function=log)
+    def log_op(x: torch.Tensor) -> torch.Tensor:
+        return torch.log(x)
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return log_op(x)
+
+    x = torch.tensor([-1.0, 1.0, 2.0, 4.0])
+    report = bridge.check_parity(M(), (x,), registry=registry)
+    out = report.outputs[0]
+    assert not report.passed and (out.mismatches, out.nonfinite) == (1, 1)
+    assert out.worst[0]["index"] == [0] and math.isnan(out.worst[0]["eager"]) and out.worst[0]["ort"] == 0.0
+    assert out.max_abs == 0.0  # the finite pairs agree exactly

@@ -489,8 +489,8 @@ def op(
         )
         try:
             reg.add(with_guards(spec))
-        except OpBridgeError:
-            torch_compat.destroy_custom_op(custom)  # leave torch as it was: the declaration failed as a whole
+        except BaseException:  # NOTE: any failure (onnx's too): leave torch as it was, the declaration failed whole
+            torch_compat.destroy_custom_op(custom)
             raise
         return BridgeOp(qualname, reg, custom)
 

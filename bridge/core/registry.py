@@ -135,9 +135,10 @@ class Registry:
 
     def _store(self, spec: OpSpec, twin: OpSpec | None) -> None:
         onnx_spec = twin or spec
-        if spec.qualname not in self._ops and defs.has(onnx_spec.name, onnx_spec.version, onnx_spec.domain):
-            self._displaced[spec.qualname] = defs.get_schema(onnx_spec.name, onnx_spec.version, onnx_spec.domain)
+        displaced = _schema(onnx_spec) if spec.qualname not in self._ops else None
         _register_onnx_schema(onnx_spec)
+        if displaced is not None:
+            self._displaced[spec.qualname] = displaced
         self._ops[spec.qualname] = spec
         if twin is not None:
             self._twins[spec.qualname] = twin
@@ -148,7 +149,7 @@ class Registry:
         spec = self._twins.pop(qualname, None) or self._ops[qualname]
         self._ops.pop(qualname)
         self.generation += 1
-        if defs.has(spec.name, spec.version, spec.domain):
+        if _schema(spec) is not None:
             defs.deregister_schema(spec.name, spec.version, spec.domain)
         displaced = self._displaced.pop(qualname, None)
         if displaced is not None:
@@ -219,12 +220,32 @@ def _validate_function(spec: OpSpec) -> None:
                             + "; ".join(problems) + ". Make the function mirror the op schema.")
 
 
+def _schema(spec: OpSpec) -> defs.OpSchema | None:
+    """onnx's schema of exactly ``spec``'s (domain, name, version), if registered.
+
+    NOTE: ``defs.has(name, version, domain)`` also answers True for an older version of the op (it
+    asks "is there a schema at most this version"), so version 2 after version 1 must compare
+    ``since_version``.
+    """
+    if not defs.has(spec.name, spec.version, spec.domain):
+        return None
+    schema = defs.get_schema(spec.name, spec.version, spec.domain)
+    return schema if schema.since_version == spec.version else None
+
+
 def _register_onnx_schema(spec: OpSpec) -> None:
     # NOTE: registered so onnx.checker(full_check=True) and shape inference know the node;
     # the inference function keeps `optimize=True` from erasing the output type.
-    if defs.has(spec.name, spec.version, spec.domain):
+    old = _schema(spec)
+    if old is not None:
         defs.deregister_schema(spec.name, spec.version, spec.domain)
-    defs.register_schema(spec.onnx_schema)
+    try:
+        defs.register_schema(spec.onnx_schema)
+    except defs.SchemaError as e:
+        if old is not None:
+            defs.register_schema(old)  # NOTE: nothing half-done: the schema that was there stays
+        raise OpBridgeError(f"{spec.qualname}: onnx refused the schema of {spec.domain}::{spec.name} "
+                            f"v{spec.version}. Got SchemaError: {str(e)[:300]}. Use another domain or version.") from None
 
 
 REGISTRY = Registry()

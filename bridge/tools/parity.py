@@ -24,7 +24,8 @@ from bridge.core.progress import format_table, step
 from bridge.tools.sessions import session
 from exporters.export import export_with_program
 
-# NOTE: (rtol, atol) per dtype; |ort - eager| <= atol + rtol * |eager| passes. float16's
+# NOTE: (rtol, atol) per dtype; a finite pair passes when |ort - eager| <= atol + rtol * |eager|
+# (NaN/inf only match themselves, see compare; ints are exact). float16's
 # rtol admits one ulp (2**-10); float32/float64 admit summation-order differences.
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.float16: (1e-3, 1e-3),
@@ -65,6 +66,7 @@ class OutputParity:
     note: str = ""
     worst: list = dataclasses.field(default_factory=list)  # top-k elements by abs error
     errors: np.ndarray | None = dataclasses.field(default=None, repr=False, compare=False)  # |ort - eager|
+    nonfinite: int = 0  # mismatches where eager or ORT is NaN/inf (counted in mismatches too)
 
     def to_dict(self) -> dict:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "errors"}
@@ -78,7 +80,7 @@ def _worst(diff: np.ndarray, expected: np.ndarray, actual: np.ndarray, k: int = 
     flat = diff.reshape(-1)
     if flat.size == 0 or not np.any(flat > 0):
         return []
-    top = np.argsort(flat, kind="stable")[::-1][:k]
+    top = np.argsort(-flat, kind="stable")[:k]  # ties (NaN/inf mismatches: inf) in index order
     rows = []
     for i in top:
         if flat[i] <= 0:
@@ -97,13 +99,22 @@ def _to_numpy(t: torch.Tensor) -> np.ndarray:
 
 
 def compare(name: str, expected: torch.Tensor, actual: np.ndarray, *, rtol=None, atol=None) -> OutputParity:
-    """Compare one ORT output against the eager tensor (NaN matches NaN, inf matches inf).
+    """Compare one ORT output against the eager tensor, as numpy's ``assert_allclose(equal_nan=True)``:
+    NaN matches only NaN, +inf only +inf, -inf only -inf; finite pairs pass when
+    ``|ort - eager| <= atol + rtol * |eager|``; integer and bool outputs compare exactly.
+    ``max_abs``/``max_rel`` are over finite pairs; NaN/inf mismatches count in ``mismatches``
+    (and ``nonfinite``), their error is inf, and the note says how many there are.
 
     >>> r = compare("y", torch.tensor([1.0, 2.0]), np.array([1.0, 2.5], np.float32))
     >>> (r.passed, r.mismatches, r.max_abs)
     (False, 1, 0.5)
+    >>> r = compare("y", torch.tensor([float("nan"), 2.0]), np.array([2.0, 2.0], np.float32))
+    >>> (r.passed, r.mismatches, r.nonfinite, r.max_abs, r.worst[0]["index"])
+    (False, 1, 1, 0.0, [0])
     """
-    r, a = tolerance(expected.dtype, rtol, atol)
+    exact = not (expected.dtype.is_floating_point or expected.dtype.is_complex)
+    # NOTE: integers compare exactly whatever the overrides; a relative error of an int means nothing
+    r, a = (0.0, 0.0) if exact else tolerance(expected.dtype, rtol, atol)
     shape, dtype = tuple(expected.shape), str(expected.dtype).replace("torch.", "")
     actual = np.asarray(actual)
     note = ""
@@ -116,19 +127,32 @@ def compare(name: str, expected: torch.Tensor, actual: np.ndarray, *, rtol=None,
                             r, a, False, note)
     e64 = _to_numpy(expected).astype(np.float64)
     a64 = actual.astype(np.float64)
-    with np.errstate(invalid="ignore"):
-        same = (e64 == a64) | (np.isnan(e64) & np.isnan(a64))
-        diff = np.where(same, 0.0, np.abs(a64 - e64))
-        diff = np.where(np.isnan(diff), np.inf, diff)
-        bad = diff > a + r * np.abs(e64)
+    diff, bad, finite = _elementwise(e64, a64, r, a)
+    with np.errstate(invalid="ignore", divide="ignore"):
         rel = np.where(diff == 0, 0.0, diff / np.maximum(np.abs(e64), np.finfo(np.float64).tiny))
-    max_abs = float(diff.max()) if diff.size else 0.0
-    # NOTE: integers compare exactly; a relative error of an int (e.g. 1/tiny) means nothing
-    exact = not (expected.dtype.is_floating_point or expected.dtype.is_complex)
-    max_rel = math.nan if exact else (float(rel.max()) if rel.size else 0.0)
-    n_bad = int(bad.sum())
+    max_abs = float(diff[finite].max()) if finite.any() else 0.0
+    max_rel = math.nan if exact else (float(rel[finite].max()) if finite.any() else 0.0)
+    n_bad, nonfinite = int(bad.sum()), int((bad & ~finite).sum())
+    if nonfinite:
+        note = f"{nonfinite} NaN/inf mismatch{'es' if nonfinite > 1 else ''}; max abs/rel over finite pairs"
     return OutputParity(name, shape, dtype, max_abs, max_rel, n_bad, int(diff.size), r, a, n_bad == 0,
-                        worst=_worst(diff, e64, a64), errors=diff)
+                        note, worst=_worst(diff, e64, a64), errors=diff, nonfinite=nonfinite)
+
+
+def _elementwise(e64: np.ndarray, a64: np.ndarray, rtol: float, atol: float):
+    """(|ort - eager| with 0 at matching and inf at mismatching NaN/inf, mismatch mask, finite-pair mask).
+
+    >>> d, bad, fin = _elementwise(np.array([np.nan, np.inf, 1.0, np.inf]), np.array([np.nan, -np.inf, 1.5, 1.0]), 0, 1)
+    >>> d.tolist(), bad.tolist(), fin.tolist()
+    ([0.0, inf, 0.5, inf], [False, True, False, True], [False, False, True, False])
+    """
+    finite = np.isfinite(e64) & np.isfinite(a64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        # NOTE: NaN only matches NaN, an inf only the same inf (numpy's isclose(equal_nan=True))
+        special_ok = (e64 == a64) | (np.isnan(e64) & np.isnan(a64))
+        diff = np.where(finite, np.abs(a64 - e64), np.where(special_ok, 0.0, np.inf))
+        bad = np.where(finite, ~(diff <= atol + rtol * np.abs(e64)), ~special_ok)
+    return diff, bad, finite
 
 
 RUNTIMES = ("onnxruntime", "openvino")
@@ -162,11 +186,17 @@ class ParityReport:
                 "localization": None if self.localization is None else self.localization.to_dict()}
 
     def to_json(self, **kwargs) -> str:
-        def clean(v):  # JSON has no inf
+        def clean(v):  # JSON has no inf nor NaN: statistics become null
             return None if isinstance(v, float) and not math.isfinite(v) else v
+
+        def value(v):  # an element's own value stays readable: "nan", "inf", "-inf"
+            return repr(v) if isinstance(v, float) and not math.isfinite(v) else v
         d = self.to_dict()
         d["outputs"] = [{k: clean(v) for k, v in o.items()} for o in d["outputs"]]
-        return json.dumps(d, **kwargs)
+        for o in d["outputs"]:
+            o["worst"] = [{k: (value(v) if k in ("eager", "ort") else clean(v)) for k, v in w.items()}
+                          for w in o["worst"]]
+        return json.dumps(d, allow_nan=False, **kwargs)
 
     def plot(self, path: str | os.PathLike) -> str:
         """Write a PNG histogram of log10 |ort - eager| per output (needs matplotlib); return the path."""

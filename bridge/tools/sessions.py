@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from itertools import chain
 
 import numpy as np
@@ -19,6 +19,7 @@ from bridge.core.errors import OpBridgeError
 from bridge.core.progress import step
 from bridge.core.registry import REGISTRY, Registry
 from ort_kernels import tiers
+from ort_kernels.base import Session
 
 
 def load_model(model: str | os.PathLike | onnx.ModelProto | bytes) -> onnx.ModelProto:
@@ -102,34 +103,21 @@ def _with_external_data(proto: onnx.ModelProto, model) -> onnx.ModelProto:
     return proto
 
 
-# ONNX element types by onnxruntime's spelling ('tensor(float)'), for messages about fed values
-_ORT_TYPES = {f"tensor({onnx.TensorProto.DataType.Name(t).lower()})": t for t in onnx.TensorProto.DataType.values()
-              if t != onnx.TensorProto.UNDEFINED}
+def _ort_type(elem_type: int) -> str:
+    """onnxruntime's spelling of a tensor type ('tensor(float)'), for messages about fed values."""
+    return f"tensor({onnx.TensorProto.DataType.Name(elem_type).lower()})"
 
 
-class _NamedInputTypes:
-    """Mixed in front of a tier's session class: when onnxruntime refuses a fed value's element
-    type (its message names no input), ``run`` raises OpBridgeError naming the input and the
-    custom op that reads it. NOTE: looked at only after a failure: a run that works pays nothing."""
+def _wrong_type(readers: dict, inputs: Sequence[onnx.ValueInfoProto]) -> Callable[[BaseException, dict], str | None]:
+    """The explainer of a fed value whose element type onnxruntime refuses (its message names no
+    input): the message names the input and the custom op that reads it (``readers``: graph input
+    -> (qualname, the op's parameter it feeds))."""
+    expected_types = {v.name: v.type.tensor_type.elem_type for v in inputs if v.type.HasField("tensor_type")}
 
-    _readers: dict = {}  # graph input -> (qualname, the op's parameter it feeds)
-
-    def run(self, output_names, input_feed, run_options=None):
-        try:
-            return super().run(output_names, input_feed, run_options)
-        except OpBridgeError:
-            raise
-        except Exception as e:
-            message = self._wrong_type(input_feed)
-            if message is None:
-                raise
-            raise OpBridgeError(message) from e
-
-    def _wrong_type(self, feed: dict) -> str | None:
-        for arg in self.get_inputs():
-            value = feed.get(arg.name)
-            expected = _ORT_TYPES.get(arg.type)
-            if not isinstance(value, np.ndarray) or expected is None:
+    def explain(error: BaseException, feed: dict) -> str | None:
+        for name, expected in expected_types.items():
+            value = feed.get(name)
+            if not isinstance(value, np.ndarray) or expected == onnx.TensorProto.UNDEFINED:
                 continue
             try:
                 actual = onnx.helper.np_dtype_to_tensor_dtype(value.dtype)
@@ -138,12 +126,14 @@ class _NamedInputTypes:
             if actual == expected:
                 continue
             want = onnx.helper.tensor_dtype_to_np_dtype(expected)
-            qualname, param = self._readers.get(arg.name, (None, None))
-            where = f"{qualname}: input '{param}'" if qualname else f"model input '{arg.name}'"
-            fed = "" if param in (None, arg.name) else f" (model input '{arg.name}')"
-            return (f"opbridge: {where}{fed} must be {want.name} ({arg.type}). Got {value.dtype.name}. "
-                    f"Pass {arg.name} as {want.name} (e.g. array.astype(np.{want.name})).")
+            qualname, param = readers.get(name, (None, None))
+            where = f"{qualname}: input '{param}'" if qualname else f"model input '{name}'"
+            fed = "" if param in (None, name) else f" (model input '{name}')"
+            return (f"opbridge: {where}{fed} must be {want.name} ({_ort_type(expected)}). Got {value.dtype.name}. "
+                    f"Pass {name} as {want.name} (e.g. array.astype(np.{want.name})).")
         return None
+
+    return explain
 
 
 def _input_readers(model: onnx.ModelProto, registry: Registry) -> dict:
@@ -168,8 +158,9 @@ def session(
     providers: Sequence[str] = ("CPUExecutionProvider",),
     sess_options: ort.SessionOptions | None = None,
     native_library: str | os.PathLike | None = None,
-) -> ort.InferenceSession:
-    """An ``onnxruntime.InferenceSession`` for ``model`` whose custom ops all have kernels.
+) -> Session:
+    """An ``onnxruntime.InferenceSession`` (``ort_kernels.base.Session``) for ``model`` whose custom
+    ops all have kernels; every run method reports a tier's known failures as OpBridgeError.
 
     ``tier`` names a kernel tier of ``ort_kernels.tiers``. ``"function"`` runs each custom node
     through its model-local ONNX function (attached from the registry when the file lacks it, and
@@ -192,6 +183,8 @@ def session(
     reg = REGISTRY if registry is None else registry
     proto = load_model(model)
     check_nodes(proto, reg)
+    # NOTE: read before the tier edits the model
+    wrong_type = _wrong_type(_input_readers(proto, reg), proto.graph.input)
     prepared = kernels.prepare(proto, reg, sess_options, native_library)
     # NOTE: a file that needs no change goes to ORT by path: no second serialisation and parse
     path = model if isinstance(model, (str, os.PathLike)) and not prepared.changed else None
@@ -199,9 +192,8 @@ def session(
         try:
             content = os.fspath(path) if path is not None else \
                 _with_external_data(proto, model).SerializeToString()
-            named = type(prepared.session_class.__name__, (_NamedInputTypes, prepared.session_class),
-                         {"_readers": _input_readers(proto, reg)})
-            return named(content, prepared.options, providers=list(providers))
+            return Session(content, prepared.options, providers=providers,
+                           explain=(*prepared.explain, wrong_type), guard=prepared.guard)
         except Exception as e:
             raise OpBridgeError(f"onnxruntime could not load the model. Got {type(e).__name__}: "
                                 f"{str(e)[:500]}. Check the op kernels for tier {tier!r}.") from e

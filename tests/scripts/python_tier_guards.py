@@ -6,10 +6,13 @@ dead process here is a test failure, not a dead test runner.
 
 import json
 import sys
+import threading
 from pathlib import Path
 
 import numpy as np
+import onnxruntime as ort
 import torch
+from onnxruntime.capi import _pybind_state as C
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: models
 
@@ -26,6 +29,57 @@ def outcome(fn):
         return {"ok": False, "type": type(e).__name__, "error": str(e)}
 
 
+def run_methods(sess) -> dict:
+    """Each run method of a session, as feed -> the first output (a numpy array)."""
+    out = sess.get_outputs()[0].name
+
+    def ort_values(feed):
+        values = {n: ort.OrtValue.ortvalue_from_numpy(v) for n, v in feed.items()}
+        return sess.run_with_ort_values(None, values)[0].numpy()
+
+    def iobinding(feed):
+        binding = sess.io_binding()
+        for n, v in feed.items():
+            binding.bind_cpu_input(n, v)
+        binding.bind_output(out)
+        sess.run_with_iobinding(binding)
+        return binding.copy_outputs_to_cpu()[0]
+
+    def ortvaluevector(feed):
+        feeds, fetches = C.OrtValueVector(), C.OrtValueVector()
+        for v in feed.values():
+            feeds.push_back(ort.OrtValue.ortvalue_from_numpy(v)._ortvalue)
+        sess.run_with_ortvaluevector(ort.RunOptions(), list(feed), feeds, [out], fetches, [C.OrtDevice(C.OrtDevice.cpu(), C.OrtDevice.default_memory(), 0)])
+        return np.asarray(fetches[0].numpy())
+
+    def run_async(feed):
+        done, box = threading.Event(), {}
+
+        def callback(results, user_data, error):
+            box.update(results=results, error=error)
+            done.set()
+
+        sess.run_async(None, feed, callback, None)
+        if not done.wait(120):
+            raise TimeoutError("run_async never called back")
+        if box["error"]:
+            raise RuntimeError(f"callback error: {box['error']}")
+        return box["results"][0]
+
+    return {"run_with_ort_values": ort_values, "run_with_iobinding": iobinding,
+            "run_with_ortvaluevector": ortvaluevector, "run_async": run_async}
+
+
+def reuse(proto, tier, feed, bad) -> dict:
+    """A session of ``tier`` on the one SessionOptions object every tier shares: valid and bad runs."""
+    sess = bridge.session(proto, tier=tier, sess_options=SHARED_OPTIONS)
+    return {"tier": tier, "valid": outcome(lambda: float(np.abs(sess.run(None, feed)[0]).sum())),
+            "bad": outcome(lambda: sess.run(None, bad))}
+
+
+SHARED_OPTIONS = ort.SessionOptions()
+
+
 def main():
     results = {}
     pool, args = pool_case()
@@ -37,6 +91,11 @@ def main():
     bad[list(feed)[2]] = np.full_like(feed[list(feed)[2]], 10**6)  # ranks_depth out of range: eager raises
     results["kernel_exception"] = outcome(lambda: sess.run(None, bad))
     results["after_exception"] = outcome(lambda: float(np.abs(sess.run(None, feed)[0]).sum()))
+    for method, call in run_methods(sess).items():
+        results[f"{method}_valid"] = outcome(lambda: float(np.abs(call(feed)).sum()))
+        results[f"{method}_kernel_exception"] = outcome(lambda: call(bad).shape)
+    results["options_reuse"] = {"runs": [reuse(proto, tier, feed, bad) for tier in
+                                         ("native", "python", "function", "python", "native", "function")]}
 
     half = bridge.export(*pool_case(dtype=torch.float16), functions=False)
     results["float16"] = outcome(lambda: bridge.session(half, tier="python"))
