@@ -2,7 +2,7 @@
 
 Each op's kernel is the op's own eager implementation (for a mutating op, its functional twin),
 so prototyping needs no extra code. onnxruntime-extensions' PyOp has sharp edges, each guarded
-here (measured on 0.15.2, see shared/FINDINGS.md):
+here (measured on onnxruntime-extensions 0.15.2):
 
 - an exception inside a kernel aborts the process: kernels catch everything, hand ORT a
   placeholder, and every run method of the session raises the recorded error as OpBridgeError
@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
+from bridge.core.torch_compat import FakeTensorMode
 
 from bridge.core.domains import all_nodes, is_custom
 from bridge.core.errors import OpBridgeError, UnsupportedInTier
