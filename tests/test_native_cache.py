@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import bridge
+from bridge.core.opnames import op_names
 from ort_kernels import build
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,7 +29,7 @@ def small(registry):
     """A registry with one small kernel (identity_conv), so each rebuild here takes seconds."""
     spec = bridge.REGISTRY.get("opbridge::identity_conv")
     bridge.register(spec.overload, sample_inputs=spec.sample_inputs, dtypes=(torch.float32,), registry=registry,
-                    native=str(ROOT / "ort_kernels" / "cpu" / "identity_conv.cc"))
+                    native=str(ROOT / "ort_kernels" / op_names(spec.qualname).source_file))
     return registry
 
 
@@ -103,7 +104,7 @@ def test_a_built_library_loads_without_a_compiler(tmp_path):
 
 def test_a_kernel_without_its_entry_symbol_is_named(cache, registry, fresh_name, tmp_path):
     name = fresh_name("noentry")
-    short = name.split("::")[1]
+    symbol = op_names(name).symbol
     source = tmp_path / "noentry.cc"
     source.write_text('#include "opbridge_kernel.h"\nnamespace opbridge { int not_the_entry = 0; }\n')
 
@@ -112,6 +113,6 @@ def test_a_kernel_without_its_entry_symbol_is_named(cache, registry, fresh_name,
     def noentry(x: torch.Tensor) -> torch.Tensor:
         return x.clone()
 
-    with pytest.raises(bridge.OpBridgeError, match=rf"no entry symbol for {short}.*noentry.cc must define "
-                                                   rf"`extern const KernelDef kernel_{short}"):
+    with pytest.raises(bridge.OpBridgeError, match=rf"no entry symbol for {symbol}.*noentry.cc must define "
+                                                   rf"`extern const KernelDef {symbol}"):
         build.library_path(registry)
