@@ -1,4 +1,5 @@
-"""Build the native ONNX Runtime custom-op library on first use, cached by source hash and ORT version.
+"""Build the native ONNX Runtime custom-op library on first use, cached (``bridge.core.cppbuild``) by
+sources, generated table, ORT version, flags and compiler.
 
 The op table compiled into the library (domain, name, version, input/output element types per
 dtype) is generated from the registry, so no op name or domain is typed twice.
@@ -7,23 +8,18 @@ dtype) is generated from the registry, so no op name or domain is typed twice.
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import functools
 import hashlib
 import os
 import re
-import shutil
-import stat
 import subprocess
-import tempfile
-import time
-import warnings
 from pathlib import Path
 
 import onnxruntime
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from bridge.core.cppbuild import cache_folder, cached_build, cached_path, full_key, toolchain
 from bridge.core.dtypes import TORCH_TO_ONNX
 from bridge.core.errors import OpBridgeError
 from bridge.core.opnames import op_names, spec_names
@@ -36,6 +32,10 @@ COMMON_SOURCES = ("cpu/common.cc", "register.cc")
 LIBRARY_NAME = "libopbridge_ort.so"
 # NOTE: the one env var that switches the build to the official ONNX Runtime C headers.
 ORT_INCLUDE_ENV = "OPBRIDGE_ORT_INCLUDE_DIR"
+CXXFLAGS_ENV = "OPBRIDGE_CXXFLAGS"  # extra compiler flags, appended to the build's own
+CACHE_KIND = "native"
+NO_COMPILER_FIX = (", or use a library built elsewhere (`opbridge build -o DIR`, then native_library= or "
+                   "$OPBRIDGE_NATIVE_LIBRARY)")
 MAX_INPUTS, MAX_OUTPUTS = 16, 8  # sizes of the type arrays in the generated table
 
 
@@ -129,20 +129,6 @@ def generate_table(entries: list[NativeEntry]) -> str:
     return "\n".join(lines)
 
 
-def _compiler() -> str:
-    cxx = os.environ.get("CXX", "g++")
-    if shutil.which(cxx) is None:
-        raise OpBridgeError(f"no C++ compiler for the native kernels. Got CXX={cxx!r}, not on PATH. "
-                            "Install g++ (apt-get install g++) or set CXX, or use a library built elsewhere "
-                            "(`opbridge build -o DIR`, then native_library= or $OPBRIDGE_NATIVE_LIBRARY).")
-    return cxx
-
-
-@functools.cache
-def _compiler_version(cxx: str) -> str:
-    return subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
-
-
 def _official_include() -> Path | None:
     value = os.environ.get(ORT_INCLUDE_ENV)
     if not value:
@@ -159,45 +145,14 @@ def _sources(entries) -> list[Path]:
     return [SOURCE_DIR / s for s in COMMON_SOURCES] + op_sources
 
 
-def _private_folder(path: Path) -> Path:
-    """``path`` as a folder only this user can write: created 0700; refused when it is a symlink,
-    not a folder, owned by someone else, or writable by others."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = path.lstat()
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-        raise NotADirectoryError(f"{path} is a symlink or not a folder")
-    if info.st_uid != os.getuid() or info.st_mode & 0o022:
-        raise PermissionError(f"{path} belongs to uid {info.st_uid} with mode {oct(info.st_mode & 0o777)}")
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise PermissionError(f"{path} is not writable")
-    return path
-
-
-@functools.cache
-def _fallback_cache() -> Path:
-    return Path(tempfile.mkdtemp(prefix="opbridge-cache-"))
-
-
 def cache_dir() -> Path:
-    """Where built libraries live: ``$OPBRIDGE_CACHE_DIR/native`` or ``~/.cache/opbridge/native``, a
-    folder only this user can write; when that is not possible, a private temp folder (with a warning)."""
-    wanted = Path(os.environ.get("OPBRIDGE_CACHE_DIR") or Path.home() / ".cache" / "opbridge") / "native"
-    try:
-        return _private_folder(wanted)
-    except OSError as e:
-        fallback = _fallback_cache()
-        warnings.warn(f"opbridge: the native cache {str(wanted)!r} cannot be used safely ({e}). Got an unusable "
-                      f"folder. Building in {fallback} for this process; set OPBRIDGE_CACHE_DIR to a private folder.",
-                      stacklevel=2)
-        return _private_folder(fallback)
+    """Where built libraries live: ``native/`` under the one cache root (``bridge.core.cppbuild``)."""
+    return cache_folder(CACHE_KIND)
 
 
-def build_key(entries) -> str:
-    """Hash of everything the binary depends on: sources, table, ORT version, headers.
-
-    The compiler is not part of the key, so a machine without one loads a library built earlier
-    (``build.txt`` beside it records the compiler used).
-    """
+def source_key(entries) -> str:
+    """Hash of everything the binary depends on but the compiler: sources, table, ORT version,
+    headers, ``$OPBRIDGE_CXXFLAGS``."""
     h = hashlib.sha256()
     include = _official_include()
     for path in sorted(INCLUDE_DIR.glob("*.h")) + _sources(entries) + (
@@ -206,46 +161,22 @@ def build_key(entries) -> str:
         h.update(path.read_bytes())
     h.update(generate_table(entries).encode())
     h.update(onnxruntime.__version__.encode())
+    h.update(b"\0" + os.environ.get(CXXFLAGS_ENV, "").encode())
     return h.hexdigest()[:16]
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def verified(library: Path) -> bool:
-    """Whether ``library`` is the file this cache built: a regular file (not a symlink) whose
-    SHA-256 matches the digest recorded when it was built. Nothing else is ever loaded."""
-    digest = library.with_name(library.name + ".sha256")
-    try:
-        if not stat.S_ISREG(library.lstat().st_mode) or not stat.S_ISREG(digest.lstat().st_mode):
-            return False
-        return digest.read_text().strip() == file_sha256(library)
-    except OSError:
-        return False
-
-
-_STALE_S = 3600  # an interrupted build's temp folder older than this is removed
-
-
-def _clean_stale(folder: Path) -> None:
-    for tmp in folder.glob("tmp*"):
-        try:
-            if tmp.is_dir() and not tmp.is_symlink() and time.time() - tmp.lstat().st_mtime > _STALE_S:
-                shutil.rmtree(tmp, ignore_errors=True)
-        except OSError:
-            pass
+def build_key(entries) -> str:
+    """The cache folder's name: :func:`source_key` joined with the compiler's identity (``$CXX`` and
+    its version line). A machine without a compiler loads a library built earlier from the same
+    sources and flags, by whichever compiler (``build.txt`` beside it records which)."""
+    return full_key(source_key(entries))
 
 
 def library_path(registry=None, *, build: bool = True) -> Path:
     """Path of the native library for ``registry`` (default: the global one), building it if asked.
 
-    A cached library is used only when it verifies (see :func:`verified`); a truncated, empty or
-    planted file is replaced by a fresh build.
+    A cached library is used only when it verifies (``bridge.core.cppbuild.verified``); a truncated,
+    empty or planted file is replaced by a fresh build.
 
     Example:
         >>> import bridge, custom_ops
@@ -253,45 +184,32 @@ def library_path(registry=None, *, build: bool = True) -> Path:
         'libopbridge_ort.so'
     """
     entries = cached_entries(REGISTRY if registry is None else registry)
-    target = cache_dir() / build_key(entries) / LIBRARY_NAME
-    if verified(target) or not build:
-        return target
-    folder = _private_folder(target.parent)
-    # NOTE: O_NOFOLLOW: a lock planted as a symlink is refused instead of truncating its target
-    fd = os.open(folder / "build.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one build per key, even across processes
-        if not verified(target):
-            _clean_stale(folder)
-            _compile(entries, target)
-    return target
+    key = source_key(entries)
+    if not build:
+        return cached_path(CACHE_KIND, key, LIBRARY_NAME)
+    return cached_build(CACHE_KIND, key, LIBRARY_NAME, functools.partial(_compile, entries),
+                        purpose="the native kernel library", fix=NO_COMPILER_FIX)
 
 
-def _compile(entries, target: Path) -> None:
+def _compile(entries, tmp: Path, cxx: str) -> Path:
     include = _official_include()
-    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-        table = Path(tmp) / "op_table.cc"
-        table.write_text(generate_table(entries))
-        out = Path(tmp) / LIBRARY_NAME
-        # NOTE: --no-undefined: a kernel entry missing from its .cc fails here, naming the symbol,
-        # not later inside onnxruntime's dlopen
-        cmd = [_compiler(), "-std=c++17", "-O3", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden",
-               "-Wall", "-Wextra", "-Wl,--no-undefined", f"-I{INCLUDE_DIR}", *map(str, _sources(entries)),
-               str(table), "-o", str(out)]
-        if include is not None:
-            cmd[1:1] = ["-DOPBRIDGE_OFFICIAL_ORT_HEADERS", f"-I{include}"]
-        cmd += os.environ.get("OPBRIDGE_CXXFLAGS", "").split()
-        with step(f"building native kernels ({len(entries)} typed kernels)"):
-            result = subprocess.run(cmd, capture_output=True, text=True)
-        if result.returncode != 0:
-            raise _build_error(entries, result)
-        digest = Path(tmp) / (LIBRARY_NAME + ".sha256")
-        digest.write_text(file_sha256(out) + "\n")
-        (Path(tmp) / "build.txt").write_text(" ".join(cmd) + "\n" + _compiler_version(cmd[0]))
-        # NOTE: the digest lands after the library: a reader never sees a digest without its file
-        os.replace(out, target)
-        os.replace(Path(tmp) / "build.txt", target.parent / "build.txt")
-        os.replace(digest, target.with_name(LIBRARY_NAME + ".sha256"))
+    table = tmp / "op_table.cc"
+    table.write_text(generate_table(entries))
+    out = tmp / LIBRARY_NAME
+    # NOTE: --no-undefined: a kernel entry missing from its .cc fails here, naming the symbol,
+    # not later inside onnxruntime's dlopen
+    cmd = [cxx, "-std=c++17", "-O3", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden",
+           "-Wall", "-Wextra", "-Wl,--no-undefined", f"-I{INCLUDE_DIR}", *map(str, _sources(entries)),
+           str(table), "-o", str(out)]
+    if include is not None:
+        cmd[1:1] = ["-DOPBRIDGE_OFFICIAL_ORT_HEADERS", f"-I{include}"]
+    cmd += os.environ.get(CXXFLAGS_ENV, "").split()
+    with step(f"building native kernels ({len(entries)} typed kernels)"):
+        result = subprocess.run(cmd, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise _build_error(entries, result)
+    (tmp / "build.txt").write_text(" ".join(cmd) + "\n" + toolchain(cxx) + "\n")
+    return out
 
 
 def _build_error(entries, result) -> OpBridgeError:

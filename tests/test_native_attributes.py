@@ -21,8 +21,9 @@ def _session_error(library, qualname, attributes) -> str:
     names = [p.name for p in spec.tensors]
     node = helper.make_node(spec.name, names, [f"out{i}" for i in range(len(outputs))], domain=spec.domain,
                             **attributes)
-    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info(n, t, None) for n, t in zip(names, inputs)],
-                              [helper.make_tensor_value_info(f"out{i}", t, None) for i, t in enumerate(outputs)])
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info(n, t, None) for n, t in zip(names, inputs, strict=True)],
+        [helper.make_tensor_value_info(f"out{i}", t, None) for i, t in enumerate(outputs)])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18),
                                                     helper.make_opsetid(spec.domain, spec.version)])
     options = ort.SessionOptions()

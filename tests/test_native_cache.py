@@ -12,6 +12,7 @@ import pytest
 import torch
 
 import bridge
+from bridge.core import cppbuild
 from bridge.core.opnames import op_names
 from ort_kernels import build
 
@@ -40,7 +41,7 @@ def _load_in_subprocess(path: Path) -> subprocess.CompletedProcess:
 
 def test_a_damaged_or_planted_library_is_rebuilt_not_loaded(cache, small):
     good = build.library_path(small)
-    assert build.verified(good)
+    assert cppbuild.verified(good)
     data = good.read_bytes()
     digest = good.with_name(good.name + ".sha256")
     damages = {"truncated": lambda: good.write_bytes(data[: len(data) // 3]),
@@ -48,9 +49,9 @@ def test_a_damaged_or_planted_library_is_rebuilt_not_loaded(cache, small):
                "planted": lambda: (good.write_bytes(b"\x7fELF planted"), digest.unlink())}
     for damage, apply in damages.items():
         apply()
-        assert not build.verified(good), damage
+        assert not cppbuild.verified(good), damage
         again = build.library_path(small)
-        assert again == good and build.verified(again) and again.read_bytes() == data, damage
+        assert again == good and cppbuild.verified(again) and again.read_bytes() == data, damage
     assert _load_in_subprocess(good).stdout.strip() == "ok"
 
 
@@ -94,8 +95,8 @@ def test_an_unusable_cache_falls_back_to_a_private_folder_with_a_warning(tmp_pat
 
 def test_a_built_library_loads_without_a_compiler(tmp_path):
     build.library_path()  # the default cache, as a user has it
-    code = ("import custom_ops, bridge; from ort_kernels import build; p = build.library_path(); "
-            "print(build.verified(p))")
+    code = ("import custom_ops, bridge; from ort_kernels import build; from bridge.core import cppbuild; "
+            "p = build.library_path(); print(cppbuild.verified(p))")
     env = dict(os.environ, PATH=str(Path(sys.executable).parent), CXX="no-such-compiler")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path,
                        timeout=300)

@@ -98,6 +98,6 @@ def test_two_ops_differing_only_by_domain_each_run_their_own_kernel(registry, fr
     bridge.export(M(), (x,), path, registry=registry)
     sess = bridge.session(path, tier="native", registry=registry)
     got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})
-    for out, want in zip(got, M()(x)):
+    for out, want in zip(got, M()(x), strict=True):
         np.testing.assert_allclose(out, want.numpy(), rtol=1e-6)
     assert not np.allclose(got[0], got[1])
