@@ -26,6 +26,7 @@ _PUBLIC: dict[str, tuple[str, str]] = {
     "op": ("bridge.core.opdef", "op"),
     "BridgeOp": ("bridge.core.opdef", "BridgeOp"),
     "register": ("bridge.core.opdef", "register"),
+    "build_torch_extension": ("bridge.core.cppbuild", "build_torch_extension"),
     "export": ("exporters.export", "export"),
     "attach_functions": ("exporters.opsets", "attach_functions"),
     "TIERS": ("ort_kernels.tiers", "NAMES"),

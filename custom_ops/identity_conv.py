@@ -1,55 +1,62 @@
 """identity_conv: a 1x1 convolution with identity weights over ``channels`` channels (output == input).
 
-Written as its original form is: a C++ ``TORCH_LIBRARY(opbridge, m)`` op plus the torchbind class
-``opbridge::IdentityConvClass(channels)`` in one shared library (``csrc/identity_conv.cpp``), built
-with torch.utils.cpp_extension on first import (cached), loaded with ``torch.ops.load_library``;
-fake, fake class and autograd registered from Python; bridged with ``bridge.register`` only.
+Written as its original form is: a C++ op kernel plus the torchbind class
+``opbridge::IdentityConvClass(channels)`` in one shared library (``csrc/identity_conv.cpp``); fake,
+fake class and autograd registered from Python; bridged with ``bridge.register`` only. The op's
+schema is declared here from its string, so importing this module compiles nothing: the library is
+built (``bridge.build_torch_extension``: cached, verified, one progress line; g++ needed once) on
+the op's first eager call or the class's first construction (``IdentityConvClass(...)`` below, or
+``load_library()`` before ``torch.classes.opbridge.IdentityConvClass`` or unpickling one). Export
+needs no library (fake kernels), nor do ONNX sessions of an exported file.
 Export turns ``obj.forward(x)`` into ``identity_conv(x, channels=<obj state>)``. ``channels`` is
 checked against the input's channel dim, so a wrong attribute is an error, not a silent copy.
 """
 
 from __future__ import annotations
 
-import hashlib
-import os
 from pathlib import Path
 
 import torch
 from onnxscript import opset20 as op
 from onnxscript import script, values
-from torch.utils import cpp_extension
 
 import bridge
 from bridge import SampleInput, checks
-from bridge.core.progress import step
 
 DOMAIN = values.Opset("opbridge", 1)
 SOURCE = Path(__file__).with_name("csrc") / "identity_conv.cpp"
 LIBRARY = "opbridge_identity_conv"
+QUALNAME = "opbridge::identity_conv"
+CLASS = "opbridge::IdentityConvClass"
+SCHEMA = "identity_conv(Tensor x, int channels) -> Tensor"
+
+# NOTE: kept for the life of the process: torch drops a Library's registrations when it is collected
+_LIB = torch.library.Library("opbridge", "FRAGMENT")
+_LIB.define(SCHEMA)
+_loaded: list[Path] = []  # the C++ library's path, once loaded
 
 
-def load_library() -> None:
-    """Build (once per source and torch version, cached) and load the C++ library into torch.
-
-    The cache lives in ``$OPBRIDGE_CACHE_DIR`` or ``~/.cache/opbridge``; a build that finished leaves
-    a ``built.ok`` marker, so later processes load the library directly, without the build tools.
-    """
-    if torch._C._jit_get_schemas_for_operator("opbridge::identity_conv"):
-        return
-    key = hashlib.sha256(SOURCE.read_bytes() + torch.__version__.encode()).hexdigest()[:16]
-    folder = Path(os.environ.get("OPBRIDGE_CACHE_DIR") or Path.home() / ".cache" / "opbridge") / "torch_ext" / key
-    built = folder / f"{LIBRARY}.so"
-    if (folder / "built.ok").is_file() and built.is_file():
-        torch.ops.load_library(str(built))
-        return
-    folder.mkdir(parents=True, exist_ok=True)
-    with step("building C++ library identity_conv + IdentityConvClass (once)"):
-        cpp_extension.load(name=LIBRARY, sources=[str(SOURCE)], build_directory=str(folder),
-                           is_python_module=False, verbose=False)
-    (folder / "built.ok").write_text(str(built) + "\n")
+def load_library() -> Path:
+    """Build (once per source, torch version and compiler; cached and verified) and load the C++
+    library: the op's CPU kernel and the torchbind class, whose fake class is registered with it."""
+    if not _loaded:
+        path = bridge.build_torch_extension(LIBRARY, [SOURCE], purpose=f"the C++ library of {QUALNAME} and {CLASS}")
+        torch._library.fake_class_registry.register_fake_class(CLASS, FakeIdentityConvClass)
+        _loaded.append(path)
+    return _loaded[0]
 
 
-load_library()
+def _first_call(x, channels):
+    # NOTE: the op's kernel until the library is loaded (CompositeExplicitAutograd: the library's CPU
+    # kernel, once loaded, comes first for CPU tensors); a call landing here afterwards has no kernel.
+    if _loaded:
+        raise bridge.OpBridgeError(f"{QUALNAME} has a CPU kernel only. Got a tensor on {x.device}. "
+                                   "Move the input to the CPU.")
+    load_library()
+    return torch.ops.opbridge.identity_conv.default(x, channels)
+
+
+_LIB.impl("identity_conv", _first_call, "CompositeExplicitAutograd")
 
 
 # NOTE: the op's one validation spec (fake, function-body guards, python and function tiers); the
@@ -94,11 +101,11 @@ def sample_inputs(dtype: torch.dtype) -> list[SampleInput]:
     ]
 
 
-torch.library.register_fake("opbridge::identity_conv", _fake)
-torch.library.register_autograd("opbridge::identity_conv", _backward, setup_context=_setup_context)
+torch.library.register_fake(QUALNAME, _fake)
+torch.library.register_autograd(QUALNAME, _backward, setup_context=_setup_context)
 identity_conv_op = bridge.register(
-    "opbridge::identity_conv", function=identity_conv, reference=reference, sample_inputs=sample_inputs,
-    dtypes=(torch.float32, torch.float16, torch.float64), torchbind=["opbridge::IdentityConvClass.forward"],
+    QUALNAME, function=identity_conv, reference=reference, sample_inputs=sample_inputs,
+    dtypes=(torch.float32, torch.float16, torch.float64), torchbind=[f"{CLASS}.forward"],
     checks=CHECKS,
 )
 
@@ -117,9 +124,7 @@ class FakeIdentityConvClass:
         return _fake(x, self.channels)
 
 
-torch._library.fake_class_registry.register_fake_class("opbridge::IdentityConvClass", FakeIdentityConvClass)
-
-
 def IdentityConvClass(channels: int):
-    """A new ``torch.classes.opbridge.IdentityConvClass(channels)``."""
+    """A new ``torch.classes.opbridge.IdentityConvClass(channels)`` (the library is loaded first)."""
+    load_library()
     return torch.classes.opbridge.IdentityConvClass(channels)

@@ -1,5 +1,6 @@
 """The native tier: custom nodes run in the C++ custom-op library (``libopbridge_ort.so``), built from
-each op's ``ort_kernels/cpu/<op>.cc`` (or ``native=`` file) on first use, or prebuilt."""
+each op's ``native=`` file or its seed kernel ``ort_kernels/cpu/<domain>_op_<op type>.cc``
+(names from ``bridge.core.opnames``, so a kernel belongs to one full ONNX name) on first use, or prebuilt."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import torch
 
 from bridge.core.domains import custom_nodes
 from bridge.core.errors import OpBridgeError, UnsupportedInTier
+from bridge.core.opnames import spec_names
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
 from exporters.opsets import attach_functions
@@ -27,7 +29,8 @@ class NativeTier(Tier):
 
     def why_not(self, spec: OpSpec, dtype: torch.dtype | None = None) -> str | None:
         if native_source(spec) is None:
-            return "no C++ kernel (ort_kernels/cpu/<op>.cc, native= or op.register_native)"
+            return (f"no C++ kernel (native= or op.register_native, or a seed kernel "
+                    f"ort_kernels/{spec_names(spec).source_file})")
         if dtype is not None and dtype not in spec.dtypes:
             return f"{str(dtype).replace('torch.', '')} is not among the op's dtypes"
         return None
@@ -45,7 +48,7 @@ class NativeTier(Tier):
             raise UnsupportedInTier(
                 f"tier 'native' has no C++ kernel for {', '.join(missing)}, nor a function body to run instead. "
                 f"Got ops {missing}. "
-                "Add ort_kernels/cpu/<op>.cc (or native= on @bridge.op, op.register_native), or a function body."
+                "Give each a C++ kernel (native= on @bridge.op, or op.register_native) or a function body."
             )
         # NOTE: drop the model-local functions the library serves, so that the C++ kernels, not the
         # function bodies, are what this session runs.

@@ -1,7 +1,9 @@
 // The registration unit: exports RegisterCustomOps(OrtSessionOptions*, const OrtApiBase*), the entry
 // point ONNX Runtime hosts call for a custom-op library (SessionOptions.register_custom_ops_library
 // in Python, RegisterCustomOpsLibrary in C/C++). Every op of the generated table is added to its
-// own domain; kernels see only the ORT-independent interface of opbridge_kernel.h.
+// own domain; kernels see only the ORT-independent interface of opbridge_kernel.h. The table (domain,
+// op type, entry symbol per op) is generated with the names of bridge/core/opnames.py, so an entry
+// belongs to one full ONNX name.
 #include <algorithm>
 #include <atomic>
 #include <cstring>
@@ -9,6 +11,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <sstream>
 #include <stdexcept>
 #include <string>
 #include <thread>
@@ -36,45 +39,100 @@ class OrtAttributes final : public Attributes {
   explicit OrtAttributes(const OrtKernelInfo* info) : info_(info) {}
 
   Status get(const char* name, int64_t* out) const override {
-    return missing(name, g_api->KernelInfoGetAttribute_int64(info_, name, out));
+    return scalar(name, "an int", g_api->KernelInfoGetAttribute_int64(info_, name, out));
   }
   Status get(const char* name, float* out) const override {
-    return missing(name, g_api->KernelInfoGetAttribute_float(info_, name, out));
+    return scalar(name, "a float", g_api->KernelInfoGetAttribute_float(info_, name, out));
   }
   Status get(const char* name, std::string* out) const override {
-    size_t size = 0;
-    OrtStatus* st = g_api->KernelInfoGetAttribute_string(info_, name, nullptr, &size);
-    if (st != nullptr) return missing(name, st);
-    out->assign(size, '\0');
-    OPBRIDGE_RETURN_IF_ERROR(missing(name, g_api->KernelInfoGetAttribute_string(info_, name, &(*out)[0], &size)));
-    out->resize(size > 0 ? size - 1 : 0);  // size counts the terminating NUL
-    return Status::OK();
+    OrtStatus* st = read_string(name, out);
+    return scalar(name, "a string", st);
   }
   Status get(const char* name, std::vector<int64_t>* out) const override {
-    return get_array(g_api->KernelInfoGetAttributeArray_int64, name, out);
+    return array(g_api->KernelInfoGetAttributeArray_int64, name, "ints", out);
   }
   Status get(const char* name, std::vector<float>* out) const override {
-    return get_array(g_api->KernelInfoGetAttributeArray_float, name, out);
+    return array(g_api->KernelInfoGetAttributeArray_float, name, "floats", out);
   }
 
  private:
-  // ORT's array getters: a first call with no buffer gives the size, a second fills it.
-  template <typename T, typename Getter>
-  Status get_array(Getter getter, const char* name, std::vector<T>* out) const {
+  OrtStatus* read_string(const char* name, std::string* out) const {
     size_t size = 0;
-    OrtStatus* st = getter(info_, name, nullptr, &size);
-    if (st != nullptr) return missing(name, st);
-    out->resize(size);
-    return missing(name, getter(info_, name, out->data(), &size));
+    OrtStatus* st = g_api->KernelInfoGetAttribute_string(info_, name, nullptr, &size);
+    if (st != nullptr) return st;
+    out->assign(size, '\0');
+    st = g_api->KernelInfoGetAttribute_string(info_, name, &(*out)[0], &size);
+    out->resize(size > 0 ? size - 1 : 0);  // size counts the terminating NUL
+    return st;
   }
 
-  static Status missing(const char* name, OrtStatus* st) {
-    if (st == nullptr) return Status::OK();
-    std::string msg = std::string("attribute '") + name + "' is missing or has the wrong type (" +
-                      g_api->GetErrorMessage(st) + ")";
-    g_api->ReleaseStatus(st);
-    return Status::Error(msg);
+  // ORT's array getters: a first call with no buffer gives the size, a second fills it.
+  template <typename T, typename Getter>
+  OrtStatus* read_array(Getter getter, const char* name, std::vector<T>* out) const {
+    size_t size = 0;
+    OrtStatus* st = getter(info_, name, nullptr, &size);
+    if (st != nullptr) return st;
+    out->resize(size);
+    return size == 0 ? nullptr : getter(info_, name, out->data(), &size);
   }
+
+  template <typename T, typename Getter>
+  Status array(Getter getter, const char* name, const char* want, std::vector<T>* out) const {
+    OrtStatus* st = read_array(getter, name, out);
+    // NOTE: ORT's array getters do not check the attribute's type (a list of another type reads as
+    // empty): an empty list is checked against what the node really holds.
+    if (st == nullptr && !out->empty()) return Status::OK();
+    std::string got = actual(name);
+    if (st == nullptr && (got == "nothing" || got == "an empty list")) return Status::OK();
+    return wrong(name, want, got, st);
+  }
+
+  Status scalar(const char* name, const char* want, OrtStatus* st) const {
+    return st == nullptr ? Status::OK() : wrong(name, want, actual(name), st);
+  }
+
+  Status wrong(const char* name, const char* want, const std::string& got, OrtStatus* st) const {
+    if (st != nullptr) g_api->ReleaseStatus(st);
+    if (got == "nothing")
+      return Fail("attribute '", name, "' is missing or has the wrong type (neither a number, a string nor a list); ",
+                  "the node must carry it as ", want);
+    return Fail("attribute '", name, "' must be ", want, ", got ", got);
+  }
+
+  // What the node holds under `name`, for messages: "an int 3", "floats [1.5, 2]", "a string 'a'".
+  // Scalars first: ORT's scalar getters do check the type.
+  std::string actual(const char* name) const {
+    int64_t i = 0;
+    float f = 0;
+    std::string s;
+    std::vector<int64_t> ints;
+    std::vector<float> floats;
+    if (probe(g_api->KernelInfoGetAttribute_int64(info_, name, &i))) return "an int " + std::to_string(i);
+    if (probe(g_api->KernelInfoGetAttribute_float(info_, name, &f))) return "a float " + number(f);
+    if (probe(read_string(name, &s))) return "a string '" + s + "'";
+    bool present = probe(read_array(g_api->KernelInfoGetAttributeArray_int64, name, &ints));
+    if (!ints.empty()) return "ints " + shape_str(ints);
+    present = probe(read_array(g_api->KernelInfoGetAttributeArray_float, name, &floats)) || present;
+    if (!floats.empty()) {
+      std::string text = "floats [";
+      for (size_t k = 0; k < floats.size(); ++k) text += (k ? ", " : "") + number(floats[k]);
+      return text + "]";
+    }
+    return present ? "an empty list" : "nothing";
+  }
+
+  static bool probe(OrtStatus* st) {
+    if (st == nullptr) return true;
+    g_api->ReleaseStatus(st);
+    return false;
+  }
+
+  static std::string number(float v) {
+    std::ostringstream os;
+    os << v;
+    return os.str();
+  }
+
   const OrtKernelInfo* info_;
 };
 

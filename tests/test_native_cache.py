@@ -12,6 +12,8 @@ import pytest
 import torch
 
 import bridge
+from bridge.core import cppbuild
+from bridge.core.opnames import op_names
 from ort_kernels import build
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -28,7 +30,7 @@ def small(registry):
     """A registry with one small kernel (identity_conv), so each rebuild here takes seconds."""
     spec = bridge.REGISTRY.get("opbridge::identity_conv")
     bridge.register(spec.overload, sample_inputs=spec.sample_inputs, dtypes=(torch.float32,), registry=registry,
-                    native=str(ROOT / "ort_kernels" / "cpu" / "identity_conv.cc"))
+                    native=str(ROOT / "ort_kernels" / op_names(spec.qualname).source_file))
     return registry
 
 
@@ -39,7 +41,7 @@ def _load_in_subprocess(path: Path) -> subprocess.CompletedProcess:
 
 def test_a_damaged_or_planted_library_is_rebuilt_not_loaded(cache, small):
     good = build.library_path(small)
-    assert build.verified(good)
+    assert cppbuild.verified(good)
     data = good.read_bytes()
     digest = good.with_name(good.name + ".sha256")
     damages = {"truncated": lambda: good.write_bytes(data[: len(data) // 3]),
@@ -47,9 +49,9 @@ def test_a_damaged_or_planted_library_is_rebuilt_not_loaded(cache, small):
                "planted": lambda: (good.write_bytes(b"\x7fELF planted"), digest.unlink())}
     for damage, apply in damages.items():
         apply()
-        assert not build.verified(good), damage
+        assert not cppbuild.verified(good), damage
         again = build.library_path(small)
-        assert again == good and build.verified(again) and again.read_bytes() == data, damage
+        assert again == good and cppbuild.verified(again) and again.read_bytes() == data, damage
     assert _load_in_subprocess(good).stdout.strip() == "ok"
 
 
@@ -93,8 +95,8 @@ def test_an_unusable_cache_falls_back_to_a_private_folder_with_a_warning(tmp_pat
 
 def test_a_built_library_loads_without_a_compiler(tmp_path):
     build.library_path()  # the default cache, as a user has it
-    code = ("import custom_ops, bridge; from ort_kernels import build; p = build.library_path(); "
-            "print(build.verified(p))")
+    code = ("import custom_ops, bridge; from ort_kernels import build; from bridge.core import cppbuild; "
+            "p = build.library_path(); print(cppbuild.verified(p))")
     env = dict(os.environ, PATH=str(Path(sys.executable).parent), CXX="no-such-compiler")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path,
                        timeout=300)
@@ -103,7 +105,7 @@ def test_a_built_library_loads_without_a_compiler(tmp_path):
 
 def test_a_kernel_without_its_entry_symbol_is_named(cache, registry, fresh_name, tmp_path):
     name = fresh_name("noentry")
-    short = name.split("::")[1]
+    symbol = op_names(name).symbol
     source = tmp_path / "noentry.cc"
     source.write_text('#include "opbridge_kernel.h"\nnamespace opbridge { int not_the_entry = 0; }\n')
 
@@ -112,6 +114,6 @@ def test_a_kernel_without_its_entry_symbol_is_named(cache, registry, fresh_name,
     def noentry(x: torch.Tensor) -> torch.Tensor:
         return x.clone()
 
-    with pytest.raises(bridge.OpBridgeError, match=rf"no entry symbol for {short}.*noentry.cc must define "
-                                                   rf"`extern const KernelDef kernel_{short}"):
+    with pytest.raises(bridge.OpBridgeError, match=rf"no entry symbol for {symbol}.*noentry.cc must define "
+                                                   rf"`extern const KernelDef {symbol}"):
         build.library_path(registry)

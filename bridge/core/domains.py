@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import onnx
 
+from bridge.core.errors import OpBridgeError
+
 # NOTE: the ONNX standard's own domains; a node here is run by every conforming runtime.
 ONNX_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training"})
 # NOTE: onnxruntime's internal domains: they appear in files onnxruntime optimised and saved
@@ -25,6 +27,28 @@ RUNTIME_DOMAINS = frozenset({
 def is_custom(domain: str) -> bool:
     """Whether nodes of ``domain`` need a kernel from opbridge (neither ONNX nor onnxruntime's own)."""
     return domain not in ONNX_DOMAINS and domain not in RUNTIME_DOMAINS
+
+
+def refuse_reserved(qualname: str, domain: str | None) -> None:
+    """Raise OpBridgeError when an op would be declared in an ONNX or onnxruntime domain.
+
+    ONNX Runtime runs its own op for a node in such a domain (``Relu``, ``Gelu``, ...), so the
+    exported file would compute something else than the op. ``None`` (the op's namespace) is free.
+
+    >>> refuse_reserved("mine::gelu", None); refuse_reserved("mine::gelu", "com.example")
+    >>> try:
+    ...     refuse_reserved("mine::Gelu", "com.microsoft")
+    ... except OpBridgeError as e:
+    ...     print(str(e)[:61])
+    opbridge: mine::Gelu: domain 'com.microsoft' is onnxruntime's
+    """
+    if domain is None or is_custom(domain):
+        return
+    owner = "the ONNX standard's" if domain in ONNX_DOMAINS else "onnxruntime's"
+    raise OpBridgeError(
+        f"{qualname}: domain {domain!r} is {owner} own (reserved): ONNX Runtime would run its own op of that name "
+        f"there (e.g. Relu, Gelu) instead of this one, with other numbers. Got domain={domain!r}. Use a domain of "
+        f"your own: leave domain= out (the op's namespace) or pass e.g. domain='com.yourcompany'.")
 
 
 def is_onnx(domain: str) -> bool:

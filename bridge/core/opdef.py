@@ -19,6 +19,7 @@ import torch
 
 from bridge.core import torch_compat
 from bridge.core.checks import Check, Checks, GuardedFunction, unreadable
+from bridge.core.domains import refuse_reserved
 from bridge.core.errors import OpBridgeError
 from bridge.core.proxy import (class_schemas, define_method_proxy, define_op_proxy, ensure_fake_class, is_composite_only,
                           method_schema, user_fake_class)
@@ -327,6 +328,7 @@ def register(
     reg = REGISTRY if registry is None else registry
     method = _torchbind_target(op)
     if method is not None:
+        refuse_reserved(method, domain)
         _check_version(method, version)
         if torchbind:
             raise OpBridgeError(f"{method}: torchbind= lists methods an op stands for. Got it for a method. Drop it: "
@@ -341,6 +343,7 @@ def register(
                             f"{overload._overloadname!r}. Wrap it in a torch.library.custom_op with its own name.")
     qualname = overload.name()
     reg.check_free(qualname)
+    refuse_reserved(qualname, domain)
     _check_version(qualname, version)
     if attributes is not None:
         raise OpBridgeError(f"{qualname}: attributes= names a torchbind object's state. Got it for an op. Drop it: "
@@ -457,6 +460,7 @@ def op(
         ('demo', 1, ['x'])
     """
     ns, _ = validate_qualname(qualname)
+    refuse_reserved(qualname, domain)
     reg = REGISTRY if registry is None else registry
     reg.check_free(qualname)  # before torch defines anything
     origin = torch_origin(qualname)

@@ -16,13 +16,14 @@ def enable(on: bool = True) -> None:
 
 
 @contextlib.contextmanager
-def step(label: str):
-    """Print ``label ...`` then ``done (s)`` or ``failed`` around a block, when enabled.
+def step(label: str, *, always: bool = False):
+    """Print ``label ...`` then ``done (s)`` or ``failed`` around a block, when enabled (or ``always``:
+    work a user should never wait for silently, e.g. a C++ build).
 
     >>> with step("nothing"):
     ...     pass
     """
-    if not _enabled:
+    if not (_enabled or always):
         yield
         return
     print(f"[opbridge] {label} ...", file=sys.stderr, flush=True)

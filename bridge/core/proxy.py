@@ -219,7 +219,7 @@ def class_schemas(class_name: str) -> dict[str, torch.FunctionSchema]:
     """The method schemas of torchbind class ``ns::Class`` (``self`` first), by method name.
 
     Example:
-        >>> import custom_ops
+        >>> import custom_ops.identity_conv as ic; _ = ic.load_library()  # builds the C++ library once
         >>> sorted(class_schemas("opbridge::IdentityConvClass"))
         ['__getstate__', '__init__', '__obj_flatten__', '__setstate__', 'forward']
     """
@@ -250,7 +250,7 @@ def method_schema(target: str) -> torch.FunctionSchema:
     class or the method does not exist.
 
     Example:
-        >>> import custom_ops
+        >>> import custom_ops.identity_conv as ic; _ = ic.load_library()
         >>> str(method_schema("opbridge::IdentityConvClass.forward"))
         'forward(__torch__.torch.classes.opbridge.IdentityConvClass _0, Tensor _1) -> Tensor _0'
     """
@@ -273,7 +273,7 @@ def define_method_proxy(target: str, attributes: list[str], fake: Callable,
     constructor from the state (cached per state).
 
     Example:
-        >>> import torch, custom_ops
+        >>> import torch, custom_ops.identity_conv as ic; _ = ic.load_library()
         >>> proxy = define_method_proxy("opbridge::IdentityConvClass.forward", ["channels"],
         ...                             lambda x, channels: torch.empty_like(x), {"_1": "x"})
         >>> str(torch_compat.schema_of(proxy)), proxy(torch.ones(1, 2), 2).shape
@@ -318,7 +318,7 @@ def user_fake_class(class_name: str) -> Any | None:
     """The fake class registered for torchbind class ``class_name`` by someone else than the bridge.
 
     Example:
-        >>> import custom_ops
+        >>> import custom_ops.identity_conv as ic; _ = ic.load_library()
         >>> user_fake_class("opbridge::IdentityConvClass").__name__
         'FakeIdentityConvClass'
     """
@@ -332,7 +332,7 @@ def ensure_fake_class(class_name: str, method: str, proxy: torch_compat.OpOverlo
     is replaced on a later registration (new state names).
 
     Example:
-        >>> import torch, custom_ops
+        >>> import torch, custom_ops.identity_conv as ic; _ = ic.load_library()
         >>> proxy = define_method_proxy("opbridge::IdentityConvClass.forward", ["channels"],
         ...                             lambda x, channels: torch.empty_like(x))
         >>> ensure_fake_class("opbridge::IdentityConvClass", "forward", proxy, ["channels"])

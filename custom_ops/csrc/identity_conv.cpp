@@ -1,7 +1,9 @@
-// opbridge::identity_conv in its original form: a C++ TORCH_LIBRARY op and the torchbind class
-// IdentityConvClass(channels), one shared library loaded with torch.ops.load_library. Fakes and
-// autograd are registered from Python (custom_ops/identity_conv.py); opbridge bridges the op with
-// bridge.register, never redefining it.
+// opbridge::identity_conv in its original form: a C++ op kernel and the torchbind class
+// IdentityConvClass(channels), one shared library loaded with torch.ops.load_library. The op's
+// schema is declared from Python (custom_ops/identity_conv.py, the same string as before), so the
+// op is known, bridged and exportable before this library is built: it is built and loaded on the
+// op's first eager call or the class's first construction. Fakes and autograd are registered from
+// Python; opbridge bridges the op with bridge.register, never redefining it.
 //
 // identity_conv(x, channels): a 1x1 convolution with identity weights over `channels` channels,
 // so the output is a copy of x (N, channels, ...); channels is checked against x.shape[1].
@@ -52,8 +54,7 @@ struct IdentityConvClass : torch::CustomClassHolder {
 
 }  // namespace
 
-TORCH_LIBRARY(opbridge, m) {
-  m.def("identity_conv(Tensor x, int channels) -> Tensor");
+TORCH_LIBRARY_FRAGMENT(opbridge, m) {
   m.class_<IdentityConvClass>("IdentityConvClass")
       .def(torch::init<int64_t>())
       .def("forward", &IdentityConvClass::forward)

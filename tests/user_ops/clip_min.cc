@@ -20,5 +20,5 @@ struct ClipMin {
   }
 };
 }  // namespace
-extern const KernelDef kernel_clip_min = make_kernel<ClipMin>();
+extern const KernelDef kernel_optdemo_op_clip_min = make_kernel<ClipMin>();
 }  // namespace opbridge

@@ -57,6 +57,6 @@ struct Crop {
 
 }  // namespace
 
-extern const KernelDef kernel_crop = make_kernel<Crop>();
+extern const KernelDef kernel_opbridge_op_crop = make_kernel<Crop>();
 
 }  // namespace opbridge

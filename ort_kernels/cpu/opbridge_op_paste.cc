@@ -55,6 +55,6 @@ struct Paste {
 
 }  // namespace
 
-extern const KernelDef kernel_paste = make_kernel<Paste>();
+extern const KernelDef kernel_opbridge_op_paste = make_kernel<Paste>();
 
 }  // namespace opbridge

@@ -39,6 +39,6 @@ struct NumpySin {
 
 }  // namespace
 
-extern const KernelDef kernel_numpy_sin = make_kernel<NumpySin>();
+extern const KernelDef kernel_opbridge_op_numpy_sin = make_kernel<NumpySin>();
 
 }  // namespace opbridge

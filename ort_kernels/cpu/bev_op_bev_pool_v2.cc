@@ -684,6 +684,6 @@ struct BevPoolV2 {
 
 }  // namespace
 
-extern const KernelDef kernel_bev_pool_v2 = make_kernel<BevPoolV2>();
+extern const KernelDef kernel_bev_op_bev_pool_v2 = make_kernel<BevPoolV2>();
 
 }  // namespace opbridge

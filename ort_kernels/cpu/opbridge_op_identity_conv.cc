@@ -33,6 +33,6 @@ struct IdentityConv {
 
 }  // namespace
 
-extern const KernelDef kernel_identity_conv = make_kernel<IdentityConv>();
+extern const KernelDef kernel_opbridge_op_identity_conv = make_kernel<IdentityConv>();
 
 }  // namespace opbridge

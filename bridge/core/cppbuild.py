@@ -1,0 +1,231 @@
+"""C++ builds and their cache, held to one set of rules: the native kernel library and torch extensions.
+
+One cache root (``$OPBRIDGE_CACHE_DIR``, else ``$XDG_CACHE_HOME/opbridge``, else ``~/.cache/opbridge``);
+each kind of build in a folder only this user can write; a built file is loaded only when its SHA-256
+matches the digest recorded right after the build (a truncated, empty or planted file is rebuilt);
+one build per key at a time, across processes. The key a caller gives (its sources, flags, the
+runtime it builds for) is joined with the compiler's identity (``$CXX`` and its version line); with no
+compiler on the machine, a file built earlier from the same key is used, whichever compiler made it.
+
+Example:
+    >>> verified(Path("/nonexistent/libx.so"))  # no file, no digest: never loaded
+    False
+"""
+
+from __future__ import annotations
+
+import fcntl
+import functools
+import hashlib
+import importlib
+import os
+import shutil
+import stat
+import subprocess
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import torch
+
+from bridge.core.errors import OpBridgeError
+from bridge.core.progress import step
+
+# NOTE: the environment variables this module reads, each named once.
+CACHE_ENV = "OPBRIDGE_CACHE_DIR"
+CXX_ENV = "CXX"
+DEFAULT_CXX = "g++"
+DIGEST_SUFFIX = ".sha256"
+_STALE_S = 3600  # an interrupted build's temp folder older than this is removed
+
+
+def cache_root() -> Path:
+    """``$OPBRIDGE_CACHE_DIR``, else ``$XDG_CACHE_HOME/opbridge``, else ``~/.cache/opbridge``.
+
+    >>> bool(os.environ.get(CACHE_ENV)) or cache_root().name == "opbridge"
+    True
+    """
+    if os.environ.get(CACHE_ENV):
+        return Path(os.environ[CACHE_ENV])
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    # NOTE: the XDG spec says a relative XDG_CACHE_HOME is invalid and is to be ignored
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "opbridge"
+
+
+def private_folder(path: Path) -> Path:
+    """``path`` as a folder only this user can write: created 0700; refused when it is a symlink,
+    not a folder, owned by someone else, or writable by others."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    info = path.lstat()
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        raise NotADirectoryError(f"{path} is a symlink or not a folder")
+    if info.st_uid != os.getuid() or info.st_mode & 0o022:
+        raise PermissionError(f"{path} belongs to uid {info.st_uid} with mode {oct(info.st_mode & 0o777)}")
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise PermissionError(f"{path} is not writable")
+    return path
+
+
+@functools.cache
+def _fallback_root() -> Path:
+    return Path(tempfile.mkdtemp(prefix="opbridge-cache-"))
+
+
+def cache_folder(kind: str) -> Path:
+    """``cache_root()/kind``, a folder only this user can write; when that is not possible, a private
+    temp folder for this process (with a warning)."""
+    wanted = cache_root() / kind
+    try:
+        return private_folder(wanted)
+    except OSError as e:
+        fallback = _fallback_root() / kind
+        warnings.warn(f"opbridge: the {kind} cache {str(wanted)!r} cannot be used safely ({e}). Got an unusable "
+                      f"folder. Building in {fallback} for this process; set {CACHE_ENV} to a private folder.",
+                      stacklevel=2)
+        return private_folder(fallback)
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def verified(path: Path) -> bool:
+    """Whether ``path`` is a file this cache built: a regular file (not a symlink) whose SHA-256
+    matches the digest recorded when it was built. Nothing else is ever loaded."""
+    digest = path.with_name(path.name + DIGEST_SUFFIX)
+    try:
+        if not stat.S_ISREG(path.lstat().st_mode) or not stat.S_ISREG(digest.lstat().st_mode):
+            return False
+        return digest.read_text().strip() == file_sha256(path)
+    except OSError:
+        return False
+
+
+def find_compiler() -> str | None:
+    """The C++ compiler builds use (``$CXX``, else g++) as a path, or None when there is none."""
+    return shutil.which(os.environ.get(CXX_ENV) or DEFAULT_CXX)
+
+
+def compiler(purpose: str, fix: str = "") -> str:
+    """The C++ compiler, or OpBridgeError (one line) naming g++ and how to install it."""
+    found = find_compiler()
+    if found is None:
+        wanted = os.environ.get(CXX_ENV) or DEFAULT_CXX
+        raise OpBridgeError(f"building {purpose} needs a C++ compiler. Got CXX={wanted!r}, not found on PATH. "
+                            f"Install g++ (apt-get install g++) or set CXX to a C++ compiler{fix}.")
+    return found
+
+
+@functools.cache
+def _version_line(cxx: str) -> str:
+    result = subprocess.run([cxx, "--version"], capture_output=True, text=True)
+    return (result.stdout.splitlines() or [""])[0]
+
+
+def toolchain(cxx: str) -> str:
+    """What identifies a compiler in cache keys and ``build.txt``: its path and version line."""
+    return f"{cxx}\n{_version_line(cxx)}"
+
+
+def _toolchain_key(cxx: str) -> str:
+    return hashlib.sha256(toolchain(cxx).encode()).hexdigest()[:8]
+
+
+def full_key(key: str, cxx: str | None = None) -> str:
+    """The cache folder name for ``key`` built with ``cxx`` (default: the machine's compiler)."""
+    cxx = cxx or find_compiler()
+    return f"{key}-{_toolchain_key(cxx) if cxx else 'nocompiler'}"
+
+
+def _prebuilt(folder: Path, key: str, filename: str) -> Path | None:
+    """The newest file built earlier for ``key`` (any compiler) that verifies, if any."""
+    found = [p for p in folder.glob(f"{key}-*/{filename}") if verified(p)]
+    return max(found, key=lambda p: p.stat().st_mtime, default=None)
+
+
+def cached_path(kind: str, key: str, filename: str) -> Path:
+    """Where ``cached_build`` keeps ``filename`` for ``key`` on this machine (built or not)."""
+    folder = cache_folder(kind)
+    target = folder / full_key(key) / filename
+    if verified(target) or find_compiler() is not None:
+        return target
+    return _prebuilt(folder, key, filename) or target
+
+
+def _clean_stale(folder: Path) -> None:
+    for tmp in folder.glob("tmp*"):
+        try:
+            if tmp.is_dir() and not tmp.is_symlink() and time.time() - tmp.lstat().st_mtime > _STALE_S:
+                shutil.rmtree(tmp, ignore_errors=True)
+        except OSError:
+            pass
+
+
+def cached_build(kind: str, key: str, filename: str, build: Callable[[Path, str], Path], *, purpose: str,
+                 fix: str = "") -> Path:
+    """``filename`` built for ``key`` under ``cache_folder(kind)``, building it when no verified copy exists.
+
+    ``build(tmp, cxx)`` builds into the fresh private folder ``tmp`` with compiler ``cxx`` and returns the
+    built file (a ``build.txt`` it leaves in ``tmp`` is kept beside the result). The digest is recorded
+    after the file is in place, so a reader never trusts a half-written one. Without a compiler, a
+    verified file built earlier for ``key`` is returned, else OpBridgeError names g++ (``compiler``).
+    """
+    target = cached_path(kind, key, filename)
+    if verified(target):
+        return target
+    cxx = compiler(purpose, fix)
+    folder = private_folder(target.parent)
+    # NOTE: O_NOFOLLOW: a lock planted as a symlink is refused instead of truncating its target
+    fd = os.open(folder / "build.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # one build per key, even across processes
+        if not verified(target):
+            _clean_stale(folder)
+            with tempfile.TemporaryDirectory(dir=folder) as tmp:
+                built = build(Path(tmp), cxx)
+                _install(built, target)
+    return target
+
+
+def _install(built: Path, target: Path) -> None:
+    digest = built.with_name(built.name + DIGEST_SUFFIX)
+    digest.write_text(file_sha256(built) + "\n")
+    note = built.parent / "build.txt"
+    if note.is_file():
+        os.replace(note, target.parent / "build.txt")
+    # NOTE: the digest lands after the file: a reader never sees a digest without its file
+    os.replace(built, target)
+    os.replace(digest, target.with_name(target.name + DIGEST_SUFFIX))
+
+
+def build_torch_extension(name: str, sources: Sequence[str | os.PathLike], *, purpose: str) -> Path:
+    """Build (once per sources, torch version and compiler; cached and verified) and load a C++ torch
+    extension library (``TORCH_LIBRARY`` ops, torchbind classes) into torch; returns its path.
+
+    A library built earlier loads without a compiler; with no compiler and no such library, the
+    OpBridgeError names g++. The build prints one progress line.
+    """
+    # NOTE: torch.utils.cpp_extension is imported only here, when a library is wanted: importing it
+    # probes for CUDA (a warning line on a CUDA build of torch without a GPU) and costs time.
+    h = hashlib.sha256(f"{name}\n{torch.__version__}\n".encode())
+    for source in sources:
+        h.update(Path(source).read_bytes())
+
+    def build(tmp: Path, cxx: str) -> Path:
+        cpp_extension = importlib.import_module("torch.utils.cpp_extension")
+        with step(f"building C++ library {name} for {purpose} (once; cached)", always=True):
+            cpp_extension.load(name=name, sources=[str(s) for s in sources], build_directory=str(tmp),
+                               is_python_module=False, verbose=False)
+        (tmp / "build.txt").write_text(toolchain(cxx) + "\n")
+        return tmp / f"{name}.so"
+
+    path = cached_build("torch_ext", h.hexdigest()[:16], f"{name}.so", build, purpose=purpose)
+    torch.ops.load_library(str(path))
+    return path
