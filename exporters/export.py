@@ -16,7 +16,7 @@ import onnx
 import torch
 
 from bridge.core import files
-from bridge.core.domains import all_nodes, is_custom
+from bridge.core.graphs import custom_nodes
 from bridge.core import torch_compat
 from bridge.core.errors import OpBridgeError
 from bridge.core.progress import step
@@ -86,7 +86,7 @@ def check_program(program: torch.export.ExportedProgram, registry: Registry) -> 
 
 def _ensure_opset_imports(model: onnx.ModelProto, registry: Registry) -> None:
     present = {o.domain for o in model.opset_import}
-    for domain in sorted({n.domain for n in all_nodes(model) if is_custom(n.domain)} - present):
+    for domain in sorted({n.domain for n in custom_nodes(model)} - present):
         versions = {s.version for s in registry if s.domain == domain}
         model.opset_import.append(onnx.helper.make_opsetid(domain, max(versions or {1})))
 

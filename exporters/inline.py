@@ -13,40 +13,16 @@ import onnx
 import onnx.inliner
 
 from bridge.core import files
+from bridge.core.domains import ONNX_DOMAINS
 from bridge.core.errors import OpBridgeError
+from bridge.core.graphs import model_nodes, nonstandard_ops
 from bridge.core.progress import step
 from bridge.core.registry import REGISTRY, Registry
 from exporters.opsets import attach_functions
 
-# NOTE: domains every ONNX runtime knows; a node in any other domain must be inlined away.
-STANDARD_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml"})
-
-
-def _graphs(graph: onnx.GraphProto):
-    """``graph`` and every subgraph (If/Loop/Scan bodies) inside it."""
-    yield graph
-    for node in graph.node:
-        for attr in node.attribute:
-            if attr.type == onnx.AttributeProto.GRAPH:
-                yield from _graphs(attr.g)
-            elif attr.type == onnx.AttributeProto.GRAPHS:
-                for g in attr.graphs:
-                    yield from _graphs(g)
-
-
-def _nodes(model: onnx.ModelProto):
-    for graph in _graphs(model.graph):
-        yield from graph.node
-
-
-def custom_op_types(model: onnx.ModelProto) -> list[tuple[str, str]]:
-    """Sorted distinct (domain, op_type) of nodes outside the standard domains (subgraphs too)."""
-    return sorted({(n.domain, n.op_type) for n in _nodes(model) if n.domain not in STANDARD_DOMAINS})
-
-
 def _check_bodies(model: onnx.ModelProto) -> None:
     local = {(f.domain, f.name) for f in model.functions}
-    missing = [f"{d}::{t}" for d, t in custom_op_types(model) if (d, t) not in local]
+    missing = [f"{d}::{t}" for d, t in nonstandard_ops(model) if (d, t) not in local]
     if missing:
         raise OpBridgeError(
             f"cannot inline {', '.join(missing)}: no ONNX function body in the file or the registry "
@@ -83,18 +59,18 @@ def inline_functions(model: onnx.ModelProto, registry: Registry | None = None) -
     proto.CopyFrom(model)
     # NOTE: a body may call another custom op; each round attaches and inlines one level more.
     rounds = 0
-    while custom_op_types(proto):
+    while nonstandard_ops(proto):
         if rounds == 16:
             raise OpBridgeError(f"function bodies still call custom ops after 16 rounds of inlining. Got "
-                                f"{custom_op_types(proto)}. Break the cycle between these ops' bodies.")
+                                f"{nonstandard_ops(proto)}. Break the cycle between these ops' bodies.")
         attach_functions(proto, reg)
         _check_bodies(proto)
         with step("inline function bodies"):
             proto = onnx.inliner.inline_local_functions(proto)
         rounds += 1
     del proto.functions[:]
-    used = {n.domain for n in _nodes(proto)}
-    keep = [o for o in proto.opset_import if o.domain in used or o.domain in STANDARD_DOMAINS]
+    used = {n.domain for n in model_nodes(proto)}
+    keep = [o for o in proto.opset_import if o.domain in used or o.domain in ONNX_DOMAINS]
     del proto.opset_import[:]
     proto.opset_import.extend(keep)
     with step("shape inference + onnx.checker (full)"):

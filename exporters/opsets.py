@@ -22,13 +22,13 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import onnx
 import onnx.version_converter
 from onnx import defs, helper
 
-from bridge.core.domains import is_custom, is_onnx
+from bridge.core.domains import is_onnx
 from bridge.core.graphs import FreshNames, custom_ops, walk
 from bridge.core.errors import OpBridgeError
 from bridge.core.registry import REGISTRY, Registry

@@ -19,7 +19,8 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from bridge.core.domains import all_nodes, graphs, is_custom
+from bridge.core.domains import is_custom
+from bridge.core.graphs import model_nodes
 from bridge.core.errors import OpBridgeError
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
@@ -189,7 +190,7 @@ def private_domains(model: onnx.ModelProto, prefix: str) -> bool:
     (True, 'p.d', 'p.d')
     """
     renamed = False
-    nodes = [*all_nodes(model), *(n for f in model.functions for n in _function_nodes(f))]
+    nodes = list(model_nodes(model, functions=True))
     for node in nodes:
         if is_custom(node.domain):
             node.domain, renamed = prefix + node.domain, True
@@ -201,13 +202,3 @@ def private_domains(model: onnx.ModelProto, prefix: str) -> bool:
             if is_custom(entry.domain):
                 entry.domain = prefix + entry.domain
     return renamed
-
-
-def _function_nodes(function: onnx.FunctionProto):
-    """Every node of a model-local function's body, subgraphs included."""
-    for node in function.node:
-        yield node
-        for a in node.attribute:
-            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                for sub in graphs(g):
-                    yield from sub.node

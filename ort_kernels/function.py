@@ -14,7 +14,8 @@ import torch
 from onnx import external_data_helper, numpy_helper
 
 from bridge.core.checks import explain_failure, failed_guard
-from bridge.core.domains import all_nodes, is_custom
+from bridge.core.domains import is_custom
+from bridge.core.graphs import model_nodes, subgraphs, walk
 from bridge.core.errors import OpBridgeError, UnsupportedInTier
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
@@ -39,7 +40,7 @@ class FunctionTier(Tier):
                 library: str | os.PathLike | None = None) -> Prepared:
         added = attach_functions(model, registry) + attach_derived(model, registry)
         local = {(f.domain, f.name, f.overload) for f in model.functions}
-        missing = sorted({(n.domain, n.op_type) for n in all_nodes(model)
+        missing = sorted({(n.domain, n.op_type) for n in model_nodes(model)
                           if is_custom(n.domain) and (n.domain, n.op_type, n.overload) not in local})
         if missing:
             why = [f"{d}::{t}: {_why(registry, d, t)}" for d, t in missing]
@@ -71,7 +72,7 @@ def _check_optional_inputs(model: onnx.ModelProto, registry: Registry) -> None:
     the case where it is omitted: a node that gives it would silently lose it, so that is an error;
     a body needing an optional attribute without a default fails a node that omits it."""
     bodies = {(f.domain, f.name): f for f in model.functions}
-    for node in all_nodes(model):
+    for node in model_nodes(model):
         body = bodies.get((node.domain, node.op_type))
         spec = registry.find(node.domain, node.op_type)
         if body is None or spec is None or not any(p.optional for p in spec.params):
@@ -110,11 +111,10 @@ def _check_optional_attributes(node: onnx.NodeProto, body: onnx.FunctionProto, s
 def _names_read(nodes) -> set[str]:
     """Every value name the nodes read, subgraphs (If/Loop/Scan bodies) included."""
     names: set[str] = set()
-    for n in nodes:
+    for n in walk(nodes):
         names.update(n.input)
-        for a in n.attribute:
-            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                names |= _names_read(g.node) | {o.name for o in g.output}
+        for g in subgraphs(n):
+            names |= {o.name for o in g.output}
     return names
 
 

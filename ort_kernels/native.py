@@ -10,7 +10,7 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from bridge.core.domains import custom_nodes
+from bridge.core.graphs import custom_ops
 from bridge.core.errors import OpBridgeError, UnsupportedInTier
 from bridge.core.opnames import spec_names
 from bridge.core.registry import Registry
@@ -40,7 +40,7 @@ class NativeTier(Tier):
         served = served_ops(registry)
         # NOTE: a node with neither a C++ kernel nor a model-local body runs its registered body,
         # attached at the file's opset (helper functions the model carries run as they are)
-        unserved = [key for key in custom_nodes(model) if key not in served]
+        unserved = [key for key in sorted(custom_ops(model)) if key not in served]
         attached = bool(unserved) and bool(attach_functions(model, registry))
         local = {(f.domain, f.name) for f in model.functions}
         missing = [f"{d}::{t}" for d, t in unserved if (d, t) not in local]

@@ -31,7 +31,7 @@ import onnxruntime as ort
 import torch
 from bridge.core.torch_compat import FakeTensorMode
 
-from bridge.core.domains import all_nodes, is_custom
+from bridge.core.graphs import custom_nodes
 from bridge.core.errors import OpBridgeError, UnsupportedInTier
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
@@ -156,7 +156,7 @@ def _model_types(inferred: onnx.ModelProto) -> dict:
     """(domain, op_type) -> (input types, output types) read off the first fully typed node of each op."""
     types = _value_types(inferred)
     out = {}
-    for node in _custom_nodes(inferred):
+    for node in custom_nodes(inferred):
         # NOTE: an omitted optional input ("") gets the float32 placeholder; the kernel passes None
         ins = [types.get(n, 0) if n else onnx.TensorProto.FLOAT for n in node.input]
         outs = [types.get(n, 0) for n in node.output]
@@ -194,13 +194,9 @@ def _declare_all(registry, tier, model_types: dict) -> None:
         _declared[key] = (spec, _onnx_input_types(spec, model_types))
 
 
-def _custom_nodes(model):
-    return [n for n in all_nodes(model) if is_custom(n.domain)]
-
-
 def _served_nodes(model):
     """Custom nodes this tier runs (helper functions the model carries bodies for run as they are)."""
-    return [n for n in _custom_nodes(model) if (n.domain, n.op_type) in _declared]
+    return [n for n in custom_nodes(model) if (n.domain, n.op_type) in _declared]
 
 
 def _infer_types(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -354,7 +350,7 @@ class PythonTier(Tier):
             if not _library_used:
                 _declare_all(registry, self, _model_types(inferred))
             helpers = helper_functions(model, registry)
-            missing = [f"{n.domain}::{n.op_type}" for n in _custom_nodes(model)
+            missing = [f"{n.domain}::{n.op_type}" for n in custom_nodes(model)
                        if (n.domain, n.op_type) not in _declared and (n.domain, n.op_type) not in helpers]
             if missing:
                 why = ("it was registered after this process's first python-tier session (declaring ops later "

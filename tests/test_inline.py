@@ -21,7 +21,8 @@ import exporters.inline
 from bridge.tools.cli import main
 from bridge.tools.parity import TOLERANCES, run_ort
 from bridge.tools.testing import OpModule, cases
-from exporters.inline import custom_op_types, inline_functions
+from bridge.core.graphs import nonstandard_ops
+from exporters.inline import inline_functions
 
 ROOT = Path(__file__).resolve().parents[1]
 assert importlib.util.find_spec("openvino") is not None, "openvino is part of the test extra: pip install -e '.[test]'"
@@ -50,7 +51,7 @@ def test_demo_inlined_file_is_standard_onnx_with_dynamic_points(demo_inline):
     _, path = demo_inline
     model = onnx.load(path)
     onnx.checker.check_model(model, full_check=True)
-    assert not model.functions and custom_op_types(model) == []
+    assert not model.functions and nonstandard_ops(model) == []
     assert {n.domain for n in model.graph.node} == {""}
     assert [o.domain for o in model.opset_import] == [""]  # bev and opbridge imports removed
     assert len(model.graph.node) > 50  # 14 nodes before, 86 measured after with the pinned versions
@@ -152,7 +153,7 @@ def _check_all(chosen, module, sess, **tol):
 
 def test_every_seed_op_inlined_matches_eager_in_onnxruntime(seed_cases):
     for chosen, module, proto in seed_cases:
-        assert custom_op_types(proto) == [] and not proto.functions
+        assert nonstandard_ops(proto) == [] and not proto.functions
         assert {(o.domain) for o in proto.opset_import} == {""}
         _check_all(chosen, module, bridge.session(proto))
     assert len(seed_cases[0][0]) + len(seed_cases[1][0]) == len(cases(bridge.REGISTRY))
@@ -259,7 +260,7 @@ def test_inline_command_takes_bodies_from_the_registry(small_file, tmp_path, cap
     assert sorted(p.name for p in out.parent.iterdir()) == ["small_inline.onnx"]  # no temp file left
     assert oct(out.stat().st_mode & 0o777) != oct(0o600)  # not mkstemp's private mode
     inlined = onnx.load(out)
-    assert custom_op_types(inlined) == [] and [o.domain for o in inlined.opset_import] == [""]
+    assert nonstandard_ops(inlined) == [] and [o.domain for o in inlined.opset_import] == [""]
     got = bridge.session(out).run(None, {inlined.graph.input[0].name: x.numpy()})[0]
     np.testing.assert_array_equal(got, model(x).numpy())
     # default output name beside the input

@@ -7,7 +7,6 @@ Example:
 
 from __future__ import annotations
 
-import onnx
 
 from bridge.core.errors import OpBridgeError
 
@@ -54,42 +53,3 @@ def refuse_reserved(qualname: str, domain: str | None) -> None:
 def is_onnx(domain: str) -> bool:
     """Whether ``domain`` is the standard ONNX operator set (``""`` or ``"ai.onnx"``)."""
     return domain in ("", "ai.onnx")
-
-
-# NOTE: the standard ops that carry subgraphs; walks skip the attributes of other standard nodes
-# (a walk over a function body is then ~2.5x cheaper; sessions walk every body)
-SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
-
-
-def may_hold_subgraphs(node: onnx.NodeProto) -> bool:
-    """Whether ``node`` can carry graph attributes: a standard control-flow op, or any non-standard node."""
-    return node.op_type in SUBGRAPH_OPS or not is_onnx(node.domain)
-
-
-def graphs(graph: onnx.GraphProto):
-    """``graph`` and every subgraph inside it (If/Loop/Scan bodies), depth first."""
-    yield graph
-    for node in graph.node:
-        if not may_hold_subgraphs(node):
-            continue
-        for a in node.attribute:
-            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
-                yield from graphs(g)
-
-
-def all_nodes(model: onnx.ModelProto):
-    """Every node of the model's graph and its subgraphs (not inside model-local functions)."""
-    for g in graphs(model.graph):
-        yield from g.node
-
-
-def custom_nodes(model: onnx.ModelProto) -> list[tuple[str, str]]:
-    """Sorted distinct (domain, op_type) of the model's custom nodes, subgraphs included.
-
-    >>> from onnx import helper
-    >>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"]), helper.make_node("f", ["y"], ["z"], domain="d")],
-    ...                       "g", [], [])
-    >>> custom_nodes(helper.make_model(g))
-    [('d', 'f')]
-    """
-    return sorted({(n.domain, n.op_type) for n in all_nodes(model) if is_custom(n.domain)})

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 
 import onnx
 
-from bridge.core.domains import is_custom, is_onnx
+from bridge.core.domains import ONNX_DOMAINS, is_custom, is_onnx
 
 # NOTE: the standard ops that carry subgraphs; walks skip the attributes of other standard nodes
 # (a walk over a function body is then ~2.5x cheaper; sessions walk every body)
@@ -88,6 +88,12 @@ def custom_nodes(model: onnx.ModelProto, *, functions: bool = False) -> Iterator
 def custom_ops(model: onnx.ModelProto, *, functions: bool = False) -> list[tuple[str, str]]:
     """Distinct ``(domain, op_type)`` of the model's custom nodes, in order of first appearance."""
     return list(dict.fromkeys((n.domain, n.op_type) for n in custom_nodes(model, functions=functions)))
+
+
+def nonstandard_ops(model: onnx.ModelProto) -> list[tuple[str, str]]:
+    """Sorted distinct ``(domain, op_type)`` of nodes outside the ONNX domains (custom ops and
+    onnxruntime's own alike): what a runtime other than onnxruntime may not run."""
+    return sorted({(n.domain, n.op_type) for n in model_nodes(model) if n.domain not in ONNX_DOMAINS})
 
 
 def value_names(graph: onnx.GraphProto | onnx.FunctionProto) -> set[str]:

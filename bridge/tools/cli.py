@@ -42,6 +42,7 @@ import torch
 
 from bridge.core import files
 from bridge.core.errors import OpBridgeError
+from bridge.core.graphs import nonstandard_ops
 from bridge.core.progress import enable as enable_progress
 from bridge.core.progress import format_table
 from bridge.core.registry import REGISTRY
@@ -51,7 +52,7 @@ from bridge.tools.testing import ModelCase, OpModule, cases
 from bridge.tools.triton import write_repository
 from exporters.derive import body_status, show_body
 from exporters.export import DEFAULT_OPSET, export
-from exporters.inline import custom_op_types, inline_functions, save_atomic
+from exporters.inline import inline_functions, save_atomic
 from exporters.opsets import attach_functions, onnx_opset
 from exporters.portable import required_ir_version
 from ort_kernels import build
@@ -383,7 +384,7 @@ def cmd_inline(args) -> int:
     with _onnx_errors(args.model_file, "inline"):
         inlined = inline_functions(original, REGISTRY)
     save_atomic(inlined, output)
-    ops = ", ".join(f"{d}::{t}" for d, t in custom_op_types(original)) or "none"
+    ops = ", ".join(f"{d}::{t}" for d, t in nonstandard_ops(original)) or "none"
     print(f"inlined {ops}: {len(original.graph.node)} -> {len(inlined.graph.node)} nodes")
     print(f"wrote {output} ({os.path.getsize(output) / 1024:.1f} KiB)")
     return 0

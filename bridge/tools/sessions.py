@@ -14,7 +14,8 @@ import onnxruntime as ort
 from onnx import external_data_helper
 
 from bridge.core import files
-from bridge.core.domains import all_nodes, is_custom
+from bridge.core.domains import is_custom
+from bridge.core.graphs import model_nodes
 from bridge.core.errors import OpBridgeError
 from bridge.core.progress import step
 from bridge.core.registry import REGISTRY, Registry
@@ -44,7 +45,7 @@ def _readable(model: onnx.ModelProto, what: str) -> onnx.ModelProto:
     digests = [hashlib.blake2b(f.SerializeToString(), digest_size=16).digest() for f in model.functions]
     with _TEXT_FUNCTIONS_LOCK:
         unseen = [(d, f) for d, f in zip(digests, model.functions) if d not in _TEXT_FUNCTIONS]
-    nodes = [*all_nodes(model), *(n for _, f in unseen for n in f.node)]
+    nodes = [*model_nodes(model), *(n for _, f in unseen for n in f.node)]
     try:
         # NOTE: str.join refuses bytes, in C: one pass over every name, not one isinstance per name
         "".join(chain.from_iterable((n.domain, n.op_type, *n.input, *n.output) for n in nodes))
@@ -64,7 +65,7 @@ def _readable(model: onnx.ModelProto, what: str) -> onnx.ModelProto:
 def check_nodes(model: onnx.ModelProto, registry: Registry) -> None:
     """Custom nodes against their registered ops: domain version, attributes, input count."""
     imported = {o.domain: o.version for o in model.opset_import}
-    for node in all_nodes(model):
+    for node in model_nodes(model):
         if not is_custom(node.domain):
             continue
         spec = registry.find(node.domain, node.op_type)

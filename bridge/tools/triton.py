@@ -23,9 +23,9 @@ from google.protobuf import text_encoding
 
 from bridge.core import files
 from bridge.core.errors import OpBridgeError
+from bridge.core.graphs import custom_ops
 from bridge.core.registry import REGISTRY
 from bridge.tools.sessions import load_model
-from exporters.inline import custom_op_types
 from ort_kernels import build
 
 CONFIG_NAME = "config.pbtxt"
@@ -174,7 +174,7 @@ def _check_served(model: onnx.ModelProto, registry) -> None:
     """Every custom node runs in Triton: the library serves it, or the file carries its function body."""
     served = set(build.served_ops(registry))
     local = {(f.domain, f.name) for f in model.functions}
-    missing = [f"{d}::{t}" for d, t in custom_op_types(model) if (d, t) not in served | local]
+    missing = [f"{d}::{t}" for d, t in custom_ops(model) if (d, t) not in served | local]
     if missing:
         raise OpBridgeError(f"the model has custom nodes that neither the native library nor a function body in "
                             f"the file serves. Got {missing}. Import the module that registers them (--ops) or "
