@@ -216,8 +216,9 @@ def test_a_full_disk_is_a_clear_error_and_keeps_the_old_file(tmpfs):
     for write in (lambda: files.save_npz(target, {"x": np.zeros(1 << 16)}),
                   lambda: files.save_model(_model(1 << 14), target),
                   lambda: files.save_model(_model(1 << 14), target, external=True)):
-        with pytest.raises(OpBridgeError, match="no space left on the device holding"):
+        with pytest.raises(OpBridgeError, match="no space left on the device holding") as info:
             write()
+        assert isinstance(info.value, OSError) and info.value.errno == errno.ENOSPC  # code catching OSError still does
         assert target.read_bytes() == old and _listing(disk) == ["filler", "x.npz"]
 
 

@@ -180,15 +180,24 @@ def _not_writable(path: str, folder: str) -> OpBridgeError:
                          f"(chmod u+w {folder}).")
 
 
+class WriteError(OpBridgeError, OSError):
+    """A write the file system refused (disk full, read-only, no permission): an ``OpBridgeError``
+    for the user, and still the ``OSError`` (same ``errno``) code that catches those sees."""
+
+    def __init__(self, message: str, errno_: int | None):
+        super().__init__(message)
+        self.errno = errno_
+
+
 def _translate(e: OSError, path: str) -> OSError | OpBridgeError:
     """The user-facing error for a failed write; an OSError of another cause stays as it is."""
     folder = os.path.dirname(path) or "."
     if e.errno in _NO_SPACE:
-        return OpBridgeError(f"cannot write {path!r}: no space left on the device holding {folder!r}. Got "
-                             f"{errno.errorcode[e.errno]}; the existing file, if any, is unchanged. Free space "
-                             "there or write elsewhere.")
+        return WriteError(f"cannot write {path!r}: no space left on the device holding {folder!r}. Got "
+                          f"[Errno {e.errno}] {os.strerror(e.errno)}; the existing file, if any, is unchanged. "
+                          "Free space there or write elsewhere.", e.errno)
     if e.errno in _NOT_WRITABLE:
-        return _not_writable(path, folder)
+        return WriteError(str(_not_writable(path, folder)), e.errno)
     if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.EISDIR):
         try:
             check_writable(path)
@@ -211,23 +220,36 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], *
         >>> write_atomic(target, lambda fh: fh.write(b"abc")) == target, open(target, "rb").read()
         (True, b'abc')
     """
+    def fill(tmp: str) -> None:
+        with open(tmp, "r+b") as fh:
+            write(fh)
+    return _replace_with(path, fill, executable=executable, keep_mode=keep_mode)
+
+
+def _replace_with(path: str | os.PathLike, fill: Callable[[str], object], *, executable: bool = False,
+                  keep_mode: bool = False) -> str:
+    """The one write: a new temp file beside ``path`` (mode from the umask), ``fill(temp_path)``,
+    fsync, ``os.replace``; on failure the temp file goes and the target stays."""
     target = check_writable(path)
     folder = os.path.dirname(target) or "."
     previous = os.stat(target) if keep_mode and os.path.isfile(target) else None
-    tmp, fd = os.path.join(folder, f".{os.path.basename(target)}.{secrets.token_hex(8)}.tmp"), None
+    tmp, created = os.path.join(folder, f".{os.path.basename(target)}.{secrets.token_hex(8)}.tmp"), False
     try:
         # NOTE: os.open applies the umask itself, as for any new file; O_EXCL never reuses a file
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                     0o777 if executable else 0o666)
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o777 if executable else 0o666))
+        created = True
+        fill(tmp)
+        fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
             if previous is not None:
-                _keep(fh.fileno(), previous)
+                _keep(fd, previous)
+        finally:
+            os.close(fd)
         os.replace(tmp, target)
     except BaseException as e:
-        if fd is not None:  # NOTE: only the temp file this call made
+        if created:  # NOTE: only the temp file this call made
             with contextlib.suppress(OSError):
                 os.unlink(tmp)
         if isinstance(e, OSError) and (translated := _translate(e, target)) is not e:
@@ -299,7 +321,8 @@ def save_model(proto: onnx.ModelProto, path: str | os.PathLike, *, external: boo
     """
     target = check_writable(path, what="model")
     if not (needs_external_data(proto) if external is None else external):
-        return write_atomic(target, lambda fh: fh.write(proto.SerializeToString()), keep_mode=keep_mode)
+        return _replace_with(target, lambda tmp: onnx.save_model(proto, tmp, format="protobuf"),
+                             keep_mode=keep_mode)
     folder, name = os.path.split(os.path.abspath(target))
     # NOTE: onnx writes the model and its .data file into a private folder beside the target; each file
     # is then written through write_atomic, so modes and failures follow the one rule

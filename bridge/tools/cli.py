@@ -155,12 +155,13 @@ def _op_row(spec) -> dict:
         "op": spec.qualname, "onnx": f"{spec.domain}::{spec.name} v{spec.version}",
         "inputs": [p.name for p in spec.tensors],
         "attributes": {p.name: p.attr_type.name + ("(bool)" if p.is_bool else "") for p in spec.attributes},
-        "mutates": list(spec.mutated), "torchbind": list(spec.torchbind), "dtypes": [_dtype_name(d) for d in spec.dtypes],
+        "mutates": list(spec.mutated), "torchbind": list(spec.torchbind),
+        "dtypes": [_dtype_name(d) for d in spec.dtypes],
         "fake": spec.has_fake, "autograd": spec.has_autograd, "reference": spec.reference is not None,
         "samples": spec.sample_inputs is not None, "body": body, "body_note": body_note,
         "tiers": runs,
-        "skipped": {name: {_dtype_name(d): why for d in spec.dtypes if runs[name] and (why := tier.why_not(onnx_spec, d))}
-                    for name, tier in TIERS.items()},
+        "skipped": {name: {_dtype_name(d): why for d in spec.dtypes
+                           if runs[name] and (why := tier.why_not(onnx_spec, d))} for name, tier in TIERS.items()},
         "missing": REGISTRY.missing(spec),
     }
 
@@ -555,6 +556,9 @@ def main(argv: list[str] | None = None) -> int:
     except OpBridgeError as e:
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)  # NOTE: one line, whatever the message holds
         return 2
+    except BrokenPipeError:  # NOTE: output piped into `head`: stop quietly, as other tools do
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":
