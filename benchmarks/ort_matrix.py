@@ -38,7 +38,7 @@ import custom_ops.demo as demo  # noqa: E402
 from bridge import cli  # noqa: E402
 from bridge.tools.testing import OpModule, cases  # noqa: E402
 from ort_kernels.build import LIBRARY_NAME, served_ops  # noqa: E402
-from ort_matrix_table import DEFAULT_JSON, render  # noqa: E402
+from ort_matrix_table import DEFAULT_JSON, cache_root, render  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 VERSIONS = ("1.17.3", "1.18.1", "1.20.1", "1.22.1", "newest")
@@ -46,8 +46,7 @@ OPSETS = (17, 18, 19, 20, 21, 22, 23)
 
 
 def venv_root() -> Path:
-    base = os.environ.get("OPBRIDGE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "opbridge")
-    return Path(base) / "ort-matrix"
+    return cache_root() / "ort-matrix"
 
 
 def _pip(python: Path, *args: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -15,6 +16,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "ort_matrix.json"
 START, END = "<!-- ort-matrix:start -->", "<!-- ort-matrix:end -->"
+
+
+def cache_root() -> Path:
+    """Where the matrices keep their venvs: ``$OPBRIDGE_CACHE_DIR`` or ``~/.cache/opbridge``."""
+    return Path(os.environ.get("OPBRIDGE_CACHE_DIR") or Path.home() / ".cache" / "opbridge")
 
 
 def refusal(error: str) -> str:
@@ -71,13 +77,14 @@ def render(result: dict) -> str:
     return "\n".join(lines)
 
 
-def update_readme(readme: Path, table: str) -> None:
+def update_readme(readme: Path, table: str, start: str = START, end: str = END) -> None:
+    """Replace what lies between the ``start`` and ``end`` markers of ``readme`` with ``table``."""
     text = readme.read_text()
-    if START not in text or END not in text:
-        raise SystemExit(f"{readme} has no {START} ... {END} markers")
-    before, rest = text.split(START, 1)
-    _, after = rest.split(END, 1)
-    readme.write_text(f"{before}{START}\n{table}\n{END}{after}")
+    if start not in text or end not in text:
+        raise SystemExit(f"{readme} has no {start} ... {end} markers")
+    before, rest = text.split(start, 1)
+    _, after = rest.split(end, 1)
+    readme.write_text(f"{before}{start}\n{table}\n{end}{after}")
 
 
 def main(argv: list[str] | None = None) -> str:

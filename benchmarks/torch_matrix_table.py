@@ -1,0 +1,70 @@
+"""Render a torch-matrix JSON (``benchmarks/torch_matrix.py``) as a markdown table; optionally put it
+into the README between ``<!-- torch-matrix:start -->`` and ``<!-- torch-matrix:end -->``.
+
+    python benchmarks/torch_matrix_table.py [benchmarks/results/torch_matrix.json] [--readme README.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from ort_matrix_table import ROOT, update_readme
+
+DEFAULT_JSON = ROOT / "benchmarks" / "results" / "torch_matrix.json"
+START, END = "<!-- torch-matrix:start -->", "<!-- torch-matrix:end -->"
+
+
+def counts(tests: dict) -> str:
+    """``"612 passed, 2 failed, 1 xfailed"``: the non-zero counts of one release's test run."""
+    if "error" in tests:
+        return f"did not run ({tests['error'][:60]})"
+    return ", ".join(f"{tests[k]} {k}" for k in ("passed", "failed", "xfailed", "skipped") if tests.get(k)) or "none"
+
+
+def kept(release: dict) -> str:
+    """Whether ``pip install -e .`` left the torch that was installed first."""
+    before, after = release.get("torch"), release.get("torch_after_opbridge")
+    return "yes" if before and before == after else f"**no** ({before} -> {after})"
+
+
+def row(release: dict) -> str:
+    if "error" in release and "tests" not in release:
+        return f"| {release['requested']} | not installed: {release['error'][:120]} | | | | |"
+    tests, main = release["tests"], release.get("main", {})
+    failing = "; ".join(f"`{t.split('::', 1)[-1]}`" for t in tests.get("failures", {})) or "-"
+    check = (f"{'pass' if main.get('passed') else '**fail**'} ({main.get('parity') or 'no parity line'})"
+             if main else "not run")
+    noise = "; ".join(f"`{line[:80]}`" for line in main.get("foreign_stderr", [])) or "none"
+    return f"| {release['torch']} | {kept(release)} | {counts(tests)} | {failing} | {check} | {noise} |"
+
+
+def render(result: dict) -> str:
+    """The markdown table (plus one line saying what was run) of one torch-matrix result."""
+    lines = ["| torch | kept by `pip install -e .` | tests | failing | `opbridge check` | other stderr lines |",
+             "|---|---|---|---|---|---|"]
+    lines += [row(r) for r in result["releases"]]
+    dates = sorted({r["date"] for r in result["releases"]})
+    commits = sorted({r["commit"][:10] for r in result["releases"]})
+    lines += ["", f"Each row: a fresh venv (Python {result['python']}), `pip install torch==V` first, then "
+              f"`pip install -e \".[test]\"`; tests: `{' '.join(Path(t).name for t in result['tests'])}` "
+              f"(`-m 'not slow'`, one process); commit {', '.join(commits)}; {', '.join(dates)}."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("json", nargs="?", default=str(DEFAULT_JSON))
+    parser.add_argument("--readme", help="README to update between the torch-matrix markers")
+    args = parser.parse_args(argv)
+    table = render(json.loads(Path(args.json).read_text()))
+    if args.readme:
+        update_readme(Path(args.readme), table, START, END)
+    print(table)
+    return table
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
