@@ -1,0 +1,88 @@
+"""The torch releases opbridge admits: the range in pyproject.toml, the README's torch matrix, and
+(slow) that installing opbridge keeps the torch a venv already holds."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+from packaging.version import Version
+
+try:
+    import tomllib
+except ImportError:  # Python 3.10: the test extra installs tomli there
+    import tomli as tomllib
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import torch_matrix  # noqa: E402
+import torch_matrix_table  # noqa: E402
+
+# NOTE: the releases people run (the newest four with torch.library.custom_op and the dynamo exporter)
+SUPPORTED = ("2.12.0", "2.12.1", "2.13.0", "2.13.0+cpu", "2.14.1", "2.15.0")
+
+
+def torch_requirement() -> Requirement:
+    deps = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["dependencies"]
+    found = [Requirement(d) for d in deps if Requirement(d).name == "torch"]
+    assert len(found) == 1, deps
+    return found[0]
+
+
+@pytest.mark.parametrize("version", SUPPORTED)
+def test_every_supported_torch_release_satisfies_the_requirement(version):
+    assert torch_requirement().specifier.contains(Version(version)), (version, str(torch_requirement()))
+
+
+def test_the_requirement_has_an_upper_bound_and_excludes_untested_majors():
+    spec = torch_requirement().specifier
+    assert not spec.contains(Version("3.0.0")) and not spec.contains(Version("2.0.0"))
+
+
+def test_the_matrix_measures_exactly_the_supported_releases():
+    assert set(torch_matrix.VERSIONS) <= set(SUPPORTED)
+    assert {Version(v).release[:2] for v in torch_matrix.VERSIONS} == {Version(v).release[:2] for v in SUPPORTED}
+
+
+def test_readme_table_is_the_committed_torch_matrix_result():
+    result = json.loads(torch_matrix_table.DEFAULT_JSON.read_text())
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split(torch_matrix_table.START, 1)[1].split(torch_matrix_table.END, 1)[0]
+    assert section.strip() == torch_matrix_table.render(result)
+    measured = {Version(r["requested"]).release[:2] for r in result["releases"]}
+    assert measured >= {(2, 12), (2, 13), (2, 14), (2, 15)}, measured
+
+
+def test_junit_counts_match_what_pytest_ran(tmp_path):
+    (tmp_path / "test_sample.py").write_text(
+        "import pytest\n"
+        "def test_ok(): assert 1\n"
+        "def test_ok_too(): assert 2\n"
+        "def test_bad(): assert 1 == 2, 'one is not two'\n"
+        "@pytest.mark.xfail\n"
+        "def test_known(): assert 0\n"
+        "@pytest.mark.skip\n"
+        "def test_later(): pass\n")
+    junit = tmp_path / "junit.xml"
+    subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
+                    str(tmp_path / "test_sample.py")], cwd=tmp_path, capture_output=True, timeout=120)
+    result = torch_matrix.read_junit(junit)
+    assert {k: result[k] for k in ("passed", "failed", "xfailed", "skipped")} == \
+        {"passed": 2, "failed": 1, "xfailed": 1, "skipped": 1}
+    [(test_id, first_line)] = result["failures"].items()
+    assert test_id.endswith("::test_bad") and "one is not two" in first_line
+
+
+@pytest.mark.slow
+def test_installing_opbridge_keeps_the_installed_torch(tmp_path):
+    """torch 2.14.1 (the CUDA build on this machine's disk, ~5.4 GB, minutes) first, then opbridge."""
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True, timeout=300)
+    python = str(venv / "bin" / "python")
+    subprocess.run([python, "-m", "pip", "install", "-q", "torch==2.14.1"], check=True, timeout=3600)
+    assert torch_matrix.torch_version(Path(python)) == "2.14.1"
+    subprocess.run([python, "-m", "pip", "install", "-q", "-e", str(ROOT)], check=True, timeout=3600, cwd=tmp_path)
+    assert torch_matrix.torch_version(Path(python)) == "2.14.1"
