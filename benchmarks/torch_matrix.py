@@ -8,7 +8,7 @@
 2. For each torch release: a fresh venv (under $OPBRIDGE_CACHE_DIR or ~/.cache/opbridge,
    torch-matrix/), ``pip install torch==V`` first, then ``pip install -e ".[test]"`` of the snapshot;
    the torch version must be the same after the second install (opbridge must not replace it).
-   The machine's pip constraint file (which caps torch) is lifted for these commands only.
+   The machine's pip constraint file (which caps torch) is lifted for these commands only (``pip_env``).
 3. In that venv: the test subset below (``-m 'not slow'``, one process, JUnit XML read back) and the
    README's main command ``opbridge check``; the JSON is rewritten after each release, and the venv
    (several GB for a CUDA build) is deleted unless ``--keep``.
@@ -46,9 +46,11 @@ OWN_LINE = re.compile(r"^(error: )?opbridge\b")
 PARITY_LINE = re.compile(r"^\d+ passed, \d+ failed")
 
 
-def pip_env() -> dict:
-    """The environment for the matrix's pip calls: the machine's constraint file (a torch cap) lifted."""
-    env = dict(os.environ, PIP_CONSTRAINT="", PIP_DISABLE_PIP_VERSION_CHECK="1")
+def pip_env(base: dict | None = None) -> dict:
+    """The environment for the matrix's pip calls: a constraint file in pip's configuration (this
+    machine's caps torch) replaced by an empty one, the rest of the configuration (indexes) kept."""
+    # NOTE: pip ignores an empty PIP_CONSTRAINT; os.devnull is a constraint file that says nothing
+    env = dict(os.environ if base is None else base, PIP_CONSTRAINT=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1")
     env.pop("PYTHONPATH", None)
     return env
 
@@ -109,8 +111,8 @@ def read_junit(path: Path) -> dict:
         skipped = case.find("skipped")
         if bad is not None:
             counts["failed"] += 1
-            failures[test_id] = (bad.get("message") or bad.text or "").strip().splitlines()[0][:300] \
-                if (bad.get("message") or bad.text or "").strip() else ""
+            text = (bad.get("message") or bad.text or "").strip()
+            failures[test_id] = text.splitlines()[0][:300] if text else ""
         elif skipped is not None:
             counts["xfailed" if skipped.get("type") == "pytest.xfail" else "skipped"] += 1
         else:

@@ -2,8 +2,10 @@
 (slow) that installing opbridge keeps the torch a venv already holds."""
 
 import json
+import os
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -74,6 +76,31 @@ def test_junit_counts_match_what_pytest_ran(tmp_path):
         {"passed": 2, "failed": 1, "xfailed": 1, "skipped": 1}
     [(test_id, first_line)] = result["failures"].items()
     assert test_id.endswith("::test_bad") and "one is not two" in first_line
+
+
+def _probe_wheel(folder: Path, name: str, version: str) -> None:
+    info = f"{name}-{version}.dist-info"
+    with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as whl:
+        whl.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+        whl.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
+        whl.writestr(f"{info}/RECORD", f"{info}/METADATA,,\n{info}/WHEEL,,\n{info}/RECORD,,\n")
+
+
+def test_the_matrix_lifts_a_constraint_file_from_pips_configuration(tmp_path):
+    """As this machine's /etc/xdg/pip caps torch: a pip.conf naming a constraint file that caps a package."""
+    (tmp_path / "wheels").mkdir()
+    _probe_wheel(tmp_path / "wheels", "opbridgecapprobe", "2.0")
+    (tmp_path / "cap.txt").write_text("opbridgecapprobe<=1.0\n")
+    (tmp_path / "pip.conf").write_text(f"[global]\nconstraint = {tmp_path / 'cap.txt'}\n")
+    base = {k: v for k, v in os.environ.items() if k != "PIP_CONSTRAINT"}
+    base["PIP_CONFIG_FILE"] = str(tmp_path / "pip.conf")
+    cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--no-index", "--no-deps",
+           "--find-links", str(tmp_path / "wheels"), "opbridgecapprobe==2.0"]
+    capped = subprocess.run(cmd, env=base, capture_output=True, text=True, timeout=300)
+    assert capped.returncode != 0 and "opbridgecapprobe<=1.0" in capped.stdout + capped.stderr
+    lifted = subprocess.run(cmd, env=torch_matrix.pip_env(base), capture_output=True, text=True, timeout=300)
+    assert lifted.returncode == 0 and "Would install opbridgecapprobe-2.0" in lifted.stdout, lifted.stderr[-500:]
+    assert base["PIP_CONFIG_FILE"] == str(tmp_path / "pip.conf") and "PIP_CONSTRAINT" not in base
 
 
 @pytest.mark.slow
