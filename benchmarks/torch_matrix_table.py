@@ -49,9 +49,20 @@ def render(result: dict) -> str:
     dates = sorted({r["date"] for r in result["releases"]})
     commits = sorted({r["commit"][:10] for r in result["releases"]})
     lines += ["", f"Each row: a fresh venv (Python {result['python']}), `pip install torch==V` first, then "
-              f"`pip install -e \".[test]\"`; tests: `{' '.join(Path(t).name for t in result['tests'])}` "
-              f"(`-m 'not slow'`, one process); commit {', '.join(commits)}; {', '.join(dates)}."]
+              f"`pip install -e \".[test]\"`; tests ({subsets(result)}) with `-m 'not slow'` in one process; "
+              f"commit {', '.join(commits)}; {', '.join(dates)}."]
     return "\n".join(lines)
+
+
+def subsets(result: dict) -> str:
+    """Which test files ran, per release where releases ran different subsets."""
+    runs: dict[tuple, list] = {}
+    for r in result["releases"]:
+        runs.setdefault(tuple(r.get("test_files", result["tests"])), []).append(r["requested"])
+    files = {k: "`" + " ".join(Path(t).name for t in k) + "`" for k in runs}
+    if len(runs) == 1:
+        return files.popitem()[1]
+    return "; ".join(f"{', '.join(v)}: {files[k]}" for k, v in runs.items())
 
 
 def main(argv: list[str] | None = None) -> str:
