@@ -33,20 +33,27 @@ def refusal(error: str) -> str:
     if m:
         top = re.search(r"is till opset (\d+)", error)
         return f"opset {m.group(1)} > {top.group(1)}" if top else f"opset {m.group(1)} unknown"
+    m = re.search(r"Could not find an implementation for (\w+\(\d+\))", error)
+    if m:
+        return f"no kernel for {m.group(1)}"
     if error.startswith("not exported"):
         return "not exported"
     return error.split("\n")[0][:60]
 
 
 def cell(rows: list[dict]) -> str:
+    """One opset and tier: how many files pass, and which fail for which reason."""
     passed = [r for r in rows if r["status"] == "pass"]
     if len(passed) == len(rows):
         return f"{len(passed)}/{len(rows)} pass"
-    errors = {refusal(r["error"]) for r in rows if r["status"] == "error"}
-    if not passed and len(errors) == 1 and all(r["status"] == "error" for r in rows):
-        return f"refused ({errors.pop()})"
-    bad = sorted({r["case"] for r in rows if r["status"] != "pass"})
-    return f"{len(passed)}/{len(rows)} pass; fail: {', '.join(bad)}"
+    reasons: dict[str, list[str]] = {}
+    for r in rows:
+        if r["status"] != "pass":
+            reasons.setdefault(refusal(r["error"]) if r["status"] == "error" else r["status"], []).append(r["case"])
+    if not passed and len(reasons) == 1 and all(r["status"] == "error" for r in rows):
+        return f"refused ({next(iter(reasons))})"
+    why = "; ".join(f"{reason}: {', '.join(sorted(set(names)))}" for reason, names in sorted(reasons.items()))
+    return f"{len(passed)}/{len(rows)} pass; {why}"
 
 
 def _cells(v: dict, opsets: list, shapes: str) -> list[str]:
