@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from ort_matrix_table import ROOT, update_readme
 
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "torch_matrix.json"
 START, END = "<!-- torch-matrix:start -->", "<!-- torch-matrix:end -->"
+# NOTE: the glog prefix of torch's C++ warnings (level, date, time, thread id) differs per run
+GLOG_PREFIX = re.compile(r"^[IWEF]\d{4} [\d:.]+ +\d+ ")
 
 
 def counts(tests: dict) -> str:
@@ -37,7 +40,7 @@ def row(release: dict) -> str:
     failing = "; ".join(f"`{t.split('::', 1)[-1]}`" for t in tests.get("failures", {})) or "-"
     check = (f"{'pass' if main.get('passed') else '**fail**'} ({main.get('parity') or 'no parity line'})"
              if main else "not run")
-    noise = "; ".join(f"`{line[:80]}`" for line in main.get("foreign_stderr", [])) or "none"
+    noise = "; ".join(f"`{GLOG_PREFIX.sub('', line)[:100]}`" for line in main.get("foreign_stderr", [])) or "none"
     return f"| {release['torch']} | {kept(release)} | {counts(tests)} | {failing} | {check} | {noise} |"
 
 

@@ -78,6 +78,20 @@ def test_junit_counts_match_what_pytest_ran(tmp_path):
     assert test_id.endswith("::test_bad") and "one is not two" in first_line
 
 
+def test_table_row_names_failures_and_foreign_stderr_without_its_glog_prefix():
+    release = {"requested": "2.14.1", "torch": "2.14.1+cu130", "torch_after_opbridge": "2.14.1+cu130",
+               "date": "2026-11-25", "commit": "0123456789abcdef", "test_files": ["tests/test_cli.py"],
+               "tests": {"passed": 7, "failed": 1, "xfailed": 0, "skipped": 0,
+                         "failures": {"tests/test_cli.py::test_quiet": "assert 'W' == ''"}},
+               "main": {"passed": True, "parity": "1 passed, 0 failed",
+                        "foreign_stderr": ["W1125 20:55:21.483000 32751 torch/x.py:1] No CUDA runtime is found"]}}
+    row = torch_matrix_table.row(release)
+    assert row == ("| 2.14.1+cu130 | yes | 7 passed, 1 failed | `test_quiet` | pass (1 passed, 0 failed) "
+                   "| `torch/x.py:1] No CUDA runtime is found` |")
+    replaced = dict(release, torch_after_opbridge="2.13.0+cpu")
+    assert "**no** (2.14.1+cu130 -> 2.13.0+cpu)" in torch_matrix_table.row(replaced)
+
+
 def _probe_wheel(folder: Path, name: str, version: str) -> None:
     info = f"{name}-{version}.dist-info"
     with zipfile.ZipFile(folder / f"{name}-{version}-py3-none-any.whl", "w") as whl:
