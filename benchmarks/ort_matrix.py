@@ -4,7 +4,10 @@
                                     [--json benchmarks/results/ort_matrix.json] [--venvs DIR]
 
 1. In this venv (opbridge, torch): export the demo and one sample of each seed op at each opset,
-   save inputs and eager-torch outputs, and build the native library with `opbridge build -o DIR`.
+   twice: with static shapes and with dynamic dimensions (the demo's own dynamic shapes, every
+   dimension of a seed op's inputs ``Dim.AUTO``), as users export; constant folding of a static
+   file hides what the guards compute on sizes. Save inputs and eager-torch outputs, and build the
+   native library with `opbridge build -o DIR`.
 2. For each onnxruntime release: a venv (under $OPBRIDGE_CACHE_DIR or ~/.cache/opbridge,
    ort-matrix/, reused) with only onnxruntime and numpy (numpy<2 where that release needs it);
    ``ort_matrix_runner.py`` runs every file in the function tier (the file as exported) and the
@@ -38,16 +41,16 @@ import custom_ops.demo as demo  # noqa: E402
 from bridge import cli  # noqa: E402
 from bridge.tools.testing import OpModule, cases  # noqa: E402
 from ort_kernels.build import LIBRARY_NAME, served_ops  # noqa: E402
-from ort_matrix_table import DEFAULT_JSON, render  # noqa: E402
+from ort_matrix_table import DEFAULT_JSON, cache_root, render  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 VERSIONS = ("1.17.3", "1.18.1", "1.20.1", "1.22.1", "newest")
 OPSETS = (17, 18, 19, 20, 21, 22, 23)
+SHAPES = ("static", "dynamic")
 
 
 def venv_root() -> Path:
-    base = os.environ.get("OPBRIDGE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "opbridge")
-    return Path(base) / "ort-matrix"
+    return cache_root() / "ort-matrix"
 
 
 def _pip(python: Path, *args: str) -> None:
@@ -82,29 +85,56 @@ def _leaves(value) -> list[torch.Tensor]:
     return [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
 
 
-def _write_case(work: Path, name: str, opset: int, model, args, dynamic_shapes, served) -> dict:
-    path = work / f"{name}-{opset}.onnx"
+def all_dynamic(args) -> tuple:
+    """``dynamic_shapes`` with every dimension of every tensor argument ``Dim.AUTO`` (export keeps a
+    dimension static only where the model fixes it).
+
+    >>> all_dynamic((torch.zeros(2, 3), torch.zeros(4)))
+    ({0: DimHint(AUTO), 1: DimHint(AUTO)}, {0: DimHint(AUTO)})
+    """
+    return tuple({d: torch.export.Dim.AUTO for d in range(a.dim())} if isinstance(a, torch.Tensor) else None
+                 for a in args)
+
+
+def _write_case(work: Path, name: str, opset: int, mc, shapes: str, served) -> dict:
+    model, args = mc.model, mc.args
+    # NOTE: a seed op's OpModule.forward takes *tensors: one parameter, the tuple of every input
+    dynamic_shapes = None if shapes == "static" else (mc.dynamic_shapes or (all_dynamic(args),))
+    stem = work / f"{name}-{opset}-{shapes}"
+    path = stem.with_suffix(".onnx")
     proto = bridge.export(model, args, path, dynamic_shapes=dynamic_shapes, opset_version=opset)
     native = onnx.ModelProto()
     native.CopyFrom(proto)
     keep = [f for f in native.functions if (f.domain, f.name) not in served]
     del native.functions[:]
     native.functions.extend(keep)
-    native_path = work / f"{name}-{opset}.native.onnx"
+    native_path = stem.with_suffix(".native.onnx")
     onnx.save(native, native_path)
     inputs = [i.name for i in proto.graph.input]
-    np.savez(work / f"{name}-{opset}.inputs.npz", **{n: t.detach().numpy() for n, t in zip(inputs, _leaves(args))})
+    np.savez(stem.with_suffix(".inputs.npz"), **{n: t.detach().numpy() for n, t in zip(inputs, _leaves(args))})
     with torch.no_grad():
         expected = _leaves(model(*args))
-    np.savez(work / f"{name}-{opset}.expected.npz", **{f"out{i}": t.numpy() for i, t in enumerate(expected)})
-    return {"name": name, "opset": opset, "ir_version": proto.ir_version,
+    np.savez(stem.with_suffix(".expected.npz"), **{f"out{i}": t.numpy() for i, t in enumerate(expected)})
+    return {"name": name, "opset": opset, "shapes": shapes, "ir_version": proto.ir_version,
+            "dynamic_inputs": sum(not d.HasField("dim_value") for i in proto.graph.input
+                                  for d in i.type.tensor_type.shape.dim),
             "files": {"function": str(path), "native": str(native_path)},
-            "inputs": str(work / f"{name}-{opset}.inputs.npz"), "expected": str(work / f"{name}-{opset}.expected.npz"),
+            "inputs": str(stem.with_suffix(".inputs.npz")), "expected": str(stem.with_suffix(".expected.npz")),
             "outputs": len(expected), "tolerances": [bridge.parity.tolerance(t.dtype) for t in expected]}
 
 
-def export_cases(work: Path, opsets) -> dict:
-    """The manifest: the demo and the first float32 sample of each seed op, at each opset."""
+def _export_or_why(work: Path, name: str, opset: int, mc, shapes: str, served) -> dict:
+    """The manifest entry of one file, or why opbridge could not export it (a cell of the table)."""
+    try:
+        return _write_case(work, name, opset, mc, shapes, served)
+    except Exception as e:  # noqa: BLE001  an export failure is a result, not the end of the matrix
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return {"name": name, "opset": opset, "shapes": shapes, "export_error": f"{type(e).__name__}: {first}"[:1500]}
+
+
+def export_cases(work: Path, opsets, shapes=SHAPES) -> dict:
+    """The manifest: the demo and the first float32 sample of each seed op, at each opset, once per
+    kind of ``shapes``."""
     library_dir = work / "native"
     cli.main(["-q", "build", "-o", str(library_dir)])
     served = served_ops(bridge.REGISTRY)
@@ -113,8 +143,8 @@ def export_cases(work: Path, opsets) -> dict:
         if case.spec.name not in {n for n, _ in models} and case.spec.function is not None:
             module, tensors = OpModule.from_sample(case.spec, case.sample)
             models.append((case.spec.name, bridge.ModelCase(module, tensors)))
-    entries = [_write_case(work, name, opset, mc.model, mc.args, mc.dynamic_shapes, served)
-               for opset in opsets for name, mc in models]
+    entries = [_export_or_why(work, name, opset, mc, kind, served)
+               for opset in opsets for kind in shapes for name, mc in models]
     return {"library": str(library_dir / LIBRARY_NAME), "cases": entries}
 
 
@@ -139,6 +169,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--versions", nargs="+", default=list(VERSIONS),
                         help="onnxruntime releases ('newest' = the newest pip finds)")
     parser.add_argument("--opsets", nargs="+", type=int, default=list(OPSETS))
+    parser.add_argument("--shapes", nargs="+", choices=SHAPES, default=list(SHAPES),
+                        help="export with static shapes, dynamic dimensions, or both")
     parser.add_argument("--json", default=str(DEFAULT_JSON), help="where to write the result")
     parser.add_argument("--venvs", default=None, help="folder for the per-release venvs (default: cache)")
     args = parser.parse_args(argv)
@@ -146,7 +178,7 @@ def main(argv: list[str] | None = None) -> dict:
     root.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="ort-matrix-") as tmp:
         work = Path(tmp)
-        manifest = export_cases(work, args.opsets)
+        manifest = export_cases(work, args.opsets, args.shapes)
         manifest_path = work / "manifest.json"
         manifest_path.write_text(json.dumps(manifest))
         versions = [run_version(v, root, manifest_path, len(manifest["cases"])) for v in args.versions]
@@ -155,9 +187,13 @@ def main(argv: list[str] | None = None) -> dict:
             if "error" in row:
                 row["error"] = row["error"].replace(str(work) + os.sep, "")
     result = {
-        "date": datetime.date.today().isoformat(), "opsets": args.opsets, "c_api": 17,
+        "date": datetime.date.today().isoformat(), "opsets": args.opsets, "shapes": args.shapes, "c_api": 17,
         "cases": sorted({c["name"] for c in manifest["cases"]}, key=lambda n: (n != "demo", n)),
-        "ir_versions": {str(c["opset"]): c["ir_version"] for c in manifest["cases"]},
+        "ir_versions": {str(c["opset"]): c["ir_version"] for c in manifest["cases"] if "ir_version" in c},
+        "dynamic_dims": {c["name"]: c["dynamic_inputs"] for c in manifest["cases"]
+                         if c["shapes"] == "dynamic" and "dynamic_inputs" in c},
+        "export_errors": sorted({f"{c['name']} ({c['shapes']}): {c['export_error']}" for c in manifest["cases"]
+                                 if "export_error" in c}),
         "exported_with": {"torch": torch.__version__, "onnx": onnx.__version__,
                           "onnxruntime": onnxruntime.__version__},
         "versions": versions,

@@ -32,7 +32,9 @@ def compare(expected: np.ndarray, actual: np.ndarray, rtol: float, atol: float) 
 
 
 def run_case(case: dict, tier: str, library: str) -> dict:
-    row = {"case": case["name"], "opset": case["opset"], "tier": tier}
+    row = {"case": case["name"], "opset": case["opset"], "shapes": case.get("shapes", "static"), "tier": tier}
+    if "export_error" in case:  # NOTE: opbridge made no file for this case; nothing to load
+        return {**row, "status": "error", "error": f"not exported: {case['export_error']}"}
     try:
         options = ort.SessionOptions()
         if tier == "native":

@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import sys
 from pathlib import Path
 
 import doc_markers
+from bridge.core.cppbuild import cache_root  # noqa: F401  (the matrices' venvs live under the one cache root)
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "ort_matrix.json"
 BLOCK = "ort-matrix"
 START, END = doc_markers.markers(BLOCK)
+TIERS = ("function", "native")
 
 
 def refusal(error: str) -> str:
@@ -30,53 +33,76 @@ def refusal(error: str) -> str:
     if m:
         top = re.search(r"is till opset (\d+)", error)
         return f"opset {m.group(1)} > {top.group(1)}" if top else f"opset {m.group(1)} unknown"
+    m = re.search(r"Could not find an implementation for (\w+\(\d+\))", error)
+    if m:
+        return f"no kernel for {m.group(1)}"
+    if error.startswith("not exported"):
+        return "not exported"
     return error.split("\n")[0][:60]
 
 
 def cell(rows: list[dict]) -> str:
+    """One opset and tier: how many files pass, and which fail for which reason."""
     passed = [r for r in rows if r["status"] == "pass"]
     if len(passed) == len(rows):
         return f"{len(passed)}/{len(rows)} pass"
-    errors = {refusal(r["error"]) for r in rows if r["status"] == "error"}
-    if not passed and len(errors) == 1 and all(r["status"] == "error" for r in rows):
-        return f"refused ({errors.pop()})"
-    bad = sorted({r["case"] for r in rows if r["status"] != "pass"})
-    return f"{len(passed)}/{len(rows)} pass; fail: {', '.join(bad)}"
+    reasons: dict[str, list[str]] = {}
+    for r in rows:
+        if r["status"] != "pass":
+            reasons.setdefault(refusal(r["error"]) if r["status"] == "error" else r["status"], []).append(r["case"])
+    if not passed and len(reasons) == 1 and all(r["status"] == "error" for r in rows):
+        return f"refused ({next(iter(reasons))})"
+    why = "; ".join(f"{reason}: {', '.join(sorted(set(names)))}" for reason, names in sorted(reasons.items()))
+    return f"{len(passed)}/{len(rows)} pass; {why}"
+
+
+def _cells(v: dict, opsets: list, shapes: str) -> list[str]:
+    cells = []
+    for o in opsets:
+        if not v["rows"]:
+            cells.append(f"not run ({v.get('error', '?')[:50]})")
+            continue
+        rows = [r for r in v["rows"] if r["opset"] == o and r.get("shapes", "static") == shapes]
+        per_tier = {t: cell([r for r in rows if r["tier"] == t]) for t in TIERS}
+        same = len(set(per_tier.values())) == 1
+        cells.append(per_tier["function"] if same else "; ".join(f"{t}: {c}" for t, c in per_tier.items()))
+    return cells
 
 
 def render(result: dict) -> str:
     """The markdown table (plus one line saying what was run) of one matrix result: one row per
-    onnxruntime release, one column per opset; a cell says both tiers' result when they agree."""
-    opsets, tiers = result["opsets"], ("function", "native")
-    head = ["onnxruntime (numpy)"] + [f"opset {o}" for o in opsets]
+    onnxruntime release and kind of shapes (static, dynamic), one column per opset; a cell says both
+    tiers' result when they agree."""
+    opsets, kinds = result["opsets"], result.get("shapes", ["static"])
+    head = ["onnxruntime (numpy)", "shapes"] + [f"opset {o}" for o in opsets]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for v in result["versions"]:
         label = f"{v['onnxruntime']} ({v['numpy']})" if v.get("onnxruntime") else f"{v['requested']} (not installed)"
-        cells = []
-        for o in opsets:
-            if not v["rows"]:
-                cells.append(f"not run ({v.get('error', '?')[:50]})")
-                continue
-            per_tier = {t: cell([r for r in v["rows"] if r["opset"] == o and r["tier"] == t]) for t in tiers}
-            same = len(set(per_tier.values())) == 1
-            cells.append(per_tier["function"] if same else "; ".join(f"{t}: {c}" for t, c in per_tier.items()))
-        lines.append("| " + " | ".join([label, *cells]) + " |")
+        for kind in kinds:
+            lines.append("| " + " | ".join([label, kind, *_cells(v, opsets, kind)]) + " |")
     ir = result.get("ir_versions", {})
-    lines.append("| file IR version | " + " | ".join(str(ir.get(str(o), "?")) for o in opsets) + " |")
+    lines.append("| file IR version | | " + " | ".join(str(ir.get(str(o), "?")) for o in opsets) + " |")
     made = result["exported_with"]
+    dims = result.get("dynamic_dims", {})
+    dynamic = (" Dynamic files: the demo with its own dynamic shapes, each seed op with every input dimension "
+               "`Dim.AUTO` (symbolic input dimensions per file: "
+               + ", ".join(f"{k} {n}" for k, n in dims.items()) + ")." if dims else "")
     lines.append("")
     lines.append(f"Each cell: {len(result['cases'])} files ({', '.join(result['cases'])}) in the function tier "
                  "(the file as exported) and in the native tier (the library registered); one result when both "
-                 f"agree. Files exported once per opset by "
+                 f"agree. Files exported once per opset and kind of shapes by "
                  f"opbridge (torch {made['torch']}, onnx {made['onnx']}); native: `opbridge build` (C API "
                  f"{result['c_api']}) built with onnxruntime {made['onnxruntime']}; each onnxruntime in its own venv "
                  f"with only onnxruntime + numpy; outputs compared with eager torch at the parity tolerances; "
-                 f"{result['date']}.")
+                 f"{result['date']}.{dynamic}")
+    for why in result.get("export_errors", []):
+        lines.append(f"- not exported: {why[:300]}")
     return "\n".join(lines)
 
 
-def update_readme(readme: Path, table: str) -> None:
-    readme.write_text(doc_markers.replace(readme.read_text(), BLOCK, table))
+def update_readme(readme: Path, table: str, block: str = BLOCK) -> None:
+    """Replace the generated block ``block`` of the page ``readme`` with ``table``."""
+    readme.write_text(doc_markers.replace(readme.read_text(), block, table))
 
 
 def main(argv: list[str] | None = None) -> str:
