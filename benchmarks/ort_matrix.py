@@ -5,7 +5,7 @@
 
 1. In this venv (opbridge, torch): export the demo and one sample of each seed op at each opset,
    twice: with static shapes and with dynamic dimensions (the demo's own dynamic shapes, every
-   dimension of a seed op's inputs ``Dim.AUTO``), as users export; constant folding of a static
+   dimension of a seed op's inputs ``Dim.AUTO`` but those its attributes fix, ``free_dims``), as users export; constant folding of a static
    file hides what the guards compute on sizes. Save inputs and eager-torch outputs, and build the
    native library with `opbridge build -o DIR`.
 2. For each onnxruntime release: a venv (under $OPBRIDGE_CACHE_DIR or ~/.cache/opbridge,
@@ -39,7 +39,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bridge  # noqa: E402
 import custom_ops.demo as demo  # noqa: E402
 from bridge import cli  # noqa: E402
-from bridge.tools.testing import OpModule, cases  # noqa: E402
+from bridge.tools.testing import OpModule, cases, free_dims  # noqa: E402
 from ort_kernels.build import LIBRARY_NAME, served_ops  # noqa: E402
 from ort_matrix_table import DEFAULT_JSON, cache_root, render  # noqa: E402
 
@@ -85,21 +85,10 @@ def _leaves(value) -> list[torch.Tensor]:
     return [t for t in pytree.tree_leaves(value) if isinstance(t, torch.Tensor)]
 
 
-def all_dynamic(args) -> tuple:
-    """``dynamic_shapes`` with every dimension of every tensor argument ``Dim.AUTO`` (export keeps a
-    dimension static only where the model fixes it).
-
-    >>> all_dynamic((torch.zeros(2, 3), torch.zeros(4)))
-    ({0: DimHint(AUTO), 1: DimHint(AUTO)}, {0: DimHint(AUTO)})
-    """
-    return tuple({d: torch.export.Dim.AUTO for d in range(a.dim())} if isinstance(a, torch.Tensor) else None
-                 for a in args)
-
-
 def _write_case(work: Path, name: str, opset: int, mc, shapes: str, served) -> dict:
     model, args = mc.model, mc.args
     # NOTE: a seed op's OpModule.forward takes *tensors: one parameter, the tuple of every input
-    dynamic_shapes = None if shapes == "static" else (mc.dynamic_shapes or (all_dynamic(args),))
+    dynamic_shapes = None if shapes == "static" else mc.dynamic_shapes
     stem = work / f"{name}-{opset}-{shapes}"
     path = stem.with_suffix(".onnx")
     proto = bridge.export(model, args, path, dynamic_shapes=dynamic_shapes, opset_version=opset)
@@ -142,7 +131,7 @@ def export_cases(work: Path, opsets, shapes=SHAPES) -> dict:
     for case in cases(bridge.REGISTRY, dtypes=(torch.float32,)):
         if case.spec.name not in {n for n, _ in models} and case.spec.function is not None:
             module, tensors = OpModule.from_sample(case.spec, case.sample)
-            models.append((case.spec.name, bridge.ModelCase(module, tensors)))
+            models.append((case.spec.name, bridge.ModelCase(module, tensors, (free_dims(case.spec, tensors),))))
     entries = [_export_or_why(work, name, opset, mc, kind, served)
                for opset in opsets for kind in shapes for name, mc in models]
     return {"library": str(library_dir / LIBRARY_NAME), "cases": entries}

@@ -18,8 +18,8 @@ import torch
 import bridge
 import custom_ops  # noqa: F401
 import custom_ops.demo as demo
-from bridge.core.check_vocabulary import DimEq
-from bridge.tools.testing import OpModule, cases
+
+from bridge.tools.testing import OpModule, cases, free_dims
 from exporters.inline import inline_functions
 
 # (op type, type constraint of the ONNX schema) -> element types onnxruntime 1.17.3 implements
@@ -95,11 +95,7 @@ def _exported():
             continue
         seen.add(spec.qualname)
         module, tensors = OpModule.from_sample(spec, case.sample)
-        pinned = {(c.input, c.axis) for c in spec.checks or () if isinstance(c, DimEq)}
-        dynamic = tuple({i: torch.export.Dim.AUTO for i in range(t.dim())
-                         if (p.name, i) not in pinned and (p.name, i - t.dim()) not in pinned}
-                        for p, t in zip(spec.tensors, tensors))
-        yield spec.qualname, bridge.ModelCase(module, tensors, (dynamic,))
+        yield spec.qualname, bridge.ModelCase(module, tensors, (free_dims(spec, tensors),))
 
 
 CASES = list(_exported())

@@ -6,6 +6,7 @@ import dataclasses
 
 import torch
 
+from bridge.core.checks import DimEq
 from bridge.core.spec import OpSpec, SampleInput
 
 
@@ -42,6 +43,21 @@ class OpModule(torch.nn.Module):
         names = [p.name for p in self.spec.params]
         written = tuple(args[names.index(m)] for m in self.spec.mutated)
         return written if out is None else (out, *written)
+
+
+def free_dims(spec: OpSpec, tensors) -> tuple[dict, ...]:
+    """``dynamic_shapes`` for an op's tensor inputs (as ``OpModule`` takes them): every dim
+    ``Dim.AUTO`` but those a ``dim_eq`` check ties to an attribute, which export would specialise.
+
+    >>> import torch, bridge, custom_ops
+    >>> spec = bridge.REGISTRY.get("opbridge::identity_conv")
+    >>> sorted(free_dims(spec, [torch.zeros(1, 3, 4, 4)])[0])  # dim 1 is the channels attribute
+    [0, 2, 3]
+    """
+    pinned = {(c.input, c.axis) for c in spec.checks or () if isinstance(c, DimEq)}
+    return tuple({i: torch.export.Dim.AUTO for i in range(t.dim())
+                  if (p.name, i) not in pinned and (p.name, i - t.dim()) not in pinned}
+                 for p, t in zip(spec.tensors, tensors))
 
 
 @dataclasses.dataclass(frozen=True)
