@@ -41,7 +41,7 @@ import custom_ops.demo as demo  # noqa: E402
 from bridge import cli  # noqa: E402
 from bridge.tools.testing import OpModule, cases, free_dims  # noqa: E402
 from ort_kernels.build import LIBRARY_NAME, served_ops  # noqa: E402
-from ort_matrix_table import DEFAULT_JSON, cache_root, render  # noqa: E402
+from ort_matrix_table import DEFAULT_JSON, cache_folder, render  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 VERSIONS = ("1.17.3", "1.18.1", "1.20.1", "1.22.1", "newest")
@@ -50,7 +50,7 @@ SHAPES = ("static", "dynamic")
 
 
 def venv_root() -> Path:
-    return cache_root() / "ort-matrix"
+    return cache_folder("ort-matrix")
 
 
 def _pip(python: Path, *args: str) -> None:

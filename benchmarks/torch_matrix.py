@@ -33,7 +33,7 @@ from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from ort_matrix_table import cache_root  # noqa: E402
+from ort_matrix_table import cache_folder  # noqa: E402
 from torch_matrix_table import DEFAULT_JSON, render  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -170,7 +170,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--venvs", default=None, help="folder for the per-release venvs (default: cache)")
     parser.add_argument("--keep", action="store_true", help="keep each venv (several GB) after its run")
     args = parser.parse_args(argv)
-    root = Path(args.venvs) if args.venvs else cache_root() / "torch-matrix"
+    root = Path(args.venvs) if args.venvs else cache_folder("torch-matrix")
     root.mkdir(parents=True, exist_ok=True)
     out = Path(args.json)
     # NOTE: a release measured earlier stays in the JSON unless measured again (one release per run is fine)

@@ -1,7 +1,5 @@
 """``python -m bridge`` is the ``opbridge`` command."""
 
-import sys
+from bridge.tools.cli import console
 
-from bridge.tools.cli import main
-
-sys.exit(main())
+console()

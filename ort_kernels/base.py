@@ -129,6 +129,11 @@ class Tier(abc.ABC):
         """Edit ``model`` (a private copy) and options so every custom node has a kernel; raise
         UnsupportedInTier naming the ops it cannot run."""
 
+    def missing(self, registry: Registry) -> str | None:
+        """What this machine lacks to run the tier at all (a package, a compiler), as an error
+        message naming the fix; None when nothing is missing. Checked before an export starts."""
+        return None
+
     def report(self, registry: Registry) -> list[str]:
         """Lines ``opbridge doctor`` prints about this tier."""
         served = [s.qualname for s in registry.exportable() if self.why_not(s) is None]

@@ -11,6 +11,7 @@ import onnxruntime as ort
 import torch
 
 from bridge.core.graphs import custom_ops
+from bridge.core.cppbuild import compiler, find_compiler, verified
 from bridge.core.errors import OpBridgeError, UnsupportedInTier
 from bridge.core.opnames import spec_names
 from bridge.core.registry import Registry
@@ -66,6 +67,16 @@ class NativeTier(Tier):
             raise OpBridgeError(f"onnxruntime could not load the native library {library!r}. Got "
                                 f"{type(e).__name__}: {str(e)[:300]}. Rebuild it for this onnxruntime.") from None
         return Prepared(options, changed=changed)
+
+    def missing(self, registry: Registry) -> str | None:
+        if os.environ.get(LIBRARY_ENV) or verified(library_path(registry, build=False)) or find_compiler():
+            return None
+        try:
+            compiler("the native kernel library", fix=", or point $OPBRIDGE_NATIVE_LIBRARY at a library built "
+                                                   "elsewhere (`opbridge build -o DIR`)")
+        except OpBridgeError as e:
+            return str(e)
+        return None
 
     def report(self, registry: Registry) -> list[str]:
         served = served_ops(registry)

@@ -22,6 +22,7 @@ here (measured on onnxruntime-extensions 0.15.2):
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import threading
 
@@ -325,6 +326,10 @@ def _to_private_domains(model: onnx.ModelProto) -> None:
     model.opset_import.extend(onnx.helper.make_opsetid(d, v) for d, v in moved.items() if d not in versions)
 
 
+_NO_EXTENSIONS = ("tier 'python' needs onnxruntime-extensions. Got no such package. "
+                  "pip install 'opbridge[python-tier]' (onnxruntime-extensions==0.15.*).")
+
+
 class PythonTier(Tier):
     name = "python"
     summary = "the op's own eager implementation via onnxruntime-extensions (prototyping; float32)"
@@ -336,6 +341,9 @@ class PythonTier(Tier):
             return "runs float32 only (onnxruntime-extensions aborts on float16 and declares one type per op)"
         return None
 
+    def missing(self, registry: Registry) -> str | None:
+        return _NO_EXTENSIONS if importlib.util.find_spec("onnxruntime_extensions") is None else None
+
     def prepare(self, model: onnx.ModelProto, registry: Registry, options: ort.SessionOptions | None,
                 library: str | os.PathLike | None = None) -> Prepared:
         """Route ``model``'s custom nodes to their eager implementations."""
@@ -343,8 +351,7 @@ class PythonTier(Tier):
         try:
             from onnxruntime_extensions import get_library_path
         except ImportError:
-            raise UnsupportedInTier("tier 'python' needs onnxruntime-extensions. Got no such package. "
-                                    "pip install 'opbridge[python-tier]' (onnxruntime-extensions==0.15.*).") from None
+            raise UnsupportedInTier(_NO_EXTENSIONS) from None
         inferred = _infer_types(model)
         with _lock:
             if not _library_used:

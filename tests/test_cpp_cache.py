@@ -84,7 +84,7 @@ def test_import_compiles_nothing_and_without_a_compiler_the_cpp_op_names_gpp(tmp
     r = _run("""
         import sys
         import torch, bridge, custom_ops
-        import bridge.tools.cli
+        import bridge.tools.cli, bridge.tools.commands
         from custom_ops.identity_conv import IdentityConvClass
         print("cpp_extension imported:", "torch.utils.cpp_extension" in sys.modules)
 

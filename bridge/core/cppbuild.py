@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import functools
 import hashlib
@@ -38,6 +39,7 @@ CACHE_ENV = "OPBRIDGE_CACHE_DIR"
 CXX_ENV = "CXX"
 DEFAULT_CXX = "g++"
 DIGEST_SUFFIX = ".sha256"
+CACHE_MARKER = ".opbridge-cache"
 _STALE_S = 3600  # an interrupted build's temp folder older than this is removed
 
 
@@ -79,13 +81,60 @@ def cache_folder(kind: str) -> Path:
     temp folder for this process (with a warning)."""
     wanted = cache_root() / kind
     try:
-        return private_folder(wanted)
+        folder = private_folder(wanted)
+        marker = folder / CACHE_MARKER
+        if not marker.exists():
+            marker.touch()  # NOTE: `opbridge cache clean` removes only folders that carry it
+        return folder
     except OSError as e:
         fallback = _fallback_root() / kind
         warnings.warn(f"opbridge: the {kind} cache {str(wanted)!r} cannot be used safely ({e}). Got an unusable "
                       f"folder. Building in {fallback} for this process; set {CACHE_ENV} to a private folder.",
                       stacklevel=2)
         return private_folder(fallback)
+
+
+@dataclasses.dataclass(frozen=True)
+class CacheEntry:
+    """One cached item: ``kind`` (native, torch_ext, ...), its ``key`` folder, bytes and seconds since use."""
+
+    kind: str
+    key: str
+    path: Path
+    size: int
+    age_s: float
+
+
+def _size(path: Path) -> int:
+    return sum(f.lstat().st_size for f in path.rglob("*") if not f.is_symlink() and f.is_file())
+
+
+def _kinds() -> list[Path]:
+    """The kind folders of the cache root that opbridge made (they carry its marker)."""
+    root = cache_root()
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and (p / CACHE_MARKER).is_file())
+
+
+def cache_entries() -> list[CacheEntry]:
+    """What opbridge keeps under the cache root, one entry per key folder.
+
+    >>> all(e.size >= 0 for e in cache_entries())
+    True
+    """
+    now = time.time()
+    return [CacheEntry(kind.name, key.name, key, _size(key), now - key.lstat().st_mtime)
+            for kind in _kinds() for key in sorted(kind.iterdir()) if key.is_dir() and not key.is_symlink()]
+
+
+def clean_cache(kinds: Sequence[str] | None = None) -> list[Path]:
+    """Remove opbridge's kind folders (all, or those named) from the cache root; return what went.
+    Only folders opbridge made are touched, never the root itself nor anything else in it."""
+    gone = [k for k in _kinds() if kinds is None or k.name in kinds]
+    for kind in gone:
+        shutil.rmtree(kind)
+    return gone
 
 
 def file_sha256(path: Path) -> str:

@@ -1,4 +1,7 @@
-"""``opbridge`` command line: ops | export | run | check | doctor.
+"""``opbridge`` command line: ops | export | run | check | inline | attach | doctor | build | cache.
+
+The parser lives here and imports nothing heavy: ``opbridge --help`` and argument errors answer
+without loading torch. The commands themselves are in ``bridge.tools.commands``.
 
 Examples (the demo model is the default ``--model``)::
 
@@ -17,501 +20,67 @@ Examples (the demo model is the default ``--model``)::
     opbridge build -o dist/               # the deployable native library + manifest.json
     opbridge build --triton repo --model demo.onnx  # a Triton model repository for the file
     opbridge attach in.onnx -o out.onnx   # re-attach function bodies at the file's opset
+    opbridge cache                        # what opbridge keeps in its cache; `cache clean` empties it
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
+import atexit
 import importlib
-import importlib.util
-import io
-import json
 import os
-import platform
 import sys
-import time
-import traceback
-from collections.abc import Iterator
-from pathlib import Path
 
-import numpy as np
-import onnx
-import onnxruntime
-import torch
-
-from bridge.core import files
-from bridge.core.errors import OpBridgeError
-from bridge.core.graphs import nonstandard_ops
-from bridge.core.progress import enable as enable_progress
-from bridge.core.progress import format_table
-from bridge.core.registry import REGISTRY
-from bridge.tools.parity import check_parity
-from bridge.tools.sessions import check_nodes, session
-from bridge.tools.testing import ModelCase, OpModule, cases
-from bridge.tools.triton import write_repository
-from exporters.derive import body_status, show_body
-from exporters.export import DEFAULT_OPSET, export
-from exporters.inline import inline_functions, save_atomic
-from exporters.opsets import attach_functions, onnx_opset
-from exporters.portable import required_ir_version
-from ort_kernels import build
-from ort_kernels.tiers import NAMES as TIER_NAMES
-from ort_kernels.tiers import TIERS
-
-DEFAULT_MODEL = "custom_ops.demo:build"
+# NOTE: the commands module loads torch (seconds); it is loaded by name once the arguments parsed,
+# as the facade loads its names, so that --help and argument errors stay instant.
+COMMANDS = "bridge.tools.commands"
 
 
-def _import_error(name: str, e: BaseException) -> OpBridgeError:
-    """The module's own error, its last frame inside the module, not a traceback of the CLI."""
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if "importlib" not in f.filename]
-    where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
-    return OpBridgeError(f"cannot import op module {name!r}. Got {type(e).__name__}: {e}{where}. Fix the module, "
-                         "or pass a module name importable from here or a path to a .py file to --ops.")
+def _common(parser: argparse.ArgumentParser, suffix: str) -> None:
+    """``--ops`` and ``-q``, accepted before and after the subcommand (kept apart by ``suffix``,
+    since a subparser's defaults would overwrite the main parser's values)."""
+    parser.add_argument("--ops", action="append", default=[], metavar="MODULE", dest=f"ops{suffix}",
+                        help="import MODULE (a module name or a path to a .py file) to register more ops "
+                             "(repeatable); custom_ops is always loaded")
+    parser.add_argument("-q", "--quiet", action="store_true", dest=f"quiet{suffix}", help="no progress lines")
 
 
-def import_ops(name: str):
-    """Import ``--ops NAME``: a module name (the current folder on sys.path, as ``python -m`` has it)
-    or a path to a ``.py`` file (its folder goes on sys.path, so its own imports work)."""
-    path = Path(name)
-    if name.endswith(".py") or os.sep in name:
-        if not path.is_file():
-            raise OpBridgeError(f"no op module file at {name!r}. Got a path that does not exist. "
-                                "Pass a path to a .py file, or a module name.")
-        folder = str(path.resolve().parent)
-        if folder not in sys.path:
-            sys.path.insert(0, folder)
-        name = path.stem
-    elif "" not in sys.path and os.getcwd() not in sys.path:
-        sys.path.insert(0, os.getcwd())
-    return _import_alone(name)
-
-
-def _import_alone(name: str):
-    """Import the user's module as if it were imported by a bare ``python``.
-
-    NOTE: during the import ``sys.argv`` is the program name alone (an argparse at import time parses
-    nothing of opbridge's), and what the module writes to stderr is held until the import ends: a
-    ``sys.exit()`` (or argparse's exit) becomes one error line quoting the module's last line."""
-    argv, held = sys.argv, io.StringIO()
-    sys.argv = argv[:1]
-    try:
-        with contextlib.redirect_stderr(held):
-            return importlib.import_module(name)
-    except SystemExit as e:
-        said = held.getvalue().strip().splitlines()
-        held = io.StringIO()
-        quoted = f", after printing {said[-1].strip()!r}" if said else ""
-        raise OpBridgeError(f"op module {name!r} exited while being imported (sys.exit({e.code!r}){quoted}). Got "
-                            "SystemExit. Keep its script part under `if __name__ == \"__main__\":` so importing it "
-                            "only registers ops.") from None
-    except Exception as e:  # noqa: BLE001  any error of the user's module becomes one line
-        raise _import_error(name, e) from None
-    finally:
-        sys.argv = argv
-        sys.stderr.write(held.getvalue())
-
-
-def _load_ops(modules: list[str]) -> None:
-    try:  # NOTE: opbridge's own seed ops, imported plainly: their progress lines show as they come
-        importlib.import_module("custom_ops")
-    except Exception as e:  # noqa: BLE001
-        raise _import_error("custom_ops", e) from None
-    for name in modules:
-        import_ops(name)
-
-
-def _load_case(spec: str):
-    module_name, _, attr = spec.partition(":")
-    if not attr:
-        raise OpBridgeError(f"--model must be MODULE:FACTORY. Got {spec!r}. Use e.g. {DEFAULT_MODEL}.")
-    try:
-        factory = getattr(import_ops(module_name), attr)
-    except AttributeError as e:
-        raise OpBridgeError(f"cannot load model factory {spec!r}. Got {e}. "
-                            "Pass MODULE:FACTORY of a function returning bridge.tools.testing.ModelCase.") from None
-    case = factory()
-    if not isinstance(case, ModelCase):
-        raise OpBridgeError(f"{spec} must return a bridge.tools.testing.ModelCase. Got {type(case).__name__}. "
-                            "Return ModelCase(model, args, dynamic_shapes).")
-    return case
-
-
-def _inputs_path(onnx_path: str) -> str:
-    root, _ = os.path.splitext(onnx_path)
-    return root + ".inputs.npz"
-
-
-def _dtype_name(dtype) -> str:
-    return str(dtype).replace("torch.", "")
-
-
-def _op_row(spec) -> dict:
-    """One op as ``opbridge ops --json`` shows it."""
-    onnx_spec = REGISTRY.functional(spec)
-    body, body_note = body_status(onnx_spec, opset=DEFAULT_OPSET)
-    runs = {name: tier.why_not(onnx_spec) is None for name, tier in TIERS.items()}
-    return {
-        "op": spec.qualname, "onnx": f"{spec.domain}::{spec.name} v{spec.version}",
-        "inputs": [p.name for p in spec.tensors],
-        "attributes": {p.name: p.attr_type.name + ("(bool)" if p.is_bool else "") for p in spec.attributes},
-        "mutates": list(spec.mutated), "torchbind": list(spec.torchbind),
-        "dtypes": [_dtype_name(d) for d in spec.dtypes],
-        "fake": spec.has_fake, "autograd": spec.has_autograd, "reference": spec.reference is not None,
-        "samples": spec.sample_inputs is not None, "body": body, "body_note": body_note,
-        "tiers": runs,
-        "skipped": {name: {_dtype_name(d): why for d in spec.dtypes
-                           if runs[name] and (why := tier.why_not(onnx_spec, d))} for name, tier in TIERS.items()},
-        "missing": REGISTRY.missing(spec),
-    }
-
-
-def _op_notes(r: dict) -> Iterator[str]:
-    """The lines under the ops table for one op: skipped dtypes, torchbind methods, gaps, body."""
-    for tier_name, dtypes in r["skipped"].items():
-        for why in sorted(set(dtypes.values())):
-            names = ", ".join(d for d, w in dtypes.items() if w == why)
-            yield f"tier {tier_name} skips {r['op']} {names}: {why}"
-    for method in r["torchbind"]:
-        yield f"note: {r['op']} also stands for torchbind {method} (object state -> attributes)"
-    for gap in r["missing"]:
-        yield f"note: {r['op']} lacks {gap}"
-    if r["body"] == "none":
-        yield f"note: {r['op']} has no portable body (function tier): {r['body_note']}"
-    elif r["body_note"]:
-        yield f"note: {r['op']} body: {r['body_note']}"
-
-
-def _ops_table(rows: list[dict]) -> str:
-    mark = {True: "yes", False: "-"}
-    head = ("op", "onnx node", "attributes", "fake", "autograd", "ref", "samples", "body", *TIER_NAMES)
-    return format_table([head] + [
-        (r["op"], r["onnx"], ",".join(f"{k}:{v}" for k, v in r["attributes"].items()) or "-",
-         mark[r["fake"]], mark[r["autograd"]], mark[r["reference"]], mark[r["samples"]], r["body"],
-         *(mark[r["tiers"][t]] for t in TIER_NAMES)) for r in rows])
-
-
-def cmd_ops(args) -> int:
-    if args.show_body:
-        spec = REGISTRY.functional(REGISTRY.get(args.show_body))
-        print(show_body(spec, opset=DEFAULT_OPSET))
-        return 0
-    rows = [_op_row(spec) for spec in REGISTRY]
-    if args.json:
-        print(json.dumps(rows, indent=2))
-        return 0
-    print(_ops_table(rows))
-    for r in rows:
-        for line in _op_notes(r):
-            print(line)
-    print(f"{len(rows)} ops registered")
-    return 0
-
-
-def cmd_export(args) -> int:
-    inputs_path = _inputs_path(args.output)
-    files.check_writable(args.output, what="model")  # NOTE: both targets before the export, not after
-    files.check_writable(inputs_path)
-    case = _load_case(args.model)
-    proto = export(case.model, case.args, args.output, dynamic_shapes=case.dynamic_shapes,
-                   functions=not args.no_functions, inline=args.inline, opset_version=args.opset)
-    tensors = [a.detach().numpy() for a in case.args]
-    files.save_npz(inputs_path, dict(zip((i.name for i in proto.graph.input), tensors)))
-    size = os.path.getsize(args.output)
-    print(f"wrote {args.output} ({size / 1024:.1f} KiB) and {inputs_path}")
-    return 0
-
-
-def load_inputs(path: str, names: list[str]) -> dict[str, np.ndarray]:
-    """The feed from an ``.npz``: arrays keyed by input name, or ``arr_0``... in input order."""
-    try:
-        with np.load(path, allow_pickle=False) as data:
-            arrays = {k: data[k] for k in data.files}
-    except Exception as e:  # noqa: BLE001  not a zip, object arrays, truncated: one clear line
-        raise OpBridgeError(f"{path} is not a readable .npz of numeric arrays. Got {type(e).__name__}: "
-                            f"{str(e)[:200]}. Save the inputs with numpy.savez(path, name=array, ...).") from None
-    positional = [f"arr_{i}" for i in range(len(names))]
-    if set(arrays) == set(names):
-        return {n: arrays[n] for n in names}
-    if set(arrays) == set(positional):
-        return dict(zip(names, (arrays[k] for k in positional)))
-    raise OpBridgeError(f"{path} holds arrays {sorted(arrays)}; the model takes inputs {names}. Got a mismatch. "
-                        "Save one array per model input, keyed by input name (or arr_0... in input order).")
-
-
-def _summary(value) -> str:
-    """One output as ``opbridge run`` prints it: shape, dtype and value range; strings, sequences and
-    maps (which have no range) by what they hold."""
-    if isinstance(value, list):
-        kinds = sorted({str(v.dtype) if isinstance(v, np.ndarray) else type(v).__name__ for v in value})
-        return f"sequence of {len(value)} ({', '.join(kinds)})" if value else "sequence, empty"
-    if isinstance(value, dict):
-        return f"map of {len(value)} entries"
-    if not isinstance(value, np.ndarray):
-        return type(value).__name__
-    kind = "string" if value.dtype.kind in "OUS" else str(value.dtype)
-    if value.size == 0:
-        return f"shape {list(value.shape)} {kind} empty"
-    if kind == "string":
-        return f"shape {list(value.shape)} {kind}"
-    return (f"shape {list(value.shape)} {kind} min {value.min():.4g} max {value.max():.4g} "
-            f"mean {value.mean():.4g}")
-
-
-def cmd_run(args) -> int:
-    inputs_path = args.inputs or _inputs_path(args.model_file)
-    if not os.path.isfile(inputs_path):
-        raise OpBridgeError(f"no inputs for {args.model_file}. Got no file {inputs_path!r}. "
-                            "Pass --inputs FILE.npz (arrays keyed by input name), or export with `opbridge export`.")
-    sess = session(args.model_file, tier=args.tier)
-    feed = load_inputs(inputs_path, [i.name for i in sess.get_inputs()])
-    start = time.perf_counter()
-    try:
-        outputs = sess.run(None, feed)
-    except Exception as e:
-        raise OpBridgeError(f"onnxruntime failed to run {args.model_file}. Got {type(e).__name__}: "
-                            f"{str(e)[:600]}. Check the inputs.") from None
-    ms = (time.perf_counter() - start) * 1e3
-    for meta, out in zip(sess.get_outputs(), outputs):
-        print(f"{meta.name}: {_summary(out)}")
-    print(f"ran in {ms:.1f} ms ({args.tier} tier)")
-    return 0
-
-
-def _check_targets(args) -> None:
-    """NOTE: every file ``check`` writes is checked before the check runs, not after it."""
-    for path, what in ((args.output, "model"), (args.json, "report"), (args.plot, "plot")):
-        if path:
-            files.check_writable(path, what=what)
-
-
-def _nothing_checked(spec, args, run: list, skipped: list[str]) -> OpBridgeError:
-    """``check --op`` found no case to run: that is no pass. Say why and how to give it samples."""
-    if spec.sample_inputs is None:
-        return OpBridgeError(f"nothing was checked: {spec.qualname} has no sample inputs. Got sample_inputs=None. "
-                             "Give the op samples: @bridge.op(..., sample_inputs=lambda dtype: "
-                             "[bridge.SampleInput((tensor, ...))]) or @my_op.register_samples.")
-    if not run:
-        return OpBridgeError(f"nothing was checked: tier {args.tier!r} runs none of {spec.qualname}'s dtypes. Got "
-                             f"{'; '.join(skipped) or 'no dtypes'}. Pick another tier (opbridge ops shows which "
-                             "run it), or add what it lacks.")
-    return OpBridgeError(f"nothing was checked: the sample inputs of {spec.qualname} are empty. Got no "
-                         f"SampleInput for {', '.join(map(_dtype_name, run))}. Return at least one "
-                         "bridge.SampleInput per dtype from its sample_inputs.")
-
-
-def _op_reports(args) -> tuple[list, list[str]]:
-    """``check --op``: one report per dtype and sample the tier runs, and the dtypes it skips."""
-    spec = REGISTRY.get(args.op)
-    tier, onnx_spec = TIERS[args.tier], REGISTRY.functional(spec)
-    why = tier.why_not(onnx_spec)
-    if why is not None and not args.inline:
-        raise OpBridgeError(f"tier {args.tier!r} cannot run {spec.qualname}: {why}. Got --tier {args.tier}. "
-                            "Pick another tier (opbridge ops shows which run it), or add what it lacks.")
-    # NOTE: dtypes a tier does not run are reported as skipped, with the tier's reason
-    run = [d for d in spec.dtypes if args.inline or tier.why_not(onnx_spec, d) is None]
-    skipped = [f"{spec.qualname} {_dtype_name(d)} (tier {args.tier} {tier.why_not(onnx_spec, d)})"
-               for d in spec.dtypes if d not in run]
-    selected = cases([spec], dtypes=tuple(run))
-    if not selected:
-        raise _nothing_checked(spec, args, run, skipped)
-    if args.tier == "function" and body_status(onnx_spec, opset=DEFAULT_OPSET)[0] == "derived":
-        print(f"note: {spec.qualname} runs the ONNX body derived from its PyTorch implementation")
-    reports = []
-    for case in selected:
-        module, tensors = OpModule.from_sample(spec, case.sample)
-        reports.append(check_parity(module, tensors, tier=args.tier, rtol=args.rtol, atol=args.atol,
-                                    name=case.id, inline=args.inline, runtime=args.runtime, localize=args.localize))
-    return reports, skipped
-
-
-def _model_report(args):
-    case = _load_case(args.model)
-    return check_parity(case.model, case.args, dynamic_shapes=case.dynamic_shapes, extra_args=case.extra_args,
-                        tier=args.tier, rtol=args.rtol, atol=args.atol, path=args.output,
-                        name=case.name or args.model, inline=args.inline, runtime=args.runtime, localize=args.localize)
-
-
-def _write_reports(args, reports: list) -> None:
-    if args.json:
-        files.write_json(args.json, [json.loads(r.to_json()) for r in reports])
-    if args.plot:
-        root, ext = os.path.splitext(args.plot)
-        for i, r in enumerate(reports):
-            target = args.plot if len(reports) == 1 else f"{root}-{i}{ext or '.png'}"
-            print(f"wrote {r.plot(target)}")
-
-
-def cmd_check(args) -> int:
-    _check_targets(args)
-    reports, skipped = _op_reports(args) if args.op else ([_model_report(args)], [])
-    for r in reports:
-        print(r)
-        print()
-    for line in skipped:
-        print(f"skipped {line}")
-    print(f"{sum(r.passed for r in reports)} passed, {sum(not r.passed for r in reports)} failed"
-          + (f", {len(skipped)} dtypes skipped" if skipped else ""))
-    _write_reports(args, reports)
-    return 0 if all(r.passed for r in reports) else 1
-
-
-@contextlib.contextmanager
-def _onnx_errors(path: str, action: str) -> Iterator[None]:
-    """onnx's own errors (checker, shape inference, inliner) as one OpBridgeError naming the file;
-    onnx's message names the node or function at fault."""
-    try:
-        yield
-    except OpBridgeError:
-        raise
-    except (Exception, RecursionError) as e:  # noqa: BLE001  onnx raises several types, C++ ones included
-        said = " ".join(str(e).split())[:500].rstrip(".")
-        raise OpBridgeError(f"onnx cannot {action} {path}. Got {type(e).__name__}: {said}. "
-                            "Fix the node or function it names, or export the model again with opbridge.") from None
-
-
-def _load_checked(path: str):
-    """The model at ``path`` (external tensors loaded), its custom nodes checked against the registry:
-    a wrong attribute type or input count is named by node before onnx meets it."""
-    proto = files.load_model(path)
-    check_nodes(proto, REGISTRY)
-    return proto
-
-
-def cmd_inline(args) -> int:
-    output = args.output or os.path.splitext(args.model_file)[0] + "_inline.onnx"
-    files.check_writable(output, what="model")
-    original = _load_checked(args.model_file)
-    with _onnx_errors(args.model_file, "inline"):
-        inlined = inline_functions(original, REGISTRY)
-    save_atomic(inlined, output)
-    ops = ", ".join(f"{d}::{t}" for d, t in nonstandard_ops(original)) or "none"
-    print(f"inlined {ops}: {len(original.graph.node)} -> {len(inlined.graph.node)} nodes")
-    print(f"wrote {output} ({os.path.getsize(output) / 1024:.1f} KiB)")
-    return 0
-
-
-def cmd_doctor(args) -> int:
-    print(f"python {platform.python_version()}, torch {torch.__version__}, "
-          f"onnxruntime {onnxruntime.__version__}, onnx {onnx.__version__}")
-    include = os.environ.get(build.ORT_INCLUDE_ENV)
-    print(f"ORT C headers: {'official, from ' + include if include else 'opbridge declaration (C API v17)'}")
-    path = build.library_path(build=args.build)
-    built = path.is_file()
-    print(f"native library: {path}")
-    print(f"built: {'yes' if built else 'no (run `opbridge doctor --build`; a native session builds it too)'}")
-    if built:
-        options = onnxruntime.SessionOptions()
-        try:
-            options.register_custom_ops_library(str(path))
-            print("loads in onnxruntime: yes")
-        except Exception as e:
-            print(f"loads in onnxruntime: NO ({e})")
-            return 1
-    for name, tier in TIERS.items():
-        print(f"tier {name}: {tier.summary}")
-        for line in tier.report(REGISTRY):
-            print(f"  {line}")
-    return 0
-
-
-def cmd_build(args) -> int:
-    """Copy the native library (every registered op with a C++ kernel) and a manifest into ``-o DIR``,
-    or write a Triton model repository for ``--model FILE`` with ``--triton REPO``."""
-    if args.triton:
-        return _build_triton(args)
-    if not args.output or args.model:
-        raise OpBridgeError(f"build needs -o DIR (the library and a manifest) or --triton REPO --model FILE. "
-                            f"Got -o {args.output!r}, --model {args.model!r}. Pass one of the two forms.")
-    files.check_folder(args.output)  # NOTE: before the build, which can take a minute
-    library = build.library_path(build=True)
-    served = build.served_ops(REGISTRY)
-    manifest = {
-        "library": build.LIBRARY_NAME, "onnxruntime_c_api": 17, "built_with_onnxruntime": onnxruntime.__version__,
-        "ops": [{"op": REGISTRY.find(d, n).qualname, "domain": d, "name": n, "version": REGISTRY.find(d, n).version,
-                 "dtypes": [_dtype_name(t) for t in dtypes]} for (d, n), dtypes in sorted(served.items())],
-    }
-    created = not os.path.isdir(args.output)
-    out = Path(files.make_folder(args.output))
-    # NOTE: each file lands whole or not at all, with the umask's mode (the library's with exec bits)
-    try:
-        files.copy_file(library, out / build.LIBRARY_NAME, executable=True)
-        files.write_json(out / "manifest.json", manifest)
-    except BaseException:
-        if created and not any(out.iterdir()):
-            out.rmdir()  # NOTE: a folder this command made stays only with what it was made for
-        raise
-    print(f"wrote {out / build.LIBRARY_NAME} ({len(served)} ops) and {out / 'manifest.json'}")
-    print("load it with onnxruntime.SessionOptions().register_custom_ops_library(PATH); no compiler needed")
-    return 0
-
-
-def _build_triton(args) -> int:
-    if not args.model or args.output:
-        raise OpBridgeError(f"build --triton REPO needs --model FILE (an .onnx file) and no -o. Got --model "
-                            f"{args.model!r}, -o {args.output!r}. Pass --model m.onnx.")
-    model_dir = write_repository(args.triton, args.model, name=args.name, max_batch_size=args.max_batch_size,
-                                 library_path_as_served=args.library_path)
-    print(f"wrote Triton model {model_dir.name!r} in {model_dir}; serve it with: tritonserver --model-repository={args.triton}")
-    return 0
-
-
-def cmd_attach(args) -> int:
-    """Give a file (e.g. one ``onnx.version_converter`` or another tool rewrote) the registered
-    function bodies it lacks, at its own opset; write it whole or not at all."""
-    target = args.output or args.model_file
-    files.check_writable(target, what="model")
-    proto = _load_checked(args.model_file)
-    with _onnx_errors(args.model_file, "attach bodies to"):
-        changed = attach_functions(proto, REGISTRY)
-        proto.ir_version = max(proto.ir_version, required_ir_version(proto))
-        onnx.checker.check_model(proto, full_check=True)
-    # NOTE: a file rewritten in place keeps its mode; a new -o file gets the umask's
-    in_place = os.path.isfile(target) and os.path.samefile(target, args.model_file)
-    files.save_model(proto, target, keep_mode=in_place)
-    print(f"{'attached or converted ' + ', '.join(changed) if changed else 'nothing to attach'} "
-          f"(ONNX opset {onnx_opset(proto)}); wrote {target}")
-    return 0
+def _sub(sub, name: str, **kwargs) -> argparse.ArgumentParser:
+    p = sub.add_parser(name, **kwargs)
+    _common(p, "_after")
+    return p
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="opbridge", description=__doc__.split("\n")[0])
-    parser.add_argument("--ops", action="append", default=[], metavar="MODULE",
-                        help="import MODULE (a module name or a path to a .py file) to register more ops "
-                             "(repeatable); custom_ops is always loaded")
-    parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    _common(parser, "")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    p = sub.add_parser("ops", help="list registered ops, their pieces and kernel tiers")
+    p = _sub(sub, "ops", help="list registered ops, their pieces and kernel tiers")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--show-body", metavar="NS::NAME",
                    help="print the op's portable ONNX body (written, or derived from its first sample)")
-    p.set_defaults(func=cmd_ops)
 
-    p = sub.add_parser("export", help="export a model to ONNX (+ its example inputs as .inputs.npz)")
-    p.add_argument("--model", default=DEFAULT_MODEL, help="MODULE:FACTORY returning a ModelCase")
+    p = _sub(sub, "export", help="export a model to ONNX (+ its example inputs as .inputs.npz)")
+    p.add_argument("--model", help="MODULE:FACTORY returning a ModelCase (default: the demo)")
     p.add_argument("-o", "--output", default="model.onnx")
     p.add_argument("--no-functions", action="store_true", help="do not attach model-local function bodies")
     p.add_argument("--inline", action="store_true", help="replace each custom node by its ONNX body (standard ONNX only)")
-    p.add_argument("--opset", type=int, default=DEFAULT_OPSET, help=f"ONNX opset, 17 and up (default {DEFAULT_OPSET})")
-    p.set_defaults(func=cmd_export)
+    p.add_argument("--opset", type=int, help="ONNX opset, 17 and up (default: opbridge's, see bridge.export)")
 
-    p = sub.add_parser("inline", help="replace each custom node of an .onnx file by its ONNX function body")
+    p = _sub(sub, "inline", help="replace each custom node of an .onnx file by its ONNX function body")
     p.add_argument("model_file")
     p.add_argument("-o", "--output", help="where to write (default: MODEL_inline.onnx); written atomically")
-    p.set_defaults(func=cmd_inline)
 
-    p = sub.add_parser("run", help="run an .onnx file in ONNX Runtime on saved inputs")
+    p = _sub(sub, "run", help="run an .onnx file in ONNX Runtime on saved inputs")
     p.add_argument("model_file")
     p.add_argument("--inputs", help=".npz with one array per model input (default: MODEL.inputs.npz)")
-    p.add_argument("--tier", default="function", choices=TIER_NAMES)
-    p.set_defaults(func=cmd_run)
+    p.add_argument("--tier", default="function", help="kernel tier (`opbridge ops` lists them)")
 
-    p = sub.add_parser("doctor", help="report the native kernel library: built?, loads?, ops and domains served")
+    p = _sub(sub, "doctor", help="report the native kernel library: built?, loads?, ops and domains served")
     p.add_argument("--build", action="store_true", help="build the library if it is not built yet")
-    p.set_defaults(func=cmd_doctor)
 
-    p = sub.add_parser("build", help="write the deployable native library (registered ops) and a manifest")
+    p = _sub(sub, "build", help="write the deployable native library (registered ops) and a manifest")
     p.add_argument("-o", "--output", metavar="DIR", help="folder to write into (created)")
     p.add_argument("--triton", metavar="REPO", help="write a Triton model repository REPO/NAME for --model instead")
     p.add_argument("--model", metavar="FILE", help="with --triton: the .onnx file to serve")
@@ -521,17 +90,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--library-path", metavar="PATH",
                    help="with --triton: the library's path as the server sees it (default: the absolute "
                         "path of the copy in REPO/NAME)")
-    p.set_defaults(func=cmd_build)
 
-    p = sub.add_parser("attach", help="re-attach the registered function bodies a file lacks, at its opset")
+    p = _sub(sub, "attach", help="re-attach the registered function bodies a file lacks, at its opset")
     p.add_argument("model_file")
     p.add_argument("-o", "--output", help="file to write (default: replace MODEL_FILE, atomically)")
-    p.set_defaults(func=cmd_attach)
 
-    p = sub.add_parser("check", help="export, run in ORT and compare against eager (parity table)")
-    p.add_argument("--model", default=DEFAULT_MODEL, help="MODULE:FACTORY returning a ModelCase")
+    p = _sub(sub, "check", help="export, run in ORT and compare against eager (parity table)")
+    p.add_argument("--model", help="MODULE:FACTORY returning a ModelCase (default: the demo)")
     p.add_argument("--op", help="check one registered op over its dtypes and sample inputs instead")
-    p.add_argument("--tier", default="function", choices=TIER_NAMES)
+    p.add_argument("--tier", default="function", help="kernel tier (`opbridge ops` lists them)")
     p.add_argument("--inline", action="store_true", help="check the inlined file (custom nodes replaced by bodies)")
     p.add_argument("--runtime", default="onnxruntime", choices=("onnxruntime", "openvino"),
                    help="run the file in this runtime (openvino needs --inline and `pip install openvino`)")
@@ -543,23 +110,45 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--localize", nargs="?", const=True, default=False, choices=["always"],
                    help="on a failure, compare every intermediate value and name the first node that diverges "
                         "(--localize always: also when the check passes)")
-    p.set_defaults(func=cmd_check)
+
+    p = _sub(sub, "cache", help="show what opbridge keeps in its cache (kind, key, size, age); `cache clean` removes it")
+    p.add_argument("action", nargs="?", choices=("show", "clean"), default="show")
+    p.add_argument("--kind", action="append", help="only this kind (native, torch_ext, ...; repeatable)")
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The parsed arguments, ``--ops``/``-q`` merged from both sides of the subcommand.
+
+    >>> args = parse(["--ops", "a", "check", "--ops", "b.py", "-q", "--tier", "native"])
+    >>> args.command, args.ops, args.quiet, args.tier
+    ('check', ['a', 'b.py'], True, 'native')
+    """
     args = build_parser().parse_args(argv)
-    enable_progress(not args.quiet)
-    try:
-        _load_ops(args.ops)
-        return args.func(args)
-    except OpBridgeError as e:
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)  # NOTE: one line, whatever the message holds
-        return 2
-    except BrokenPipeError:  # NOTE: output piped into `head`: stop quietly, as other tools do
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+    args.ops = args.ops + args.ops_after
+    args.quiet = args.quiet or args.quiet_after
+    del args.ops_after, args.quiet_after
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run ``opbridge ARGV``; return the exit status (0 ok, 1 parity failure, 2 error)."""
+    args = parse(argv)
+    return importlib.import_module(COMMANDS).run(args)
+
+
+def console() -> None:
+    """The ``opbridge`` executable: ``main()``, then exit at once.
+
+    NOTE: tearing down torch and onnxruntime at interpreter exit takes 1-3 s after the last line;
+    the output is flushed and the exit handlers run, so nothing is lost by skipping it.
+    """
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    atexit._run_exitfuncs()
+    os._exit(code)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    console()

@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import os
 
 import numpy as np
@@ -39,6 +40,14 @@ from bridge.core.files import load_model
 INSTALL = "pip install openvino"
 # NOTE: the domains OpenVINO's ONNX frontend converts; opbridge's custom domains are not among them.
 _STANDARD = frozenset({"", "ai.onnx", "ai.onnx.ml"})
+
+
+def missing() -> str | None:
+    """What running a file in OpenVINO lacks here (the package), as an error message; None when nothing."""
+    if importlib.util.find_spec("openvino") is None:
+        return (f"running a model in OpenVINO needs the openvino package. Got no such package. "
+                f"Run `{INSTALL}` (or pip install 'opbridge[openvino]').")
+    return None
 
 
 def import_openvino():
