@@ -85,7 +85,7 @@ def render(result: dict) -> str:
     made = result["exported_with"]
     dims = result.get("dynamic_dims", {})
     dynamic = (" Dynamic files: the demo with its own dynamic shapes, each seed op with every input dimension "
-               "`Dim.AUTO` (symbolic input dimensions per file: "
+               "`Dim.AUTO` but those its attributes fix (symbolic input dimensions per file: "
                + ", ".join(f"{k} {n}" for k, n in dims.items()) + ")." if dims else "")
     lines.append("")
     lines.append(f"Each cell: {len(result['cases'])} files ({', '.join(result['cases'])}) in the function tier "
