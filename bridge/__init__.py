@@ -40,9 +40,11 @@ _PUBLIC: dict[str, tuple[str, str]] = {
 # NOTE: submodules reachable as ``bridge.<name>``: the ground floor lives in bridge/core/, the
 # user-facing floor in bridge/tools/ (ARCHITECTURE.md).
 _SUBMODULES: dict[str, str] = {
-    **{name: f"bridge.core.{name}" for name in ("checks", "domains", "dtypes", "errors", "files", "functional", "opnames",
-                                                 "opdef", "progress", "proxy", "registry", "schema", "spec")},
-    **{name: f"bridge.tools.{name}" for name in ("cli", "localize", "openvino_runtime", "parity", "sessions", "testing")},
+    **{name: f"bridge.core.{name}" for name in (
+        "checks", "cppbuild", "domains", "dtypes", "errors", "files", "functional", "graphs", "opnames", "opdef",
+        "progress", "proxy", "registry", "schema", "spec", "torch_compat")},
+    **{name: f"bridge.tools.{name}" for name in (
+        "cli", "commands", "localize", "openvino_runtime", "parity", "sessions", "testing", "triton")},
 }
 
 __all__ = sorted(_PUBLIC)

@@ -41,7 +41,7 @@ def load_library() -> Path:
     library: the op's CPU kernel and the torchbind class, whose fake class is registered with it."""
     if not _loaded:
         path = bridge.build_torch_extension(LIBRARY, [SOURCE], purpose=f"the C++ library of {QUALNAME} and {CLASS}")
-        torch._library.fake_class_registry.register_fake_class(CLASS, FakeIdentityConvClass)
+        bridge.torch_compat.register_fake_class(CLASS, FakeIdentityConvClass)
         _loaded.append(path)
     return _loaded[0]
 

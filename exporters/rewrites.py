@@ -11,16 +11,17 @@ import operator
 
 import torch
 
+from bridge.core import torch_compat
 from bridge.core.errors import OpBridgeError
 
 
 def _is_auto_functionalized(target) -> bool:
-    return isinstance(target, torch._ops.HigherOrderOperator) and target.name().startswith("auto_functionalized")
+    return isinstance(target, torch_compat.HigherOrderOperator) and target.name().startswith("auto_functionalized")
 
 
 def _calls_mutating_op(program, registry) -> bool:
     for node in program.graph.nodes:
-        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+        if node.op == "call_function" and isinstance(node.target, torch_compat.OpOverload):
             spec = registry.for_overload(node.target)
             if spec is not None and spec.mutated:
                 return True

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import onnxruntime
 import torch
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from bridge.core.cppbuild import cache_folder, cached_build, cached_path, full_key, toolchain
 from bridge.core.dtypes import TORCH_TO_ONNX
@@ -25,6 +24,7 @@ from bridge.core.errors import OpBridgeError
 from bridge.core.opnames import op_names, spec_names
 from bridge.core.progress import step
 from bridge.core.registry import REGISTRY
+from bridge.core.torch_compat import FakeTensorMode
 
 SOURCE_DIR = Path(__file__).resolve().parent
 INCLUDE_DIR = SOURCE_DIR / "include"
