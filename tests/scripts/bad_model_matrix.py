@@ -65,7 +65,7 @@ def main():
         corrupt = os.path.join(tmp, "corrupt.onnx")
         open(corrupt, "wb").write(bytes(b ^ 0x5A for b in data[:200]) + data[200:])
         for tier in TIERS:
-            def run(arrays, model=good_path):
+            def run(arrays, model=good_path, tier=tier):
                 sess = bridge.session(model, tier=tier, sess_options=quiet if tier != "python" else None)
                 return sess.run(None, {i.name: a for i, a in zip(sess.get_inputs(), arrays)})
 
@@ -81,11 +81,11 @@ def main():
                 "wrong_rank": with_input(1, feed_arrays[1].reshape(-1)),
                 "index_out_of_range": with_input(2, np.full_like(feed_arrays[2], 10**6)),
                 "negative_length": with_input(6, np.full_like(feed_arrays[6], -1)),
-                "missing_attribute": lambda: bridge.session(variant(drop_attr), tier=tier),
-                "wrong_attribute_type": lambda: bridge.session(variant(wrong_attr_type), tier=tier),
-                "wrong_domain_version": lambda: bridge.session(variant(bump_version), tier=tier),
-                "truncated_file": lambda: bridge.session(truncated, tier=tier),
-                "corrupt_file": lambda: bridge.session(corrupt, tier=tier),
+                "missing_attribute": lambda tier=tier: bridge.session(variant(drop_attr), tier=tier),
+                "wrong_attribute_type": lambda tier=tier: bridge.session(variant(wrong_attr_type), tier=tier),
+                "wrong_domain_version": lambda tier=tier: bridge.session(variant(bump_version), tier=tier),
+                "truncated_file": lambda tier=tier: bridge.session(truncated, tier=tier),
+                "corrupt_file": lambda tier=tier: bridge.session(corrupt, tier=tier),
             }
             if tier == "native":
                 cases["missing_kernel_library"] = lambda: bridge.session(

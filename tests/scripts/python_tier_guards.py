@@ -92,8 +92,8 @@ def main():
     results["kernel_exception"] = outcome(lambda: sess.run(None, bad))
     results["after_exception"] = outcome(lambda: float(np.abs(sess.run(None, feed)[0]).sum()))
     for method, call in run_methods(sess).items():
-        results[f"{method}_valid"] = outcome(lambda: float(np.abs(call(feed)).sum()))
-        results[f"{method}_kernel_exception"] = outcome(lambda: call(bad).shape)
+        results[f"{method}_valid"] = outcome(lambda call=call: float(np.abs(call(feed)).sum()))
+        results[f"{method}_kernel_exception"] = outcome(lambda call=call: call(bad).shape)
     results["options_reuse"] = {"runs": [reuse(proto, tier, feed, bad) for tier in
                                          ("native", "python", "function", "python", "native", "function")]}
 
