@@ -31,7 +31,7 @@ from exporters.rewrites import functionalize_mutations, torchbind_to_ops
 from exporters.translation import symbolic_attribute_error, translation_table
 
 # NOTE: torch.onnx warns about every absent torchvision op when it builds its registry.
-logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
+logging.getLogger(torch_compat.ONNX_REGISTRY_LOGGER).setLevel(logging.ERROR)
 
 DEFAULT_OPSET = 20
 TORCH_MIN_OPSET = 18  # NOTE: below it, torch.onnx writes 18 and the bridge converts (exporters.opsets)

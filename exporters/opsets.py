@@ -29,7 +29,7 @@ import onnx.version_converter
 from onnx import defs, helper
 
 from bridge.core.domains import is_onnx
-from bridge.core.graphs import FreshNames, custom_ops, walk
+from bridge.core.graphs import FreshNames, custom_ops, subgraphs, walk
 from bridge.core.errors import OpBridgeError
 from bridge.core.registry import REGISTRY, Registry
 
@@ -353,12 +353,10 @@ def _convert_nodes(nodes: Nodes, source: int, ctx: _Context) -> Nodes:
     for node in nodes:
         converted = onnx.NodeProto()
         converted.CopyFrom(node)
-        for attr in converted.attribute:  # subgraphs (If, Loop, Scan) convert with their node
-            graphs = [attr.g] if attr.type == onnx.AttributeProto.GRAPH else list(attr.graphs)
-            for graph in graphs:
-                new_nodes = _convert_nodes(list(graph.node), source, ctx)
-                del graph.node[:]
-                graph.node.extend(new_nodes)
+        for graph in subgraphs(converted):  # subgraphs (If, Loop, Scan) convert with their node
+            new_nodes = _convert_nodes(list(graph.node), source, ctx)
+            del graph.node[:]
+            graph.node.extend(new_nodes)
         if not is_onnx(converted.domain):
             out.append(converted)
             continue

@@ -1,6 +1,7 @@
 """The layering of ARCHITECTURE.md holds: import-linter contracts, every module in a layer, no facade use."""
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -83,3 +84,31 @@ def test_library_modules_never_import_the_facade_nor_hide_project_imports(packag
                 if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in LIBRARY + ("custom_ops",):
                     problems.append(f"{name}:{node.lineno} imports {node.module} inside {fn.name}()")
     assert not problems, problems
+
+
+# NOTE: each shared concern has one module (ARCHITECTURE.md); these scans make a second copy fail.
+_PRIVATE_TORCH = re.compile(r"torch\._[A-Za-z]|from torch\._|torch\.utils\._|torch\.onnx\._internal|"
+                            r"\._schema\b|\._init_fn\b|\bOPDEFS\b|\._opoverload\b|\._abstract_fn\b|\._lib\._destroy")
+_GRAPH_WALK = re.compile(r"AttributeProto\.GRAPHS?\b|\.HasField\(\"g\"\)|\battr\.g\b|\ba\.g\b|\.graphs\)")
+
+
+def _scan(pattern: re.Pattern, allowed: set[str]) -> list[str]:
+    hits = []
+    for package in (*LIBRARY, "custom_ops"):
+        for name, path in _modules(package).items():
+            if str(path.relative_to(ROOT)) in allowed:
+                continue
+            for lineno, line in enumerate(path.read_text().splitlines(), 1):
+                if pattern.search(line.split("#", 1)[0]) and not line.lstrip().startswith(("#", ">>>")):
+                    hits.append(f"{path.relative_to(ROOT)}:{lineno}: {line.strip()}")
+    return hits
+
+
+def test_private_torch_api_only_in_torch_compat():
+    hits = _scan(_PRIVATE_TORCH, {"bridge/core/torch_compat.py"})
+    assert not hits, "private torch API outside bridge/core/torch_compat.py:\n" + "\n".join(hits)
+
+
+def test_graph_walks_only_in_graphs():
+    hits = _scan(_GRAPH_WALK, {"bridge/core/graphs.py"})
+    assert not hits, "graph walks outside bridge/core/graphs.py:\n" + "\n".join(hits)

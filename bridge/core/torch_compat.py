@@ -26,6 +26,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode, is_fake  # noqa: F401 
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext  # noqa: F401
 
 TESTED = ("2.12", "2.13", "2.14", "2.15")
+# NOTE: the logger torch.onnx's dynamo exporter warns through while it builds its op registry
+ONNX_REGISTRY_LOGGER = "torch.onnx._internal.exporter._registration"
 
 # NOTE: the op classes torch keeps in the private torch._ops (2.12-2.15); isinstance checks only.
 OpOverload = torch._ops.OpOverload
