@@ -10,6 +10,9 @@ move between pages without the scripts knowing where it is.
 
 from __future__ import annotations
 
+import argparse
+import json
+from collections.abc import Callable
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -49,3 +52,20 @@ def replace(text: str, name: str, body: str) -> str:
     before, rest = text.split(start, 1)
     _, after = rest.split(end, 1)
     return f"{before}{start}\n{body.strip(chr(10))}\n{end}{after}"
+
+
+def table_main(block: str, render: Callable[[dict], str], default_json: Path, description: str,
+               argv: list[str] | None = None) -> str:
+    """The command line of a block generator: render a result JSON as block BLOCK, print it, and with
+    ``--readme [PAGE]`` write it into the page holding its markers."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("json", nargs="?", default=str(default_json))
+    parser.add_argument("--readme", nargs="?", const="", help=f"update the page holding the {block} markers "
+                        "(default: found among README.md and docs/*.md)")
+    args = parser.parse_args(argv)
+    table = render(json.loads(Path(args.json).read_text()))
+    if args.readme is not None:
+        page = Path(args.readme) if args.readme else page_with(block)
+        page.write_text(replace(page.read_text(), block, table))
+    print(table)
+    return table

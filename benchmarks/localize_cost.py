@@ -11,7 +11,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -22,6 +21,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from bridge.core import files  # noqa: E402
 import bridge  # noqa: E402
 import bridge.tools.localize  # noqa: E402
 import bridge.tools.parity  # noqa: E402
@@ -111,9 +111,7 @@ def main(argv=None) -> dict:
           f"{f['localize_true_s']:.2f} s (localization itself {f['calls']['True']['localization_s']:.3f} s); "
           f"sessions {f['calls']['False']['sessions']} vs {f['calls']['True']['sessions']}")
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(results, fh, indent=2)
-        print(f"wrote {args.json}")
+        print(f"wrote {files.write_json(args.json, results)}")
     return results
 
 

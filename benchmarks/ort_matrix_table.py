@@ -7,9 +7,6 @@ the page, README.md or docs/*.md, that holds the markers; ``--readme PAGE``: tha
 
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import re
 import sys
 from pathlib import Path
@@ -100,23 +97,8 @@ def render(result: dict) -> str:
     return "\n".join(lines)
 
 
-def update_readme(readme: Path, table: str, block: str = BLOCK) -> None:
-    """Replace the generated block ``block`` of the page ``readme`` with ``table``."""
-    readme.write_text(doc_markers.replace(readme.read_text(), block, table))
-
-
 def main(argv: list[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("json", nargs="?", default=str(DEFAULT_JSON))
-    parser.add_argument("--readme", nargs="?", const="", help="update the page holding the ort-matrix markers "
-                        "(default: found among README.md and docs/*.md)")
-    args = parser.parse_args(argv)
-    table = render(json.loads(Path(args.json).read_text()))
-    if args.readme is not None:
-        update_readme(Path(args.readme) if args.readme else doc_markers.page_with(BLOCK), table)
-    print(table)
-    return table
-
+    return doc_markers.table_main(BLOCK, render, DEFAULT_JSON, __doc__.split("\n")[0], argv)
 
 if __name__ == "__main__":
     main(sys.argv[1:])

@@ -24,7 +24,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import json
 import os
 import statistics
 import sys
@@ -44,6 +43,7 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from bridge.core import files  # noqa: E402
 import bridge  # noqa: E402
 import custom_ops.demo as demo  # noqa: E402
 import bev_pool_v2 as bev  # noqa: E402
@@ -285,9 +285,7 @@ def main(argv=None) -> dict:
     print("   log-log slope (1.0 = linear): " + ", ".join(f"{k} {v:.2f}" for k, v in f["loglog_slope"].items()))
     results["machine"]["load_average_at_end"] = list(os.getloadavg())
     if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(results, fh, indent=2)
-        print(f"wrote {args.json}")
+        print(f"wrote {files.write_json(args.json, results)}")
     return results
 
 

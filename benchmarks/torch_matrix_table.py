@@ -6,14 +6,12 @@ into the README between ``<!-- torch-matrix:start -->`` and ``<!-- torch-matrix:
 
 from __future__ import annotations
 
-import argparse
-import json
 import re
 import sys
 from pathlib import Path
 
 import doc_markers
-from ort_matrix_table import ROOT, update_readme
+from ort_matrix_table import ROOT
 
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "torch_matrix.json"
 BLOCK = "torch-matrix"
@@ -71,17 +69,7 @@ def subsets(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("json", nargs="?", default=str(DEFAULT_JSON))
-    parser.add_argument("--readme", nargs="?", const="", help="update the page holding the torch-matrix markers "
-                        "(default: found among README.md and docs/*.md)")
-    args = parser.parse_args(argv)
-    table = render(json.loads(Path(args.json).read_text()))
-    if args.readme is not None:
-        update_readme(Path(args.readme) if args.readme else doc_markers.page_with(BLOCK), table, BLOCK)
-    print(table)
-    return table
-
+    return doc_markers.table_main(BLOCK, render, DEFAULT_JSON, __doc__.split("\n")[0], argv)
 
 if __name__ == "__main__":
     main(sys.argv[1:])

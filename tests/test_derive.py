@@ -199,17 +199,24 @@ def test_crop_and_paste_derived_over_every_sample_and_dtype(case, without_writte
 
 def test_crop_derived_at_a_dynamic_size_serves_other_sizes(without_written_body, tmp_path):
     without_written_body("opbridge::crop")
+    proto = _two_crops_at_dynamic_sizes(tmp_path, seed=2)
+    assert [list(f.attribute) for f in proto.functions] == [["box"]]  # one body, box read from each node
 
-    class M(torch.nn.Module):
-        def forward(self, img):
-            return torch.ops.opbridge.crop(img, [1, 2, 5, 4]), torch.ops.opbridge.crop(img, [2, 0, 4, 3])
 
-    g = torch.Generator().manual_seed(2)
+class _TwoCrops(torch.nn.Module):
+    def forward(self, img):
+        return torch.ops.opbridge.crop(img, [1, 2, 5, 4]), torch.ops.opbridge.crop(img, [2, 0, 4, 3])
+
+
+def _two_crops_at_dynamic_sizes(tmp_path, seed: int) -> onnx.ModelProto:
+    """Two crop sites exported with every dim dynamic, run in plain onnxruntime at two sizes against eager."""
+    g = torch.Generator().manual_seed(seed)
     feeds = [(torch.randn(3, 6, 7, generator=g),), (torch.randn(2, 9, 11, generator=g),)]
     path = tmp_path / "crop.onnx"
-    proto = bridge.export(M(), feeds[0], path, dynamic_shapes=({0: Dim("n"), 1: Dim("h"), 2: Dim("w")},))
-    assert [list(f.attribute) for f in proto.functions] == [["box"]]  # one body, box read from each node
-    _assert_matches(M(), feeds, _run_plain_ort(path, feeds), rtol=0, atol=0)
+    proto = bridge.export(_TwoCrops(), feeds[0], path,
+                          dynamic_shapes=({0: Dim("n"), 1: Dim("h"), 2: Dim("w")},))
+    _assert_matches(_TwoCrops(), feeds, _run_plain_ort(path, feeds), rtol=0, atol=0)
+    return proto
 
 
 def test_guards_with_torch_sym_min_and_max_are_read():
@@ -233,18 +240,9 @@ def test_equal_bodies_derived_twice_are_attached_once(without_written_body, monk
     without_written_body("opbridge::crop")
     derive_once = attach.derive
     monkeypatch.setattr(attach, "derive", lambda *a: dataclasses.replace(derive_once(*a)))  # a new object each
-
-    class M(torch.nn.Module):
-        def forward(self, img):
-            return torch.ops.opbridge.crop(img, [1, 2, 5, 4]), torch.ops.opbridge.crop(img, [2, 0, 4, 3])
-
-    g = torch.Generator().manual_seed(3)
-    feeds = [(torch.randn(3, 6, 7, generator=g),), (torch.randn(2, 9, 11, generator=g),)]
-    path = tmp_path / "crop.onnx"
-    proto = bridge.export(M(), feeds[0], path, dynamic_shapes=({0: Dim("n"), 1: Dim("h"), 2: Dim("w")},))
+    proto = _two_crops_at_dynamic_sizes(tmp_path, seed=3)
     assert [(f.name, f.overload, list(f.attribute)) for f in proto.functions] == [("crop", "", ["box"])]
     assert all(n.overload == "" for n in proto.graph.node if n.domain == "opbridge")
-    _assert_matches(M(), feeds, _run_plain_ort(path, feeds), rtol=0, atol=0)
 
 
 def test_a_changed_registry_never_serves_an_earlier_body(registry, fresh_name):

@@ -260,15 +260,21 @@ class Check:
                 f"(onnxruntime stopped at guard node '{node}'). {self.fix}")
 
 
-@dataclasses.dataclass(frozen=True)
-class Rank(Check):
-    n: int
-    at_least: bool
+class _Worded:
+    """A check whose message was worded when it was made (its ``text`` field)."""
+
     text: str
 
     @property
-    def static(self):
+    def static(self) -> str:
         return self.text
+
+
+@dataclasses.dataclass(frozen=True)
+class Rank(_Worded, Check):
+    n: int
+    at_least: bool
+    text: str
 
     def violation(self, env):
         t = env[self.input]
@@ -306,13 +312,9 @@ class DimEq(Check):
 
 
 @dataclasses.dataclass(frozen=True)
-class SameLen(Check):
+class SameLen(_Worded, Check):
     other: str
     text: str
-
-    @property
-    def static(self):
-        return self.text
 
     def violation(self, env):
         a, b = env[self.other].numel(), env[self.input].numel()
@@ -323,14 +325,10 @@ class SameLen(Check):
 
 
 @dataclasses.dataclass(frozen=True)
-class SameShape(Check):
+class SameShape(_Worded, Check):
     other: str
     drop_last: int
     text: str
-
-    @property
-    def static(self):
-        return self.text
 
     def _key(self, t):
         return t.dim(), tuple(t.shape[:t.dim() - self.drop_last]) if t.dim() >= self.drop_last else None
@@ -378,14 +376,10 @@ class ValuesIn(Check):
 
 
 @dataclasses.dataclass(frozen=True)
-class ValuesGe(Check):
+class ValuesGe(_Worded, Check):
     low: int
     text: str
     reads_values: ClassVar[bool] = True
-
-    @property
-    def static(self):
-        return self.text
 
     def violation(self, env):
         t = env[self.input]
@@ -397,14 +391,10 @@ class ValuesGe(Check):
 
 
 @dataclasses.dataclass(frozen=True)
-class AttrLen(Check):
+class AttrLen(_Worded, Check):
     n: int
     text: str
     reads_attributes_only: ClassVar[bool] = True
-
-    @property
-    def static(self):
-        return self.text
 
     def violation(self, env):
         return str(list(env[self.input])) if len(env[self.input]) != self.n else None
@@ -414,14 +404,10 @@ class AttrLen(Check):
 
 
 @dataclasses.dataclass(frozen=True)
-class AttrLe(Check):
+class AttrLe(_Worded, Check):
     pairs: tuple[tuple[int, int], ...]
     text: str
     reads_attributes_only: ClassVar[bool] = True
-
-    @property
-    def static(self):
-        return self.text
 
     def violation(self, env):
         items = [attr(self.input)[k].eval(env) for pair in self.pairs for k in pair]
@@ -436,14 +422,10 @@ class AttrLe(Check):
 
 
 @dataclasses.dataclass(frozen=True)
-class AttrGe(Check):
+class AttrGe(_Worded, Check):
     low: int
     text: str
     reads_attributes_only: ClassVar[bool] = True
-
-    @property
-    def static(self):
-        return self.text
 
     def violation(self, env):
         return str(list(env[self.input])) if any(v < self.low for v in env[self.input]) else None
@@ -454,7 +436,7 @@ class AttrGe(Check):
 
 
 @dataclasses.dataclass(frozen=True)
-class AttrProdLe(Check):
+class AttrProdLe(_Worded, Check):
     """NOTE: the guard is exact without a float64 product (onnxruntime 1.17 has no float64
     ReduceProd): a float32 product, within a factor 2 of the true one (for fewer than 2**22
     items), tells whether the int64 product can wrap (above 2**62); where it cannot, the int64
@@ -464,10 +446,6 @@ class AttrProdLe(Check):
     limit: int
     text: str
     reads_attributes_only: ClassVar[bool] = True
-
-    @property
-    def static(self):
-        return self.text
 
     def violation(self, env):
         items = list(env[self.input])
@@ -523,29 +501,21 @@ class IntervalsWithin(Check):
 
 
 @dataclasses.dataclass(frozen=True)
-class DtypeIs(Check):
+class DtypeIs(_Worded, Check):
     dtypes: tuple[torch.dtype, ...]
     text: str
     guarded: ClassVar[bool] = False
-
-    @property
-    def static(self):
-        return self.text
 
     def violation(self, env):
         return f"{env[self.input].dtype}" if env[self.input].dtype not in self.dtypes else None
 
 
 @dataclasses.dataclass(frozen=True)
-class SameDtype(Check):
+class SameDtype(_Worded, Check):
     other: str
     floating: bool
     text: str
     guarded: ClassVar[bool] = False
-
-    @property
-    def static(self):
-        return self.text
 
     def violation(self, env):
         a, b = env[self.other].dtype, env[self.input].dtype
