@@ -343,6 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="import MODULE (a module name or a path to a .py file) to register more ops "
                              "(repeatable); custom_ops is always loaded")
     parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    parser.add_argument("-v", "--verbose", action="store_true", help="on an error, also print the full trace")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("ops", help="list registered ops, their pieces and kernel tiers")
@@ -409,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
         _load_ops(args.ops)
         return args.func(args)
     except OpBridgeError as e:
+        if args.verbose:  # NOTE: the trace of what went wrong (torch's own error is the cause)
+            traceback.print_exception(e, file=sys.stderr)
         print(f"error: {e}", file=sys.stderr)
         return 2
 
