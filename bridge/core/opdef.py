@@ -221,6 +221,13 @@ def warn_override(qualname: str, given: str) -> None:
                   "translation as the op's body.", stacklevel=3)
 
 
+def warn_overrides(qualname: str, **given: Any) -> None:
+    """:func:`warn_override` for each of ``given`` (``function=...``, ``translation=...``) that is set."""
+    for name, value in given.items():
+        if value is not None:
+            warn_override(qualname, f"{name}=")
+
+
 def as_body(spec: OpSpec, function: Any) -> Any:
     """``function=`` as the op keeps it: an onnxscript function as it is, a plain Python function of
     the op's attributes as a :class:`~bridge.core.spec.BodyBuilder` (validated against the op)."""
@@ -380,9 +387,7 @@ def register(
     qualname = overload.name()
     reg.check_free(qualname)
     _check_version(qualname, version)
-    for given, value in (("function=", function), ("translation=", translation)):
-        if value is not None:
-            warn_override(qualname, given)
+    warn_overrides(qualname, function=function, translation=translation)
     if attributes is not None:
         raise OpBridgeError(f"{qualname}: attributes= names a torchbind object's state. Got it for an op. Drop it: "
                             "an op's attributes come from its schema.")
