@@ -389,3 +389,24 @@ def test_cli_ops_says_the_body_is_torch_onnx_translation(tmp_path):
     assert "translated" in row
     assert ("note: torchvision::nms body: torch.onnx's translation (torchvision_nms, onnxscript torch_lib)"
             in r.stdout)
+
+
+# -- translation=: the nodes go into the model directly, no custom node ----------------------------------
+_MAX_BOXES = 1 << 30
+
+
+def nms_translation(dets, scores, iou_threshold: float):
+    """visionlike::nms as standard ONNX nodes, emitted in place of the op's node."""
+    selected = op.NonMaxSuppression(op.Unsqueeze(dets, [0]), op.Unsqueeze(scores, [0, 1]),
+                                    op.Constant(value_int=_MAX_BOXES), op.Constant(value_float=iou_threshold))
+    return op.Reshape(op.Slice(selected, [2], [3], [1]), [-1])
+
+
+def test_translation_emits_the_nodes_with_no_custom_node(registry):
+    bridge.register("visionlike::nms", translation=nms_translation, registry=registry)
+    args, dynamic, extra = _boxes(30, 0), ({0: N}, {0: N}), [_boxes(50, 1)]
+    proto = bridge.export(Detect(vl), args, dynamic_shapes=dynamic, registry=registry)
+    assert not proto.functions and {n.domain for n in proto.graph.node} <= {"", "ai.onnx"}
+    assert "NonMaxSuppression" in {n.op_type for n in proto.graph.node}
+    report = bridge.check_parity(Detect(vl), args, dynamic_shapes=dynamic, registry=registry, extra_args=extra)
+    assert report.passed, str(report)
