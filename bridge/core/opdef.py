@@ -348,7 +348,13 @@ def register(
     (torch ops cannot be undefined), so registering the op again (another registry) with other
     ``names=`` is an error. The proxy's fake is the latest ``fake=`` given for the op: it serves every
     registry holding the op. A proxy calls the op's keyword-only arguments (and its fake's) by the
-    op's own names. A method's node is named ``Class_method`` in the class's namespace; its inputs are the
+    op's own names.
+
+    ``function=`` is an onnxscript function, or a Python function of (some of) the op's attributes
+    returning one per set of attribute values (a body builder, called at export per distinct values).
+    An op torch.onnx already translates (onnxscript's torch_lib, e.g. torchvision's ``nms``,
+    ``roi_align``, ``deform_conv2d``) given neither ``function=`` nor ``translation=`` takes that
+    translation as its body; giving either replaces it, with a warning (once per op) naming both. A method's node is named ``Class_method`` in the class's namespace; its inputs are the
     method's tensors, its attributes the object's ``__obj_flatten__`` state (types from its schema,
     names from ``attributes=[...]`` or the ``function=`` body's attributes); ``fake`` takes
     ``(*tensors, *state)``.
