@@ -7,7 +7,7 @@ import torch
 
 from bridge.core.errors import OpBridgeError
 from bridge.core.registry import Registry
-from bridge.core.spec import OpSpec
+from bridge.core.spec import BodyBuilder, OpSpec
 from exporters.derive.derivation import derive
 from exporters.derive.implementation import implementation
 from exporters.derive.sites import NoPortableBody, sample_site
@@ -33,7 +33,7 @@ def body_status(spec: OpSpec, dtype: torch.dtype | None = None, opset: int = 20,
         ('written', None)
     """
     if spec.function is not None:
-        return "written", getattr(spec.function, "note", None)
+        return "written", spec.function.note if isinstance(spec.function, BodyBuilder) else None
     reused = torch_translation(spec)
     if reused is not None:
         return "translated", (f"torch.onnx's translation ({reused.name}, onnxscript torch_lib), exported at the "
