@@ -8,6 +8,7 @@ import inspect
 import io
 import logging
 import os
+import re
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -194,6 +195,9 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
             program = torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
                                           strict=False)
         except RuntimeError as e:
+            violation = constraint_violation(e, model, args, kwargs, dynamic_shapes)
+            if violation is not None:
+                raise violation from e
             if "data is not allocated" not in str(e):
                 raise
             raise OpBridgeError(
@@ -236,6 +240,70 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
     if f is not None:
         files.save_model(proto, f)  # NOTE: one file; only models past protobuf's 2 GiB get a .data file
     return Exported(proto, onnx_program.exported_program)
+
+
+def _dim_sites(model, args: Sequence, kwargs: dict | None, dynamic_shapes) -> dict[str, tuple[str, int]]:
+    """``{Dim name: (input name, dim index)}`` of the dims ``dynamic_shapes`` marks (first use of each)."""
+    try:
+        names = list(inspect.signature(model.forward if isinstance(model, torch.nn.Module) else model).parameters)
+    except (TypeError, ValueError):
+        names = []
+    if isinstance(dynamic_shapes, dict):
+        entries = list(dynamic_shapes.items())
+    elif isinstance(dynamic_shapes, (list, tuple)):
+        entries = [(names[i] if i < len(names) else f"args[{i}]", spec) for i, spec in enumerate(dynamic_shapes)]
+    else:
+        entries = []
+    sites: dict[str, tuple[str, int]] = {}
+    for name, spec in entries:
+        dims = spec.items() if isinstance(spec, dict) else enumerate(spec) if isinstance(spec, (list, tuple)) else ()
+        for index, dim in dims:
+            dim_name = getattr(dim, "__name__", None)
+            if isinstance(index, int) and dim_name:
+                sites.setdefault(dim_name, (name, index))
+    return sites
+
+
+_SPECIALISED = re.compile(r"You marked (\S+) as dynamic but your code specialized it to be a constant \((-?\d+)\)")
+_SOURCE = re.compile(r"L\['(?:args'\]\[\d+\]\[)?'?(\w+)'?\]\.size\(\)\[(\d+)\]")
+
+
+def constraint_violation(error: BaseException, model, args: Sequence, kwargs: dict | None,
+                         dynamic_shapes) -> OpBridgeError | None:
+    """torch.export's constraint violation (a dim marked dynamic that the model's code fixes or
+    restricts) as one line naming the input and dimension and the usual fix; None for other errors.
+
+    Example:
+        >>> class M(torch.nn.Module):
+        ...     def forward(self, x, boxes):
+        ...         return x[: len(boxes)] * 2    # len() makes the box count a Python int
+        >>> n = torch.export.Dim("n")
+        >>> try:
+        ...     export(M(), (torch.ones(9), torch.ones(4, 5)), dynamic_shapes=(None, {0: n}))
+        ... except OpBridgeError as e:
+        ...     print(str(e)[:115])
+        opbridge: torch.export could not keep dimension 0 of input 'boxes' (Dim n) dynamic: the model's code fixes it to 4.
+    """
+    text = str(error)
+    if "Constraints violated" not in text and "CONSTRAINT_VIOLATION" not in str(getattr(error, "error_type", "")):
+        return None
+    found = _SPECIALISED.search(text)
+    source = _SOURCE.search(text)
+    sites = _dim_sites(model, args, kwargs, dynamic_shapes)
+    dim = found.group(1) if found else next((d for d in sites if re.search(rf"\b{re.escape(d)}\b", text)), None)
+    if dim in sites:
+        where = f"dimension {sites[dim][1]} of input '{sites[dim][0]}' (Dim {dim})"
+    elif source is not None:
+        where = f"dimension {source.group(2)} of input '{source.group(1)}'"
+    else:
+        where = f"a dimension marked dynamic ({dim or 'see --verbose'})"
+    line = next((ln.strip(" -") for ln in text.splitlines()[1:] if ln.strip(" -")), "")
+    what = f"the model's code fixes it to {found.group(2)}" if found else f"the model's code restricts it ({line[:200]})"
+    return OpBridgeError(
+        f"torch.export could not keep {where} dynamic: {what}. Got a constraint violation from torch.export. "
+        "Look in the model for a len() of that input or an .item() turned into a size, and compute with "
+        "tensor sizes (x.shape[0]) instead; state what holds with torch._check(...); or mark the dimension "
+        "static (rerun with --verbose, or read the exception's __cause__, for torch's full trace).")
 
 
 # NOTE: layers whose forward differs between train() and eval(); ONNX gets their eval behaviour.

@@ -22,16 +22,19 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable
 
 import onnx
 import onnx.version_converter
 from onnx import defs, helper
 
+from bridge.core.checks import guarded_body, unreadable
 from bridge.core.domains import is_onnx
-from bridge.core.graphs import FreshNames, custom_ops, subgraphs, walk
+from bridge.core.graphs import FreshNames, custom_nodes, custom_ops, subgraphs, walk
 from bridge.core.errors import OpBridgeError
-from bridge.core.registry import REGISTRY, Registry
+from bridge.core.registry import REGISTRY, Registry, validate_body
+from bridge.core.spec import BodyBuilder, OpSpec, node_attributes
 
 Nodes = list[onnx.NodeProto]
 
@@ -472,12 +475,14 @@ def attach_functions(model: onnx.ModelProto, registry: Registry | None = None) -
             changed.append(name_of(function.domain, function.name))
     have = {(f.domain, f.name) for f in model.functions}
     while True:  # an attached body may call further custom ops
+        changed += attach_built(model, reg)
+        have |= {(f.domain, f.name) for f in model.functions}
         wanted = [key for key in custom_ops(model, functions=True) if key not in have]
         bodies = []
         for key in wanted:
             spec = reg.find(*key)
             have.add(key)
-            if spec is not None and spec.function is not None:
+            if spec is not None and spec.function is not None and not isinstance(spec.function, BodyBuilder):
                 proto = spec.function.to_function_proto()
                 proto = convert_function(proto, target) if target is not None else proto
                 bodies.append((spec.qualname, portable_constants(proto)))
@@ -486,6 +491,89 @@ def attach_functions(model: onnx.ModelProto, registry: Registry | None = None) -
         for qualname, proto in bodies:
             model.functions.append(proto)
             changed.append(qualname)
+
+
+def guarded_copy(proto: onnx.FunctionProto, spec: OpSpec) -> onnx.FunctionProto:
+    """A copy of a body specialised to attribute values (derived, or built by a body builder) with the
+    op's check guards (``bridge.core.checks``) where the body keeps every attribute they read as a
+    function attribute.
+
+    NOTE: a check reading an attribute baked into this body (its value was known when the body was
+    made; the function tier checks attribute values before a session opens) gets no guard; every
+    other check keeps its own.
+    """
+    if spec.checks is not None:
+        names = {*proto.attribute, *(a.name for a in proto.attribute_proto)}  # without and with defaults
+        kept = {p.name: getattr(onnx.AttributeProto, p.attr_type.name) for p in spec.attributes if p.name in names}
+        guarded = guarded_body(proto, spec.checks, kept, skip=list(unreadable(proto, spec.checks, kept)))
+        if guarded is not proto:
+            return guarded
+    copy = onnx.FunctionProto()
+    copy.CopyFrom(proto)
+    return copy
+
+
+def _built(spec: OpSpec, node: onnx.NodeProto, target: int | None) -> onnx.FunctionProto:
+    """The body ``spec``'s builder gives for ``node``'s attribute values, checked against the op, with
+    guards, at ONNX opset ``target``."""
+    values = node_attributes(spec, node)
+    function = spec.function.function(values)
+    if not hasattr(function, "to_function_proto"):
+        raise OpBridgeError(f"{spec.qualname}: its body builder returned {type(function).__name__} for {values}. Got "
+                            "no onnxscript function. Return an @onnxscript.script function named like the op.")
+    validate_body(spec, function)
+    proto = guarded_copy(function.to_function_proto(), spec)
+    return portable_constants(convert_function(proto, target) if target is not None else proto)
+
+
+def attach_built(model: onnx.ModelProto, registry: Registry) -> list[str]:
+    """Give each custom node of an op whose body is built per attribute values (a body builder) the
+    body for its node's values, at the model's opset; distinct bodies of one op are ONNX function
+    overloads (``built_<hash>``; one body keeps the plain name). Nodes that already have their body
+    are left alone. Returns the ops given bodies.
+
+    Example:
+        >>> import types, torch, bridge
+        >>> reg = bridge.Registry()
+        >>> lib = torch.library.Library("doc_built", "DEF")
+        >>> _ = lib.define("shift(Tensor x, int k) -> Tensor")
+        >>> lib.impl("shift", lambda x, k: x + k, "CompositeExplicitAutograd")
+        >>> def body(k):  # (an @onnxscript.script function in a module; here its FunctionProto)
+        ...     add = [helper.make_node("Constant", [], ["c"], value_float=float(k)),
+        ...            helper.make_node("CastLike", ["c", "x"], ["cx"]), helper.make_node("Add", ["x", "cx"], ["y"])]
+        ...     proto = helper.make_function("doc_built", "shift", ["x"], ["y"], add, [helper.make_opsetid("", 20)])
+        ...     return types.SimpleNamespace(to_function_proto=lambda: proto)
+        >>> _ = bridge.register("doc_built::shift", function=body, fake=lambda x, k: torch.empty_like(x), registry=reg)
+        >>> class M(torch.nn.Module):
+        ...     def forward(self, x):
+        ...         return torch.ops.doc_built.shift(torch.ops.doc_built.shift(x, 1), 2)
+        >>> proto = bridge.export(M(), (torch.zeros(2),), registry=reg)
+        >>> len(proto.functions), len({n.overload for n in proto.graph.node}), proto.ir_version
+        (2, 2, 10)
+    """
+    target = onnx_opset(model)
+    local = {(f.domain, f.name, f.overload) for f in model.functions}
+    uses: dict[tuple[str, str], list[tuple[onnx.NodeProto, bytes, onnx.FunctionProto]]] = {}
+    for node in custom_nodes(model, functions=True):
+        if (node.domain, node.op_type, node.overload) in local:
+            continue
+        spec = registry.find(node.domain, node.op_type)
+        if spec is not None and isinstance(spec.function, BodyBuilder):
+            proto = _built(spec, node, target)
+            uses.setdefault((spec.domain, spec.name), []).append((node, proto.SerializeToString(), proto))
+    added = []
+    for (domain, name), pairs in uses.items():
+        bodies = {data: proto for _, data, proto in pairs}
+        for data, proto in bodies.items():
+            proto.overload = "" if len(bodies) == 1 else "built_" + hashlib.sha1(data).hexdigest()[:10]
+            model.functions.append(proto)
+            for node, d, _ in pairs:
+                if d == data:
+                    node.overload = proto.overload
+        if len(bodies) > 1:
+            model.ir_version = max(model.ir_version, 10)  # NOTE: function overloads are IR 10
+        added.append(registry.find(domain, name).qualname)
+    return added
 
 
 def convert_model(model: onnx.ModelProto, opset: int, registry: Registry | None = None, *,

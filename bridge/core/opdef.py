@@ -10,12 +10,14 @@ import dataclasses
 import inspect
 import os
 import sys
+import warnings
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import onnx
 import torch
+from onnxscript import values as onnxscript_values
 
 from bridge.core import torch_compat
 from bridge.core.checks import Check, Checks, GuardedFunction, unreadable
@@ -24,7 +26,9 @@ from bridge.core.errors import OpBridgeError
 from bridge.core.proxy import (class_schemas, define_method_proxy, define_op_proxy, ensure_fake_class, is_composite_only,
                           method_schema, user_fake_class)
 from bridge.core.registry import REGISTRY, Registry
-from bridge.core.spec import OpSpec, function_signature, has_fake_kernel, parse_params, validate_qualname
+from bridge.core.spec import (BodyBuilder, OpSpec, function_signature, has_fake_kernel, parse_params,
+                              validate_qualname)
+from bridge.core.torch_compat import torchlib_translation
 
 
 def resolve_native(path: str | os.PathLike, base: str | os.PathLike | None, qualname: str) -> str:
@@ -149,11 +153,14 @@ class BridgeOp:
             spec.checks.run_shapes(**bind_call(spec, args, kwargs))
 
     def register_function(self, function=None):
-        """The model-local ONNX function body (an onnxscript function named like the op, in its domain).
+        """The model-local ONNX function body (an onnxscript function named like the op, in its domain),
+        or a body builder: a Python function of (some of) the op's attributes, by name, returning the
+        onnxscript function for those values (called at export per distinct set of values).
 
         Call form ``op.register_function(body)`` or decorator ``@op.register_function``.
         """
         def attach(fn):
+            warn_override(self.qualname, "function=")
             self._attach(function=fn)
             return fn
         return attach if function is None else attach(function)
@@ -200,16 +207,54 @@ def _validate_checks(spec: OpSpec, attr_types: dict[str, int]) -> None:
                             f"{why} Fix the check list.")
 
 
+_WARNED: set[str] = set()  # ops whose override of torch.onnx's translation was warned about
+
+
+def warn_override(qualname: str, given: str) -> None:
+    """Warn (once per op and process) where ``given`` (``function=``, ``translation=``) replaces the
+    translation torch.onnx already has for ``qualname``."""
+    existing = torchlib_translation(qualname)
+    if existing is None or qualname in _WARNED:
+        return
+    _WARNED.add(qualname)
+    warnings.warn(f"opbridge: {qualname}: {given} replaces torch.onnx's own translation of the op ({existing.name}, "
+                  f"onnxscript torch_lib). Got {given} for an op torch.onnx translates. Drop {given} to reuse that "
+                  "translation as the op's body.", stacklevel=3)
+
+
+def warn_overrides(qualname: str, **given: Any) -> None:
+    """:func:`warn_override` for each of ``given`` (``function=...``, ``translation=...``) that is set."""
+    for name, value in given.items():
+        if value is not None:
+            warn_override(qualname, f"{name}=")
+
+
+def as_body(spec: OpSpec, function: Any) -> Any:
+    """``function=`` as the op keeps it: an onnxscript function as it is, a plain Python function of
+    the op's attributes as a :class:`~bridge.core.spec.BodyBuilder` (validated against the op)."""
+    if function is None or isinstance(function, (BodyBuilder, onnxscript_values.OnnxFunction,
+                                                 onnxscript_values.TracedOnnxFunction)):
+        return function
+    if hasattr(function, "to_function_proto"):  # NOTE: any other object that gives a FunctionProto
+        return function
+    if not callable(function):
+        raise OpBridgeError(f"{spec.qualname}: function= takes an onnxscript function or a Python function of the "
+                            f"op's attributes. Got {type(function).__name__}. Pass one of those.")
+    return BodyBuilder(spec.qualname, function, spec.attributes)
+
+
 def with_guards(spec: OpSpec) -> OpSpec:
     """``spec`` with its function body carrying its checks as guards (``bridge.core.checks.guarded_body``);
-    the checks are validated against the op's signature first."""
+    the checks are validated against the op's signature first. A plain Python function given as the
+    body becomes a body builder (its bodies get their guards as they are attached)."""
     types = {p.name: getattr(onnx.AttributeProto, p.attr_type.name) for p in spec.attributes}
     if spec.checks is not None:
         _validate_checks(spec, types)
     function = spec.function
     if isinstance(function, GuardedFunction):
         function = function.function
-    if function is None or spec.checks is None or not len(spec.checks):
+    function = as_body(spec, function)
+    if isinstance(function, BodyBuilder) or function is None or spec.checks is None or not len(spec.checks):
         return spec if function is spec.function else dataclasses.replace(spec, function=function)
     return dataclasses.replace(spec, function=GuardedFunction(function, spec.checks, types))
 
@@ -304,7 +349,13 @@ def register(
     (torch ops cannot be undefined), so registering the op again (another registry) with other
     ``names=`` is an error. The proxy's fake is the latest ``fake=`` given for the op: it serves every
     registry holding the op. A proxy calls the op's keyword-only arguments (and its fake's) by the
-    op's own names. A method's node is named ``Class_method`` in the class's namespace; its inputs are the
+    op's own names.
+
+    ``function=`` is an onnxscript function, or a Python function of (some of) the op's attributes
+    returning one per set of attribute values (a body builder, called at export per distinct values).
+    An op torch.onnx already translates (onnxscript's torch_lib, e.g. torchvision's ``nms``,
+    ``roi_align``, ``deform_conv2d``) given neither ``function=`` nor ``translation=`` takes that
+    translation as its body; giving either replaces it, with a warning (once per op) naming both. A method's node is named ``Class_method`` in the class's namespace; its inputs are the
     method's tensors, its attributes the object's ``__obj_flatten__`` state (types from its schema,
     names from ``attributes=[...]`` or the ``function=`` body's attributes); ``fake`` takes
     ``(*tensors, *state)``.
@@ -345,6 +396,7 @@ def register(
     reg.check_free(qualname)
     refuse_reserved(qualname, domain)
     _check_version(qualname, version)
+    warn_overrides(qualname, function=function, translation=translation)
     if attributes is not None:
         raise OpBridgeError(f"{qualname}: attributes= names a torchbind object's state. Got it for an op. Drop it: "
                             "an op's attributes come from its schema.")
@@ -389,6 +441,10 @@ def _register_method(target: str, *, function, reference, sample_inputs, fake, d
     class_name, _, method = target.rpartition(".")
     n_tensors = len(method_schema(target).arguments) - 1
     if attributes is None:
+        if function is not None and not hasattr(function, "to_function_proto"):
+            raise OpBridgeError(f"{target}: a body builder does not say the names of the object's state. Got "
+                                "function= as a Python function. Pass attributes=[...] with the names "
+                                "__obj_flatten__ gives, in order.")
         if function is None:
             raise OpBridgeError(f"{target}: the names of the object's state are known only at run time. Got neither "
                                 "attributes= nor a function= body. Pass attributes=[...] with the names "

@@ -11,7 +11,7 @@ from onnx import defs
 from bridge.core import torch_compat
 from bridge.core.errors import OpBridgeError
 from bridge.core.functional import define_twin, twin_spec
-from bridge.core.spec import OpSpec, function_signature
+from bridge.core.spec import BodyBuilder, OpSpec, function_signature
 
 
 class Registry:
@@ -200,9 +200,15 @@ def _validate_translation(spec: OpSpec) -> None:
 
 
 def _validate_function(spec: OpSpec) -> None:
-    if spec.function is None:
-        return
-    domain, name, inputs, attrs, n_out = function_signature(spec.function)
+    if spec.function is None or isinstance(spec.function, BodyBuilder):
+        return  # NOTE: a builder's bodies are checked as they are built (validate_body)
+    validate_body(spec, spec.function)
+
+
+def validate_body(spec: OpSpec, function) -> None:
+    """Raise OpBridgeError where the onnxscript ``function`` does not mirror ``spec``'s op (name,
+    domain, inputs, attributes, outputs)."""
+    domain, name, inputs, attrs, n_out = function_signature(function)
     want_inputs = [p.name for p in spec.tensors]
     want_attrs = {p.name for p in spec.attributes}
     problems = []

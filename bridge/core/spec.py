@@ -253,3 +253,83 @@ class SampleInput:
     args: tuple
     kwargs: dict = dataclasses.field(default_factory=dict)
     name: str = ""
+
+
+def node_attributes(spec: OpSpec, node: onnx.NodeProto) -> dict[str, Any]:
+    """The attribute values of ``node`` (a node of ``spec``'s op) as the torch op takes them; an omitted
+    attribute gets the op's default. Raises OpBridgeError for an omitted attribute without a default
+    or one that refers to a function's attribute (a value known only at the call).
+
+    Example:
+        >>> from onnx import helper
+        >>> p = Param("k", False, attr_type=AttrType.INT, annotation=int, default=2)
+        >>> spec = OpSpec("d::f", None, (Param("x", True), p), 1, "d")
+        >>> node_attributes(spec, helper.make_node("f", ["x"], ["y"], domain="d"))
+        {'k': 2}
+    """
+    given = {a.name: a for a in node.attribute}
+    values = {}
+    for p in spec.attributes:
+        attr = given.get(p.name)
+        if attr is not None and attr.ref_attr_name:
+            raise OpBridgeError(f"{spec.qualname}: attribute '{p.name}' of node {node.name!r} refers to the "
+                                f"enclosing function's attribute @{attr.ref_attr_name}. Got a value known only at the "
+                                "call. Call the op with constant attributes.")
+        if attr is not None:
+            values[p.name] = p.from_onnx_value(onnx.helper.get_attribute_value(attr))
+        elif p.has_default:
+            values[p.name] = p.default
+        else:
+            raise OpBridgeError(f"{spec.qualname}: node {node.name!r} lacks its attribute '{p.name}'. Got "
+                                f"{sorted(given)}. Give the node every attribute the op declares.")
+    return values
+
+
+class BodyBuilder:
+    """A written function body that depends on attribute values: ``build`` is a plain Python function whose
+    parameters are (some of) the op's attributes, called with a node's attribute values (as the torch op
+    takes them) and returning the onnxscript function for those values. Export calls it once per
+    distinct set of values at the model's nodes; each result becomes an ONNX function overload.
+
+    Example:
+        >>> p = Param("k", False, attr_type=AttrType.INT, annotation=int)
+        >>> builder = BodyBuilder("d::f", lambda k: f"body for k={k}", (p,))
+        >>> builder.reads, builder.function({"k": 3}), builder.note
+        (('k',), 'body for k=3', 'built per attribute values (k)')
+        >>> BodyBuilder("d::f", lambda n: None, (p,))
+        Traceback (most recent call last):
+        ...
+        bridge.core.errors.OpBridgeError: opbridge: d::f: a body builder takes the op's attributes by name. Got parameter 'n'. Name its parameters after attributes of the op: ['k'].
+    """
+
+    def __init__(self, qualname: str, build: Callable, attributes: Sequence[Param]):
+        names = [p.name for p in attributes]
+        try:
+            params = inspect.signature(build).parameters.values()
+        except (TypeError, ValueError):
+            raise OpBridgeError(f"{qualname}: function= is neither an onnxscript function nor a Python function "
+                                f"of the op's attributes. Got {build!r}. Pass one of those.") from None
+        for q in params:
+            if q.name not in names or q.kind in (q.VAR_POSITIONAL, q.VAR_KEYWORD, q.POSITIONAL_ONLY):
+                raise OpBridgeError(f"{qualname}: a body builder takes the op's attributes by name. Got parameter "
+                                    f"{q.name!r}. Name its parameters after attributes of the op: {names}.")
+        self.qualname, self.build = qualname, build
+        self.reads = tuple(q.name for q in params)
+        self.note = f"built per attribute values ({', '.join(self.reads) or 'none read'})"
+        self._built: dict[tuple, Any] = {}
+
+    def function(self, values: dict[str, Any]) -> Any:
+        """The onnxscript function for the attribute ``values`` (built once per distinct value set)."""
+        key = tuple((n, tuple(v) if isinstance(v, list) else v) for n, v in sorted(values.items()) if n in self.reads)
+        if key not in self._built:
+            try:
+                self._built[key] = self.build(**{n: values[n] for n in self.reads})
+            except OpBridgeError:
+                raise
+            except Exception as e:  # noqa: BLE001  the user's builder: its error, named
+                raise OpBridgeError(f"{self.qualname}: the body builder failed for {dict(key)}. Got "
+                                    f"{type(e).__name__}: {e}. Fix the builder for these values.") from e
+        return self._built[key]
+
+    def __repr__(self) -> str:
+        return f"<body builder of {self.qualname}: {getattr(self.build, '__name__', self.build)!r}>"

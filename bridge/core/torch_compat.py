@@ -1,4 +1,4 @@
-"""Every private torch API opbridge uses, in one module; the rest of the code calls public torch or this.
+"""Every private torch (and onnxscript) API opbridge uses, in one module; the rest of the code calls public torch or this.
 
 Each wrapper says what it does and the torch releases it is tested on (the torch matrix in
 ``benchmarks/torch_matrix.py`` runs the suite on each); where a release differs, the branch is here.
@@ -17,8 +17,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+# NOTE: importing the ops package fills onnxscript's torch_lib registry (onnxscript 0.5-0.7)
+import onnxscript.function_libs.torch_lib.ops  # noqa: F401
 import torch
 import torch._library.custom_ops as _custom_ops
+from onnxscript.function_libs.torch_lib import registration as _torchlib
 import torch._library.fake_class_registry as _fake_classes
 import torch._library.simple_registry as _simple_registry
 import torch.utils._pytree as pytree  # noqa: F401  (re-exported: tree_flatten, tree_map, ...)
@@ -117,3 +120,19 @@ def register_fake_class(class_name: str, cls: type) -> None:
 
 def deregister_fake_class(class_name: str) -> None:
     _fake_classes.deregister_fake_class(class_name)
+
+
+def torchlib_translation(qualname: str) -> Any | None:
+    """The onnxscript function torch.onnx translates op ``qualname`` (``ns::name``) with, from
+    onnxscript's torch_lib registry (``default_registry``, keyed by qualified name), or None.
+
+    Example:
+        >>> torchlib_translation("torchvision::nms").name
+        'torchvision_nms'
+        >>> torchlib_translation("no_such::op") is None
+        True
+    """
+    entry = _torchlib.default_registry._registry.get(qualname)
+    if entry is None or not entry.overloads:
+        return None
+    return entry.overloads[0]

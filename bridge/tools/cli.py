@@ -43,6 +43,8 @@ def _common(parser: argparse.ArgumentParser, suffix: str) -> None:
                         help="import MODULE (a module name or a path to a .py file) to register more ops "
                              "(repeatable); custom_ops is always loaded")
     parser.add_argument("-q", "--quiet", action="store_true", dest=f"quiet{suffix}", help="no progress lines")
+    parser.add_argument("-v", "--verbose", action="store_true", dest=f"verbose{suffix}",
+                        help="on an error, also print the full trace")
 
 
 def _sub(sub, name: str, **kwargs) -> argparse.ArgumentParser:
@@ -127,7 +129,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     args = build_parser().parse_args(argv)
     args.ops = args.ops + args.ops_after
     args.quiet = args.quiet or args.quiet_after
-    del args.ops_after, args.quiet_after
+    args.verbose = args.verbose or args.verbose_after
+    del args.ops_after, args.quiet_after, args.verbose_after
     return args
 
 

@@ -511,6 +511,8 @@ def run(args) -> int:
         _complete(args)
         return COMMANDS[args.command](args)
     except OpBridgeError as e:
+        if args.verbose:  # NOTE: the trace of what went wrong (torch's own error is the cause)
+            traceback.print_exception(e, file=sys.stderr)
         print(f"error: {' '.join(str(e).split())}", file=sys.stderr)  # NOTE: one line, whatever the message holds
         return 2
     except BrokenPipeError:  # NOTE: output piped into `head`: stop quietly, as other tools do

@@ -18,6 +18,11 @@ in the op's domain with the op's input and attribute names:
   traced sizes and, where the site has dynamic dims, at other sizes; an implementation returning
   (a view of) an input, which torch forbids for custom ops, is an OpBridgeError naming the op.
 
+An op torch.onnx already translates (onnxscript's torch_lib, e.g. torchvision's ``nms``, ``roi_align``,
+``deform_conv2d``) and given no body is traced as itself, kept opaque, and exported with that
+translation: every attribute baked in (a translation reads them as Python values), the body checked
+and loaded in onnxruntime but not compared with eager on random values (no valid boxes or indices).
+
 An implementation that cannot be traced (NumPy, ``.item()``, data-dependent control flow, a C++
 kernel) gives no body; :func:`body_status` says why in one line and the other tiers still run the op.
 

@@ -9,13 +9,13 @@ import hashlib
 import onnx
 from onnx import helper
 
-from bridge.core.checks import guarded_body, unreadable
 from bridge.core.domains import is_custom
 from bridge.core.registry import Registry
-from bridge.core.spec import OpSpec
+from bridge.core.spec import BodyBuilder, OpSpec
 from exporters.derive.cache import CACHE
 from exporters.derive.derivation import derive
 from exporters.derive.sites import Derived, NoPortableBody, Untraceable, site_of, value_types
+from exporters.opsets import attach_built, guarded_copy
 
 
 def _model_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
@@ -97,7 +97,7 @@ def _attach(model: onnx.ModelProto, spec: OpSpec, pairs: list[tuple[onnx.NodePro
     content = [(node, body.proto.SerializeToString()) for node, body in pairs]
     bodies = {data: body.proto for (_, data), (_, body) in zip(content, pairs)}
     for data, body in bodies.items():
-        proto = _with_guards(body, spec)
+        proto = guarded_copy(body, spec)
         # NOTE: one body keeps the plain name; several are told apart as ONNX function overloads
         proto.overload = "" if len(bodies) == 1 else "derived_" + hashlib.sha1(data).hexdigest()[:10]
         model.functions.append(proto)
@@ -107,22 +107,6 @@ def _attach(model: onnx.ModelProto, spec: OpSpec, pairs: list[tuple[onnx.NodePro
         _import_opsets(model, proto, registry)
     if len(bodies) > 1:
         model.ir_version = max(model.ir_version, 10)  # overloads are IR 10
-
-
-def _with_guards(proto: onnx.FunctionProto, spec: OpSpec) -> onnx.FunctionProto:
-    """A copy of a derived body, with the op's check guards (bridge.core.checks) where the body keeps
-    every attribute they read as a function attribute."""
-    if spec.checks is not None:
-        names = {*proto.attribute, *(a.name for a in proto.attribute_proto)}  # without and with defaults
-        kept = {p.name: getattr(onnx.AttributeProto, p.attr_type.name) for p in spec.attributes if p.name in names}
-        # NOTE: a check reading an attribute baked into this body (its value was checked when the
-        # body was traced) gets no guard; every other check keeps its own
-        guarded = guarded_body(proto, spec.checks, kept, skip=list(unreadable(proto, spec.checks, kept)))
-        if guarded is not proto:
-            return guarded
-    copy = onnx.FunctionProto()
-    copy.CopyFrom(proto)
-    return copy
 
 
 def _import_opsets(model: onnx.ModelProto, proto: onnx.FunctionProto, registry: Registry) -> None:
@@ -135,5 +119,6 @@ def _import_opsets(model: onnx.ModelProto, proto: onnx.FunctionProto, registry: 
         if is_custom(node.domain) and not any((f.domain, f.name) == (node.domain, node.op_type)
                                               for f in model.functions):
             spec = registry.find(node.domain, node.op_type)
-            if spec is not None and spec.function is not None:
+            if spec is not None and spec.function is not None and not isinstance(spec.function, BodyBuilder):
                 model.functions.append(spec.function.to_function_proto())
+    attach_built(model, registry)  # a body built per attribute values, of an op the implementation calls

@@ -22,7 +22,8 @@ from exporters.derive.implementation import implementation
 from exporters.derive.scatter import avoid_racy_scatter, racy_nodes
 from exporters.derive.sites import Derived, NoPortableBody, Site, TensorSig, Untraceable  # noqa: F401  (doctest)
 from exporters.derive.tracing import example_sizes, export_program, flat_roles, symbolic_int, to_onnx
-from exporters.derive.verify import refuse_aliases, verify
+from exporters.derive.verify import loads, refuse_aliases, verify
+from exporters.translation import torch_translation
 
 
 def derive(spec: OpSpec, site: Site, opset: int = 20, registry: Registry | None = None) -> Derived:
@@ -70,6 +71,8 @@ def last_failure(qualname: str) -> str | None:
 def _specialised(spec: OpSpec, fn: Callable, site: Site, opset: int, registry: Registry, cache: Generation,
                  key: tuple) -> Derived:
     """The body with int attributes symbolic where the trace allows, else with the site's values."""
+    if torch_translation(spec) is not None:  # NOTE: a translation reads attributes as Python values
+        return _derive(spec, fn, site, opset, registry, symbolic=False)
     signs = (key, tuple(v < 0 for v in _ints(spec, site)))
     if signs not in cache.values_only and any(symbolic_int(p) for p in spec.attributes):
         try:
@@ -130,9 +133,9 @@ def _outputs(program, spec: OpSpec) -> list:
     return outputs
 
 
-def _translated(program, opset: int, registry: Registry) -> onnx.ModelProto:
+def _translated(program, opset: int, registry: Registry, translated: dict) -> onnx.ModelProto:
     """The trace in ONNX, with only custom nodes opbridge knows and no racy ScatterND."""
-    model = to_onnx(program, opset, registry)
+    model = to_onnx(program, opset, registry, translated)
     for node in model.graph.node:
         if is_custom(node.domain) and registry.find(node.domain, node.op_type) is None:
             raise Untraceable(f"its trace holds custom node {node.domain}::{node.op_type}, which opbridge has "
@@ -148,14 +151,22 @@ def _translated(program, opset: int, registry: Registry) -> onnx.ModelProto:
 def _derive(spec: OpSpec, fn: Callable, site: Site, opset: int, registry: Registry, symbolic: bool) -> Derived:
     sizes = example_sizes(site)
     roles = flat_roles(spec, site, symbolic)
-    refuse_aliases(spec, fn, site, roles, sizes)
+    reused = torch_translation(spec)
+    if reused is None:
+        refuse_aliases(spec, fn, site, roles, sizes)
     program = export_program(spec, fn, site, roles, sizes)
     by_name, fixed_dims, fixed_ints = _placeholders(program, site, roles)
     outputs = _outputs(program, spec)
-    model = _translated(program, opset, registry)
+    model = _translated(program, opset, registry, {} if reused is None else {spec.overload: reused})
     parametric = {r[1].name for r in roles if r[0] == "int"} - fixed_ints
     proto = function_body(spec, model, by_name, parametric)
-    verify(spec, fn, site, roles, proto, sizes, [(o.meta["val"].dtype, o.meta["val"].dim()) for o in outputs])
+    out_types = [(o.meta["val"].dtype, o.meta["val"].dim()) for o in outputs]
+    if reused is None:
+        verify(spec, fn, site, roles, proto, sizes, out_types)
+    else:
+        # NOTE: torch.onnx's own translation: random example values are no valid input for such ops
+        # (box indices, sorted scores), so it is only loaded here; parity runs on the model's inputs
+        loads(spec, site, proto, out_types)
     guards = tuple(getattr(program, "_guards_code", ()) or ())
     fixed = tuple((n, v) for n, v in site.attrs if n not in parametric)
     return Derived(proto, site.structure, fixed, tuple(fixed_dims), guards,

@@ -11,6 +11,7 @@ from torch._library import custom_ops as torch_custom_ops
 from bridge.core.functional import SUFFIX
 from bridge.core.spec import OpSpec
 from exporters.derive.sites import NoPortableBody, Untraceable
+from exporters.translation import torch_translation
 
 
 def _schema_op(qualname: str) -> torch._ops.OpOverload | None:
@@ -35,7 +36,9 @@ def implementation(spec: OpSpec) -> Callable:
 
     A custom_op's own function; an op defined elsewhere, its composite (CompositeImplicitAutograd)
     kernel; the functional twin of a mutating op, the op's implementation on copies of the tensors it
-    writes (returning its results, then their new values). Raises ``NoPortableBody`` when there is none.
+    writes (returning its results, then their new values); an op torch.onnx already translates
+    (``exporters.translation.torch_translation``), the op itself, kept opaque in the trace so that
+    translation gives the body. Raises ``NoPortableBody`` when there is none.
 
     Example:
         >>> import torch, bridge, custom_ops
@@ -43,6 +46,8 @@ def implementation(spec: OpSpec) -> Callable:
         >>> tuple(fn(torch.ones(1, 4, 4), [0, 0, 2, 3]).shape)
         (1, 3, 2)
     """
+    if torch_translation(spec) is not None:
+        return spec.overload
     try:
         if spec.qualname.endswith(SUFFIX):
             original = _schema_op(spec.qualname[: -len(SUFFIX)])

@@ -12,7 +12,7 @@ from onnx import helper
 
 from bridge.core.dtypes import torch_dtype
 from bridge.core.errors import OpBridgeError
-from bridge.core.spec import OpSpec, SampleInput
+from bridge.core.spec import OpSpec, SampleInput, node_attributes
 
 
 class NoPortableBody(OpBridgeError):
@@ -110,15 +110,11 @@ def site_of(spec: OpSpec, node: onnx.NodeProto, types: dict[str, onnx.TypeProto]
     for i, p in enumerate(spec.tensors):
         name = node.input[i] if i < len(node.input) else ""
         tensors.append(_tensor_sig(name, types.get(name), p.name) if name else None)
-    given = {a.name: a for a in node.attribute}
-    attrs = []
-    for p in spec.attributes:
-        if p.name in given:
-            attrs.append((p.name, p.from_onnx_value(helper.get_attribute_value(given[p.name]))))
-        elif p.has_default:
-            attrs.append((p.name, p.default))
-        else:
-            raise Untraceable(f"the node lacks its attribute '{p.name}'")
+    try:
+        values = node_attributes(spec, node)
+    except OpBridgeError as e:
+        raise Untraceable(str(e).removeprefix("opbridge: ")) from None
+    attrs = [(p.name, values[p.name]) for p in spec.attributes]
     return Site(tuple(tensors), tuple(attrs))
 
 

@@ -7,10 +7,11 @@ import torch
 
 from bridge.core.errors import OpBridgeError
 from bridge.core.registry import Registry
-from bridge.core.spec import OpSpec
+from bridge.core.spec import BodyBuilder, OpSpec
 from exporters.derive.derivation import derive
 from exporters.derive.implementation import implementation
 from exporters.derive.sites import NoPortableBody, sample_site
+from exporters.translation import torch_translation
 
 
 def _status_dtype(spec: OpSpec, dtype: torch.dtype | None) -> torch.dtype:
@@ -21,9 +22,10 @@ def _status_dtype(spec: OpSpec, dtype: torch.dtype | None) -> torch.dtype:
 
 def body_status(spec: OpSpec, dtype: torch.dtype | None = None, opset: int = 20,
                 registry: Registry | None = None) -> tuple[str, str | None]:
-    """Where the op's portable body comes from: ``("written", None)``, ``("derived", note)`` (derived
-    from the first sample at ``dtype``; the note says when there is no sample to try), or
-    ``("none", reason)``.
+    """Where the op's portable body comes from: ``("written", None)`` (``("written", note)`` for a body
+    built per attribute values), ``("translated", note)`` (torch.onnx's own translation of the op, the
+    note names it), ``("derived", note)`` (derived from the first sample at ``dtype``; the note says
+    when there is no sample to try), or ``("none", reason)``.
 
     Example:
         >>> import torch, bridge, custom_ops
@@ -31,7 +33,11 @@ def body_status(spec: OpSpec, dtype: torch.dtype | None = None, opset: int = 20,
         ('written', None)
     """
     if spec.function is not None:
-        return "written", None
+        return "written", spec.function.note if isinstance(spec.function, BodyBuilder) else None
+    reused = torch_translation(spec)
+    if reused is not None:
+        return "translated", (f"torch.onnx's translation ({reused.name}, onnxscript torch_lib), exported at the "
+                              "model's opset per attribute values")
     try:
         implementation(spec)
     except NoPortableBody as e:
@@ -51,7 +57,7 @@ def show_body(spec: OpSpec, dtype: torch.dtype | None = None, opset: int = 20,
               registry: Registry | None = None) -> str:
     """The op's portable body as onnx.printer text: the written one, or the one derived from its
     first sample at ``dtype`` (a comment line says which)."""
-    if spec.function is not None:
+    if spec.function is not None and hasattr(spec.function, "to_function_proto"):
         return f"# {spec.qualname}: written body\n" + onnx.printer.to_text(spec.function.to_function_proto())
     dtype = _status_dtype(spec, dtype)
     samples = spec.sample_inputs(dtype) if spec.sample_inputs is not None else []
@@ -61,8 +67,13 @@ def show_body(spec: OpSpec, dtype: torch.dtype | None = None, opset: int = 20,
                             "inputs to derive one from here. Got no samples. Register samples "
                             "(op.register_samples), or export a model and read model.functions.")
     site = sample_site(spec, samples[0])
+    if spec.function is not None:  # a body builder: its body for the sample's attribute values
+        return (f"# {spec.qualname}: written body built for {site.describe()}\n"
+                + onnx.printer.to_text(spec.function.build(dict(site.attrs))))
     body = derive(spec, site, opset, registry)
     baked = ", ".join(f"{n}={v!r}" for n, v in body.fixed) or "none"
-    head = (f"# {spec.qualname}: derived from its implementation at {site.describe()} "
+    reused = torch_translation(spec)
+    origin = "its implementation" if reused is None else f"torch.onnx's translation {reused.name}"
+    head = (f"# {spec.qualname}: derived from {origin} at {site.describe()} "
             f"(attributes read from the node: {', '.join(body.parametric) or 'none'}; baked in: {baked})")
     return head + "\n" + onnx.printer.to_text(body.proto)

@@ -4,6 +4,7 @@ dim and int attribute dynamic) under ``torch.export``, then ``torch.onnx`` at th
 from __future__ import annotations
 
 import contextlib
+import copy
 import io
 import warnings
 from collections.abc import Callable, Sequence
@@ -131,11 +132,11 @@ def export_program(spec: OpSpec, fn: Callable, site: Site, roles: list[tuple], s
         raise Untraceable(f"tracing its implementation failed ({one_line(e)})") from None
 
 
-def _onnx_export(program, opset: int, registry: Registry):
+def _onnx_export(program, opset: int, registry: Registry, translated: dict):
     nested = {}
     for node in program.graph.nodes:
         inner = registry.for_overload(node.target) if isinstance(node.target, torch._ops.OpOverload) else None
-        if inner is None:
+        if inner is None or node.target in translated:
             continue
         if inner.function is not None:
             nested[node.target] = inner  # NOTE: stays a node, run by its written body
@@ -145,23 +146,33 @@ def _onnx_export(program, opset: int, registry: Registry):
     if nested or _onnx_core is None:  # NOTE: an implementation calling bridged ops: their translations
         return torch.onnx.export(program, dynamo=True, opset_version=opset, optimize=True, verify=False,
                                  external_data=False,
-                                 custom_translation_table={t: translation(s) for t, s in nested.items()})
+                                 custom_translation_table={**{t: translation(s) for t, s in nested.items()},
+                                                           **translated})
     # NOTE: torch.onnx.export builds its registry of ATen translations anew on every call (seconds);
     # a body per site would pay that each time, so it is built here once per opset, as
     # torch.onnx.export builds it, and handed to the exporter torch.onnx.export calls.
     if opset not in CACHE.torchlib:
         CACHE.torchlib[opset] = _onnx_registration.ONNXRegistry.from_torchlib(
             opset_version=max(opset, _onnx_constants.TORCHLIB_OPSET))
-    return _onnx_core.export(program, registry=CACHE.torchlib[opset], optimize=True, verify=False,
+    onnx_registry = CACHE.torchlib[opset]
+    if translated:
+        # NOTE: torch.onnx fills its table from torch_lib only for ops that exist when it is built (and
+        # torchvision's only with torchvision installed): the op's translation is added to a copy
+        onnx_registry = copy.copy(onnx_registry)
+        onnx_registry.functions = dict(onnx_registry.functions)
+        for target, function in translated.items():
+            onnx_registry.register_op(target, function)
+    return _onnx_core.export(program, registry=onnx_registry, optimize=True, verify=False,
                              opset_version=opset, verbose=False)
 
 
-def to_onnx(program, opset: int, registry: Registry) -> onnx.ModelProto:
-    """The traced program as an ONNX model at ``opset`` (bridged ops it calls keep their written bodies)."""
+def to_onnx(program, opset: int, registry: Registry, translated: dict | None = None) -> onnx.ModelProto:
+    """The traced program as an ONNX model at ``opset`` (bridged ops it calls keep their written bodies;
+    ``translated`` maps ops kept opaque to the translation torch.onnx gives them)."""
     try:
         with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            onnx_program = _onnx_export(program, opset, registry)
+            onnx_program = _onnx_export(program, opset, registry, translated or {})
     except Exception as e:  # noqa: BLE001
         raise Untraceable(f"torch.onnx could not translate its trace ({one_line(e)})") from None
     return onnx_program.model_proto

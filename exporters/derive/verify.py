@@ -101,6 +101,12 @@ def _eager(spec: OpSpec, fn: Callable, site: Site, roles: list[tuple], tensors: 
         return None
 
 
+def loads(spec: OpSpec, site: Site, proto: onnx.FunctionProto, outputs: Sequence[tuple[torch.dtype, int]]) -> None:
+    """Raise ``Untraceable`` where ``proto``, called by one node at ``site``, fails ``onnx.checker``
+    (full) or onnxruntime's load."""
+    _session(_wrap(spec, site, proto, outputs))
+
+
 def verify(spec: OpSpec, fn: Callable, site: Site, roles: list[tuple], proto: onnx.FunctionProto, sizes: dict,
            outputs: Sequence[tuple[torch.dtype, int]]) -> None:
     """Raise ``Untraceable`` where ``proto`` does not load or differs from ``fn`` at ``sizes`` (and,
