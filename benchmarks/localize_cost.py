@@ -21,11 +21,11 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from bridge.core import files  # noqa: E402
 import bridge  # noqa: E402
 import bridge.tools.localize  # noqa: E402
 import bridge.tools.parity  # noqa: E402
 import custom_ops.demo as demo  # noqa: E402
+from bridge.core import files  # noqa: E402
 from tests import test_localize as broken  # noqa: E402
 
 

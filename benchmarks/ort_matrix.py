@@ -36,12 +36,13 @@ from torch.utils import _pytree as pytree
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+from ort_matrix_table import DEFAULT_JSON, cache_folder, render  # noqa: E402
+
 import bridge  # noqa: E402
 import custom_ops.demo as demo  # noqa: E402
 from bridge import cli  # noqa: E402
 from bridge.tools.testing import OpModule, cases, free_dims  # noqa: E402
 from ort_kernels.build import LIBRARY_NAME, served_ops  # noqa: E402
-from ort_matrix_table import DEFAULT_JSON, cache_folder, render  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 VERSIONS = ("1.17.3", "1.18.1", "1.20.1", "1.22.1", "newest")

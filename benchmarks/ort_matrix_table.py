@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import doc_markers
+
 from bridge.core.cppbuild import cache_folder  # noqa: F401  (the matrices keep their venvs in the one cache)
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -43,10 +43,11 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from bridge.core import files  # noqa: E402
+import bev_pool_v2 as bev  # noqa: E402
+
 import bridge  # noqa: E402
 import custom_ops.demo as demo  # noqa: E402
-import bev_pool_v2 as bev  # noqa: E402
+from bridge.core import files  # noqa: E402
 from exporters.translation import translation_table  # noqa: E402
 
 

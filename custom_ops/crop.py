@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
-from onnxscript import script, values
 from onnxscript import opset20 as op
+from onnxscript import script, values
 
 import bridge
 from bridge import SampleInput, checks

@@ -15,7 +15,6 @@ from onnxscript import script, values
 import bridge
 from bridge import SampleInput, checks
 
-
 # NOTE: the op's one validation spec: eager, fake, the function body's guards and every tier's messages.
 CHECKS = [
     checks.same_shape("output", "input", fix="Pass output=torch.empty_like(input)."),

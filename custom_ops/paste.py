@@ -8,8 +8,8 @@ the ``crop`` of the output gradient at its box.
 from __future__ import annotations
 
 import torch
-from onnxscript import script, values
 from onnxscript import opset20 as op
+from onnxscript import script, values
 
 import bridge
 from bridge import SampleInput, checks

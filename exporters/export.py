@@ -16,10 +16,9 @@ from typing import Any
 import onnx
 import torch
 
-from bridge.core import files
-from bridge.core.graphs import custom_nodes
-from bridge.core import torch_compat
+from bridge.core import files, torch_compat
 from bridge.core.errors import OpBridgeError
+from bridge.core.graphs import custom_nodes
 from bridge.core.progress import step
 from bridge.core.proxy import redirect, specialisation_check
 from bridge.core.registry import REGISTRY, Registry

@@ -20,6 +20,7 @@ from bridge.core.progress import step
 from bridge.core.registry import REGISTRY, Registry
 from exporters.opsets import attach_functions
 
+
 def _check_bodies(model: onnx.ModelProto) -> None:
     local = {(f.domain, f.name) for f in model.functions}
     missing = [f"{d}::{t}" for d, t in nonstandard_ops(model) if (d, t) not in local]

@@ -31,8 +31,8 @@ from onnx import defs, helper
 
 from bridge.core.checks import guarded_body, unreadable
 from bridge.core.domains import is_onnx
-from bridge.core.graphs import FreshNames, custom_nodes, custom_ops, subgraphs, walk
 from bridge.core.errors import OpBridgeError
+from bridge.core.graphs import FreshNames, custom_nodes, custom_ops, subgraphs, walk
 from bridge.core.registry import REGISTRY, Registry, validate_body
 from bridge.core.spec import BodyBuilder, OpSpec, node_attributes
 

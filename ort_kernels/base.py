@@ -20,11 +20,10 @@ import onnxruntime as ort
 import torch
 
 from bridge.core.domains import is_custom
-from bridge.core.graphs import model_nodes
 from bridge.core.errors import OpBridgeError
+from bridge.core.graphs import model_nodes
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
-
 
 # An explainer: (the exception a run raised, the feed as arrays by input name) -> the OpBridgeError
 # message for it, or None when it is not about what this explainer knows.

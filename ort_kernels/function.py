@@ -15,8 +15,8 @@ from onnx import external_data_helper, numpy_helper
 
 from bridge.core.checks import explain_failure, failed_guard
 from bridge.core.domains import is_custom
-from bridge.core.graphs import model_nodes, subgraphs, walk
 from bridge.core.errors import OpBridgeError, UnsupportedInTier
+from bridge.core.graphs import model_nodes, subgraphs, walk
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
 from exporters.derive import attach_derived, body_status, last_failure

@@ -10,9 +10,9 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from bridge.core.graphs import custom_ops
 from bridge.core.cppbuild import compiler, find_compiler, verified
 from bridge.core.errors import OpBridgeError, UnsupportedInTier
+from bridge.core.graphs import custom_ops
 from bridge.core.opnames import spec_names
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec

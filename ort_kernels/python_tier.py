@@ -30,12 +30,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
-from bridge.core.torch_compat import FakeTensorMode
 
-from bridge.core.graphs import custom_nodes
 from bridge.core.errors import OpBridgeError, UnsupportedInTier
+from bridge.core.graphs import custom_nodes
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
+from bridge.core.torch_compat import FakeTensorMode
 from ort_kernels.base import Prepared, Tier, helper_functions, with_library
 from ort_kernels.build import io_types
 

@@ -33,6 +33,7 @@ from hypothesis.extra import numpy as hnp
 
 import bridge
 import custom_ops  # noqa: F401  (registers the seed ops)
+
 TIERS = bridge.TIERS  # the one place the tests take the tier names from
 
 F16, F32, F64 = torch.float16, torch.float32, torch.float64

@@ -11,11 +11,11 @@ import onnxruntime as ort
 import pytest
 import torch
 from onnx import TensorProto, helper
+from op_db import F32, OPS
 
 import bridge
 import custom_ops  # noqa: F401
 from bridge import checks as C
-from op_db import F32, OPS
 
 ATTR_TYPES = {"width": onnx.AttributeProto.INT, "box": onnx.AttributeProto.INTS}
 

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from test_doc_blocks import doc_block
 
 ROOT = Path(__file__).resolve().parents[1]

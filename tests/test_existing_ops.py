@@ -11,9 +11,9 @@ import pytest
 import torch
 from onnxscript import opset20 as op
 from onnxscript import script, values
+from vendor import cpp_ops, py_ops
 
 import bridge
-from vendor import cpp_ops, py_ops
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -4,11 +4,11 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from models import PoolBatchFromInput, pool_case
+from op_db import TIERS
 
 import bridge
 import custom_ops.demo as demo
-from models import PoolBatchFromInput, pool_case
-from op_db import TIERS
 
 
 @pytest.fixture(scope="module")

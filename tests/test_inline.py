@@ -18,10 +18,10 @@ import torch
 import bridge
 import custom_ops.demo as demo
 import exporters.inline
+from bridge.core.graphs import nonstandard_ops
 from bridge.tools.cli import main
 from bridge.tools.parity import TOLERANCES, run_ort
 from bridge.tools.testing import OpModule, cases
-from bridge.core.graphs import nonstandard_ops
 from exporters.inline import inline_functions
 
 ROOT = Path(__file__).resolve().parents[1]

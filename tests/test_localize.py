@@ -10,9 +10,9 @@ Two deliberately broken models:
 """
 
 import importlib
-import re
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -22,6 +22,7 @@ import pytest
 import torch
 from onnxscript import opset20 as op
 from onnxscript import script, values
+from test_doc_blocks import doc_block
 
 import bridge
 import bridge.tools.localize
@@ -30,7 +31,6 @@ from bridge.tools.cli import main
 from bridge.tools.testing import ModelCase
 from exporters.export import export_with_program
 from exporters.translation import translation_table
-from test_doc_blocks import doc_block
 
 ROOT = Path(__file__).resolve().parents[1]
 _export_module = importlib.import_module("exporters.export")  # the package re-exports `export` over it

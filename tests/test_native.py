@@ -11,11 +11,11 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
+from models import pool_case
+from op_db import OPS
 
 import bridge
 import custom_ops.demo as demo
-from models import pool_case
-from op_db import OPS
 from ort_kernels import build
 
 ROOT = Path(__file__).resolve().parents[1]

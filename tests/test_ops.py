@@ -1,13 +1,13 @@
 """Seed ops: eager vs independent reference, torch.library.opcheck, eager bad inputs (generated
 from tests/op_db.py), gradcheck in float64."""
 
+import op_db
 import pytest
 import torch
-
-import bridge
-import op_db
 from models import Pool, pool_case
 from op_db import F32, F64, OP_DB, eager_bad_params, sample_params
+
+import bridge
 
 
 def _eager_result(case):

@@ -18,7 +18,6 @@ import torch
 import bridge
 import custom_ops  # noqa: F401
 import custom_ops.demo as demo
-
 from bridge.tools.testing import OpModule, cases, free_dims
 from exporters.inline import inline_functions
 

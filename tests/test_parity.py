@@ -10,10 +10,10 @@ import math
 import numpy as np
 import pytest
 import torch
+from op_db import parity_params
 
 import bridge
 from bridge.tools.testing import OpModule
-from op_db import parity_params
 
 
 @pytest.fixture(scope="module")

@@ -17,15 +17,15 @@ import pytest
 import torch
 from hypothesis import example, given, settings
 from onnx import helper
+from op_db import property_params
 
 import bridge
-from op_db import property_params
 
 EXAMPLES = int(os.environ.get("OPBRIDGE_EXAMPLES", "12"))
 SETTINGS = settings(max_examples=EXAMPLES, deadline=None, derandomize=True)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _session(qualname: str, attrs: tuple, types: tuple, tier: str):
     spec = bridge.REGISTRY.functional(bridge.REGISTRY.get(qualname))
     names = [p.name for p in spec.tensors]

@@ -14,10 +14,10 @@ import pytest
 import torch
 from onnxscript import opset20 as op
 from onnxscript import script, values
+from vendor import cpp_ops, legacy_ops
 
 import bridge
 from ort_kernels.tiers import TIERS
-from vendor import cpp_ops, legacy_ops
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = {"_0": "src", "_1": "index", "_2": "dim", "_3": "out", "_4": "dim_size"}

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from op_db import OPS, TIERS, bad_input_params
 
 import bridge
 import custom_ops.demo as demo
-from op_db import OPS, TIERS, bad_input_params
 
 ROOT = Path(__file__).resolve().parents[1]
 ENV = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))

@@ -11,10 +11,10 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
+from models import pool_case
 from onnx import TensorProto, helper
 
 import bridge
-from models import pool_case
 from ort_kernels.base import libraries
 
 

@@ -3,7 +3,6 @@ optional inputs in every tier, readable names, the deployable library, clear err
 
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -14,10 +13,10 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from test_doc_blocks import doc_block
 
 import bridge
 import custom_ops.demo as demo
-from test_doc_blocks import doc_block
 
 ROOT = Path(__file__).resolve().parents[1]
 

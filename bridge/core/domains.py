@@ -7,7 +7,6 @@ Example:
 
 from __future__ import annotations
 
-
 from bridge.core.errors import OpBridgeError
 
 # NOTE: the ONNX standard's own domains; a node here is run by every conforming runtime.

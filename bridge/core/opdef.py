@@ -23,11 +23,17 @@ from bridge.core import torch_compat
 from bridge.core.checks import Check, Checks, GuardedFunction, unreadable
 from bridge.core.domains import refuse_reserved
 from bridge.core.errors import OpBridgeError
-from bridge.core.proxy import (class_schemas, define_method_proxy, define_op_proxy, ensure_fake_class, is_composite_only,
-                          method_schema, user_fake_class)
+from bridge.core.proxy import (
+    class_schemas,
+    define_method_proxy,
+    define_op_proxy,
+    ensure_fake_class,
+    is_composite_only,
+    method_schema,
+    user_fake_class,
+)
 from bridge.core.registry import REGISTRY, Registry
-from bridge.core.spec import (BodyBuilder, OpSpec, function_signature, has_fake_kernel, parse_params,
-                              validate_qualname)
+from bridge.core.spec import BodyBuilder, OpSpec, function_signature, has_fake_kernel, parse_params, validate_qualname
 from bridge.core.torch_compat import torchlib_translation
 
 

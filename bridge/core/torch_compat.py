@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable
 from typing import Any
 
@@ -21,12 +22,19 @@ from typing import Any
 import onnxscript.function_libs.torch_lib.ops  # noqa: F401
 import torch
 import torch._library.custom_ops as _custom_ops
-from onnxscript.function_libs.torch_lib import registration as _torchlib
 import torch._library.fake_class_registry as _fake_classes
 import torch._library.simple_registry as _simple_registry
 import torch.utils._pytree as pytree  # noqa: F401  (re-exported: tree_flatten, tree_map, ...)
+from onnxscript.function_libs.torch_lib import registration as _torchlib
 from torch._subclasses.fake_tensor import FakeTensorMode, is_fake  # noqa: F401  (re-exported)
 from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext  # noqa: F401
+
+try:  # NOTE: torch.onnx's exporter pieces (2.12-2.15), to build its op registry once per opset
+    from torch.onnx._internal.exporter import _constants as _onnx_constants
+    from torch.onnx._internal.exporter import _core as _onnx_core
+    from torch.onnx._internal.exporter import _registration as _onnx_registration
+except ImportError:  # pragma: no cover  another torch: callers use the public torch.onnx.export
+    _onnx_core = None
 
 TESTED = ("2.12", "2.13", "2.14", "2.15")
 # NOTE: the logger torch.onnx's dynamo exporter warns through while it builds its op registry
@@ -136,3 +144,28 @@ def torchlib_translation(qualname: str) -> Any | None:
     if entry is None or not entry.overloads:
         return None
     return entry.overloads[0]
+
+
+def onnx_registry(opset: int, extra: dict | None = None) -> Any | None:
+    """torch.onnx's table of ATen translations at ``opset`` (torch_lib's), plus ``extra``
+    (``{OpOverload: onnxscript function}``), as ``torch.onnx.export`` builds it; None where this torch
+    has no such internal exporter (use ``torch.onnx.export`` then)."""
+    if _onnx_core is None:
+        return None
+    registry = _onnx_registration.ONNXRegistry.from_torchlib(opset_version=max(opset, _onnx_constants.TORCHLIB_OPSET))
+    return with_translations(registry, extra) if extra else registry
+
+
+def with_translations(registry: Any, extra: dict) -> Any:
+    """A copy of ``registry`` (from :func:`onnx_registry`) with ``extra`` translations added."""
+    registry = copy.copy(registry)
+    registry.functions = dict(registry.functions)
+    for target, function in extra.items():
+        registry.register_op(target, function)
+    return registry
+
+
+def onnx_export(program: Any, registry: Any, opset: int) -> Any:
+    """``torch.onnx.export(program, dynamo=True)`` with a prebuilt ``registry`` (:func:`onnx_registry`)."""
+    return _onnx_core.export(program, registry=registry, optimize=True, verify=False, opset_version=opset,
+                             verbose=False)

@@ -27,8 +27,8 @@ from bridge.core.graphs import nonstandard_ops
 from bridge.core.progress import enable as enable_progress
 from bridge.core.progress import format_table
 from bridge.core.registry import REGISTRY
-from bridge.tools.parity import check_parity
 from bridge.tools import openvino_runtime
+from bridge.tools.parity import check_parity
 from bridge.tools.sessions import check_nodes, session
 from bridge.tools.testing import ModelCase, OpModule, cases
 from bridge.tools.triton import write_repository
@@ -37,12 +37,9 @@ from exporters.export import DEFAULT_OPSET, export
 from exporters.inline import inline_functions, save_atomic
 from exporters.opsets import attach_functions, onnx_opset
 from exporters.portable import required_ir_version
-from ort_kernels import build
-from ort_kernels import tiers
+from ort_kernels import build, tiers
 from ort_kernels.tiers import NAMES as TIER_NAMES
 from ort_kernels.tiers import TIERS
-
-
 
 DEFAULT_MODEL = "custom_ops.demo:build"
 

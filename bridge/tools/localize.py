@@ -27,8 +27,8 @@ from torch.export.graph_signature import InputKind
 
 from bridge.core.domains import is_custom
 from bridge.core.errors import OpBridgeError
-from bridge.core.torch_compat import pytree
 from bridge.core.progress import format_table, step
+from bridge.core.torch_compat import pytree
 from bridge.tools.sessions import load_model, session
 from ort_kernels.function import FunctionTier
 

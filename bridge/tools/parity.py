@@ -13,15 +13,14 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-
 from bridge.core.dtypes import numpy_dtype
 from bridge.core.errors import OpBridgeError
 from bridge.core.files import write_bytes
-from bridge.tools.openvino_runtime import session as openvino_session
-from bridge.tools.localize import Localization, wanted
-from bridge.tools.localize import localize as localize_run
 from bridge.core.progress import format_table, step
 from bridge.core.torch_compat import pytree
+from bridge.tools.localize import Localization, wanted
+from bridge.tools.localize import localize as localize_run
+from bridge.tools.openvino_runtime import session as openvino_session
 from bridge.tools.sessions import session
 from exporters.export import export_with_program
 

@@ -15,8 +15,8 @@ from onnx import external_data_helper
 
 from bridge.core import files
 from bridge.core.domains import is_custom
-from bridge.core.graphs import model_nodes
 from bridge.core.errors import OpBridgeError
+from bridge.core.graphs import model_nodes
 from bridge.core.progress import step
 from bridge.core.registry import REGISTRY, Registry
 from ort_kernels import tiers

@@ -9,7 +9,6 @@ import torch
 from bridge.core.checks import DimEq
 from bridge.core.spec import OpSpec, SampleInput
 
-
 _TENSOR = object()  # a tensor slot of a sample (None stays an omitted optional input)
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
+from bridge.core.graphs import subgraphs
 from bridge.core.spec import OpSpec, Param
 
 
@@ -41,9 +42,8 @@ def _renamed(node: onnx.NodeProto, names: _Names) -> onnx.NodeProto:
     out.CopyFrom(node)
     out.input[:] = [names(n) for n in node.input]
     out.output[:] = [names(n) for n in node.output]
-    for a in out.attribute:  # NOTE: subgraphs read outer values by name
-        for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-            _rename_graph(g, names)
+    for g in subgraphs(out):  # NOTE: subgraphs read outer values by name
+        _rename_graph(g, names)
     return out
 
 

@@ -6,27 +6,27 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-from torch._library import custom_ops as torch_custom_ops
 
+from bridge.core import torch_compat
 from bridge.core.functional import SUFFIX
 from bridge.core.spec import OpSpec
 from exporters.derive.sites import NoPortableBody, Untraceable
 from exporters.translation import torch_translation
 
 
-def _schema_op(qualname: str) -> torch._ops.OpOverload | None:
+def _schema_op(qualname: str) -> torch_compat.OpOverload | None:
     ns, _, name = qualname.partition("::")
-    if not torch._C._jit_get_schemas_for_operator(qualname):
+    if not torch_compat.op_exists(qualname):
         return None
     return getattr(getattr(torch.ops, ns), name).default
 
 
-def _python_impl(overload: torch._ops.OpOverload) -> Callable:
+def _python_impl(overload: torch_compat.OpOverload) -> Callable:
     qualname = overload.name().split(".")[0]
-    opdef = torch_custom_ops.OPDEFS.get(qualname)
-    if opdef is not None and opdef._init_fn is not None:
-        return opdef._init_fn
-    if torch._C._dispatch_has_kernel_for_dispatch_key(qualname, "CompositeImplicitAutograd"):
+    opdef = torch_compat.custom_op_def(qualname)
+    if opdef is not None and (fn := torch_compat.python_impl(opdef)) is not None:
+        return fn
+    if torch_compat.has_kernel(qualname, "CompositeImplicitAutograd"):
         return overload.decompose
     raise Untraceable("its kernel is C++ (no PyTorch implementation or composite kernel to trace)")
 
@@ -52,7 +52,7 @@ def implementation(spec: OpSpec) -> Callable:
         if spec.qualname.endswith(SUFFIX):
             original = _schema_op(spec.qualname[: -len(SUFFIX)])
             if original is not None:
-                written = [i for i, a in enumerate(original._schema.arguments)
+                written = [i for i, a in enumerate(torch_compat.schema_of(original).arguments)
                            if a.alias_info is not None and a.alias_info.is_write]
                 if written:
                     return _functional(_python_impl(original), written)

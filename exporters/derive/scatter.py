@@ -7,6 +7,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
+from bridge.core.graphs import walk
 from exporters.derive.sites import Untraceable, value_types
 
 _REDUCING_SCATTER = {"add", "mul", "max", "min"}
@@ -87,11 +88,8 @@ def avoid_racy_scatter(model: onnx.ModelProto) -> None:
 def racy_nodes(nodes) -> list[str]:
     """The racy ScatterND nodes left among ``nodes`` (subgraphs included), as ``ScatterND(reduction=r)``."""
     found = []
-    for node in nodes:
+    for node in walk(nodes):
         reduction = next((a.s.decode() for a in node.attribute if a.name == "reduction"), "none")
         if node.op_type == "ScatterND" and reduction in _REDUCING_SCATTER:
             found.append(f"ScatterND(reduction={reduction})")
-        for a in node.attribute:
-            for g in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-                found += racy_nodes(g.node)
     return found

@@ -4,7 +4,6 @@ dim and int attribute dynamic) under ``torch.export``, then ``torch.onnx`` at th
 from __future__ import annotations
 
 import contextlib
-import copy
 import io
 import warnings
 from collections.abc import Callable, Sequence
@@ -13,13 +12,7 @@ import onnx
 import torch
 from torch.export import Dim
 
-try:  # NOTE: torch.onnx's own pieces, to build its op registry once per process (not per body)
-    from torch.onnx._internal.exporter import _constants as _onnx_constants
-    from torch.onnx._internal.exporter import _core as _onnx_core
-    from torch.onnx._internal.exporter import _registration as _onnx_registration
-except ImportError:  # pragma: no cover  another torch: the public API, slower
-    _onnx_core = None
-
+from bridge.core import torch_compat
 from bridge.core.registry import Registry
 from bridge.core.spec import AttrType, OpSpec, Param
 from exporters.derive.cache import CACHE
@@ -92,7 +85,7 @@ def call_args(spec: OpSpec, site: Site, roles: list[tuple], flat: Sequence) -> t
         else:
             values[role[1].name][role[2]] = value
     args, kwargs = [], {}
-    for p, arg in zip(spec.params, spec.overload._schema.arguments):
+    for p, arg in zip(spec.params, torch_compat.schema_of(spec.overload).arguments):
         if arg.kwarg_only:
             kwargs[p.name] = values[p.name]
         else:
@@ -135,15 +128,17 @@ def export_program(spec: OpSpec, fn: Callable, site: Site, roles: list[tuple], s
 def _onnx_export(program, opset: int, registry: Registry, translated: dict):
     nested = {}
     for node in program.graph.nodes:
-        inner = registry.for_overload(node.target) if isinstance(node.target, torch._ops.OpOverload) else None
+        inner = registry.for_overload(node.target) if isinstance(node.target, torch_compat.OpOverload) else None
         if inner is None or node.target in translated:
             continue
         if inner.function is not None:
             nested[node.target] = inner  # NOTE: stays a node, run by its written body
-        elif not torch._C._dispatch_has_kernel_for_dispatch_key(inner.overload.name(), "CompositeImplicitAutograd"):
+        elif not torch_compat.has_kernel(inner.overload.name(), "CompositeImplicitAutograd"):
             raise Untraceable(f"its implementation calls custom op {inner.qualname}, which has no written body "
                               "(derived bodies do not nest)")
-    if nested or _onnx_core is None:  # NOTE: an implementation calling bridged ops: their translations
+    if opset not in CACHE.torchlib:
+        CACHE.torchlib[opset] = torch_compat.onnx_registry(opset)
+    if nested or CACHE.torchlib[opset] is None:  # NOTE: an implementation calling bridged ops: their translations
         return torch.onnx.export(program, dynamo=True, opset_version=opset, optimize=True, verify=False,
                                  external_data=False,
                                  custom_translation_table={**{t: translation(s) for t, s in nested.items()},
@@ -151,19 +146,12 @@ def _onnx_export(program, opset: int, registry: Registry, translated: dict):
     # NOTE: torch.onnx.export builds its registry of ATen translations anew on every call (seconds);
     # a body per site would pay that each time, so it is built here once per opset, as
     # torch.onnx.export builds it, and handed to the exporter torch.onnx.export calls.
-    if opset not in CACHE.torchlib:
-        CACHE.torchlib[opset] = _onnx_registration.ONNXRegistry.from_torchlib(
-            opset_version=max(opset, _onnx_constants.TORCHLIB_OPSET))
     onnx_registry = CACHE.torchlib[opset]
     if translated:
         # NOTE: torch.onnx fills its table from torch_lib only for ops that exist when it is built (and
         # torchvision's only with torchvision installed): the op's translation is added to a copy
-        onnx_registry = copy.copy(onnx_registry)
-        onnx_registry.functions = dict(onnx_registry.functions)
-        for target, function in translated.items():
-            onnx_registry.register_op(target, function)
-    return _onnx_core.export(program, registry=onnx_registry, optimize=True, verify=False,
-                             opset_version=opset, verbose=False)
+        onnx_registry = torch_compat.with_translations(onnx_registry, translated)
+    return torch_compat.onnx_export(program, onnx_registry, opset)
 
 
 def to_onnx(program, opset: int, registry: Registry, translated: dict | None = None) -> onnx.ModelProto:

@@ -12,6 +12,7 @@ import onnxruntime as ort
 import torch
 from onnx import helper
 
+from bridge.core import torch_compat
 from bridge.core.dtypes import TORCH_TO_ONNX, numpy_dtype
 from bridge.core.errors import OpBridgeError
 from bridge.core.spec import OpSpec
@@ -44,7 +45,7 @@ def refuse_aliases(spec: OpSpec, fn: Callable, site: Site, roles: list[tuple], s
             outs = _as_tuple(fn(*args, **kwargs))
     except Exception:  # noqa: BLE001  what eager trips on, the trace reports
         return
-    declared = [r.alias_info is not None for r in spec.overload._schema.returns]
+    declared = [r.alias_info is not None for r in torch_compat.schema_of(spec.overload).returns]
     inputs = [(role[2].name, value) for role, value in zip(roles, flat) if role[0] == "tensor"]
     for i, out in enumerate(outs):
         name = next((n for n, t in inputs if _shares_storage(out, t)), None)

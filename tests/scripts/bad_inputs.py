@@ -18,8 +18,9 @@ from onnx import helper
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: op_db
 
-import bridge  # noqa: E402
 from op_db import F32, OPS, TIERS  # noqa: E402
+
+import bridge  # noqa: E402
 
 
 def single_node(spec, valid: tuple, call: tuple):

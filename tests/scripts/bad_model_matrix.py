@@ -15,9 +15,10 @@ import onnxruntime as ort
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: models, op_db
 
-import bridge  # noqa: E402
 from models import pool_case, pool_dynamic_shapes  # noqa: E402
 from op_db import TIERS  # noqa: E402
+
+import bridge  # noqa: E402
 
 
 def attempt(fn):

@@ -8,7 +8,6 @@ Usage: fuzz_native.py N_EXAMPLES
 import os
 import sys
 import tempfile
-
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +18,9 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: models
 
-import bridge  # noqa: E402
 from models import pool_case, pool_dynamic_shapes  # noqa: E402
+
+import bridge  # noqa: E402
 
 B, Z, Y, X, C = 1, 2, 4, 5, 6
 stats = {"ok": 0, "rejected": 0}

@@ -12,7 +12,6 @@ import resource
 import sys
 from pathlib import Path
 
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bad_inputs: single_node, attempt
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: op_db
 

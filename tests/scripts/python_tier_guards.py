@@ -16,9 +16,10 @@ from onnxruntime.capi import _pybind_state as C
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: models
 
+from models import pool_case  # noqa: E402
+
 import bridge  # noqa: E402
 from bridge.tools.testing import OpModule  # noqa: E402
-from models import pool_case  # noqa: E402
 
 
 def outcome(fn):

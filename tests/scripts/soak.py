@@ -12,8 +12,9 @@ import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: models
 
-import bridge  # noqa: E402
 from models import pool_case  # noqa: E402
+
+import bridge  # noqa: E402
 
 
 def main(tier, n):
