@@ -89,7 +89,7 @@ def test_library_modules_never_import_the_facade_nor_hide_project_imports(packag
 # NOTE: each shared concern has one module (ARCHITECTURE.md); these scans make a second copy fail
 # (torch._check is public API despite its name: torch documents it for user code).
 _PRIVATE_TORCH = re.compile(r"torch\._(?!check\b)[A-Za-z]|from torch\._|torch\.utils\._|torch\.onnx\._internal|"
-                            r"\._schema\b|\._init_fn\b|\bOPDEFS\b|\._opoverload\b|\._abstract_fn\b|\._lib\._destroy")
+                            r"\._schema\b|\._overloadname\b|\._init_fn\b|\bOPDEFS\b|\._opoverload\b|\._abstract_fn\b|\._lib\._destroy")
 _GRAPH_WALK = re.compile(r"AttributeProto\.GRAPHS?\b|\.HasField\(\"g\"\)|\battr\.g\b|\ba\.g\b|\.graphs\)")
 
 

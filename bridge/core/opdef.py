@@ -395,9 +395,10 @@ def register(
                                 fake=fake, dtypes=dtypes, domain=domain, version=version, translation=translation,
                                 names=names, attributes=attributes, native=native, checks=checks, registry=reg)
     overload = resolve_overload(op)
-    if overload._overloadname != "default":
+    if torch_compat.overload_name(overload) != "default":
         raise OpBridgeError(f"{overload.name()}: only the default overload can be bridged. Got overload "
-                            f"{overload._overloadname!r}. Wrap it in a torch.library.custom_op with its own name.")
+                            f"{torch_compat.overload_name(overload)!r}. Wrap it in a torch.library.custom_op with its "
+                            "own name.")
     qualname = overload.name()
     reg.check_free(qualname)
     refuse_reserved(qualname, domain)
@@ -407,6 +408,23 @@ def register(
         raise OpBridgeError(f"{qualname}: attributes= names a torchbind object's state. Got it for an op. Drop it: "
                             "an op's attributes come from its schema.")
     custom = op if torch_compat.is_custom_op_def(op) else None
+    target, proxy_for = _torch_side(qualname, overload, custom, fake, names)
+    params, n_out = parse_params(qualname, torch_compat.schema_of(overload if proxy_for is None else target))
+    spec = OpSpec(
+        qualname=qualname, custom_op=target, params=params, num_outputs=n_out,
+        domain=domain or overload.namespace, version=version, function=function, reference=reference,
+        sample_inputs=sample_inputs, dtypes=tuple(dtypes), doc=f"{qualname} (existing op, bridged)",
+        custom_translation=translation, torchbind=tuple(torchbind), proxy_for=proxy_for,
+        native_source=None if native is None else resolve_native(native, _caller_folder(), qualname),
+        checks=_as_checks(qualname, checks),
+    )
+    reg.add(with_guards(spec))
+    return BridgeOp(qualname, reg, custom)
+
+
+def _torch_side(qualname: str, overload, custom, fake: Callable | None, names: dict[str, str] | None) -> tuple:
+    """(the op export records, the original when that is a proxy): the fake registered or checked,
+    a proxy op defined where torch cannot keep the op opaque or ``names=`` renames it."""
     target = custom if custom is not None else overload
     proxy_for = None
     if custom is None and fake is not None and is_composite_only(overload):
@@ -427,17 +445,7 @@ def register(
     if names and proxy_for is None:
         # NOTE: readable names for an op with kernels of its own: a proxy whose fake is the op's own
         proxy_for, target = overload, define_op_proxy(overload, overload, names)
-    params, n_out = parse_params(qualname, torch_compat.schema_of(overload if proxy_for is None else target))
-    spec = OpSpec(
-        qualname=qualname, custom_op=target, params=params, num_outputs=n_out,
-        domain=domain or overload.namespace, version=version, function=function, reference=reference,
-        sample_inputs=sample_inputs, dtypes=tuple(dtypes), doc=f"{qualname} (existing op, bridged)",
-        custom_translation=translation, torchbind=tuple(torchbind), proxy_for=proxy_for,
-        native_source=None if native is None else resolve_native(native, _caller_folder(), qualname),
-        checks=_as_checks(qualname, checks),
-    )
-    reg.add(with_guards(spec))
-    return BridgeOp(qualname, reg, custom)
+    return target, proxy_for
 
 
 def _register_method(target: str, *, function, reference, sample_inputs, fake, dtypes, domain, version, translation,

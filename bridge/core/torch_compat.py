@@ -56,6 +56,11 @@ def schema_of(op: Any) -> torch.FunctionSchema:
     return op._schema
 
 
+def overload_name(op: Any) -> str:
+    """The overload name of an OpOverload (``"default"`` for ``torch.ops.ns.name.default``)."""
+    return op._overloadname
+
+
 def parse_schema(text: str) -> torch.FunctionSchema:
     """Parse ``"ns::name(Tensor x) -> Tensor"`` into a ``FunctionSchema`` (``torch._C.parse_schema``)."""
     return torch._C.parse_schema(text)
