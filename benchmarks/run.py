@@ -48,7 +48,7 @@ import bev_pool_v2 as bev  # noqa: E402
 import bridge  # noqa: E402
 import custom_ops.demo as demo  # noqa: E402
 from bridge.core import files  # noqa: E402
-from exporters.translation import translation_table  # noqa: E402
+from exporters.bodies.translation import translation_table  # noqa: E402
 
 
 def median_s(fn, repeats: int, warmup: int = 1) -> float:

@@ -25,16 +25,16 @@ from bridge.core.registry import REGISTRY, Registry
 from exporters.derive import attach_derived
 from exporters.inline import inline_functions
 from exporters.names import dim_names, name_custom_outputs, name_graph_io, rename_dims
-from exporters.opsets import attach_functions, convert_model, onnx_opset
+from exporters.bodies.opsets import attach_functions, convert_model, onnx_opset
 from exporters.portable import relativize_paths, stamp_ir_version
 from exporters.rewrites import functionalize_mutations, torchbind_to_ops
-from exporters.translation import symbolic_attribute_error, translation_table
+from exporters.bodies.translation import symbolic_attribute_error, translation_table
 
 # NOTE: torch.onnx warns about every absent torchvision op when it builds its registry.
 logging.getLogger(torch_compat.ONNX_REGISTRY_LOGGER).setLevel(logging.ERROR)
 
 DEFAULT_OPSET = 20
-TORCH_MIN_OPSET = 18  # NOTE: below it, torch.onnx writes 18 and the bridge converts (exporters.opsets)
+TORCH_MIN_OPSET = 18  # NOTE: below it, torch.onnx writes 18 and the bridge converts (exporters.bodies.opsets)
 # NOTE: namespaces torch.onnx translates by itself; any other op must come from the registry.
 _TORCH_NAMESPACES = {"aten", "prim", "prims", "_operator", "math", "higher_order", "torchvision"}
 

@@ -21,7 +21,7 @@ from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
 from exporters.derive import attach_derived, body_status, last_failure
 from exporters.export import DEFAULT_OPSET
-from exporters.opsets import attach_functions
+from exporters.bodies.opsets import attach_functions
 from ort_kernels.base import Prepared, Tier, libraries, private_domains
 
 # NOTE: the prefix of the private domains the tier's nodes move to when the options carry a library

@@ -16,7 +16,7 @@ from bridge.core.graphs import custom_ops
 from bridge.core.opnames import spec_names
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
-from exporters.opsets import attach_functions
+from exporters.bodies.opsets import attach_functions
 from ort_kernels.base import Prepared, Tier, with_library
 from ort_kernels.build import library_path, native_source, served_ops
 

@@ -19,7 +19,7 @@ from onnx import TensorProto, helper
 import bridge
 import custom_ops.demo as demo
 from bridge import cli
-from exporters.opsets import convert_function, onnx_opset, portable_constants
+from exporters.bodies.opsets import convert_function, onnx_opset, portable_constants
 from exporters.portable import portable_path, relativize_paths, required_ir_version
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -285,7 +285,7 @@ def test_paths_become_relative_to_their_package_and_scopes_stay():
     assert model.graph.node[0].doc_string in ("at tests/test_opsets.py:12", "at test_opsets.py:12")
 
 
-@pytest.mark.parametrize("name", ["exporters.opsets", "exporters.portable"])
+@pytest.mark.parametrize("name", ["exporters.bodies.opsets", "exporters.portable"])
 def test_docstring_examples(name):
     result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
     assert result.failed == 0 and result.attempted > 0

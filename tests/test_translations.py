@@ -25,7 +25,7 @@ import bridge
 from bridge.core.errors import OpBridgeError
 from bridge.core.spec import BodyBuilder
 from exporters.derive import body_status, show_body
-from exporters.opsets import attach_functions
+from exporters.bodies.opsets import attach_functions
 
 sys.path.insert(0, str(Path(__file__).parent))
 import vision_ops  # noqa: E402

@@ -35,7 +35,7 @@ from bridge.tools.triton import write_repository
 from exporters.derive import body_status, show_body
 from exporters.export import DEFAULT_OPSET, export
 from exporters.inline import inline_functions, save_atomic
-from exporters.opsets import attach_functions, onnx_opset
+from exporters.bodies.opsets import attach_functions, onnx_opset
 from exporters.portable import required_ir_version
 from ort_kernels import build, tiers
 from ort_kernels.tiers import NAMES as TIER_NAMES

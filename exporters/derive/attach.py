@@ -15,7 +15,7 @@ from bridge.core.spec import BodyBuilder, OpSpec
 from exporters.derive.cache import CACHE
 from exporters.derive.derivation import derive
 from exporters.derive.sites import Derived, NoPortableBody, Untraceable, site_of, value_types
-from exporters.opsets import attach_built, guarded_copy
+from exporters.bodies.opsets import attach_built, guarded_copy
 
 
 def _model_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:

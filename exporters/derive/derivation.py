@@ -23,7 +23,7 @@ from exporters.derive.scatter import avoid_racy_scatter, racy_nodes
 from exporters.derive.sites import Derived, NoPortableBody, Site, TensorSig, Untraceable  # noqa: F401  (doctest)
 from exporters.derive.tracing import example_sizes, export_program, flat_roles, symbolic_int, to_onnx
 from exporters.derive.verify import loads, refuse_aliases, verify
-from exporters.translation import torch_translation
+from exporters.bodies.translation import torch_translation
 
 
 def derive(spec: OpSpec, site: Site, opset: int = 20, registry: Registry | None = None) -> Derived:

@@ -11,7 +11,7 @@ from bridge.core import torch_compat
 from bridge.core.functional import SUFFIX
 from bridge.core.spec import OpSpec
 from exporters.derive.sites import NoPortableBody, Untraceable
-from exporters.translation import torch_translation
+from exporters.bodies.translation import torch_translation
 
 
 def _schema_op(qualname: str) -> torch_compat.OpOverload | None:
@@ -37,7 +37,7 @@ def implementation(spec: OpSpec) -> Callable:
     A custom_op's own function; an op defined elsewhere, its composite (CompositeImplicitAutograd)
     kernel; the functional twin of a mutating op, the op's implementation on copies of the tensors it
     writes (returning its results, then their new values); an op torch.onnx already translates
-    (``exporters.translation.torch_translation``), the op itself, kept opaque in the trace so that
+    (``exporters.bodies.translation.torch_translation``), the op itself, kept opaque in the trace so that
     translation gives the body. Raises ``NoPortableBody`` when there is none.
 
     Example:

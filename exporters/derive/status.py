@@ -11,7 +11,7 @@ from bridge.core.spec import BodyBuilder, OpSpec
 from exporters.derive.derivation import derive
 from exporters.derive.implementation import implementation
 from exporters.derive.sites import NoPortableBody, sample_site
-from exporters.translation import torch_translation
+from exporters.bodies.translation import torch_translation
 
 
 def _status_dtype(spec: OpSpec, dtype: torch.dtype | None) -> torch.dtype:

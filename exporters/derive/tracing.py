@@ -17,7 +17,7 @@ from bridge.core.registry import Registry
 from bridge.core.spec import AttrType, OpSpec, Param
 from exporters.derive.cache import CACHE
 from exporters.derive.sites import Site, TensorSig, Untraceable, one_line
-from exporters.translation import translation
+from exporters.bodies.translation import translation
 
 # NOTE: example sizes for dynamic dims: distinct primes, large enough that sizes computed from them
 # (a slice past an offset) are rarely 0 or 1, which torch would specialise.
