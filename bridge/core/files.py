@@ -33,7 +33,7 @@ import shutil
 import stat
 import tempfile
 from collections.abc import Callable, Mapping
-from typing import BinaryIO
+from typing import Any, BinaryIO, cast
 
 import numpy as np
 import onnx
@@ -299,7 +299,8 @@ def save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> str:
         >>> np.load(target)["x"].tolist()
         [0, 1, 2]
     """
-    return write_atomic(path, lambda fh: np.savez(fh, **arrays))
+    # NOTE: cast for mypy, which fears a key named allow_pickle (savez would read it as its flag)
+    return write_atomic(path, lambda fh: np.savez(fh, **cast(Mapping[str, Any], arrays)))
 
 
 def copy_file(src: str | os.PathLike, dst: str | os.PathLike, *, executable: bool = False) -> str:
@@ -349,7 +350,7 @@ def _staging_folder(folder: str, target: str) -> str:
         raise
 
 
-def _copier(src: str) -> Callable[[BinaryIO], None]:
+def _copier(src: str | os.PathLike) -> Callable[[BinaryIO], None]:
     def write(fh: BinaryIO) -> None:
         with open(src, "rb") as source:
             shutil.copyfileobj(source, fh, 1 << 20)

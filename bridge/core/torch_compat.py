@@ -60,7 +60,7 @@ def has_kernel(name: str, dispatch_key: str) -> bool:
 
 def custom_class_schemas() -> list:
     """The method schemas of every registered torchbind class (``torch._C._jit_get_custom_class_schemas``)."""
-    return torch._C._jit_get_custom_class_schemas()
+    return torch._C._jit_get_custom_class_schemas()  # type: ignore[attr-defined]  # NOTE: absent from torch's _C stubs
 
 
 def custom_op_def(qualname: str) -> Any | None:
@@ -110,7 +110,8 @@ def has_fake_class(qualified_class: str) -> bool:
 
 def register_fake_class(class_name: str, cls: type) -> None:
     """Register ``cls`` as the fake of torchbind class ``ns::Name`` (``torch._library.fake_class_registry``)."""
-    _fake_classes.register_fake_class(class_name, cls)
+    # NOTE: torch annotates fake_class as an instance of its protocol; it takes (and we pass) the class
+    _fake_classes.register_fake_class(class_name, cls)  # type: ignore[arg-type]
 
 
 def deregister_fake_class(class_name: str) -> None:

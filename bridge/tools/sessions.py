@@ -140,7 +140,7 @@ def _wrong_type(readers: dict, inputs: Sequence[onnx.ValueInfoProto]) -> Callabl
 def _input_readers(model: onnx.ModelProto, registry: Registry) -> dict:
     """Graph input -> (qualname, parameter) of the first custom node that reads it directly."""
     graph_inputs = {i.name for i in model.graph.input}
-    readers = {}
+    readers: dict = {}
     for node in model.graph.node:
         spec = registry.find(node.domain, node.op_type) if is_custom(node.domain) else None
         if spec is None:
