@@ -129,7 +129,7 @@ class BridgeOp:
             >>> first(torch.tensor([-1, 2]), 1)  # an index-like int tensor
             Traceback (most recent call last):
             ...
-            bridge.core.checks.CheckError: opbridge: demo::first: input 'x' values must be >= 0. Got min -1. Pass x >= 0.
+            bridge.core.checks.CheckError: opbridge: demo::first: input 'x' values must be >= 0. Got min -1. ...
         """
         found = Checks(self.qualname, checks)
         self._attach(checks=found)
@@ -203,7 +203,8 @@ def _validate_checks(spec: OpSpec, attr_types: dict[str, int]) -> None:
 def with_guards(spec: OpSpec) -> OpSpec:
     """``spec`` with its function body carrying its checks as guards (``bridge.core.checks.guarded_body``);
     the checks are validated against the op's signature first."""
-    types = {p.name: getattr(onnx.AttributeProto, p.attr_type.name) for p in spec.attributes}
+    # NOTE: ignore: onnx's stub lacks the AttrType enum's .name, and every attribute has an attr_type
+    types = {p.name: getattr(onnx.AttributeProto, p.attr_type.name) for p in spec.attributes}  # type: ignore[union-attr]
     if spec.checks is not None:
         _validate_checks(spec, types)
     function = spec.function
@@ -227,7 +228,9 @@ def torch_origin(qualname: str) -> str | None:
     opdef = torch_compat.custom_op_def(qualname)
     if opdef is not None:
         fn = torch_compat.python_impl(opdef)
-        return f"torch.library.custom_op in module {fn.__module__!r}, {fn.__code__.co_filename}:{fn.__code__.co_firstlineno}"
+        assert fn is not None  # a CustomOpDef keeps the function it was made from
+        return (f"torch.library.custom_op in module {fn.__module__!r}, "
+                f"{fn.__code__.co_filename}:{fn.__code__.co_firstlineno}")
     return "defined in C++ (TORCH_LIBRARY, e.g. loaded with torch.ops.load_library) or with torch.library.define"
 
 
@@ -237,8 +240,8 @@ def resolve_overload(op: Any) -> torch_compat.OpOverload:
     if isinstance(op, BridgeOp):
         raise OpBridgeError(f"{op.qualname} is already bridged. Got its op object. Attach more pieces with "
                             "op.register_function(...), op.register_reference(...) and the like.")
-    if torch_compat.is_custom_op_def(op):  # torch.library.custom_op's CustomOpDef
-        return torch_compat.overload_of(op)
+    if (custom := torch_compat.overload_of(op)) is not None:  # torch.library.custom_op's CustomOpDef
+        return custom
     if isinstance(op, torch_compat.OpOverloadPacket):
         op = op.default
     if isinstance(op, torch_compat.OpOverload):

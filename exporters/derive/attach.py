@@ -84,6 +84,7 @@ def attach_derived(model: onnx.ModelProto, registry: Registry) -> list[str]:
     added = []
     for (domain, name), pairs in _bodies(model, todo, opset, registry).items():
         spec = registry.find(domain, name)
+        assert spec is not None  # _todo found it
         _attach(model, spec, pairs, registry)
         added.append(spec.qualname)
     return added
@@ -114,7 +115,9 @@ def _with_guards(proto: onnx.FunctionProto, spec: OpSpec) -> onnx.FunctionProto:
     every attribute they read as a function attribute."""
     if spec.checks is not None:
         names = {*proto.attribute, *(a.name for a in proto.attribute_proto)}  # without and with defaults
-        kept = {p.name: getattr(onnx.AttributeProto, p.attr_type.name) for p in spec.attributes if p.name in names}
+        # NOTE: ignore: onnx's stub lacks the AttrType enum's .name, and every attribute has an attr_type
+        kept = {p.name: getattr(onnx.AttributeProto, p.attr_type.name)  # type: ignore[union-attr]
+                for p in spec.attributes if p.name in names}
         # NOTE: a check reading an attribute baked into this body (its value was checked when the
         # body was traced) gets no guard; every other check keeps its own
         guarded = guarded_body(proto, spec.checks, kept, skip=list(unreadable(proto, spec.checks, kept)))
