@@ -213,6 +213,7 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
                 program, dynamo=True, custom_translation_table=translation_table(reg),
                 opset_version=max(opset_version, TORCH_MIN_OPSET), optimize=True, verify=False, external_data=False,
             )
+    assert onnx_program is not None and onnx_program.exported_program is not None  # dynamo=True sets both
     proto = onnx_program.model_proto
     if opset_version < TORCH_MIN_OPSET:
         proto = convert_model(proto, opset_version, reg, attach=False)

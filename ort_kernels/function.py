@@ -44,9 +44,9 @@ class FunctionTier(Tier):
                           if is_custom(n.domain) and (n.domain, n.op_type, n.overload) not in local})
         if missing:
             why = [f"{d}::{t}: {_why(registry, d, t)}" for d, t in missing]
-            missing = [f"{d}::{t}" for d, t in missing]
+            names = [f"{d}::{t}" for d, t in missing]
             raise UnsupportedInTier(
-                f"tier 'function' cannot run {', '.join(missing)}: no model-local function, no written "
+                f"tier 'function' cannot run {', '.join(names)}: no model-local function, no written "
                 f"function body and none derived from the implementation. Got {'; '.join(why)}. Give the op "
                 "a function= body (op.register_function), make its implementation traceable, or use "
                 "tier='native' or 'python'."

@@ -16,8 +16,9 @@ try:  # NOTE: torch.onnx's own pieces, to build its op registry once per process
     from torch.onnx._internal.exporter import _constants as _onnx_constants
     from torch.onnx._internal.exporter import _core as _onnx_core
     from torch.onnx._internal.exporter import _registration as _onnx_registration
+    _ONNX_PIECES = True
 except ImportError:  # pragma: no cover  another torch: the public API, slower
-    _onnx_core = None
+    _ONNX_PIECES = False
 
 from bridge.core.registry import Registry
 from bridge.core.spec import AttrType, OpSpec, Param
@@ -54,7 +55,8 @@ def example(sig: TensorSig, sizes: dict, generator: torch.Generator) -> torch.Te
 def flat_roles(spec: OpSpec, site: Site, symbolic: bool) -> list[tuple]:
     """The traced module's inputs, in order: ("tensor", input index, param) for each present tensor,
     and, when ``symbolic``, ("int", param, element index or None) for each int attribute value."""
-    roles, values, tensors = [], dict(site.attrs), iter(enumerate(site.tensors))
+    roles: list[tuple] = []
+    values, tensors = dict(site.attrs), iter(enumerate(site.tensors))
     for p in spec.params:
         if p.is_tensor:
             i, sig = next(tensors)
@@ -142,7 +144,7 @@ def _onnx_export(program, opset: int, registry: Registry):
         elif not torch._C._dispatch_has_kernel_for_dispatch_key(inner.overload.name(), "CompositeImplicitAutograd"):
             raise Untraceable(f"its implementation calls custom op {inner.qualname}, which has no written body "
                               "(derived bodies do not nest)")
-    if nested or _onnx_core is None:  # NOTE: an implementation calling bridged ops: their translations
+    if nested or not _ONNX_PIECES:  # NOTE: an implementation calling bridged ops: their translations
         return torch.onnx.export(program, dynamo=True, opset_version=opset, optimize=True, verify=False,
                                  external_data=False,
                                  custom_translation_table={t: translation(s) for t, s in nested.items()})
