@@ -43,7 +43,8 @@ import custom_ops  # noqa: E402,F401
 from custom_ops.bev_pool_v2 import voxel_pooling_prepare  # noqa: E402
 from custom_ops.demo import frustum_coords  # noqa: E402
 
-# BEVDet-R50's view transformer (its public config: nuScenes' 6 cameras): cameras, depth bins, feature map, channels, grid (X, Y, Z)
+# BEVDet-R50's view transformer (its public config: nuScenes' 6 cameras): cameras, depth bins, feature map,
+# channels, grid (X, Y, Z)
 R50 = {"cams": 6, "depth_bins": 59, "height": 16, "width": 44, "channels": 64, "grid": (128, 128, 1)}
 TARGETS = {"native_vs_floor_max": 3.0, "compile_vs_native_min": 20.0, "function_vs_eager_max": 1.0,
            "thread_speedup_min": 1.7, "native_vs_float64_max_abs": 1e-5}

@@ -5,9 +5,9 @@
 
 1. In this venv (opbridge, torch): export the demo and one sample of each seed op at each opset,
    twice: with static shapes and with dynamic dimensions (the demo's own dynamic shapes, every
-   dimension of a seed op's inputs ``Dim.AUTO`` but those its attributes fix, ``free_dims``), as users export; constant folding of a static
-   file hides what the guards compute on sizes. Save inputs and eager-torch outputs, and build the
-   native library with `opbridge build -o DIR`.
+   dimension of a seed op's inputs ``Dim.AUTO`` but those its attributes fix, ``free_dims``), as users
+   export; constant folding of a static file hides what the guards compute on sizes. Save inputs and
+   eager-torch outputs, and build the native library with `opbridge build -o DIR`.
 2. For each onnxruntime release: a venv (under $OPBRIDGE_CACHE_DIR or ~/.cache/opbridge,
    ort-matrix/, reused) with only onnxruntime and numpy (numpy<2 where that release needs it);
    ``ort_matrix_runner.py`` runs every file in the function tier (the file as exported) and the

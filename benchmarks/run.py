@@ -273,7 +273,8 @@ def main(argv=None) -> dict:
         print("   " + f"{row['points']:>9}" + "".join(f"{row[k]:>15.2f}" if k in row else f"{'-':>15}" for k in keys))
     print("   log-log slope (1.0 = linear): " + ", ".join(f"{k} {v:.2f}" for k, v in s["loglog_slope"].items()))
     print("   above 100k points: " + ", ".join(f"{k} {v:.2f}" for k, v in s["loglog_slope_above_100k"].items()))
-    print("   at 0 points (the fixed grid's cost): " + ", ".join(f"{k} {v:.2f} ms" for k, v in s["zero_points_ms"].items()))
+    print("   at 0 points (the fixed grid's cost): "
+          + ", ".join(f"{k} {v:.2f} ms" for k, v in s["zero_points_ms"].items()))
     print("   above 100k, per-point cost (time - time at 0 points): "
           + ", ".join(f"{k} {v:.2f}" for k, v in s["loglog_slope_above_100k_per_point"].items()))
     frames = (1, 2) if quick else (1, 2, 4, 8)

@@ -50,7 +50,8 @@ CHECKS = [
     checks.same_dtype("feat", "depth", floating=True, fix="Cast both to one floating dtype."),
     *(checks.dtype_is(name, [torch.int32], fix=f"Use {name}.int().") for name in _INDEX_NAMES),
     *(checks.rank(name, 1, fix=f"Use {name}.flatten().") for name in _INDEX_NAMES),
-    checks.attr_len("bev_feat_shape", 5, what="attribute 'bev_feat_shape' must be [B, Z, Y, X, C]", fix="Pass 5 sizes."),
+    checks.attr_len("bev_feat_shape", 5, what="attribute 'bev_feat_shape' must be [B, Z, Y, X, C]",
+                    fix="Pass 5 sizes."),
     checks.attr_ge("bev_feat_shape", 0, what="attribute 'bev_feat_shape' must be [B, Z, Y, X, C] >= 0",
                    fix="Pass sizes >= 0."),
     # NOTE: as the native kernel: every product of the sizes (cells, elements, bytes) fits int64

@@ -22,13 +22,13 @@ from bridge.core.graphs import custom_nodes
 from bridge.core.progress import step
 from bridge.core.proxy import redirect, specialisation_check
 from bridge.core.registry import REGISTRY, Registry
+from exporters.bodies.opsets import attach_functions, convert_model, onnx_opset
+from exporters.bodies.translation import symbolic_attribute_error, translation_table
 from exporters.derive import attach_derived
 from exporters.inline import inline_functions
 from exporters.names import dim_names, name_custom_outputs, name_graph_io, rename_dims
-from exporters.bodies.opsets import attach_functions, convert_model, onnx_opset
 from exporters.portable import relativize_paths, stamp_ir_version
 from exporters.rewrites import functionalize_mutations, torchbind_to_ops
-from exporters.bodies.translation import symbolic_attribute_error, translation_table
 
 # NOTE: torch.onnx warns about every absent torchvision op when it builds its registry.
 logging.getLogger(torch_compat.ONNX_REGISTRY_LOGGER).setLevel(logging.ERROR)
@@ -216,6 +216,7 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
                 program, dynamo=True, custom_translation_table=translation_table(reg),
                 opset_version=max(opset_version, TORCH_MIN_OPSET), optimize=True, verify=False, external_data=False,
             )
+    assert onnx_program is not None and onnx_program.exported_program is not None  # dynamo=True sets both
     proto = onnx_program.model_proto
     if opset_version < TORCH_MIN_OPSET:
         proto = convert_model(proto, opset_version, reg, attach=False)
@@ -281,7 +282,7 @@ def constraint_violation(error: BaseException, model, args: Sequence, kwargs: di
         ...     export(M(), (torch.ones(9), torch.ones(4, 5)), dynamic_shapes=(None, {0: n}))
         ... except OpBridgeError as e:
         ...     print(str(e)[:115])
-        opbridge: torch.export could not keep dimension 0 of input 'boxes' (Dim n) dynamic: the model's code fixes it to 4.
+        opbridge: torch.export could not keep dimension 0 of input 'boxes' (Dim n) dynamic: ...fixes it to 4...
     """
     text = str(error)
     if "Constraints violated" not in text and "CONSTRAINT_VIOLATION" not in str(getattr(error, "error_type", "")):
@@ -297,7 +298,8 @@ def constraint_violation(error: BaseException, model, args: Sequence, kwargs: di
     else:
         where = f"a dimension marked dynamic ({dim or 'see --verbose'})"
     line = next((ln.strip(" -") for ln in text.splitlines()[1:] if ln.strip(" -")), "")
-    what = f"the model's code fixes it to {found.group(2)}" if found else f"the model's code restricts it ({line[:200]})"
+    what = (f"the model's code fixes it to {found.group(2)}" if found
+            else f"the model's code restricts it ({line[:200]})")
     return OpBridgeError(
         f"torch.export could not keep {where} dynamic: {what}. Got a constraint violation from torch.export. "
         "Look in the model for a len() of that input or an .item() turned into a size, and compute with "

@@ -86,7 +86,7 @@ def dim_names(program: torch.export.ExportedProgram, model: torch.nn.Module, arg
     user_inputs = [s.arg.name for s in program.graph_signature.input_specs
                    if s.kind == torch.export.graph_signature.InputKind.USER_INPUT]
     placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
-    names = {}
+    names: dict[str, str] = {}
     for spec, input_name in zip(per_arg, user_inputs):
         if not isinstance(spec, dict):
             continue

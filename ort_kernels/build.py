@@ -24,6 +24,7 @@ from bridge.core.errors import OpBridgeError
 from bridge.core.opnames import op_names, spec_names
 from bridge.core.progress import step
 from bridge.core.registry import REGISTRY
+from bridge.core.spec import OpSpec
 from bridge.core.torch_compat import FakeTensorMode
 
 SOURCE_DIR = Path(__file__).resolve().parent
@@ -43,7 +44,7 @@ MAX_INPUTS, MAX_OUTPUTS = 16, 8  # sizes of the type arrays in the generated tab
 class NativeEntry:
     """One typed kernel registration: an op at one dtype."""
 
-    spec: object
+    spec: OpSpec
     dtype: torch.dtype
     input_types: tuple[int, ...]
     output_types: tuple[int, ...]
@@ -141,7 +142,7 @@ def _official_include() -> Path | None:
 
 
 def _sources(entries) -> list[Path]:
-    op_sources = sorted({native_source(e.spec) for e in entries})
+    op_sources = sorted({path for e in entries if (path := native_source(e.spec)) is not None})  # all have one
     return [SOURCE_DIR / s for s in COMMON_SOURCES] + op_sources
 
 

@@ -19,9 +19,9 @@ from bridge.core.errors import OpBridgeError, UnsupportedInTier
 from bridge.core.graphs import model_nodes, subgraphs, walk
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
+from exporters.bodies.opsets import attach_functions
 from exporters.derive import attach_derived, body_status, last_failure
 from exporters.export import DEFAULT_OPSET
-from exporters.bodies.opsets import attach_functions
 from ort_kernels.base import Prepared, Tier, libraries, private_domains
 
 # NOTE: the prefix of the private domains the tier's nodes move to when the options carry a library
@@ -44,9 +44,9 @@ class FunctionTier(Tier):
                           if is_custom(n.domain) and (n.domain, n.op_type, n.overload) not in local})
         if missing:
             why = [f"{d}::{t}: {_why(registry, d, t)}" for d, t in missing]
-            missing = [f"{d}::{t}" for d, t in missing]
+            names = [f"{d}::{t}" for d, t in missing]
             raise UnsupportedInTier(
-                f"tier 'function' cannot run {', '.join(missing)}: no model-local function, no written "
+                f"tier 'function' cannot run {', '.join(names)}: no model-local function, no written "
                 f"function body and none derived from the implementation. Got {'; '.join(why)}. Give the op "
                 "a function= body (op.register_function), make its implementation traceable, or use "
                 "tier='native' or 'python'."

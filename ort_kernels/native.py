@@ -83,6 +83,7 @@ class NativeTier(Tier):
         lines = [f"serves {len(served)} ops in domains {sorted({d for d, _ in served})}:"]
         for (domain, name), dtypes in sorted(served.items()):
             spec = registry.find(domain, name)
+            assert spec is not None  # served ops come from the registry
             lines.append(f"  {domain}::{name} v{spec.version} "
                          f"{','.join(str(d).replace('torch.', '') for d in dtypes)}")
         return lines

@@ -25,6 +25,7 @@ import contextlib
 import importlib.util
 import os
 import threading
+from typing import Any
 
 import numpy as np
 import onnx
@@ -135,9 +136,10 @@ def _io_dtypes(spec, model_types: dict):
     kernel, else from the model's own (inferred) types; None when neither says."""
     from onnxruntime_extensions import PyCustomOpDef
 
-    by_onnx = {onnx.TensorProto.FLOAT: PyCustomOpDef.dt_float, onnx.TensorProto.INT32: PyCustomOpDef.dt_int32,
-               onnx.TensorProto.INT64: PyCustomOpDef.dt_int64, onnx.TensorProto.BOOL: PyCustomOpDef.dt_bool,
-               onnx.TensorProto.UINT8: PyCustomOpDef.dt_uint8, onnx.TensorProto.INT8: PyCustomOpDef.dt_int8}
+    by_onnx: dict[int, Any] = {
+        onnx.TensorProto.FLOAT: PyCustomOpDef.dt_float, onnx.TensorProto.INT32: PyCustomOpDef.dt_int32,
+        onnx.TensorProto.INT64: PyCustomOpDef.dt_int64, onnx.TensorProto.BOOL: PyCustomOpDef.dt_bool,
+        onnx.TensorProto.UINT8: PyCustomOpDef.dt_uint8, onnx.TensorProto.INT8: PyCustomOpDef.dt_int8}
     if spec.sample_inputs is not None:
         inputs, outputs = io_types(spec, torch.float32)
     elif (spec.domain, spec.name) in model_types:
@@ -156,7 +158,7 @@ def _padded(spec, inputs: tuple) -> tuple:
 def _model_types(inferred: onnx.ModelProto) -> dict:
     """(domain, op_type) -> (input types, output types) read off the first fully typed node of each op."""
     types = _value_types(inferred)
-    out = {}
+    out: dict = {}
     for node in custom_nodes(inferred):
         # NOTE: an omitted optional input ("") gets the float32 placeholder; the kernel passes None
         ins = [types.get(n, 0) if n else onnx.TensorProto.FLOAT for n in node.input]
@@ -191,7 +193,8 @@ def _declare_all(registry, tier, model_types: dict) -> None:
             attrs[ABSENT_ATTR] = PyCustomOpDef.dt_string
         if any(p.optional for p in spec.attributes):
             attrs[ABSENT_ATTRS] = PyCustomOpDef.dt_string
-        onnx_op(op_type=f"{PYTHON_DOMAIN}{spec.domain}::{spec.name}", inputs=inputs, outputs=outputs, attrs=attrs)(_kernel(spec))
+        onnx_op(op_type=f"{PYTHON_DOMAIN}{spec.domain}::{spec.name}", inputs=inputs, outputs=outputs,
+                attrs=attrs)(_kernel(spec))
         _declared[key] = (spec, _onnx_input_types(spec, model_types))
 
 

@@ -8,7 +8,7 @@ Example:
     >>> get("gpu")
     Traceback (most recent call last):
     ...
-    bridge.core.errors.OpBridgeError: opbridge: unknown kernel tier. Got 'gpu'. Use one of ('function', 'native', 'python').
+    bridge.core.errors.OpBridgeError: opbridge: unknown kernel tier. Got 'gpu'. Use one of ('function', 'native', ...).
 """
 
 from __future__ import annotations

@@ -51,7 +51,8 @@ def test_bevdet_call_in_eager_matches_the_reference():
     expected = reference(depth, feat, rd, rf, rb, [1, 1, 6, 8, 5], starts, lengths)
     torch.testing.assert_close(out, torch.cat(expected.unbind(dim=2), 1))
     by_name = torch.ops.bev.bev_pool_v2(depth=depth, feat=feat, ranks_depth=rd, ranks_feat=rf, ranks_bev=rb,
-                                        interval_starts=starts, interval_lengths=lengths, bev_feat_shape=[1, 1, 6, 8, 5])
+                                        interval_starts=starts, interval_lengths=lengths,
+                                        bev_feat_shape=[1, 1, 6, 8, 5])
     torch.testing.assert_close(by_name, expected)
 
 

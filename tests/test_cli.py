@@ -199,7 +199,8 @@ def emptysamp(x: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("op,needle", [
-    ("mine::nosamp", "nothing was checked: mine::nosamp has no sample inputs. Got sample_inputs=None. Give the op samples"),
+    ("mine::nosamp",
+     "nothing was checked: mine::nosamp has no sample inputs. Got sample_inputs=None. Give the op samples"),
     ("mine::emptysamp", "nothing was checked: the sample inputs of mine::emptysamp are empty"),
 ])
 def test_check_op_without_samples_is_not_a_pass(op, needle, tmp_path):
@@ -223,7 +224,8 @@ def test_help_and_argument_errors_load_no_torch():
 
 def test_ops_option_before_or_after_the_subcommand(tmp_path):
     (tmp_path / "extra_ops.py").write_text("import bridge\nprint('extra ops imported')\n")
-    for args in (("--ops", "extra_ops", "ops"), ("ops", "--ops", "extra_ops"), ("-q", "ops", "-q", "--ops", "extra_ops")):
+    for args in (("--ops", "extra_ops", "ops"), ("ops", "--ops", "extra_ops"),
+                 ("-q", "ops", "-q", "--ops", "extra_ops")):
         r = run(*args, cwd=tmp_path)
         assert r.returncode == 0, (args, r.stderr)
         assert "5 ops registered" in r.stdout and "extra ops imported" in r.stderr + r.stdout, args
@@ -236,7 +238,8 @@ def test_missing_prerequisites_are_named_before_any_export(tmp_path):
             "importlib.util.find_spec = lambda name, *a: None if name in ('onnxruntime_extensions', 'openvino') "
             "else real(name, *a)\n"
             "from bridge.tools import cli\n"
-            "codes = [cli.main(['check', '--tier', 'python']), cli.main(['check', '--inline', '--runtime', 'openvino'])]\n"
+            "codes = [cli.main(['check', '--tier', 'python']), "
+            "cli.main(['check', '--inline', '--runtime', 'openvino'])]\n"
             "print('codes', codes)\n")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert "codes [2, 2]" in r.stdout, r.stdout + r.stderr

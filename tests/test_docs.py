@@ -112,7 +112,8 @@ def test_readme_bridges_the_real_torch_scatter(tmp_path):
         sdist = tmp_path / "sdist"
         pip = [sys.executable, "-m", "pip"]
         got = subprocess.run(pip + ["download", "torch-scatter==2.1.2", "--no-binary", ":all:", "--no-deps",
-                                    "--no-build-isolation", "-d", str(sdist)], capture_output=True, text=True, timeout=600)
+                                    "--no-build-isolation", "-d", str(sdist)],
+                             capture_output=True, text=True, timeout=600)
         assert got.returncode == 0, got.stdout[-2000:] + got.stderr[-2000:]
         built = subprocess.run(pip + ["install", "--no-build-isolation", "--no-deps", "--no-index", "--target",
                                       str(REAL_TORCH_SCATTER), *map(str, sdist.glob("torch_scatter-*.tar.gz"))],

@@ -102,7 +102,8 @@ def boom(x: torch.Tensor) -> torch.Tensor:
 class M(torch.nn.Module):
     def forward(self, x):
         return boom(x)
-sess = bridge.session(bridge.export(M(), (torch.ones(2),), dynamic_shapes=({{0: torch.export.Dim("n")}},)), tier="python")
+sess = bridge.session(bridge.export(M(), (torch.ones(2),), dynamic_shapes=({{0: torch.export.Dim("n")}},)),
+                      tier="python")
 try:
     sess.run(None, {{sess.get_inputs()[0].name: np.ones(5, np.float32)}})
 except bridge.OpBridgeError as e:

@@ -227,7 +227,8 @@ def test_op_without_body_is_a_clear_error(bare_op_model, registry):
     name, path = bare_op_model
     domain, op_type = name.split("::")
     with pytest.raises(bridge.OpBridgeError, match=rf"^opbridge: cannot inline {domain}::{op_type}: no ONNX "
-                                                   r"function body.*native-only.*Got ops without a body: .*Give each op"):
+                                                   r"function body.*native-only.*Got ops without a body: "
+                                                   r".*Give each op"):
         inline_functions(onnx.load(path), registry)
 
     class M(torch.nn.Module):

@@ -29,8 +29,8 @@ import bridge.tools.localize
 import bridge.tools.parity
 from bridge.tools.cli import main
 from bridge.tools.testing import ModelCase
-from exporters.export import export_with_program
 from exporters.bodies.translation import translation_table
+from exporters.export import export_with_program
 
 ROOT = Path(__file__).resolve().parents[1]
 _export_module = importlib.import_module("exporters.export")  # the package re-exports `export` over it

@@ -53,7 +53,8 @@ def test_wheel_holds_modules_sources_and_license(wheel):
     assert zipfile.ZipFile(path).read(f"{info}/licenses/LICENSE") == (ROOT / "LICENSE").read_bytes()
     metadata = zipfile.ZipFile(path).read(f"{info}/METADATA").decode()
     assert "License-Expression: Apache-2.0" in metadata.splitlines()
-    assert {"Homepage", "Documentation", "Source", "Issues"} == set(re.findall(r"^Project-URL: (\w+), ", metadata, re.M))
+    assert {"Homepage", "Documentation", "Source", "Issues"} == set(re.findall(r"^Project-URL: (\w+), ", metadata,
+                                                                               re.M))
 
 
 def test_license_is_apache_2():

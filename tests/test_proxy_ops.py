@@ -199,7 +199,8 @@ src, index = t.inputs(9, 3)
 optional = bridge.check_parity(t.Optionals(), (src, index, torch.full((t.TARGETS, 3), 0.5)), tier="python")
 print(json.dumps({{"passed": [r.passed for r in reports], "calls": calls, "optional": optional.passed,
                   "shapes": [list(o.shape) for o in optional.outputs],
-                  "exact": [r.outputs[1].max_abs == 0.0 for r in reports], "text": [str(r) for r in reports + [optional]]}}))
+                  "exact": [r.outputs[1].max_abs == 0.0 for r in reports],
+                  "text": [str(r) for r in reports + [optional]]}}))
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)))
@@ -314,7 +315,8 @@ import test_proxy_ops as t
 op = t.bridge_affine()
 direct = op(torch.ones(2), 0.5, 4).tolist()  # the proxy's kernel: an object rebuilt from the state
 reports = [bridge.check_parity(t.Holder(s, b), (torch.randn(n, 3),), tier="python",
-                               dynamic_shapes=({{0: torch.export.Dim("rows")}},)) for n, s, b in ((3, 1.5, 2), (8, -2.0, 0))]
+                               dynamic_shapes=({{0: torch.export.Dim("rows")}},))
+           for n, s, b in ((3, 1.5, 2), (8, -2.0, 0))]
 print(json.dumps({{"passed": [r.passed for r in reports], "direct": direct, "text": [str(r) for r in reports]}}))
 """
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
@@ -419,8 +421,8 @@ def test_names_apply_to_an_op_with_kernels_of_its_own(registry, fresh_name):
     lib.define(f"{short}(Tensor _0, float _1) -> Tensor")
     lib.impl(short, lambda x, s: x * s, "CPU")
     calls = []
-    op_ = bridge.register(name, fake=lambda x, s: calls.append(s) or torch.empty_like(x), names={"_0": "x", "_1": "scale"},
-                          registry=registry)
+    op_ = bridge.register(name, fake=lambda x, s: calls.append(s) or torch.empty_like(x),
+                          names={"_0": "x", "_1": "scale"}, registry=registry)
     assert [p.name for p in op_.spec.params] == ["x", "scale"] and op_.spec.proxy_for is not None
 
     class M(torch.nn.Module):
@@ -483,7 +485,8 @@ def test_keyword_only_arguments_go_by_name_through_the_proxy(registry, fresh_nam
     nodes = [(n.domain, n.op_type, {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute})
              for n in proto.graph.node if n.domain]
     assert nodes == [(ns, "scaled", {"k": 3}), (ns, "scaled", {"k": 2, "mode": b"abc"})]
-    assert [t.tolist() for t in Keywords(ns, own_kernel)(x)] == [[[103.0] * 2] * 2, [[5.0] * 2] * 2]  # eager: the op's own
+    # eager: the op's own
+    assert [t.tolist() for t in Keywords(ns, own_kernel)(x)] == [[[103.0] * 2] * 2, [[5.0] * 2] * 2]
 
 
 

@@ -169,7 +169,8 @@ def test_names_with_quotes_backslashes_and_non_ascii_survive_the_text_format(tmp
 
 def test_static_batch_dim_with_max_batch_size_is_an_error_and_writes_nothing(demo_file, tmp_path):
     model_path, _ = demo_file
-    with pytest.raises(OpBridgeError, match=r"opbridge: with max_batch_size 2 .* 'images' has shape \[1, 6, 3, 8, 22\]"):
+    with pytest.raises(OpBridgeError,
+                       match=r"opbridge: with max_batch_size 2 .* 'images' has shape \[1, 6, 3, 8, 22\]"):
         triton.write_repository(tmp_path / "repo", model_path, max_batch_size=2)
     assert not (tmp_path / "repo").exists()
 

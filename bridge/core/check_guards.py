@@ -16,7 +16,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import onnx
 from onnx import TensorProto, helper
@@ -91,8 +91,9 @@ class GuardBuilder:
                                 f"{self.proto.name}. Got {got}. Name an int/ints attribute of the op.")
         if ("attr", name) in self.memo:
             return self.memo[("attr", name)]
+        # NOTE: cast: onnx's stub takes only its AttributeType, not the plain int the enum is at runtime
         ref = onnx.AttributeProto(name="value_int" if kind == onnx.AttributeProto.INT else "value_ints",
-                                  ref_attr_name=name, type=kind)
+                                  ref_attr_name=name, type=cast(onnx.AttributeProto.AttributeType, kind))
         out = self.memo[("attr", name)] = self.fresh()
         node = helper.make_node("Constant", [], [out])
         node.attribute.append(ref)

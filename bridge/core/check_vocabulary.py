@@ -571,7 +571,8 @@ def attr_le(name: str, pairs: Sequence[tuple[int, int]], *, what: str, fix: str)
 
 def attr_ge(name: str, low: int, *, what: str | None = None, fix: str | None = None) -> Check:
     """Every item of ints attribute ``name`` is ``>= low``."""
-    return AttrGe(name, fix or f"Pass {name} items >= {low}.", low, what or f"attribute '{name}' items must be >= {low}")
+    return AttrGe(name, fix or f"Pass {name} items >= {low}.", low,
+                  what or f"attribute '{name}' items must be >= {low}")
 
 
 def attr_prod_le(name: str, limit: int, *, what: str | None = None, fix: str | None = None) -> Check:
@@ -612,7 +613,7 @@ class Checks:
         >>> import torch
         >>> c = Checks("demo::take", [values_in("index", 0, numel("data"))])
         >>> c.first_failure({"data": torch.ones(3), "index": torch.tensor([0, 5])})
-        "opbridge: demo::take: input 'index' values must lie in [0, 3). Got min 0, max 5. Check index against the sizes it indexes."
+        "opbridge: demo::take: input 'index' values must lie in [0, 3). Got min 0, max 5. Check index against ..."
     """
 
     def __init__(self, qualname: str, checks: Sequence[Check]):

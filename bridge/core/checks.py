@@ -25,7 +25,7 @@ Example:
     >>> checks.run(x=torch.ones(2, 4), width=3)
     Traceback (most recent call last):
     ...
-    bridge.core.checks.CheckError: opbridge: demo::scale: input 'x' must have x.shape[1] == width = 3. Got shape (2, 4). Pass matching sizes.
+    bridge.core.checks.CheckError: opbridge: demo::scale: input 'x' must have x.shape[1] == width = 3. Got shape ...
 """
 
 from __future__ import annotations

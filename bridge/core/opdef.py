@@ -139,7 +139,7 @@ class BridgeOp:
             >>> first(torch.tensor([-1, 2]), 1)  # an index-like int tensor
             Traceback (most recent call last):
             ...
-            bridge.core.checks.CheckError: opbridge: demo::first: input 'x' values must be >= 0. Got min -1. Pass x >= 0.
+            bridge.core.checks.CheckError: opbridge: demo::first: input 'x' values must be >= 0. Got min -1. ...
         """
         found = Checks(self.qualname, checks)
         self._attach(checks=found)
@@ -253,7 +253,7 @@ def with_guards(spec: OpSpec) -> OpSpec:
     """``spec`` with its function body carrying its checks as guards (``bridge.core.checks.guarded_body``);
     the checks are validated against the op's signature first. A plain Python function given as the
     body becomes a body builder (its bodies get their guards as they are attached)."""
-    types = {p.name: getattr(onnx.AttributeProto, p.attr_type.name) for p in spec.attributes}
+    types = {p.name: p.onnx_attribute_type for p in spec.attributes}
     if spec.checks is not None:
         _validate_checks(spec, types)
     function = spec.function
@@ -278,7 +278,9 @@ def torch_origin(qualname: str) -> str | None:
     opdef = torch_compat.custom_op_def(qualname)
     if opdef is not None:
         fn = torch_compat.python_impl(opdef)
-        return f"torch.library.custom_op in module {fn.__module__!r}, {fn.__code__.co_filename}:{fn.__code__.co_firstlineno}"
+        assert fn is not None  # a CustomOpDef keeps the function it was made from
+        return (f"torch.library.custom_op in module {fn.__module__!r}, "
+                f"{fn.__code__.co_filename}:{fn.__code__.co_firstlineno}")
     return "defined in C++ (TORCH_LIBRARY, e.g. loaded with torch.ops.load_library) or with torch.library.define"
 
 
@@ -288,8 +290,8 @@ def resolve_overload(op: Any) -> torch_compat.OpOverload:
     if isinstance(op, BridgeOp):
         raise OpBridgeError(f"{op.qualname} is already bridged. Got its op object. Attach more pieces with "
                             "op.register_function(...), op.register_reference(...) and the like.")
-    if torch_compat.is_custom_op_def(op):  # torch.library.custom_op's CustomOpDef
-        return torch_compat.overload_of(op)
+    if (custom := torch_compat.overload_of(op)) is not None:  # torch.library.custom_op's CustomOpDef
+        return custom
     if isinstance(op, torch_compat.OpOverloadPacket):
         op = op.default
     if isinstance(op, torch_compat.OpOverload):
@@ -361,7 +363,8 @@ def register(
     returning one per set of attribute values (a body builder, called at export per distinct values).
     An op torch.onnx already translates (onnxscript's torch_lib, e.g. torchvision's ``nms``,
     ``roi_align``, ``deform_conv2d``) given neither ``function=`` nor ``translation=`` takes that
-    translation as its body; giving either replaces it, with a warning (once per op) naming both. A method's node is named ``Class_method`` in the class's namespace; its inputs are the
+    translation as its body; giving either replaces it, with a warning (once per op) naming both.
+    A method's node is named ``Class_method`` in the class's namespace; its inputs are the
     method's tensors, its attributes the object's ``__obj_flatten__`` state (types from its schema,
     names from ``attributes=[...]`` or the ``function=`` body's attributes); ``fake`` takes
     ``(*tensors, *state)``.

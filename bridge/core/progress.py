@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
+from collections.abc import Sequence
 
 _enabled = False
 
@@ -36,7 +37,7 @@ def step(label: str, *, always: bool = False):
     print(f"[opbridge] {label} done ({time.perf_counter() - start:.1f} s)", file=sys.stderr, flush=True)
 
 
-def format_table(rows: list[tuple[str, ...]]) -> str:
+def format_table(rows: Sequence[tuple[str, ...]]) -> str:
     """Plain-text table: the first row is the header, underlined; columns padded to their widest
     cell (readable in a terminal and in CI logs alike).
 

@@ -126,7 +126,8 @@ def schema_parts(schema: torch.FunctionSchema) -> tuple[list[tuple[str, str]], l
 
     Example:
         >>> import torch
-        >>> schema_parts(torch_compat.parse_schema("a::b(Tensor _0, int? _1, int[] l=[1, 2]) -> (Tensor _0, Tensor _1)"))
+        >>> schema_parts(torch_compat.parse_schema(
+        ...     "a::b(Tensor _0, int? _1, int[] l=[1, 2]) -> (Tensor _0, Tensor _1)"))
         ([('Tensor', ''), ('int?', ''), ('int[]', '=[1, 2]')], ['Tensor', 'Tensor'])
     """
     text = str(schema)
@@ -154,7 +155,8 @@ def _as_original(schema: torch.FunctionSchema, fn: Callable) -> Callable:
 
     Example:
         >>> import torch
-        >>> call = _as_original(torch_compat.parse_schema("a::b(Tensor x, *, int k=1) -> Tensor"), lambda x, *, k: (x, k))
+        >>> call = _as_original(torch_compat.parse_schema("a::b(Tensor x, *, int k=1) -> Tensor"),
+        ...                     lambda x, *, k: (x, k))
         >>> call("x", 2)
         ('x', 2)
     """
@@ -201,7 +203,8 @@ def define_op_proxy(overload: torch_compat.OpOverload, fake: Callable,
     signature = _signature(pairs, renamed, returns)
     name = _proxy_name(qualname)
     if name in _LIBS and _LIBS[name][1] != signature:
-        had = [a.name for a in torch_compat.schema_of(getattr(getattr(torch.ops, PROXY_NAMESPACE), name).default).arguments]
+        had = [a.name for a in
+               torch_compat.schema_of(getattr(getattr(torch.ops, PROXY_NAMESPACE), name).default).arguments]
         raise OpBridgeError(f"{qualname} is already bridged through a proxy with names {_renames(original, had)}. "
                             f"Got names {_renames(original, renamed)}. Use the same names= (torch ops cannot be "
                             "undefined, so a proxy keeps its argument names for the whole process), or bridge the "
@@ -403,7 +406,8 @@ class _Redirect(TorchFunctionMode):
             return func(*args, **kwargs)
         original, proxy, check = hit
         if kwargs and proxy is not original:  # NOTE: keywords of the original's names, the proxy's own
-            renamed = dict(zip((a.name for a in torch_compat.schema_of(original).arguments), (a.name for a in torch_compat.schema_of(proxy).arguments)))
+            renamed = dict(zip((a.name for a in torch_compat.schema_of(original).arguments),
+                               (a.name for a in torch_compat.schema_of(proxy).arguments)))
             kwargs = {renamed.get(k, k): v for k, v in kwargs.items()}
         check(args, kwargs)
         return proxy(*args, **kwargs)

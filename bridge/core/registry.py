@@ -86,7 +86,7 @@ class Registry:
 
     def for_overload(self, overload) -> OpSpec | None:
         """The spec of a torch OpOverload (a declared op or a functional twin), if registered."""
-        name = overload.name().split(".")[0] if hasattr(overload, "name") else None
+        name = overload.name().split(".")[0] if hasattr(overload, "name") else ""  # NOTE: no op or twin is named ""
         return (self._ops.get(name) or next((t for t in self._twins.values() if t.qualname == name), None)
                 or next((s for s in self._ops.values() if s.proxy_for is not None and s.overload == overload), None))
 
@@ -251,7 +251,8 @@ def _register_onnx_schema(spec: OpSpec) -> None:
         if old is not None:
             defs.register_schema(old)  # NOTE: nothing half-done: the schema that was there stays
         raise OpBridgeError(f"{spec.qualname}: onnx refused the schema of {spec.domain}::{spec.name} "
-                            f"v{spec.version}. Got SchemaError: {str(e)[:300]}. Use another domain or version.") from None
+                            f"v{spec.version}. Got SchemaError: {str(e)[:300]}. Use another domain or "
+                            "version.") from None
 
 
 REGISTRY = Registry()

@@ -84,7 +84,7 @@ def infer_from_fake(spec, ctx) -> None:
     mode = FakeTensorMode(shape_env=ShapeEnv())
     symbols: dict = {}
     hints: dict = {}
-    args = []
+    args: list = []
     index = 0
     for p in spec.params:
         if p.is_tensor:

@@ -59,6 +59,12 @@ class Param:
     mutated: bool = False
 
     @property
+    def onnx_attribute_type(self) -> int:
+        """The ``AttributeProto`` type of an attribute parameter (INT, FLOATS, ...)."""
+        assert self.attr_type is not None, f"{self.name} is an input, not an attribute"
+        return getattr(onnx.AttributeProto, self.attr_type.name)  # type: ignore[attr-defined]  # NOTE: stub lacks .name
+
+    @property
     def has_default(self) -> bool:
         return self.default is not NO_DEFAULT
 
@@ -299,7 +305,7 @@ class BodyBuilder:
         >>> BodyBuilder("d::f", lambda n: None, (p,))
         Traceback (most recent call last):
         ...
-        bridge.core.errors.OpBridgeError: opbridge: d::f: a body builder takes the op's attributes by name. Got parameter 'n'. Name its parameters after attributes of the op: ['k'].
+        bridge.core.errors.OpBridgeError: opbridge: d::f: a body builder takes the op's attributes by name. ...
     """
 
     def __init__(self, qualname: str, build: Callable, attributes: Sequence[Param]):

@@ -1,4 +1,5 @@
-"""Every private torch (and onnxscript) API opbridge uses, in one module; the rest of the code calls public torch or this.
+"""Every private torch (and onnxscript) API opbridge uses, in one module; the rest of the code calls
+public torch or this.
 
 Each wrapper says what it does and the torch releases it is tested on (the torch matrix in
 ``benchmarks/torch_matrix.py`` runs the suite on each); where a release differs, the branch is here.
@@ -33,8 +34,9 @@ try:  # NOTE: torch.onnx's exporter pieces (2.12-2.15), to build its op registry
     from torch.onnx._internal.exporter import _constants as _onnx_constants
     from torch.onnx._internal.exporter import _core as _onnx_core
     from torch.onnx._internal.exporter import _registration as _onnx_registration
+    _EXPORTER = True
 except ImportError:  # pragma: no cover  another torch: callers use the public torch.onnx.export
-    _onnx_core = None
+    _EXPORTER = False
 
 TESTED = ("2.12", "2.13", "2.14", "2.15")
 # NOTE: the logger torch.onnx's dynamo exporter warns through while it builds its op registry
@@ -78,7 +80,7 @@ def has_kernel(name: str, dispatch_key: str) -> bool:
 
 def custom_class_schemas() -> list:
     """The method schemas of every registered torchbind class (``torch._C._jit_get_custom_class_schemas``)."""
-    return torch._C._jit_get_custom_class_schemas()
+    return torch._C._jit_get_custom_class_schemas()  # type: ignore[attr-defined]  # NOTE: absent from torch's _C stubs
 
 
 def custom_op_def(qualname: str) -> Any | None:
@@ -128,7 +130,8 @@ def has_fake_class(qualified_class: str) -> bool:
 
 def register_fake_class(class_name: str, cls: type) -> None:
     """Register ``cls`` as the fake of torchbind class ``ns::Name`` (``torch._library.fake_class_registry``)."""
-    _fake_classes.register_fake_class(class_name, cls)
+    # NOTE: torch annotates fake_class as an instance of its protocol; it takes (and we pass) the class
+    _fake_classes.register_fake_class(class_name, cls)  # type: ignore[arg-type]
 
 
 def deregister_fake_class(class_name: str) -> None:
@@ -155,7 +158,7 @@ def onnx_registry(opset: int, extra: dict | None = None) -> Any | None:
     """torch.onnx's table of ATen translations at ``opset`` (torch_lib's), plus ``extra``
     (``{OpOverload: onnxscript function}``), as ``torch.onnx.export`` builds it; None where this torch
     has no such internal exporter (use ``torch.onnx.export`` then)."""
-    if _onnx_core is None:
+    if not _EXPORTER:
         return None
     registry = _onnx_registration.ONNXRegistry.from_torchlib(opset_version=max(opset, _onnx_constants.TORCHLIB_OPSET))
     return with_translations(registry, extra) if extra else registry

@@ -67,7 +67,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--model", help="MODULE:FACTORY returning a ModelCase (default: the demo)")
     p.add_argument("-o", "--output", default="model.onnx")
     p.add_argument("--no-functions", action="store_true", help="do not attach model-local function bodies")
-    p.add_argument("--inline", action="store_true", help="replace each custom node by its ONNX body (standard ONNX only)")
+    p.add_argument("--inline", action="store_true",
+                   help="replace each custom node by its ONNX body (standard ONNX only)")
     p.add_argument("--opset", type=int, help="ONNX opset, 17 and up (default: opbridge's, see bridge.export)")
 
     p = _sub(sub, "inline", help="replace each custom node of an .onnx file by its ONNX function body")
@@ -113,7 +114,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on a failure, compare every intermediate value and name the first node that diverges "
                         "(--localize always: also when the check passes)")
 
-    p = _sub(sub, "cache", help="show what opbridge keeps in its cache (kind, key, size, age); `cache clean` removes it")
+    p = _sub(sub, "cache",
+             help="show what opbridge keeps in its cache (kind, key, size, age); `cache clean` removes it")
     p.add_argument("action", nargs="?", choices=("show", "clean"), default="show")
     p.add_argument("--kind", action="append", help="only this kind (native, torch_ext, ...; repeatable)")
     return parser

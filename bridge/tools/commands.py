@@ -32,10 +32,10 @@ from bridge.tools.parity import check_parity
 from bridge.tools.sessions import check_nodes, session
 from bridge.tools.testing import ModelCase, OpModule, cases
 from bridge.tools.triton import write_repository
+from exporters.bodies.opsets import attach_functions, onnx_opset
 from exporters.derive import body_status, show_body
 from exporters.export import DEFAULT_OPSET, export
 from exporters.inline import inline_functions, save_atomic
-from exporters.bodies.opsets import attach_functions, onnx_opset
 from exporters.portable import required_ir_version
 from ort_kernels import build, tiers
 from ort_kernels.tiers import NAMES as TIER_NAMES
@@ -408,9 +408,10 @@ def cmd_build(args) -> int:
     files.check_folder(args.output)  # NOTE: before the build, which can take a minute
     library = build.library_path(build=True)
     served = build.served_ops(REGISTRY)
+    specs = {key: spec for key in served if (spec := REGISTRY.find(*key)) is not None}  # every served op is registered
     manifest = {
         "library": build.LIBRARY_NAME, "onnxruntime_c_api": 17, "built_with_onnxruntime": onnxruntime.__version__,
-        "ops": [{"op": REGISTRY.find(d, n).qualname, "domain": d, "name": n, "version": REGISTRY.find(d, n).version,
+        "ops": [{"op": specs[d, n].qualname, "domain": d, "name": n, "version": specs[d, n].version,
                  "dtypes": [_dtype_name(t) for t in dtypes]} for (d, n), dtypes in sorted(served.items())],
     }
     created = not os.path.isdir(args.output)
@@ -434,7 +435,8 @@ def _build_triton(args) -> int:
                             f"{args.model!r}, -o {args.output!r}. Pass --model m.onnx.")
     model_dir = write_repository(args.triton, args.model, name=args.name, max_batch_size=args.max_batch_size,
                                  library_path_as_served=args.library_path)
-    print(f"wrote Triton model {model_dir.name!r} in {model_dir}; serve it with: tritonserver --model-repository={args.triton}")
+    print(f"wrote Triton model {model_dir.name!r} in {model_dir}; serve it with: "
+          f"tritonserver --model-repository={args.triton}")
     return 0
 
 

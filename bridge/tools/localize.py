@@ -128,7 +128,8 @@ class Localization:
     def table(self, limit: int = 40) -> str:
         """The per-node table; past ``limit`` rows, the rows around the first divergence."""
         head = ("#", "onnx node", "op", "torch op", "value", "max abs", "max rel", "mismatch", "inputs", "result")
-        rows, first = [], self.first_divergence
+        rows: list[tuple[str, ...]] = []
+        first = self.first_divergence
         for n in self.nodes:
             for o in n.outputs:
                 mark = "FAIL" if not o.passed else "ok"

@@ -99,6 +99,7 @@ class OpenVINOSession:
 
     def __init__(self, model: str | os.PathLike | onnx.ModelProto, device: str = "CPU",
                  config: dict | None = None):
+        source: tuple[bytes, bytes] | tuple[str]  # read_model's arguments: (model bytes, weights) or (path,)
         if isinstance(model, onnx.ModelProto):
             proto, source = model, (model.SerializeToString(), b"")
         else:

@@ -238,7 +238,8 @@ class ParityReport:
         rows = [head]
         for o in self.outputs:
             rows.append((o.name, "x".join(map(str, o.shape)) or "scalar", o.dtype, f"{o.max_abs:.3g}",
-                         "-" if math.isnan(o.max_rel) else f"{o.max_rel:.3g}", f"{o.mismatches}/{o.numel}", f"{o.rtol:g}/{o.atol:g}",
+                         "-" if math.isnan(o.max_rel) else f"{o.max_rel:.3g}", f"{o.mismatches}/{o.numel}",
+                         f"{o.rtol:g}/{o.atol:g}",
                          ("PASS" if o.passed else "FAIL") + (f" ({o.note})" if o.note else "")))
         runner = {"onnxruntime": "ORT", "openvino": "OpenVINO"}.get(self.runtime, self.runtime)
         lines = [f"parity: {self.model} | {runner} tier {self.tier} vs eager torch | "
@@ -351,7 +352,8 @@ def check_parity(
             for out_name, e, a in zip(names, expected, actual):
                 rows.append(compare(out_name + suffix, e, a, rtol=rtol, atol=atol))
             # NOTE: intermediates are compared in onnxruntime; an OpenVINO check reports outputs only
-            if runtime == "onnxruntime" and localization is None and wanted(localize, passed=all(r.passed for r in rows)):
+            if (runtime == "onnxruntime" and localization is None
+                    and wanted(localize, passed=all(r.passed for r in rows))):
                 localization = localize_run(exported.program, exported.proto, run_args, kwargs, compare=compare,
                                             tier=tier, registry=registry, rtol=rtol, atol=atol, run=run + 1)
     return ParityReport(label, "inlined" if inline else tier, rows, onnx_path if path is not None else None,

@@ -81,14 +81,17 @@ def check_nodes(model: onnx.ModelProto, registry: Registry) -> None:
             )
         attrs = {a.name: a for a in node.attribute}
         for p in spec.attributes:
+            # NOTE: ignore: onnx's stub lacks the AttrType enum's .name, and every attribute has an attr_type
+            declared = p.attr_type.name  # type: ignore[union-attr]
             if p.name not in attrs:
                 if not p.has_default:
-                    raise OpBridgeError(f"{where} lacks required attribute '{p.name}' ({p.attr_type.name}). "
+                    raise OpBridgeError(f"{where} lacks required attribute '{p.name}' ({declared}). "
                                         f"Got attributes {sorted(attrs)}. Export the model again with opbridge.")
             elif attrs[p.name].type != p.attr_type:
+                got = onnx.AttributeProto.AttributeType.Name(attrs[p.name].type)
                 raise OpBridgeError(
-                    f"{where} has attribute '{p.name}' of type {onnx.AttributeProto.AttributeType.Name(attrs[p.name].type)}"
-                    f", the op declares {p.attr_type.name}. Got a type mismatch. Export the model again with opbridge."
+                    f"{where} has attribute '{p.name}' of type {got}"
+                    f", the op declares {declared}. Got a type mismatch. Export the model again with opbridge."
                 )
         required = sum(1 for p in spec.tensors if not p.optional)
         if not required <= len(node.input) <= len(spec.tensors):
@@ -140,7 +143,7 @@ def _wrong_type(readers: dict, inputs: Sequence[onnx.ValueInfoProto]) -> Callabl
 def _input_readers(model: onnx.ModelProto, registry: Registry) -> dict:
     """Graph input -> (qualname, parameter) of the first custom node that reads it directly."""
     graph_inputs = {i.name for i in model.graph.input}
-    readers = {}
+    readers: dict = {}
     for node in model.graph.node:
         spec = registry.find(node.domain, node.op_type) if is_custom(node.domain) else None
         if spec is None:

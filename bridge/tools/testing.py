@@ -74,7 +74,7 @@ class Case:
 
 def cases(registry, dtypes=None) -> list[Case]:
     """Every (op, dtype, sample) the registry declares; ``dtypes`` narrows the dtypes."""
-    out = []
+    out: list[Case] = []
     for spec in registry:
         if spec.sample_inputs is None:
             continue

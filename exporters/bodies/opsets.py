@@ -160,6 +160,7 @@ def _axes_input_down(attr_name: str, noop_attr: str | None = None) -> Callable:
         name = _input(node, 1)
         noop = _attr(node, noop_attr) if noop_attr else None
         if noop is not None:
+            assert noop_attr is not None  # noop was read through it
             if noop.ref_attr_name:
                 raise ctx.error(node, f"'{noop_attr}' refers to a function attribute",
                                 f"Set {noop_attr} to a constant in the body, or keep the model's opset >= 18.")
@@ -322,6 +323,7 @@ def _generic(op_type: str, since: int) -> tuple[Callable, Callable]:
     """Up/down across ``since`` for ops whose change the schemas show: types only, or optional
     attributes/trailing inputs added (free going up; going down only if the node leaves them unset)."""
     old, new = _schema(op_type, since - 1), _schema(op_type, since)
+    assert old is not None and new is not None  # NOTE: callers cross only versions between two where the op exists
     (i0, o0, a0), (i1, o1, a1) = _signature(old), _signature(new)
     same_prefix = [n for n, _ in i1[:len(i0)]] == [n for n, _ in i0] and o0 == o1
     added_inputs = i1[len(i0):]
@@ -367,8 +369,8 @@ def _convert_nodes(nodes: Nodes, source: int, ctx: _Context) -> Nodes:
             raise ctx.error(converted, f"{converted.op_type} is deprecated or absent at the body's opset {source}",
                             "Fix the body.")
         if _schema(converted.op_type, ctx.target) is None:
-            since = [v for v in _since_versions(converted.op_type)]
-            raise ctx.error(converted, f"ONNX defines {converted.op_type} at opsets {since[0] if since else '?'}.. "
+            known = [v for v in _since_versions(converted.op_type)]
+            raise ctx.error(converted, f"ONNX defines {converted.op_type} at opsets {known[0] if known else '?'}.. "
                                        f"(deprecated or absent at {ctx.target})",
                             f"Export at an opset where {converted.op_type} exists, or write the body without it.")
         lo, hi = sorted((source, ctx.target))
@@ -436,7 +438,8 @@ def portable_constants(function: onnx.FunctionProto) -> onnx.FunctionProto:
             continue
         ints = attr.name == "value_ints"
         values = list(attr.ints if ints else attr.floats)
-        tensor = helper.make_tensor("", onnx.TensorProto.INT64 if ints else onnx.TensorProto.FLOAT, [len(values)], values)
+        tensor = helper.make_tensor("", onnx.TensorProto.INT64 if ints else onnx.TensorProto.FLOAT, [len(values)],
+                                    values)
         del node.attribute[:]
         node.attribute.append(helper.make_attribute("value", tensor))
     return result
@@ -457,7 +460,8 @@ def attach_functions(model: onnx.ModelProto, registry: Registry | None = None) -
         ...     def forward(self, x):
         ...         return torch.ops.opbridge.identity_conv(x, 3) + 1
         >>> old = onnx.version_converter.convert_version(bridge.export(M(), (torch.randn(1, 3, 4, 4),)), 18)
-        >>> len(old.functions), bridge.attach_functions(old), [tuple(o.version for o in f.opset_import) for f in old.functions]
+        >>> len(old.functions), bridge.attach_functions(old), [tuple(o.version for o in f.opset_import)
+        ...                                                     for f in old.functions]
         (0, ['opbridge::identity_conv'], [(18,)])
     """
     reg = REGISTRY if registry is None else registry
@@ -504,7 +508,7 @@ def guarded_copy(proto: onnx.FunctionProto, spec: OpSpec) -> onnx.FunctionProto:
     """
     if spec.checks is not None:
         names = {*proto.attribute, *(a.name for a in proto.attribute_proto)}  # without and with defaults
-        kept = {p.name: getattr(onnx.AttributeProto, p.attr_type.name) for p in spec.attributes if p.name in names}
+        kept = {p.name: p.onnx_attribute_type for p in spec.attributes if p.name in names}
         guarded = guarded_body(proto, spec.checks, kept, skip=list(unreadable(proto, spec.checks, kept)))
         if guarded is not proto:
             return guarded
@@ -572,7 +576,9 @@ def attach_built(model: onnx.ModelProto, registry: Registry) -> list[str]:
                     node.overload = proto.overload
         if len(bodies) > 1:
             model.ir_version = max(model.ir_version, 10)  # NOTE: function overloads are IR 10
-        added.append(registry.find(domain, name).qualname)
+        attached = registry.find(domain, name)
+        assert attached is not None  # NOTE: its nodes were found through it above
+        added.append(attached.qualname)
     return added
 
 

@@ -45,7 +45,7 @@ def build_translation(spec: OpSpec) -> Callable:
                 attrs[p.name] = p.to_onnx_value(value)
         return spec.onnx_op(*(values[p.name] for p in spec.tensors), **attrs)
 
-    translation.__signature__ = sig
+    translation.__signature__ = sig  # type: ignore[attr-defined]  # NOTE: typeshed's functions lack it; inspect reads it
     translation.__annotations__ = {p.name: p.annotation for p in spec.attributes}
     translation.__name__ = translation.__qualname__ = spec.name
     translation.__doc__ = f"Translation of {spec.qualname} to {spec.domain}::{spec.name} v{spec.version}."

@@ -12,10 +12,10 @@ from onnx import helper
 from bridge.core.domains import is_custom
 from bridge.core.registry import Registry
 from bridge.core.spec import BodyBuilder, OpSpec
+from exporters.bodies.opsets import attach_built, guarded_copy
 from exporters.derive.cache import CACHE
 from exporters.derive.derivation import derive
 from exporters.derive.sites import Derived, NoPortableBody, Untraceable, site_of, value_types
-from exporters.bodies.opsets import attach_built, guarded_copy
 
 
 def _model_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
@@ -84,6 +84,7 @@ def attach_derived(model: onnx.ModelProto, registry: Registry) -> list[str]:
     added = []
     for (domain, name), pairs in _bodies(model, todo, opset, registry).items():
         spec = registry.find(domain, name)
+        assert spec is not None  # _todo found it
         _attach(model, spec, pairs, registry)
         added.append(spec.qualname)
     return added

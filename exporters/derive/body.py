@@ -14,7 +14,8 @@ class _Names:
     """Value names inside the body: op inputs keep the op's names, nothing else may take them."""
 
     def __init__(self, reserved: set[str]):
-        self.reserved, self.map, self.used = set(reserved), {}, set(reserved)
+        self.reserved, self.used = set(reserved), set(reserved)
+        self.map: dict[str, str] = {}
 
     def __call__(self, name: str) -> str:
         if not name:
@@ -57,7 +58,7 @@ def _rename_graph(graph: onnx.GraphProto, names: _Names) -> None:
     graph.node.extend(renamed)
 
 
-def _ref(attr: str, kind: int, ref: str) -> onnx.AttributeProto:
+def _ref(attr: str, kind: onnx.AttributeProto.AttributeType, ref: str) -> onnx.AttributeProto:
     a = onnx.AttributeProto()
     a.name, a.type, a.ref_attr_name = attr, kind, ref
     return a

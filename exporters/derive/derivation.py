@@ -15,6 +15,7 @@ from bridge.core.domains import is_custom
 from bridge.core.progress import step
 from bridge.core.registry import REGISTRY, Registry
 from bridge.core.spec import OpSpec
+from exporters.bodies.translation import torch_translation
 from exporters.derive.body import function_body
 from exporters.derive.cache import CACHE, Generation
 from exporters.derive.guards import fits
@@ -23,7 +24,6 @@ from exporters.derive.scatter import avoid_racy_scatter, racy_nodes
 from exporters.derive.sites import Derived, NoPortableBody, Site, TensorSig, Untraceable  # noqa: F401  (doctest)
 from exporters.derive.tracing import example_sizes, export_program, flat_roles, symbolic_int, to_onnx
 from exporters.derive.verify import loads, refuse_aliases, verify
-from exporters.bodies.translation import torch_translation
 
 
 def derive(spec: OpSpec, site: Site, opset: int = 20, registry: Registry | None = None) -> Derived:

@@ -86,7 +86,7 @@ def fits(body: Derived, spec: OpSpec, site: Site) -> bool:
     values = dict(site.attrs)
     if any(values[n] != v for n, v in body.fixed):
         return False
-    if any(site.tensors[i].dims[d] != size for i, d, size in body.fixed_dims):
+    if any((t := site.tensors[i]) is None or t.dims[d] != size for i, d, size in body.fixed_dims):  # same inputs
         return False
     roles = flat_roles(spec, site, symbolic=bool(body.parametric))
     inputs = flat_values(roles, site, [_GuardTensor(t.dims) for t in site.tensors if t is not None])

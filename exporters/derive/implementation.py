@@ -10,8 +10,8 @@ import torch
 from bridge.core import torch_compat
 from bridge.core.functional import SUFFIX
 from bridge.core.spec import OpSpec
-from exporters.derive.sites import NoPortableBody, Untraceable
 from exporters.bodies.translation import torch_translation
+from exporters.derive.sites import NoPortableBody, Untraceable
 
 
 def _schema_op(qualname: str) -> torch_compat.OpOverload | None:

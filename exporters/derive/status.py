@@ -8,10 +8,10 @@ import torch
 from bridge.core.errors import OpBridgeError
 from bridge.core.registry import Registry
 from bridge.core.spec import BodyBuilder, OpSpec
+from exporters.bodies.translation import torch_translation
 from exporters.derive.derivation import derive
 from exporters.derive.implementation import implementation
 from exporters.derive.sites import NoPortableBody, sample_site
-from exporters.bodies.translation import torch_translation
 
 
 def _status_dtype(spec: OpSpec, dtype: torch.dtype | None) -> torch.dtype:

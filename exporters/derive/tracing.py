@@ -15,9 +15,9 @@ from torch.export import Dim
 from bridge.core import torch_compat
 from bridge.core.registry import Registry
 from bridge.core.spec import AttrType, OpSpec, Param
+from exporters.bodies.translation import translation
 from exporters.derive.cache import CACHE
 from exporters.derive.sites import Site, TensorSig, Untraceable, one_line
-from exporters.bodies.translation import translation
 
 # NOTE: example sizes for dynamic dims: distinct primes, large enough that sizes computed from them
 # (a slice past an offset) are rarely 0 or 1, which torch would specialise.
@@ -48,7 +48,8 @@ def example(sig: TensorSig, sizes: dict, generator: torch.Generator) -> torch.Te
 def flat_roles(spec: OpSpec, site: Site, symbolic: bool) -> list[tuple]:
     """The traced module's inputs, in order: ("tensor", input index, param) for each present tensor,
     and, when ``symbolic``, ("int", param, element index or None) for each int attribute value."""
-    roles, values, tensors = [], dict(site.attrs), iter(enumerate(site.tensors))
+    roles: list[tuple] = []
+    values, tensors = dict(site.attrs), iter(enumerate(site.tensors))
     for p in spec.params:
         if p.is_tensor:
             i, sig = next(tensors)

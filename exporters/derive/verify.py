@@ -124,8 +124,8 @@ def verify(spec: OpSpec, fn: Callable, site: Site, roles: list[tuple], proto: on
                 for p, t in zip(spec.tensors, tensors) if t is not None}
         try:
             got = sess.run(None, feed)
-        except Exception as e:  # noqa: BLE001
-            raise Untraceable(f"the derived body fails in onnxruntime at sizes {trial} ({one_line(e)})") from None
+        except Exception as exc:  # noqa: BLE001
+            raise Untraceable(f"the derived body fails in onnxruntime at sizes {trial} ({one_line(exc)})") from None
         for i, (e, a) in enumerate(zip(expected, got)):
             problem = _differs(e, a)
             if problem:

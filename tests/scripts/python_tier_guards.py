@@ -50,7 +50,8 @@ def run_methods(sess) -> dict:
         feeds, fetches = C.OrtValueVector(), C.OrtValueVector()
         for v in feed.values():
             feeds.push_back(ort.OrtValue.ortvalue_from_numpy(v)._ortvalue)
-        sess.run_with_ortvaluevector(ort.RunOptions(), list(feed), feeds, [out], fetches, [C.OrtDevice(C.OrtDevice.cpu(), C.OrtDevice.default_memory(), 0)])
+        sess.run_with_ortvaluevector(ort.RunOptions(), list(feed), feeds, [out], fetches,
+                                     [C.OrtDevice(C.OrtDevice.cpu(), C.OrtDevice.default_memory(), 0)])
         return np.asarray(fetches[0].numpy())
 
     def run_async(feed):

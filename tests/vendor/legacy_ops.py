@@ -104,7 +104,8 @@ TORCH_LIBRARY(legacy_scatter, m) {
       .def("forward", &Affine::forward)
       .def("__obj_flatten__", &Affine::__obj_flatten__)
       .def_pickle([](const c10::intrusive_ptr<Affine>& self) { return std::make_tuple(self->scale, self->shift); },
-                  [](std::tuple<double, int64_t> s) { return c10::make_intrusive<Affine>(std::get<0>(s), std::get<1>(s)); });
+                  [](std::tuple<double, int64_t> s) {
+                    return c10::make_intrusive<Affine>(std::get<0>(s), std::get<1>(s)); });
 }
 """
 LIBRARY = "legacy_scatter"
