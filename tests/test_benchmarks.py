@@ -34,3 +34,18 @@ def test_benchmark_suite_quick_run(tmp_path):
     readme.write_text(doc_markers.page_with("bench").read_text())
     readme_table.main(["--json", str(tmp_path / "all.json"), "--readme", str(readme)])
     assert "<!-- bench:start -->" in readme.read_text()
+
+
+def test_cli_startup_block_is_the_committed_result(tmp_path):
+    import json
+
+    import cli_startup
+    import doc_markers
+
+    result = json.loads(cli_startup.DEFAULT_JSON.read_text())
+    assert doc_markers.section(doc_markers.page_with(cli_startup.BLOCK).read_text(),
+                               cli_startup.BLOCK) == cli_startup.render(result)
+    assert set(result["median_s"]) == {cli_startup.HELP, cli_startup.TORCH}
+    # the script itself, one round (its figures are not asserted: this is no timed test)
+    fresh = cli_startup.main(["--repeats", "1", "--json", str(tmp_path / "c.json")])
+    assert fresh["ratio"] > 0 and (tmp_path / "c.json").exists()
