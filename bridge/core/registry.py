@@ -56,7 +56,8 @@ class Registry:
                 f"Registered: {', '.join(sorted(self._ops)) or 'none'}."
             raise OpBridgeError(
                 f"op {qualname!r} is not registered. Got {qualname!r}. {hint} "
-                "Declare it with @bridge.op or import the module that does."
+                "Declare it with @bridge.op or import the module that does (on the command line: "
+                "`opbridge --ops MODULE ...`)."
             ) from None
 
     def exportable(self) -> list[OpSpec]:
