@@ -413,16 +413,25 @@ def register(
     custom = op if torch_compat.is_custom_op_def(op) else None
     target, proxy_for = _torch_side(qualname, overload, custom, fake, names)
     params, n_out = parse_params(qualname, torch_compat.schema_of(overload if proxy_for is None else target))
-    spec = OpSpec(
-        qualname=qualname, custom_op=target, params=params, num_outputs=n_out,
-        domain=domain or overload.namespace, version=version, function=function, reference=reference,
-        sample_inputs=sample_inputs, dtypes=tuple(dtypes), doc=f"{qualname} (existing op, bridged)",
-        custom_translation=translation, torchbind=tuple(torchbind), proxy_for=proxy_for,
-        native_source=None if native is None else resolve_native(native, _caller_folder(), qualname),
-        checks=_as_checks(qualname, checks),
-    )
+    spec = _spec(qualname, target, (params, n_out), domain=domain or overload.namespace, version=version,
+                 function=function, reference=reference, sample_inputs=sample_inputs, dtypes=dtypes,
+                 translation=translation, checks=checks, doc=f"{qualname} (existing op, bridged)",
+                 torchbind=tuple(torchbind), proxy_for=proxy_for,
+                 native_source=None if native is None else resolve_native(native, _caller_folder(), qualname))
     reg.add(with_guards(spec))
     return BridgeOp(qualname, reg, custom)
+
+
+def _spec(qualname: str, custom_op: Any, signature: tuple, *, domain: str, version: int, function, reference,
+          sample_inputs, dtypes: Sequence[torch.dtype], translation, checks, doc: str, **identity: Any) -> OpSpec:
+    """The one place an ``OpSpec`` is built (``op``, ``register`` and torchbind methods): the torch
+    side (``custom_op``, ``signature`` = parsed params and output count) and the op's pieces, its
+    checks validated into a ``Checks``; ``identity`` holds the optional fields (proxy, ONNX name, ...)."""
+    params, n_out = signature
+    return OpSpec(qualname=qualname, custom_op=custom_op, params=params, num_outputs=n_out, domain=domain,
+                  version=version, function=function, reference=reference, sample_inputs=sample_inputs,
+                  dtypes=tuple(dtypes), doc=doc, custom_translation=translation,
+                  checks=_as_checks(qualname, checks), **identity)
 
 
 def _torch_side(qualname: str, overload, custom, fake: Callable | None, names: dict[str, str] | None) -> tuple:
@@ -480,13 +489,10 @@ def _register_method(target: str, *, function, reference, sample_inputs, fake, d
     ensure_fake_class(class_name, method, proxy, attributes)
     params, n_out = parse_params(target, torch_compat.schema_of(proxy))
     ns, _, cls_name = class_name.partition("::")
-    spec = OpSpec(
-        qualname=target, custom_op=proxy, params=params, num_outputs=n_out, domain=domain or ns, version=version,
-        function=function, reference=reference, sample_inputs=sample_inputs, dtypes=tuple(dtypes),
-        doc=f"{target} (torchbind method, bridged)", custom_translation=translation,
-        onnx_name=f"{cls_name}_{method}", torchbind=(target,), proxy_for=target, native_source=native,
-        checks=_as_checks(target, checks),
-    )
+    spec = _spec(target, proxy, (params, n_out), domain=domain or ns, version=version, function=function,
+                 reference=reference, sample_inputs=sample_inputs, dtypes=dtypes, translation=translation,
+                 checks=checks, doc=f"{target} (torchbind method, bridged)", onnx_name=f"{cls_name}_{method}",
+                 torchbind=(target,), proxy_for=target, native_source=native)
     registry.add(with_guards(spec))
     return BridgeOp(target, registry)
 
@@ -557,13 +563,10 @@ def op(
             custom.register_fake(fake)
         if backward is not None:
             custom.register_autograd(backward, setup_context=setup_context)
-        spec = OpSpec(
-            qualname=qualname, custom_op=custom, params=params, num_outputs=n_out,
-            domain=domain or ns, version=version, function=function, reference=reference,
-            sample_inputs=sample_inputs, dtypes=tuple(dtypes),
-            doc=(inspect.getdoc(fn) or "").split("\n\n")[0], custom_translation=translation,
-            torchbind=tuple(torchbind), native_source=source, checks=_as_checks(qualname, checks),
-        )
+        spec = _spec(qualname, custom, (params, n_out), domain=domain or ns, version=version, function=function,
+                     reference=reference, sample_inputs=sample_inputs, dtypes=dtypes, translation=translation,
+                     checks=checks, doc=(inspect.getdoc(fn) or "").split("\n\n")[0], torchbind=tuple(torchbind),
+                     native_source=source)
         try:
             reg.add(with_guards(spec))
         except BaseException:  # NOTE: any failure (onnx's too): leave torch as it was, the declaration failed whole
