@@ -394,9 +394,7 @@ OPS = [
                 detail={tier: "bev::bev_pool_v2: input 'ranks_depth' must be int32 (tensor(int32)). Got int64"
                         for tier in TIERS}),
         ),
-        xfails=(
-            PYTHON_FLOAT32_ONLY,
-        ),
+        xfails=(PYTHON_FLOAT32_ONLY,),
     ),
     OpEntry(
         "opbridge::identity_conv", dtypes=(F32, F16, F64), inputs=identity_conv_inputs,
@@ -412,9 +410,7 @@ OPS = [
                 eager=r"input 'x' must be \(N, channels=4, \.\.\.\). Got shape \(1, 3, 2, 2\)",
                 detail={"native": "input 'x' must be (N, channels=4, ...), got shape [1, 3, 2, 2]"}),
         ),
-        xfails=(
-            PYTHON_FLOAT32_ONLY,
-        ),
+        xfails=(PYTHON_FLOAT32_ONLY,),
     ),
     OpEntry(
         "opbridge::crop", dtypes=(F32, F16, F64), inputs=crop_inputs,
@@ -432,9 +428,7 @@ OPS = [
                 eager=r"input 'img' must be an image \(\.\.\., H, W\). Got shape \(5,\)",
                 detail={"native": "input 'img' must have at least 2 dims, got shape [5]"}),
         ),
-        xfails=(
-            PYTHON_FLOAT32_ONLY,
-        ),
+        xfails=(PYTHON_FLOAT32_ONLY,),
     ),
     OpEntry(
         "opbridge::paste", dtypes=(F32, F16, F64), inputs=paste_inputs,
@@ -450,9 +444,7 @@ OPS = [
             bad("patch_rank", change(patch=lambda t: t[0]), input="patch", error=("image", "leading dims", "3, 4"),
                 eager=r"inputs 'image' \(\.\.\., H, W\) and 'patch' \(\.\.\., h, w\) must have equal leading dims"),
         ),
-        xfails=(
-            PYTHON_FLOAT32_ONLY,
-        ),
+        xfails=(PYTHON_FLOAT32_ONLY,),
     ),
     OpEntry(
         "opbridge::numpy_sin", dtypes=(F32, F64), inputs=numpy_sin_inputs,
@@ -461,9 +453,7 @@ OPS = [
             bad("output_shape", change(output=lambda t: torch.zeros(4, 6)), input="output", error="4, 6",
                 eager=r"input 'output' must have the shape of 'input'. Got \(4, 5\) and \(4, 6\)"),
         ),
-        xfails=(
-            PYTHON_FLOAT32_ONLY,
-        ),
+        xfails=(PYTHON_FLOAT32_ONLY,),
     ),
 ]
 
