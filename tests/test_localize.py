@@ -22,7 +22,6 @@ import pytest
 import torch
 from onnxscript import opset20 as op
 from onnxscript import script, values
-from test_doc_blocks import doc_block
 
 import bridge
 import bridge.tools.localize
@@ -294,6 +293,10 @@ def _skeleton(text: str) -> list[str]:
 
 
 def test_readme_parity_failure_example_prints_what_the_readme_shows(tmp_path):
+    # NOTE: imported here, not at the top: other tests import this module in a subprocess
+    # (`from tests import test_localize`), where tests/ is not on sys.path
+    from test_doc_blocks import doc_block
+
     code = doc_block("# parity_failure.py").code
     page = doc_block("# parity_failure.py").page.read_text()
     shown = re.search(r"checks this block against a fresh run\):\n\n```text\n(.*?)```", page, re.S).group(1)
