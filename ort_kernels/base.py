@@ -119,8 +119,9 @@ class Tier(abc.ABC):
     summary: ClassVar[str]  # one line for `opbridge doctor`, `ops` and the docs
 
     @abc.abstractmethod
-    def why_not(self, spec: OpSpec, dtype: torch.dtype | None = None) -> str | None:
-        """None when the tier runs ``spec`` (at ``dtype``, or at all), else the reason it does not."""
+    def why_not(self, spec: OpSpec, dtype: torch.dtype | None = None, *, thorough: bool = True) -> str | None:
+        """None when the tier runs ``spec`` (at ``dtype``, or at all), else the reason it does not;
+        ``thorough=False`` answers without costly work (deriving a body), as ``opbridge ops`` lists."""
 
     @abc.abstractmethod
     def prepare(self, model: onnx.ModelProto, registry: Registry, options: ort.SessionOptions | None,

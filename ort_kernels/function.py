@@ -32,8 +32,8 @@ class FunctionTier(Tier):
     name = "function"
     summary = "the op's ONNX function body, stored in the model: plain onnxruntime runs the file"
 
-    def why_not(self, spec: OpSpec, dtype: torch.dtype | None = None) -> str | None:
-        kind, note = body_status(spec, dtype, DEFAULT_OPSET)
+    def why_not(self, spec: OpSpec, dtype: torch.dtype | None = None, *, thorough: bool = True) -> str | None:
+        kind, note = body_status(spec, dtype, DEFAULT_OPSET, try_it=thorough)
         return f"no portable body: no function= body, and none derived ({note})" if kind == "none" else None
 
     def prepare(self, model: onnx.ModelProto, registry: Registry, options: ort.SessionOptions | None,

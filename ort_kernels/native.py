@@ -28,7 +28,7 @@ class NativeTier(Tier):
     name = "native"
     summary = "the C++ custom-op library libopbridge_ort.so (the deployment artifact)"
 
-    def why_not(self, spec: OpSpec, dtype: torch.dtype | None = None) -> str | None:
+    def why_not(self, spec: OpSpec, dtype: torch.dtype | None = None, *, thorough: bool = True) -> str | None:
         if native_source(spec) is None:
             return (f"no C++ kernel (native= or op.register_native, or a seed kernel "
                     f"ort_kernels/{spec_names(spec).source_file})")

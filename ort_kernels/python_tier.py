@@ -337,7 +337,7 @@ class PythonTier(Tier):
     name = "python"
     summary = "the op's own eager implementation via onnxruntime-extensions (prototyping; float32)"
 
-    def why_not(self, spec: OpSpec, dtype: torch.dtype | None = None) -> str | None:
+    def why_not(self, spec: OpSpec, dtype: torch.dtype | None = None, *, thorough: bool = True) -> str | None:
         if torch.float32 not in spec.dtypes:
             return "float32 is not among the op's dtypes"
         if dtype is not None and dtype != torch.float32:

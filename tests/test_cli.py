@@ -262,3 +262,19 @@ def test_cache_shows_and_cleans_only_what_opbridge_made(tmp_path):
                        cwd=ROOT, env=env, timeout=300)
     assert r.returncode == 0 and "removed 1 cache folders" in r.stdout, r.stdout + r.stderr
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["not-ours"]
+
+
+def test_ops_lists_without_deriving_unless_asked(tmp_path):
+    (tmp_path / "nb_ops.py").write_text(
+        "import torch, bridge\n"
+        "@bridge.op('nb::double', sample_inputs=lambda dtype: [bridge.SampleInput((torch.ones(3, dtype=dtype),))])\n"
+        "def double(x: torch.Tensor) -> torch.Tensor:\n    return x * 2\n"
+        "@double.register_fake\ndef _(x):\n    return torch.empty_like(x)\n")
+    quick = run("--ops", "nb_ops", "ops", "--json", cwd=tmp_path)
+    assert quick.returncode == 0, quick.stderr
+    assert "derive the ONNX body" not in quick.stderr
+    row = next(r for r in json.loads(quick.stdout) if r["op"] == "nb::double")
+    assert row["body"] == "derived" and "--bodies" in row["body_note"] and row["tiers"]["function"]
+    full = run("--ops", "nb_ops", "ops", "--bodies", "--json", cwd=tmp_path)
+    assert full.returncode == 0 and "derive the ONNX body of nb::double" in full.stderr, full.stderr
+    assert next(r for r in json.loads(full.stdout) if r["op"] == "nb::double")["body_note"] is None

@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--show-body", metavar="NS::NAME",
                    help="print the op's portable ONNX body (written, or derived from its first sample)")
+    p.add_argument("--bodies", action="store_true",
+                   help="derive the bodies of ops without a written one, to show they work (a trace each)")
 
     p = _sub(sub, "export", help="export a model to ONNX (+ its example inputs as .inputs.npz)")
     p.add_argument("--model", help="MODULE:FACTORY returning a ModelCase (default: the demo)")

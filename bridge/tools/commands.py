@@ -128,11 +128,11 @@ def _dtype_name(dtype) -> str:
     return str(dtype).replace("torch.", "")
 
 
-def _op_row(spec) -> dict:
-    """One op as ``opbridge ops --json`` shows it."""
+def _op_row(spec, thorough: bool) -> dict:
+    """One op as ``opbridge ops --json`` shows it (``thorough``: derive bodies to see they work)."""
     onnx_spec = REGISTRY.functional(spec)
-    body, body_note = body_status(onnx_spec, opset=DEFAULT_OPSET)
-    runs = {name: tier.why_not(onnx_spec) is None for name, tier in TIERS.items()}
+    body, body_note = body_status(onnx_spec, opset=DEFAULT_OPSET, try_it=thorough)
+    runs = {name: tier.why_not(onnx_spec, thorough=thorough) is None for name, tier in TIERS.items()}
     return {
         "op": spec.qualname, "onnx": f"{spec.domain}::{spec.name} v{spec.version}",
         "inputs": [p.name for p in spec.tensors],
@@ -143,7 +143,8 @@ def _op_row(spec) -> dict:
         "samples": spec.sample_inputs is not None, "body": body, "body_note": body_note,
         "tiers": runs,
         "skipped": {name: {_dtype_name(d): why for d in spec.dtypes
-                           if runs[name] and (why := tier.why_not(onnx_spec, d))} for name, tier in TIERS.items()},
+                           if runs[name] and (why := tier.why_not(onnx_spec, d, thorough=thorough))}
+                    for name, tier in TIERS.items()},
         "missing": REGISTRY.missing(spec),
     }
 
@@ -178,7 +179,7 @@ def cmd_ops(args) -> int:
         spec = REGISTRY.functional(REGISTRY.get(args.show_body))
         print(show_body(spec, opset=DEFAULT_OPSET))
         return 0
-    rows = [_op_row(spec) for spec in REGISTRY]
+    rows = [_op_row(spec, args.bodies) for spec in REGISTRY]
     if args.json:
         print(json.dumps(rows, indent=2))
         return 0

@@ -21,11 +21,12 @@ def _status_dtype(spec: OpSpec, dtype: torch.dtype | None) -> torch.dtype:
 
 
 def body_status(spec: OpSpec, dtype: torch.dtype | None = None, opset: int = 20,
-                registry: Registry | None = None) -> tuple[str, str | None]:
+                registry: Registry | None = None, *, try_it: bool = True) -> tuple[str, str | None]:
     """Where the op's portable body comes from: ``("written", None)`` (``("written", note)`` for a body
     built per attribute values), ``("translated", note)`` (torch.onnx's own translation of the op, the
     note names it), ``("derived", note)`` (derived from the first sample at ``dtype``; the note says
-    when there is no sample to try), or ``("none", reason)``.
+    when there is no sample to try), or ``("none", reason)``. ``try_it=False`` does not derive (a
+    trace and an export per op): an implementation that exists is ``("derived", note)``.
 
     Example:
         >>> import torch, bridge, custom_ops
@@ -42,6 +43,8 @@ def body_status(spec: OpSpec, dtype: torch.dtype | None = None, opset: int = 20,
         implementation(spec)
     except NoPortableBody as e:
         return "none", e.reason
+    if not try_it:
+        return "derived", "derived at each export (`opbridge ops --bodies` tries it here)"
     dtype = _status_dtype(spec, dtype)
     samples = spec.sample_inputs(dtype) if spec.sample_inputs is not None else []
     if not samples:
