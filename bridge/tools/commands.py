@@ -140,7 +140,7 @@ def _op_row(spec, thorough: bool) -> dict:
         "mutates": list(spec.mutated), "torchbind": list(spec.torchbind),
         "dtypes": [_dtype_name(d) for d in spec.dtypes],
         "fake": spec.has_fake, "autograd": spec.has_autograd, "reference": spec.reference is not None,
-        "samples": spec.sample_inputs is not None, "body": body, "body_note": body_note,
+        "samples": spec.sample_inputs is not None, "body": body, "body_note": body_note, "body_tried": thorough,
         "tiers": runs,
         "skipped": {name: {_dtype_name(d): why for d in spec.dtypes
                            if runs[name] and (why := tier.why_not(onnx_spec, d, thorough=thorough))}

@@ -26,7 +26,7 @@ def body_status(spec: OpSpec, dtype: torch.dtype | None = None, opset: int = 20,
     built per attribute values), ``("translated", note)`` (torch.onnx's own translation of the op, the
     note names it), ``("derived", note)`` (derived from the first sample at ``dtype``; the note says
     when there is no sample to try), or ``("none", reason)``. ``try_it=False`` does not derive (a
-    trace and an export per op): an implementation that exists is ``("derived", note)``.
+    trace and an export per op): an implementation that exists is ``("derived", None)``.
 
     Example:
         >>> import torch, bridge, custom_ops
@@ -44,7 +44,7 @@ def body_status(spec: OpSpec, dtype: torch.dtype | None = None, opset: int = 20,
     except NoPortableBody as e:
         return "none", e.reason
     if not try_it:
-        return "derived", "derived at each export (`opbridge ops --bodies` tries it here)"
+        return "derived", None
     dtype = _status_dtype(spec, dtype)
     samples = spec.sample_inputs(dtype) if spec.sample_inputs is not None else []
     if not samples:
