@@ -37,7 +37,7 @@ COMMANDS = "bridge.tools.commands"
 
 
 def _common(parser: argparse.ArgumentParser, suffix: str) -> None:
-    """``--ops`` and ``-q``, accepted before and after the subcommand (kept apart by ``suffix``,
+    """``--ops``, ``-q`` and ``-v``, accepted before and after the subcommand (kept apart by ``suffix``,
     since a subparser's defaults would overwrite the main parser's values)."""
     parser.add_argument("--ops", action="append", default=[], metavar="MODULE", dest=f"ops{suffix}",
                         help="import MODULE (a module name or a path to a .py file) to register more ops "
@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
-    """The parsed arguments, ``--ops``/``-q`` merged from both sides of the subcommand.
+    """The parsed arguments, ``--ops``/``-q``/``-v`` merged from both sides of the subcommand.
 
     >>> args = parse(["--ops", "a", "check", "--ops", "b.py", "-q", "--tier", "native"])
     >>> args.command, args.ops, args.quiet, args.tier
