@@ -1,7 +1,9 @@
 """A third-party C++ op (TORCH_LIBRARY + TORCH_LIBRARY_IMPL), built with load_inline and cached;
 its fake kernel is registered from Python, as C++ op packages do. Knows nothing of opbridge."""
 
+import hashlib
 import os
+import tempfile
 from pathlib import Path
 
 import torch
@@ -37,13 +39,25 @@ TORCH_LIBRARY_IMPL(vendorcpp, CPU, m) {
 
 
 def build() -> Path:
-    """Build the library once (cached) and load it into this process; return its path."""
+    """Build the library once (cached) and load it into this process; return its path.
+
+    NOTE: each build runs in a folder of its own and the library is renamed into the cache when
+    done: torch's lock file in a shared build folder, left by a killed build, blocks every later one.
+    """
+    key = hashlib.sha256(SOURCE.encode() + torch.__version__.encode()).hexdigest()[:16]
     cache = Path(os.environ.get("OPBRIDGE_CACHE_DIR") or Path.home() / ".cache" / "opbridge") / "test_vendorcpp"
-    cache.mkdir(parents=True, exist_ok=True)
-    if not torch._C._jit_get_schemas_for_operator("vendorcpp::affine_head"):
-        cpp_extension.load_inline("vendorcpp", cpp_sources=SOURCE, build_directory=str(cache),
+    target = cache / key / "vendorcpp.so"
+    if torch._C._jit_get_schemas_for_operator("vendorcpp::affine_head"):
+        return target
+    if target.is_file():
+        torch.ops.load_library(str(target))
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+        cpp_extension.load_inline("vendorcpp", cpp_sources=SOURCE, build_directory=tmp,
                                   is_python_module=False, verbose=False)
-    return cache / "vendorcpp.so"
+        os.replace(Path(tmp) / "vendorcpp.so", target)
+    return target
 
 
 def load() -> None:

@@ -13,6 +13,7 @@ nothing of opbridge.
 
 import hashlib
 import os
+import tempfile
 from pathlib import Path
 
 import torch
@@ -119,13 +120,16 @@ def load() -> None:
     key = hashlib.sha256(SOURCE.encode() + torch.__version__.encode()).hexdigest()[:16]
     folder = Path(os.environ.get("OPBRIDGE_CACHE_DIR") or Path.home() / ".cache" / "opbridge") / "test_legacy" / key
     built = folder / f"{LIBRARY}.so"
-    if not ((folder / "built.ok").is_file() and built.is_file()):
-        folder.mkdir(parents=True, exist_ok=True)
-        cpp_extension.load_inline(LIBRARY, cpp_sources=SOURCE, build_directory=str(folder),
-                                  is_python_module=False, verbose=False)
-        (folder / "built.ok").write_text(str(built) + "\n")
-    else:
+    if built.is_file():
         torch.ops.load_library(str(built))
+        return
+    # NOTE: each build in a folder of its own, renamed into the cache when done: torch's lock file in a
+    # shared build folder, left by a killed build, blocks every later one
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+        cpp_extension.load_inline(LIBRARY, cpp_sources=SOURCE, build_directory=tmp,
+                                  is_python_module=False, verbose=False)
+        os.replace(Path(tmp) / f"{LIBRARY}.so", built)
 
 
 def calls(name: str) -> int:
