@@ -29,19 +29,29 @@ def twin_schema(spec: OpSpec) -> str:
     return f"{args} -> {ret}"
 
 
+def functional_on_copies(fn, written: list[int]):
+    """``fn`` (a mutating op's implementation) run on copies of the arguments at ``written``: returns
+    its results, then the new values of what it wrote (one tuple), leaving the caller's tensors as they were."""
+    def functional(*args):
+        args = list(args)
+        for i in written:
+            args[i] = args[i].clone()
+        out = fn(*args)
+        outs = () if out is None else (tuple(out) if isinstance(out, (tuple, list)) else (out,))
+        return (*outs, *(args[i] for i in written))
+    return functional
+
+
 def define_twin(spec: OpSpec):
     """Define the twin torch op ``<qualname>_functional`` (once per mutating op); return its CustomOpDef."""
     names = [p.name for p in spec.params]
     mutated_index = [names.index(m) for m in spec.mutated]
     overload = spec.overload
 
+    on_copies = functional_on_copies(overload, mutated_index)
+
     def functional(*args):
-        args = list(args)
-        for i in mutated_index:
-            args[i] = args[i].clone()
-        out = overload(*args)
-        outs = () if out is None else (tuple(out) if isinstance(out, (tuple, list)) else (out,))
-        result = (*outs, *(args[i] for i in mutated_index))
+        result = on_copies(*args)
         return result[0] if len(result) == 1 else result
 
     twin = torch.library.custom_op(spec.qualname + SUFFIX, functional, mutates_args=(), schema=twin_schema(spec))

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import torch
 
 from bridge.core import torch_compat
-from bridge.core.functional import SUFFIX
+from bridge.core.functional import SUFFIX, functional_on_copies
 from bridge.core.spec import OpSpec
 from exporters.bodies.translation import torch_translation
 from exporters.derive.sites import NoPortableBody, Untraceable
@@ -55,18 +55,7 @@ def implementation(spec: OpSpec) -> Callable:
                 written = [i for i, a in enumerate(torch_compat.schema_of(original).arguments)
                            if a.alias_info is not None and a.alias_info.is_write]
                 if written:
-                    return _functional(_python_impl(original), written)
+                    return functional_on_copies(_python_impl(original), written)
         return _python_impl(spec.overload)
     except Untraceable as e:
         raise NoPortableBody(spec.qualname, str(e)) from None
-
-
-def _functional(fn: Callable, written: list[int]) -> Callable:
-    def functional(*args):
-        args = list(args)
-        for i in written:
-            args[i] = args[i].clone()
-        out = fn(*args)
-        outs = () if out is None else (tuple(out) if isinstance(out, (tuple, list)) else (out,))
-        return (*outs, *(args[i] for i in written))
-    return functional
