@@ -393,3 +393,16 @@ def test_cli_full_disk_and_read_only_folder_are_one_line_errors(case, needle, tm
         r = _cli("build", "-o", disk / "dist")
     _one_line_error(r, needle.format(d=disk))
     assert _listing(disk) == (["filler", "m.onnx"] if case == "export_full_disk" else [])  # no temp file, no dist/
+
+
+def test_npz_members_may_have_any_name_and_no_objects(tmp_path):
+    """Names numpy.savez would take as its own arguments stay members; object arrays are refused."""
+    arrays = {"allow_pickle": np.arange(3), "file": np.ones((2, 2), np.float16), "x.y": np.array([True])}
+    target = files.save_npz(tmp_path / "x.npz", arrays)
+    with np.load(target, allow_pickle=False) as data:
+        assert data.files == list(arrays)
+        for name, array in arrays.items():
+            assert data[name].dtype == array.dtype and data[name].tolist() == array.tolist()
+    with pytest.raises(ValueError, match="allow_pickle"):
+        files.save_npz(tmp_path / "o.npz", {"o": np.array([object()], dtype=object)})
+    assert _listing(tmp_path) == ["x.npz"]

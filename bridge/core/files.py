@@ -32,8 +32,9 @@ import secrets
 import shutil
 import stat
 import tempfile
+import zipfile
 from collections.abc import Callable, Mapping
-from typing import Any, BinaryIO, cast
+from typing import BinaryIO
 
 import numpy as np
 import onnx
@@ -291,16 +292,25 @@ def write_json(path: str | os.PathLike, value, *, indent: int = 2) -> str:
 
 
 def save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> str:
-    """Write ``arrays`` as an uncompressed ``.npz`` (``numpy.savez``) to ``path`` atomically.
+    """Write ``arrays`` as an uncompressed ``.npz`` (what ``numpy.savez`` writes) to ``path`` atomically.
+
+    Any name is a member name (also ``allow_pickle`` or ``file``, which ``numpy.savez`` would take as
+    its own arguments); object arrays are refused (a file ``np.load`` must not unpickle).
 
     Example:
         >>> import os, tempfile
-        >>> target = save_npz(os.path.join(tempfile.mkdtemp(), "x.npz"), {"x": np.arange(3)})
-        >>> np.load(target)["x"].tolist()
-        [0, 1, 2]
+        >>> arrays = {"x": np.arange(3), "allow_pickle": np.ones(1)}
+        >>> target = save_npz(os.path.join(tempfile.mkdtemp(), "x.npz"), arrays)
+        >>> with np.load(target) as data: [(k, data[k].tolist()) for k in data.files]
+        [('x', [0, 1, 2]), ('allow_pickle', [1.0])]
     """
-    # NOTE: cast for mypy, which fears a key named allow_pickle (savez would read it as its flag)
-    return write_atomic(path, lambda fh: np.savez(fh, **cast(Mapping[str, Any], arrays)))
+    def write(fh: BinaryIO) -> None:
+        with zipfile.ZipFile(fh, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
+            for name, array in arrays.items():
+                with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
+                    np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
+
+    return write_atomic(path, write)
 
 
 def copy_file(src: str | os.PathLike, dst: str | os.PathLike, *, executable: bool = False) -> str:
