@@ -17,6 +17,7 @@ import numpy as np
 import onnx
 import onnxscript
 import pytest
+import test_translations as tt
 import torch
 from onnxscript import FLOAT
 from onnxscript import opset20 as op
@@ -270,3 +271,75 @@ def test_native_kernel_names_a_bad_input(detect, tmp_path):
         bridge.parity.run_ort(sess, (boxes, scores[:4]))
     got = bridge.parity.run_ort(sess, (boxes, scores))
     np.testing.assert_array_equal(got[2], nms(boxes, scores, IOU, SCORE).numpy())
+
+
+# -- native kernels for the torchvision-named ops of tests/test_translations.py -----------------------------
+def _roi_samples(dtype):
+    return [bridge.SampleInput((tt.FEAT.to(dtype), tt._rois(3, 0).to(dtype), 0.5, 2, 2, -1, True))]
+
+
+def _deform_samples(dtype):
+    g = torch.Generator().manual_seed(0)
+    x, w, off, mask, bias = (torch.randn(*s, generator=g).to(dtype) for s in
+                             [(1, 4, 5, 5), (6, 2, 3, 3), (1, 2 * 9, 5, 5), (1, 9, 5, 5), (6,)])
+    return [bridge.SampleInput((x, w, off, mask, bias, 1, 1, 1, 1, 1, 1, 2, 1, True))]
+
+
+@pytest.fixture(scope="module")
+def vision_native():
+    """torchvision::roi_align and deform_conv2d with no body given (torch.onnx's translation is their body)
+    and a C++ kernel each from tests/user_ops/."""
+    reg = bridge.Registry()
+    for name, samples in (("roi_align", _roi_samples), ("deform_conv2d", _deform_samples)):
+        bridge.register(f"torchvision::{name}", native=f"user_ops/{name}.cc", sample_inputs=samples,
+                        dtypes=(torch.float32, torch.float64), registry=reg)
+    yield reg
+    for spec in list(reg):
+        reg.remove(spec.qualname)
+
+
+class GivenOffsets(torch.nn.Module):
+    """deform_conv2d at tests/test_translations.py's two attribute sets, offsets and mask given as inputs:
+    ONNX Runtime has no float64 Conv, which Deform computes its offsets with."""
+
+    def __init__(self, ops):
+        super().__init__()
+        self.deform = tt.Deform(ops)
+
+    def forward(self, x, off, mask, off2):
+        d = self.deform
+        a = d.ops.deform_conv2d(x, d.w, off, mask, d.b, 1, 1, 1, 1, 1, 1, 2, 2, True)
+        b = d.ops.deform_conv2d(x, d.w, off2, x.new_zeros(0), d.b, 2, 2, 2, 2, 2, 2, 2, 1, False)
+        return a, b
+
+
+def _given_offsets(batch: int, seed: int) -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(seed)
+    return (tt._deform_input(batch, seed), torch.randn(batch, 36, 9, 11, generator=g) * 2,
+            torch.rand(batch, 18, 9, 11, generator=g), torch.randn(batch, 18, 5, 6, generator=g))
+
+
+_BATCH = torch.export.Dim("B", min=1)
+VISION_CASES = {  # (op, dtype) -> (model factory, args, dynamic_shapes, extra_args)
+    ("roi_align", torch.float32): tt.CASES["roi_align"],
+    ("roi_align", torch.float64): tt.CASES["roi_align"],
+    ("deform_conv2d", torch.float32): tt.CASES["deform_conv2d"],
+    ("deform_conv2d", torch.float64): (GivenOffsets, _given_offsets(2, 0), ({0: _BATCH},) * 4,
+                                       [_given_offsets(3, 1), _given_offsets(1, 2)]),
+}
+
+
+@pytest.mark.parametrize(("name", "dtype"), list(VISION_CASES))
+def test_vision_ops_native_kernels_match_eager(vision_native, name, dtype):
+    """The models of tests/test_translations.py (two attribute sets per op, dynamic box or batch counts)
+    in the native tier, which runs these C++ kernels: the session drops the translation's body."""
+    factory, args, dynamic, extra = VISION_CASES[name, dtype]
+    model = factory(tt.tv).eval().to(dtype)
+    report = bridge.check_parity(model, _cast(args, dtype), dynamic_shapes=dynamic, registry=vision_native,
+                                 tier="native", extra_args=[_cast(a, dtype) for a in extra])
+    assert report.passed, str(report)
+    assert served_ops(vision_native)[("torchvision", name)] == (torch.float32, torch.float64)
+    proto = bridge.export(model, _cast(args, dtype), dynamic_shapes=dynamic, registry=vision_native)
+    assert any(f.name == name for f in proto.functions)  # the translation, for the function tier
+    get_tier("native").prepare(proto, vision_native, None)
+    assert not any(f.name == name for f in proto.functions)
