@@ -23,7 +23,7 @@ from onnxscript import FLOAT
 from onnxscript import opset20 as op
 
 import bridge
-from bridge.core.errors import OpBridgeError
+from bridge.core.errors import OpBridgeError, UnsupportedInTier
 from bridge.core.opnames import spec_names
 from ort_kernels.build import io_types, library_path, served_ops
 from ort_kernels.tiers import get as get_tier
@@ -273,7 +273,11 @@ def test_native_kernel_names_a_bad_input(detect, tmp_path):
     np.testing.assert_array_equal(got[2], nms(boxes, scores, IOU, SCORE).numpy())
 
 
-# -- native kernels for the torchvision-named ops of tests/test_translations.py -----------------------------
+# -- native kernels for the torchvision-named ops of tests/test_translations.py (nms: no score threshold) -----------------------------
+def _nms_samples(dtype):
+    return [bridge.SampleInput(s.args[:3]) for s in _samples(dtype)]
+
+
 def _roi_samples(dtype):
     return [bridge.SampleInput((tt.FEAT.to(dtype), tt._rois(3, 0).to(dtype), 0.5, 2, 2, -1, True))]
 
@@ -287,12 +291,13 @@ def _deform_samples(dtype):
 
 @pytest.fixture(scope="module")
 def vision_native():
-    """torchvision::roi_align and deform_conv2d with no body given (torch.onnx's translation is their body)
-    and a C++ kernel each from tests/user_ops/."""
+    """torchvision::nms, roi_align and deform_conv2d with no body given (torch.onnx's translation is their
+    body) and a C++ kernel each from tests/user_ops/."""
     reg = bridge.Registry()
-    for name, samples in (("roi_align", _roi_samples), ("deform_conv2d", _deform_samples)):
-        bridge.register(f"torchvision::{name}", native=f"user_ops/{name}.cc", sample_inputs=samples,
-                        dtypes=(torch.float32, torch.float64), registry=reg)
+    for name, samples in (("nms", _nms_samples), ("roi_align", _roi_samples), ("deform_conv2d", _deform_samples)):
+        # NOTE: user_ops/nms_like.cc holds kernel_torchvision_op_nms beside detectlike::nms's (one algorithm)
+        bridge.register(f"torchvision::{name}", native=f"user_ops/{'nms_like' if name == 'nms' else name}.cc",
+                        sample_inputs=samples, dtypes=(torch.float32, torch.float64), registry=reg)
     yield reg
     for spec in list(reg):
         reg.remove(spec.qualname)
@@ -321,6 +326,8 @@ def _given_offsets(batch: int, seed: int) -> tuple[torch.Tensor, ...]:
 
 _BATCH = torch.export.Dim("B", min=1)
 VISION_CASES = {  # (op, dtype) -> (model factory, args, dynamic_shapes, extra_args)
+    ("nms", torch.float32): tt.CASES["nms"],
+    ("nms", torch.float64): tt.CASES["nms"],
     ("roi_align", torch.float32): tt.CASES["roi_align"],
     ("roi_align", torch.float64): tt.CASES["roi_align"],
     ("deform_conv2d", torch.float32): tt.CASES["deform_conv2d"],
@@ -340,6 +347,26 @@ def test_vision_ops_native_kernels_match_eager(vision_native, name, dtype):
     assert report.passed, str(report)
     assert served_ops(vision_native)[("torchvision", name)] == (torch.float32, torch.float64)
     proto = bridge.export(model, _cast(args, dtype), dynamic_shapes=dynamic, registry=vision_native)
-    assert any(f.name == name for f in proto.functions)  # the translation, for the function tier
+    # the translation, for the function tier; torch_lib's nms is NonMaxSuppression, float32 only
+    assert any(f.name == name for f in proto.functions) == ((name, dtype) != ("nms", torch.float64))
     get_tier("native").prepare(proto, vision_native, None)
     assert not any(f.name == name for f in proto.functions)
+
+
+def test_function_tier_names_why_a_float64_nms_has_no_body():
+    """torch_lib's nms translation is ONNX NonMaxSuppression (float32 only): a float64 model's function tier
+    names that, also when the failure comes from the derivation cache after a float32 body was derived."""
+    factory, args, dynamic, extra = tt.CASES["nms"]
+    reg = bridge.Registry()  # NOTE: derivations are cached per registry: a fresh one, so the order below holds
+    try:
+        bridge.register("torchvision::nms", registry=reg)
+        for _ in range(2):  # the first float64 failure is derived, the second comes from the cache
+            with pytest.raises(UnsupportedInTier, match=r"torchvision::nms: the derived body does not load .*"
+                                                        r"unsupported type: tensor\(double\)"):
+                bridge.check_parity(factory(tt.tv), _cast(args, torch.float64), dynamic_shapes=dynamic,
+                                    registry=reg, tier="function")
+            proto = bridge.export(factory(tt.tv), args, dynamic_shapes=dynamic, registry=reg)  # float32: a body
+            assert [f.name for f in proto.functions] == ["nms"]
+    finally:
+        for spec in list(reg):
+            reg.remove(spec.qualname)

@@ -1,8 +1,9 @@
-// detectlike::nms: greedy non-maximum suppression as detection libraries' CPU kernels write it.
-// Boxes [N, 4] (x1, y1, x2, y2) whose score is > score_threshold are visited by descending score
-// (ties: lower index first); each kept box suppresses the later ones whose IoU with it is
-// > iou_threshold. The output is the kept indices (int64, in visiting order): its length depends
-// on the values, so the kernel computes the count first and only then allocates the output.
+// Greedy non-maximum suppression as detection libraries' CPU kernels write it, for two ops:
+// detectlike::nms (tests/test_data_dependent.py) and torchvision::nms (torchvision's schema: no score
+// threshold). Boxes [N, 4] (x1, y1, x2, y2) whose score is > score_threshold (detectlike) are visited by
+// descending score (ties: lower index first); each kept box suppresses the later ones whose IoU with it
+// is > iou_threshold. The output is the kept indices (int64, in visiting order): its length depends on
+// the values, so the kernel computes the count first and only then allocates the output.
 #include <algorithm>
 #include <numeric>
 #include <vector>
@@ -14,11 +15,11 @@ namespace {
 
 template <typename T>
 std::vector<int64_t> greedy_nms(const T* boxes, const T* scores, int64_t n, double iou_threshold,
-                                double score_threshold) {
+                                const float* score_threshold) {
   std::vector<int64_t> order;
   order.reserve(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i)
-    if (scores[i] > score_threshold) order.push_back(i);
+    if (score_threshold == nullptr || scores[i] > *score_threshold) order.push_back(i);
   std::stable_sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return scores[a] > scores[b]; });
   std::vector<T> areas(static_cast<size_t>(n));
   for (int64_t i = 0; i < n; ++i) {
@@ -48,13 +49,15 @@ std::vector<int64_t> greedy_nms(const T* boxes, const T* scores, int64_t n, doub
   return keep;
 }
 
+// kScoreThreshold: the op has a score_threshold attribute (detectlike::nms), else every box is a candidate.
+template <bool kScoreThreshold>
 struct Nms {
   float iou_threshold = 0.f;
   float score_threshold = 0.f;
 
   static Status Read(const Attributes& attrs, Nms* self) {
     OPBRIDGE_RETURN_IF_ERROR(attrs.get("iou_threshold", &self->iou_threshold));
-    return attrs.get("score_threshold", &self->score_threshold);
+    return kScoreThreshold ? attrs.get("score_threshold", &self->score_threshold) : Status::OK();
   }
 
   Status Compute(Context& ctx) const {
@@ -69,11 +72,12 @@ struct Nms {
       return Fail("input 'scores' must have the dtype of 'boxes' (", dtype_name(boxes.dtype), "), got ",
                   dtype_name(scores.dtype));
     const int64_t n = boxes.shape[0];
+    const float* threshold = kScoreThreshold ? &score_threshold : nullptr;
     std::vector<int64_t> keep;
     if (boxes.dtype == DType::kFloat) {
-      keep = greedy_nms(boxes.span<float>().data, scores.span<float>().data, n, iou_threshold, score_threshold);
+      keep = greedy_nms(boxes.span<float>().data, scores.span<float>().data, n, iou_threshold, threshold);
     } else if (boxes.dtype == DType::kDouble) {
-      keep = greedy_nms(boxes.span<double>().data, scores.span<double>().data, n, iou_threshold, score_threshold);
+      keep = greedy_nms(boxes.span<double>().data, scores.span<double>().data, n, iou_threshold, threshold);
     } else {
       return Fail("input 'boxes' must be float32 or float64, got ", dtype_name(boxes.dtype));
     }
@@ -86,6 +90,7 @@ struct Nms {
 
 }  // namespace
 
-extern const KernelDef kernel_detectlike_op_nms = make_kernel<Nms>();
+extern const KernelDef kernel_detectlike_op_nms = make_kernel<Nms<true>>();
+extern const KernelDef kernel_torchvision_op_nms = make_kernel<Nms<false>>();
 
 }  // namespace opbridge
