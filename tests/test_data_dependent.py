@@ -3,7 +3,9 @@ libraries write theirs (``torch.library.custom_op`` with a CPU kernel; its fake 
 with ``torch.library.get_ctx().new_dynamic_size()``), registered with ``bridge.register`` plus a written
 onnxscript body and a native C++ kernel from this folder (tests/user_ops/nms_like.cc), in a model that
 gathers boxes and scores with the kept indices, with a dynamic number of boxes; parity against eager at
-box counts whose values keep none, one, some and every box."""
+box counts whose values keep none, one, some and every box. Then C++ kernels written here for the
+torchvision-named ops of tests/test_translations.py (nms, roi_align, deform_conv2d), run by the native tier
+in place of the translation torch.onnx gives them."""
 
 from __future__ import annotations
 

@@ -45,12 +45,11 @@ def derive(spec: OpSpec, site: Site, opset: int = 20, registry: Registry | None 
     reg = REGISTRY if registry is None else registry
     cache = CACHE.of(reg)
     key = cache.key(spec, site, opset)
-    # NOTE: a cached answer is the latest derivation too: last_failure (the function tier's reason) follows it
     for body in cache.bodies.get(key, []):
         if fits(body, spec, site):
-            CACHE.fail(spec.qualname, None)
             return body
     if key + (site,) in cache.failed:
+        # NOTE: a cached failure is the latest failure too: last_failure (the function tier's reason) names it
         CACHE.fail(spec.qualname, cache.failed[key + (site,)])
         raise NoPortableBody(spec.qualname, cache.failed[key + (site,)])
     try:
