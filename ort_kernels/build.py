@@ -25,7 +25,7 @@ from bridge.core.opnames import op_names, spec_names
 from bridge.core.progress import step
 from bridge.core.registry import REGISTRY
 from bridge.core.spec import OpSpec
-from bridge.core.torch_compat import FakeTensorMode
+from bridge.core.torch_compat import FakeTensorMode, ShapeEnv
 
 SOURCE_DIR = Path(__file__).resolve().parent
 INCLUDE_DIR = SOURCE_DIR / "include"
@@ -71,7 +71,10 @@ def io_types(spec, dtype: torch.dtype) -> tuple[tuple[int, ...], tuple[int, ...]
     bound = [spec.bind(*s.args, **s.kwargs) for s in samples]
     inputs = tuple(next((TORCH_TO_ONNX[b[p.name].dtype] for b in bound if isinstance(b[p.name], torch.Tensor)),
                         TORCH_TO_ONNX[dtype]) for p in spec.tensors)
-    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+    # NOTE: a shape environment (inputs kept static) lets a fake kernel give an output a data-dependent
+    # size (torch.library.get_ctx().new_dynamic_size(), as nms does): only the element types are read here,
+    # and the kernel allocates its output at run time, after computing the count.
+    with FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True) as mode:
         fake_args = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in bound[0].items()}
         out = spec.overload(**fake_args)
     outs = out if isinstance(out, (tuple, list)) else (out,)

@@ -49,6 +49,8 @@ def derive(spec: OpSpec, site: Site, opset: int = 20, registry: Registry | None 
         if fits(body, spec, site):
             return body
     if key + (site,) in cache.failed:
+        # NOTE: a cached failure is the latest failure too: last_failure (the function tier's reason) names it
+        CACHE.fail(spec.qualname, cache.failed[key + (site,)])
         raise NoPortableBody(spec.qualname, cache.failed[key + (site,)])
     try:
         with step(f"derive the ONNX body of {spec.qualname} ({site.describe()})"), _quiet():
