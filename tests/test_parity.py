@@ -6,6 +6,7 @@ Each sample is exported once (bridge.export) and the file is run in every tier.
 
 import json
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -150,3 +151,10 @@ def test_check_parity_fails_an_output_that_differs_only_at_a_nan(registry, fresh
     assert not report.passed and (out.mismatches, out.nonfinite) == (1, 1)
     assert out.worst[0]["index"] == [0] and math.isnan(out.worst[0]["eager"]) and out.worst[0]["ort"] == 0.0
     assert out.max_abs == 0.0  # the finite pairs agree exactly
+
+
+def test_a_difference_over_an_expected_zero_is_inf_relative_error_without_a_warning():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        r = bridge.compare("x", torch.tensor([0.0, 5.0]), np.array([100.0, 5.0], np.float32))
+    assert not r.passed and r.max_rel == math.inf and r.max_abs == 100.0
