@@ -25,7 +25,7 @@ from bridge.core.opnames import op_names, spec_names
 from bridge.core.progress import step
 from bridge.core.registry import REGISTRY
 from bridge.core.spec import OpSpec
-from bridge.core.torch_compat import FakeTensorMode
+from bridge.core.torch_compat import fake_mode
 
 SOURCE_DIR = Path(__file__).resolve().parent
 INCLUDE_DIR = SOURCE_DIR / "include"
@@ -59,7 +59,10 @@ def native_source(spec) -> Path | None:
     return path if path.is_file() else None
 
 
-def io_types(spec, dtype: torch.dtype) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def io_types(spec, dtype: torch.dtype, *, shape_env: bool = False) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """ONNX element types of ``spec``'s inputs and outputs at ``dtype``, from its samples through its
+    fake kernel; ``shape_env=True`` runs the fake kernel with a shape environment, so an output whose
+    size depends on input values (``new_dynamic_size()``) is typed too (the python tier's use)."""
     # NOTE: element types per dtype come from the op's own sample inputs run through its fake
     # kernel: the torch schema says "Tensor", the samples say which tensors are int32.
     # An optional input omitted in the first sample takes its type from a sample that gives it
@@ -71,7 +74,7 @@ def io_types(spec, dtype: torch.dtype) -> tuple[tuple[int, ...], tuple[int, ...]
     bound = [spec.bind(*s.args, **s.kwargs) for s in samples]
     inputs = tuple(next((TORCH_TO_ONNX[b[p.name].dtype] for b in bound if isinstance(b[p.name], torch.Tensor)),
                         TORCH_TO_ONNX[dtype]) for p in spec.tensors)
-    with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+    with fake_mode(shape_env=shape_env) as mode:
         fake_args = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in bound[0].items()}
         out = spec.overload(**fake_args)
     outs = out if isinstance(out, (tuple, list)) else (out,)

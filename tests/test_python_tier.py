@@ -33,15 +33,23 @@ def test_kernel_exception_is_a_python_error_not_an_abort(guards):
     assert guards["after_exception"] == guards["valid"] and guards["valid"]["ok"]
 
 
-@pytest.mark.parametrize("case,dtype", [("float16", "FLOAT16"), ("float64", "DOUBLE")])
-def test_non_float32_is_unsupported_in_tier(guards, case, dtype):
-    err = guards[case]
-    assert err["type"] == "UnsupportedInTier" and "runs float32 only" in err["error"] and dtype in err["error"]
+@pytest.mark.parametrize("case,dtype", [("float16", "float16"), ("float64", "float64")])
+def test_other_dtypes_run_and_equal_eager_exactly(guards, case, dtype):
+    """float16 crosses onnxruntime-extensions as float32 (its float16 inputs abort the process) and the
+    op runs in float16: the result equals eager float16 bit for bit; float64 runs as it is."""
+    got = guards[case]
+    assert got["ok"], got
+    assert got["value"]["dtype"] == dtype and got["value"]["equal"], got
 
 
-def test_op_declared_after_the_library_is_registered_is_refused(guards):
-    err = guards["declared_after_register"]
-    assert err["type"] == "UnsupportedInTier" and "late::twice" in err["error"] and "restart" in err["error"]
+def test_op_declared_after_the_library_is_registered_runs(guards):
+    """An op registered after the first python-tier session runs in a fresh session (its PyOp goes in
+    a new generation of private domains); options that got the kernels before it are refused,
+    naming the fix; the process keeps serving the first model."""
+    assert guards["declared_after_register"] == {"ok": True, "value": [0.0, 2.0, 4.0]}
+    err = guards["declared_after_register_reused_options"]
+    assert err["type"] == "UnsupportedInTier" and "late::twice" in err["error"], err
+    assert "Pass new SessionOptions" in err["error"] and "restart" not in err["error"]
     assert guards["process_still_serves"] == guards["valid"]
 
 
