@@ -351,7 +351,7 @@ def _infer_types(model: onnx.ModelProto) -> onnx.ModelProto:
         except Exception as e:  # noqa: BLE001
             error = e
     raise OpBridgeError(f"tier 'python' cannot type the model's custom nodes. Got {type(error).__name__}: "
-                        f"{str(error)[:400]}. Fix the node's inputs or attributes (export the model again "
+                        f"{str(error)[:400].rstrip('.')}. Fix the node's inputs or attributes (export the model again "
                         "with opbridge).") from None
 
 

@@ -125,3 +125,115 @@ def test_symbolic_channel_dim_runs_in_the_python_tier_as_in_native(value_info):
     # the op's own check still holds at run time, with its eager message
     with pytest.raises(bridge.OpBridgeError, match=r"input 'x' must be \(N, channels=3, \.\.\.\)"):
         sess.run(None, {"x": np.ones((1, 4, 4, 4), np.float32)})
+
+
+# NOTE: process state matters (declarations, generations), so the scenario runs in a fresh process.
+DYNAMIC_SIZES = """import json
+import numpy as np, onnx, torch
+from onnx import helper, TensorProto as TP
+import bridge
+
+@torch.library.custom_op("dyn::nms_like", mutates_args=())
+def nms_like(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float) -> torch.Tensor:
+    order = scores.argsort(descending=True)
+    x1, y1, x2, y2 = boxes.unbind(1)
+    area = (x2 - x1) * (y2 - y1)
+    keep, suppressed = [], torch.zeros(len(boxes), dtype=torch.bool)
+    for i in order.tolist():
+        if suppressed[i]:
+            continue
+        keep.append(i)
+        w = (torch.minimum(x2[i], x2) - torch.maximum(x1[i], x1)).clamp(min=0)
+        h = (torch.minimum(y2[i], y2) - torch.maximum(y1[i], y1)).clamp(min=0)
+        suppressed |= w * h / (area[i] + area - w * h) > iou_threshold
+    return torch.tensor(keep, dtype=torch.int64)
+
+@nms_like.register_fake
+def _(boxes, scores, iou_threshold):
+    return boxes.new_empty((torch.library.get_ctx().new_dynamic_size(),), dtype=torch.int64)
+
+def boxes_scores(n, seed, dtype=torch.float32):
+    g = torch.Generator().manual_seed(seed)
+    xy = torch.rand(n, 2, generator=g) * 10
+    return torch.cat([xy, xy + 1 + torch.rand(n, 2, generator=g) * 3], 1).to(dtype), torch.rand(n, generator=g).to(dtype)
+
+bridge.register("dyn::nms_like", dtypes=(torch.float32, torch.float64),
+                sample_inputs=lambda d: [bridge.SampleInput((*boxes_scores(6, 0, d), 0.3))])
+
+class Detect(torch.nn.Module):
+    def forward(self, boxes, scores):
+        keep = torch.ops.dyn.nms_like(boxes, scores, 0.3)
+        return boxes[keep] * 2.0, keep
+
+def run(sess, module, inputs):
+    got = sess.run(None, {i.name: t.numpy() for i, t in zip(sess.get_inputs(), inputs)})
+    want = module(*inputs)
+    want = [t.numpy() for t in (want if isinstance(want, tuple) else (want,))]
+    return all(np.array_equal(g, w) and g.dtype == w.dtype for g, w in zip(got, want))
+
+out = {}
+n = torch.export.Dim("boxes", min=2)
+proto = bridge.export(Detect(), boxes_scores(12, 0), dynamic_shapes=({0: n}, {0: n}), functions=False)
+sess = bridge.session(proto, tier="python")
+out["nms"] = [run(sess, Detect(), boxes_scores(c, s)) for c, s in ((12, 0), (40, 1), (3, 2))]
+
+@torch.library.custom_op("dyn::broken_fake", mutates_args=())
+def broken_fake(x: torch.Tensor) -> torch.Tensor:
+    return x + 1
+
+@broken_fake.register_fake
+def _(x):
+    raise RuntimeError("this fake kernel cannot type anything")
+
+bridge.register("dyn::broken_fake", sample_inputs=lambda d: [bridge.SampleInput((torch.ones(2, dtype=d),))])
+# hand-made: the node's output has no type in the model
+node = helper.make_node("broken_fake", ["x"], ["t"], domain="dyn", name="the_broken_node")
+g = helper.make_graph([node, helper.make_node("Relu", ["t"], ["y"])], "g",
+                      [helper.make_tensor_value_info("x", TP.FLOAT, [2])], [helper.make_tensor_value_info("y", TP.FLOAT, None)])
+bad = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("dyn", 1)])
+try:
+    bridge.session(bad, tier="python")
+    out["refused"] = None
+except Exception as e:
+    out["refused"] = [type(e).__name__, str(e)]
+
+@torch.library.custom_op("dyn::shift", mutates_args=())
+def shift(x: torch.Tensor, by: int) -> torch.Tensor:
+    return x + by
+
+@shift.register_fake
+def _(x, by):
+    return torch.empty_like(x)
+
+bridge.register("dyn::shift")  # no samples: typed from the model
+
+class Shift(torch.nn.Module):
+    def forward(self, x):
+        return torch.ops.dyn.shift(x, 3)
+
+x64 = torch.arange(5, dtype=torch.float64)
+sess2 = bridge.session(bridge.export(Shift(), (x64,), functions=False), tier="python")
+out["second_model"] = run(sess2, Shift(), (x64,))
+out["first_still"] = run(sess, Detect(), boxes_scores(20, 5))
+b64 = boxes_scores(15, 3, torch.float64)
+sess3 = bridge.session(bridge.export(Detect(), b64, dynamic_shapes=({0: n}, {0: n}), functions=False), tier="python")
+out["nms_float64"] = run(sess3, Detect(), b64)
+print(json.dumps(out))
+"""
+
+
+def test_data_dependent_output_size_and_isolation():
+    """An nms-like op (its fake makes the kept count with new_dynamic_size(), int64 output) followed
+    by a gather of its output, with a dynamic box count: typed with a shape environment (a bare fake
+    call raised DynamicOutputShapeException and broke the tier for the process), equal to eager at
+    float32 and float64. An op that cannot be typed is refused alone with its true reason; a second
+    model with an op registered later, without samples, still runs, and so does the first."""
+    r = subprocess.run([sys.executable, "-c", DYNAMIC_SIZES], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")))
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.splitlines()[-1])
+    assert out["nms"] == [True, True, True] and out["nms_float64"], out
+    kind, message = out["refused"]
+    assert kind in ("OpBridgeError", "UnsupportedInTier"), out
+    assert "dyn::broken_fake" in message and "this fake kernel cannot type anything" in message, message
+    assert out["second_model"] and out["first_still"], out
