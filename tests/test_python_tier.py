@@ -237,3 +237,45 @@ def test_data_dependent_output_size_and_isolation():
     assert kind in ("OpBridgeError", "UnsupportedInTier"), out
     assert "dyn::broken_fake" in message and "this fake kernel cannot type anything" in message, message
     assert out["second_model"] and out["first_still"], out
+
+
+# NOTE: a fresh process, so the op this registers stays out of the test session's registry
+EVERY_DTYPE = """import json
+import numpy as np, torch
+import bridge
+
+@torch.library.custom_op("pyt_dtypes::summary", mutates_args=())
+def summary(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return x.flip(-1) * 3, x != 0, (x != 0).sum(-1, dtype=torch.int32)
+
+@summary.register_fake
+def _(x):
+    return torch.empty_like(x), torch.empty_like(x, dtype=torch.bool), x.new_empty(x.shape[:-1], dtype=torch.int32)
+
+bridge.register("pyt_dtypes::summary")
+for dtype in (torch.bfloat16, torch.float16, torch.float64, torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64):
+    class M(torch.nn.Module):
+        def forward(self, x):
+            a, b, c = summary(x.to(dtype))
+            return a.to(torch.float32) if dtype == torch.bfloat16 else a, b, c
+    x = torch.randn(3, 5) * 3
+    x = x.abs() if dtype == torch.uint8 else x
+    proto = bridge.export(M(), (x,), functions=False)
+    sess = bridge.session(proto, tier="python")
+    got = sess.run(None, {"x": x.numpy()})
+    want = [t.numpy() for t in M()(x)]
+    print(json.dumps([str(dtype), [bool(g.dtype == w.dtype and np.array_equal(g, w)) for g, w in zip(got, want)]]))
+"""
+
+
+def test_every_torch_dtype_runs_with_integer_and_bool_outputs():
+    """One op with a same-dtype, a bool and an int32 output, at bfloat16 (crosses as float32 both
+    ways, Casts in the session's copy), float16 (inputs cross as float32), float64 and the integer
+    dtypes: every output equals eager torch exactly, dtype included."""
+    r = subprocess.run([sys.executable, "-c", EVERY_DTYPE], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")))
+    assert r.returncode == 0, r.stderr[-3000:]
+    rows = dict(json.loads(line) for line in r.stdout.splitlines() if line.startswith("["))
+    assert set(rows) == {"torch.bfloat16", "torch.float16", "torch.float64", "torch.int8", "torch.uint8",
+                         "torch.int16", "torch.int32", "torch.int64"}
+    assert all(ok == [True, True, True] for ok in rows.values()), rows
