@@ -259,6 +259,11 @@ def _declare(spec: OpSpec, in_types: tuple[int, ...], out_types: tuple[int, ...]
     attr_types: dict[Any, int] = {onnx.defs.OpSchema.AttrType.INT: PyCustomOpDef.dt_int64,
                   onnx.defs.OpSchema.AttrType.FLOAT: PyCustomOpDef.dt_float,
                   onnx.defs.OpSchema.AttrType.STRING: PyCustomOpDef.dt_string}
+    odd = [p.name for p in spec.attributes if not _as_text(p) and p.attr_type not in attr_types]
+    if odd:
+        raise UnsupportedInTier(f"tier 'python' cannot declare {spec.qualname}: onnxruntime-extensions' PyOp takes "
+                                f"int, float and string attributes (lists travel as strings). Got {odd}. Use "
+                                "tier='function' or 'native'.")
     attrs = {p.name: PyCustomOpDef.dt_string if _as_text(p) else attr_types[p.attr_type] for p in spec.attributes}
     if any(p.optional for p in spec.tensors):
         attrs[ABSENT_ATTR] = PyCustomOpDef.dt_string
@@ -292,7 +297,8 @@ def _predeclare(registry: Registry, tier) -> None:
             continue
         for inputs, outputs in _sample_types(spec)[0].items():
             if all(t in _CARRIED_IN for t in inputs) and all(t in _CARRIED_OUT for t in outputs):
-                _declare(spec, inputs, outputs)
+                with contextlib.suppress(UnsupportedInTier):  # NOTE: said when a model needs the op
+                    _declare(spec, inputs, outputs)
 
 
 def _node_types(node, spec, types: dict) -> tuple[tuple[int, ...], tuple[int, ...]]:
