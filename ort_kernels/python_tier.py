@@ -330,9 +330,12 @@ def _node_types(node, spec, types: dict) -> tuple[tuple[int, ...], tuple[int, ..
 
 
 def _value_types(inferred: onnx.ModelProto) -> dict[str, int]:
-    return {v.name: v.type.tensor_type.elem_type for v in
-            list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output)} | \
-        {t.name: t.data_type for t in inferred.graph.initializer}
+    """Element type by value name, over the graph and its subgraphs (0: not known)."""
+    types: dict[str, int] = {}
+    for g in model_graphs(inferred):
+        types |= {v.name: v.type.tensor_type.elem_type for v in [*g.value_info, *g.input, *g.output]}
+        types |= {t.name: t.data_type for t in g.initializer}
+    return types
 
 
 def _infer_types(model: onnx.ModelProto) -> onnx.ModelProto:
