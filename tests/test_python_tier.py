@@ -279,3 +279,42 @@ def test_every_torch_dtype_runs_with_integer_and_bool_outputs():
     assert set(rows) == {"torch.bfloat16", "torch.float16", "torch.float64", "torch.int8", "torch.uint8",
                          "torch.int16", "torch.int32", "torch.int64"}
     assert all(ok == [True, True, True] for ok in rows.values()), rows
+
+
+# NOTE: a fresh process: the tier's call hook is process-wide
+FOREIGN_PYOP = """import json
+import numpy as np, onnxruntime as ort, torch
+from onnx import helper, TensorProto as TP
+from onnxruntime_extensions import PyCustomOpDef, get_library_path, onnx_op
+import bridge
+import custom_ops  # noqa: F401
+from bridge.tools.testing import OpModule
+
+# a user's own PyOp, declared the stock way in the stock domain, next to the tier's hook
+@onnx_op(op_type="UserTwice", inputs=[PyCustomOpDef.dt_float], outputs=[PyCustomOpDef.dt_float])
+def user_twice(x):
+    return x * 2
+
+crop = bridge.REGISTRY.get("opbridge::crop")
+module, tensors = OpModule.from_sample(crop, bridge.SampleInput((torch.randn(2, 4, 4), [0, 0, 2, 2])))
+sess = bridge.session(bridge.export(module, tensors), tier="python")  # installs the tier's hook
+node = helper.make_node("UserTwice", ["x"], ["y"], domain="ai.onnx.contrib")
+g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TP.FLOAT, [3])],
+                      [helper.make_tensor_value_info("y", TP.FLOAT, [3])])
+m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid("ai.onnx.contrib", 1)])
+options = ort.SessionOptions()
+options.register_custom_ops_library(get_library_path())
+user = ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"])
+print(json.dumps({"user": user.run(None, {"x": np.arange(3, dtype=np.float32)})[0].tolist(),
+                  "tier": bool(np.array_equal(sess.run(None, bridge.parity.ort_feed(sess, tensors))[0],
+                                              module(*tensors).numpy()))}))
+"""
+
+
+def test_a_users_own_pyop_still_runs_beside_the_tiers_call_hook():
+    """The tier replaces onnxruntime-extensions' call hook (which copied outputs through lists): a
+    PyOp the user declares the stock way, in the stock domain, still runs, as the tier's ops do."""
+    r = subprocess.run([sys.executable, "-c", FOREIGN_PYOP], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.splitlines()[-1]) == {"user": [0.0, 2.0, 4.0], "tier": True}
