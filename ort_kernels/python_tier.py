@@ -125,13 +125,14 @@ class _Declared:
                 out = spec.overload(*args)
             outs = out if isinstance(out, (tuple, list)) else (out,)
             if len(outs) < len(self.out_types):
-                raise OpBridgeError(f"{spec.qualname} returned {len(outs)} outputs. Got {len(outs)}, the model's "
-                                    f"node has {len(self.out_types)}. Export the model again with opbridge.")
+                raise OpBridgeError(f"{spec.qualname} returned fewer outputs than the model's node has. Got "
+                                    f"{len(outs)}, the node has {len(self.out_types)}. Export the model again "
+                                    "with opbridge.")
             result = []
             for i, (o, want, carry) in enumerate(zip(outs, self.out_dtypes, self.out_carry)):
                 if o.dtype != want:
-                    raise OpBridgeError(f"{spec.qualname} output {i} is {o.dtype} where the model declares {want}. "
-                                        f"Got {o.dtype}. Export the model again with opbridge.")
+                    raise OpBridgeError(f"{spec.qualname} output {i} does not have the dtype the model declares "
+                                        f"({want}). Got {o.dtype}. Export the model again with opbridge.")
                 if carry is not None:
                     o = o.to(carry)
                 result.append(o.detach().contiguous().numpy())

@@ -265,17 +265,42 @@ for dtype in (torch.bfloat16, torch.float16, torch.float64, torch.int8, torch.ui
     got = sess.run(None, {"x": x.numpy()})
     want = [t.numpy() for t in M()(x)]
     print(json.dumps([str(dtype), [bool(g.dtype == w.dtype and np.array_equal(g, w)) for g, w in zip(got, want)]]))
+
+# an implementation that returns float32 where its fake (and so the model) says float16: handing that
+# to onnxruntime-extensions would abort the process
+@torch.library.custom_op("pyt_dtypes::liar", mutates_args=())
+def liar(x: torch.Tensor) -> torch.Tensor:
+    return x.float()
+
+@liar.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+bridge.register("pyt_dtypes::liar")
+class Liar(torch.nn.Module):
+    def forward(self, x):
+        return liar(x.half()).float()
+
+sess = bridge.session(bridge.export(Liar(), (torch.ones(3),), functions=False), tier="python")
+try:
+    sess.run(None, {"x": np.ones(3, np.float32)})
+    print(json.dumps(["liar", None]))
+except bridge.OpBridgeError as e:
+    print(json.dumps(["liar", str(e)]))
 """
 
 
 def test_every_torch_dtype_runs_with_integer_and_bool_outputs():
     """One op with a same-dtype, a bool and an int32 output, at bfloat16 (crosses as float32 both
     ways, Casts in the session's copy), float16 (inputs cross as float32), float64 and the integer
-    dtypes: every output equals eager torch exactly, dtype included."""
+    dtypes: every output equals eager torch exactly, dtype included. An implementation returning
+    another dtype than its fake says is an OpBridgeError, not an abort."""
     r = subprocess.run([sys.executable, "-c", EVERY_DTYPE], capture_output=True, text=True, timeout=600,
                        env=dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")))
     assert r.returncode == 0, r.stderr[-3000:]
     rows = dict(json.loads(line) for line in r.stdout.splitlines() if line.startswith("["))
+    assert "pyt_dtypes::liar output 0 does not have the dtype the model declares (torch.float16). Got " \
+        "torch.float32" in rows.pop("liar"), r.stdout
     assert set(rows) == {"torch.bfloat16", "torch.float16", "torch.float64", "torch.int8", "torch.uint8",
                          "torch.int16", "torch.int32", "torch.int64"}
     assert all(ok == [True, True, True] for ok in rows.values()), rows
