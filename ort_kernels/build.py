@@ -25,7 +25,7 @@ from bridge.core.opnames import op_names, spec_names
 from bridge.core.progress import step
 from bridge.core.registry import REGISTRY
 from bridge.core.spec import OpSpec
-from bridge.core.torch_compat import FakeTensorMode, ShapeEnv
+from bridge.core.torch_compat import fake_mode
 
 SOURCE_DIR = Path(__file__).resolve().parent
 INCLUDE_DIR = SOURCE_DIR / "include"
@@ -60,6 +60,9 @@ def native_source(spec) -> Path | None:
 
 
 def io_types(spec, dtype: torch.dtype) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """ONNX element types of ``spec``'s inputs and outputs at ``dtype``, from its samples through its
+    fake kernel (run with a shape environment, so an output whose size depends on input values is
+    typed too)."""
     # NOTE: element types per dtype come from the op's own sample inputs run through its fake
     # kernel: the torch schema says "Tensor", the samples say which tensors are int32.
     # An optional input omitted in the first sample takes its type from a sample that gives it
@@ -74,7 +77,7 @@ def io_types(spec, dtype: torch.dtype) -> tuple[tuple[int, ...], tuple[int, ...]
     # NOTE: a shape environment (inputs kept static) lets a fake kernel give an output a data-dependent
     # size (torch.library.get_ctx().new_dynamic_size(), as nms does): only the element types are read here,
     # and the kernel allocates its output at run time, after computing the count.
-    with FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True) as mode:
+    with fake_mode(shape_env=True) as mode:
         fake_args = {k: mode.from_tensor(v) if isinstance(v, torch.Tensor) else v for k, v in bound[0].items()}
         out = spec.overload(**fake_args)
     outs = out if isinstance(out, (tuple, list)) else (out,)

@@ -1,27 +1,43 @@
 """Python kernel tier: run any registered op in ONNX Runtime through onnxruntime-extensions.
 
-Each op's kernel is the op's own eager implementation (for a mutating op, its functional twin),
-so prototyping needs no extra code. onnxruntime-extensions' PyOp has sharp edges, each guarded
-here (measured on onnxruntime-extensions 0.15.2):
+Each op's kernel is the op's own eager implementation, so prototyping needs no extra code. It runs
+every dtype the model gives the op's nodes. onnxruntime-extensions' PyOp has sharp edges, each
+guarded here (measured on onnxruntime-extensions 0.15.2):
 
-- an exception inside a kernel aborts the process: kernels catch everything, hand ORT a
-  placeholder, and every run method of the session raises the recorded error as OpBridgeError
-  (the tier's run guard, ``_kernel_errors``);
+- PyOp declares one element type per input and output: the tier declares one PyOp per (op, type
+  signature), the signature read off the node in the model (its own value types, inferred), else
+  from the op's samples through its fake kernel run with a shape environment (so an output whose
+  size depends on values, ``new_dynamic_size()``, is typed too);
+- its stock call hook returns outputs as Python lists (``tolist()``, then a list -> array cast in
+  C++: most of a call's cost on large outputs) and aborts on float16 outputs: the tier installs its
+  own hook (``PyCustomOpDef.install_hooker``) that hands each output over as one contiguous numpy
+  array (one memcpy into ORT's buffer). Inputs arrive as fresh numpy arrays, used as torch tensors
+  without a copy (``torch.from_numpy``);
+- a float16 (or bfloat16) input aborts the process inside onnxruntime-extensions: the session's copy
+  of the model casts such inputs to float32 before the node (exact), and the kernel casts them back,
+  so the op runs in float16 and its results equal eager float16 exactly. float16 outputs travel as
+  they are; bfloat16 outputs (numpy has no bfloat16) travel as float32 and are cast back after the
+  node (exact);
+- an exception inside a kernel aborts the process: kernels catch everything, hand ORT an empty
+  placeholder of the declared type, and every run method of the session raises the recorded error
+  as OpBridgeError (the tier's run guard, ``_kernel_errors``); an output of another dtype than the
+  model declares is such an error (it would abort too);
 - INTS/FLOATS attributes are unsupported: the session's copy of the model carries them as
-  comma-separated STRING attributes, parsed back in the kernel; every declared attribute must be
-  present, so defaults are written into the nodes, optional scalars (``int?``) travel as STRING,
-  and an omitted optional one gets a placeholder and is named in ``opbridge_absent_attributes``
-  (the kernel passes None; a given ``str?`` of "" stays "");
-- float16 aborts the process: only float32 floating tensors are accepted, anything else is an
-  UnsupportedInTier error before ORT sees the model;
-- declaring an op after the library was registered with a session crashes later sessions: all
-  registered ops are declared before the first registration, and an op registered later gets
-  UnsupportedInTier (restart the process).
+  comma-separated STRING attributes, parsed back once per node (cached by value); every declared
+  attribute must be present, so defaults are written into the nodes, optional scalars (``int?``)
+  travel as STRING, and an omitted optional one gets a placeholder and is named in
+  ``opbridge_absent_attributes`` (the kernel passes None; a given ``str?`` of "" stays "");
+- adding a PyOp to a domain already registered with a session options object crashes later
+  sessions (the domain's op table is reallocated under ORT): declarations go in generations, each
+  with its own private domains (``opbridge.python.<generation>.<domain>``); once a generation is
+  registered, new declarations open the next one. Options keep the generations registered into
+  them: a model that needs a later one through the same options is refused, naming the fix.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import os
 import threading
@@ -32,29 +48,126 @@ import onnx
 import onnxruntime as ort
 import torch
 
+from bridge.core.dtypes import ONNX_TO_TORCH, numpy_dtype
 from bridge.core.errors import OpBridgeError, UnsupportedInTier
-from bridge.core.graphs import custom_nodes
+from bridge.core.graphs import FreshNames, custom_nodes, model_graphs, value_names
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
-from bridge.core.torch_compat import FakeTensorMode
-from ort_kernels.base import Prepared, Tier, helper_functions, with_library
+from ort_kernels.base import Prepared, Tier, helper_functions, libraries, with_library
 from ort_kernels.build import io_types
 
 _lock = threading.Lock()
-# NOTE: the Python kernels are declared in private domains ("opbridge.python.<domain>"), not the op's:
-# options reused across tiers may carry the native library, whose kernels take the op's own domain
+# NOTE: the Python kernels are declared in private domains ("opbridge.python.<generation>.<domain>"),
+# not the op's: options reused across tiers may carry the native library, whose kernels take the
+# op's own domain
 PYTHON_DOMAIN = "opbridge.python."
-_declared: dict[tuple[str, str], tuple] = {}  # (domain, op_type) -> (OpSpec served, its input ONNX types)
 # NOTE: PyOp inputs are all required: an omitted optional input is fed an empty placeholder and
 # named in this attribute, so the kernel passes None for it.
 ABSENT_ATTR = "opbridge_absent"
 # NOTE: likewise every declared attribute must be present: an omitted optional one gets a placeholder
 # value and is named in this attribute, so the kernel passes None for it (a given "" stays "").
 ABSENT_ATTRS = "opbridge_absent_attributes"
-_library_used = False
+# the generations registered into a SessionOptions object (recorded in the options themselves)
+_KNOWN_KEY = "opbridge.python_tier.generations"
 _errors: list[str] = []  # kernel exceptions of the current run (ORT calls kernels synchronously)
-_ACCEPTED = {onnx.TensorProto.FLOAT, onnx.TensorProto.INT32, onnx.TensorProto.INT64, onnx.TensorProto.BOOL,
-             onnx.TensorProto.UINT8, onnx.TensorProto.INT8}
+
+T = onnx.TensorProto
+# element type in the model -> element type carried across onnxruntime-extensions, for inputs and
+# outputs; a type absent here is refused. NOTE: float16/bfloat16 inputs abort inside
+# onnxruntime-extensions (and numpy has no bfloat16): they cross as float32, exactly.
+_CARRIED_IN: dict[int, int] = {t: t for t in (T.FLOAT, T.DOUBLE, T.INT8, T.UINT8, T.INT16, T.INT32, T.INT64, T.BOOL)}
+_CARRIED_IN |= {T.FLOAT16: T.FLOAT, T.BFLOAT16: T.FLOAT}
+_CARRIED_OUT: dict[int, int] = {**_CARRIED_IN, T.FLOAT16: T.FLOAT16}
+_SHORT: dict[int, str] = {T.FLOAT: "f32", T.DOUBLE: "f64", T.FLOAT16: "f16", T.BFLOAT16: "bf16", T.INT8: "i8",
+                          T.UINT8: "u8", T.INT16: "i16", T.INT32: "i32", T.INT64: "i64", T.BOOL: "b"}
+
+
+@dataclasses.dataclass(eq=False)
+class _Declared:
+    """One PyOp: an op at one type signature, in one generation's private domain."""
+
+    spec: OpSpec  # NOTE: updated to the registry's current record at each prepare
+    in_types: tuple[int, ...]  # the model's element types (an omitted optional input: FLOAT)
+    out_types: tuple[int, ...]
+    generation: int
+    domain: str  # private
+    op_type: str  # private: the op's name and its signature
+    restore: dict[int, torch.dtype]  # inputs that crossed as float32: their own dtype
+    out_dtypes: tuple[torch.dtype, ...]  # what the op must return
+    out_carry: tuple[torch.dtype | None, ...]  # bfloat16 outputs cross as float32
+    placeholders: tuple[np.ndarray, ...]
+    # raw attribute strings -> (attribute values, absent inputs): parsed once per node's values
+    parsed: dict = dataclasses.field(default_factory=dict)
+
+    def run(self, feed: list, raw: dict) -> tuple:
+        """The kernel: the op's eager implementation on ``feed``; never raises (an exception escaping
+        into onnxruntime-extensions aborts the process)."""
+        spec = self.spec
+        try:
+            key = tuple(raw.items())
+            parsed = self.parsed.get(key)
+            if parsed is None:
+                parsed = self.parsed[key] = _parse_attributes(spec, raw)
+            attrs, absent = parsed
+            tensors: dict[str, torch.Tensor | None] = {}
+            for i, (p, a) in enumerate(zip(spec.tensors, feed)):
+                if i in absent:
+                    tensors[p.name] = None
+                    continue
+                if not a.flags.writeable:  # NOTE: never so from onnxruntime-extensions (fresh arrays)
+                    a = a.copy()
+                t = torch.from_numpy(a)
+                tensors[p.name] = t.to(self.restore[i]) if i in self.restore else t
+            args = [tensors[p.name] if p.is_tensor else attrs[p.name] for p in spec.params]
+            if spec.checks is not None:  # NOTE: the op's checks, also for an eager kernel that has its own
+                spec.checks.run(**{p.name: a for p, a in zip(spec.params, args)})
+            with torch.no_grad():
+                out = spec.overload(*args)
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            if len(outs) < len(self.out_types):
+                raise OpBridgeError(f"{spec.qualname} returned fewer outputs than the model's node has. Got "
+                                    f"{len(outs)}, the node has {len(self.out_types)}. Export the model again "
+                                    "with opbridge.")
+            result = []
+            for i, (o, want, carry) in enumerate(zip(outs, self.out_dtypes, self.out_carry)):
+                if o.dtype != want:
+                    raise OpBridgeError(f"{spec.qualname} output {i} does not have the dtype the model declares "
+                                        f"({want}). Got {o.dtype}. Export the model again with opbridge.")
+                if carry is not None:
+                    o = o.to(carry)
+                result.append(o.detach().contiguous().numpy())
+            return tuple(result)
+        except BaseException as e:  # noqa: BLE001  an escaping exception aborts the process
+            _errors.append(f"{spec.qualname}: the Python kernel raised {_describe(e)}")
+            return self.placeholders
+
+
+_by_id: dict[int, _Declared] = {}  # onnxruntime-extensions' op id -> the declaration it calls
+_by_name: dict[tuple[str, str], _Declared] = {}  # (private domain, private op_type) -> declaration
+_declared: dict[tuple, _Declared] = {}  # (domain, op_type, input types, output types) -> declaration
+_generation = 0  # the generation new declarations go into
+_generation_used = False  # whether any declaration went into it yet
+_hooked = False
+_samples: dict[int, tuple[OpSpec, dict, str | None]] = {}  # id(spec) -> (spec, {in types: out types}, failure)
+
+
+def _invoke(k_id: int, feed: list, attributes: dict) -> tuple:
+    """onnxruntime-extensions' call hook: (id, shape, array, shape, array, ...) per call. Arrays go
+    to C++ as they are (it memcpys them into ORT's outputs); its stock hook made Python lists."""
+    declared = _by_id.get(k_id)
+    if declared is not None:
+        outs = declared.run(feed, attributes)
+    else:  # NOTE: another user's onnx_op in this process: its stock call, minus the lists
+        from onnxruntime_extensions import Opdef
+
+        op = Opdef._odlist[k_id]
+        rv = op.body(*feed, **op.cast_attributes(attributes))
+        outs = tuple(np.ascontiguousarray(r) for r in (rv if isinstance(rv, tuple) else (rv,)))
+        outs = tuple(o.flatten().tolist() if o.dtype.kind in "OUS" else o for o in outs)
+    res: list[Any] = [k_id]
+    for o in outs:
+        res += [np.shape(o) if isinstance(o, np.ndarray) else (len(o),), o]
+    return tuple(res)
 
 
 def _list_attr(p) -> bool:
@@ -71,29 +184,28 @@ def _text(value) -> str:
 
 
 def _parse_attr(p, value):
-    if _as_text(p) and not _list_attr(p):  # an optional scalar
-        text = _text(value)
-        number = float(text) if p.attr_type == onnx.defs.OpSchema.AttrType.FLOAT else int(text)
-        return p.from_onnx_value(number)
+    kind = p.attr_type
+    text = _text(value)
     if _list_attr(p):
-        text = _text(value)
         items = [x for x in text.split(",") if x]
-        return p.from_onnx_value([int(x) if p.attr_type == onnx.defs.OpSchema.AttrType.INTS else float(x)
-                                  for x in items])
+        return p.from_onnx_value([int(x) if kind == onnx.defs.OpSchema.AttrType.INTS else float(x) for x in items])
+    if kind == onnx.defs.OpSchema.AttrType.INT:
+        return p.from_onnx_value(int(text))
+    if kind == onnx.defs.OpSchema.AttrType.FLOAT:
+        return p.from_onnx_value(float(text))
     return p.from_onnx_value(value)
 
 
-def _placeholder(spec, tensors, attrs):
-    """Empty outputs of the right dtype for ORT to copy while the error travels back (run() raises
-    it). Empty, so a failed huge output cannot fail again while making its stand-in."""
-    try:
-        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
-            fakes = [mode.from_tensor(t) if isinstance(t, torch.Tensor) else t for t in tensors]
-            out = spec.overload(*fakes, **attrs)
-        outs = out if isinstance(out, (tuple, list)) else (out,)
-        return tuple(np.zeros((0,), dtype=np.float32 if o.dtype.is_floating_point else np.int64) for o in outs)
-    except BaseException:  # noqa: BLE001  nothing may escape into onnxruntime-extensions
-        return tuple(np.zeros((0,), np.float32) for _ in range(spec.num_outputs))
+def _parse_attributes(spec, raw: dict) -> tuple[dict, set[int]]:
+    """(attribute values by name, indices of omitted optional inputs) from a node's raw attributes."""
+    raw = dict(raw)
+    absent = {int(i) for i in _text(raw.pop(ABSENT_ATTR, "") or "").split(",") if i}
+    omitted = set(_text(raw.pop(ABSENT_ATTRS, "")).split(",")) - {""}
+    by_name = {p.name: p for p in spec.attributes}
+    attrs = {k: None if k in omitted else _parse_attr(by_name[k], v) for k, v in raw.items()}
+    for p in spec.attributes:
+        attrs.setdefault(p.name, p.default)
+    return attrs, absent
 
 
 def _describe(e: BaseException) -> str:
@@ -104,103 +216,127 @@ def _describe(e: BaseException) -> str:
         return f"{type(e).__name__} (its message could not be converted to text)"
 
 
-def _kernel(spec):
-    tensor_params = [p for p in spec.params if p.is_tensor]
-    attr_params = {p.name: p for p in spec.attributes}
+def _type_name(t: int) -> str:
+    return onnx.helper.tensor_dtype_to_string(t) if t else "an unknown type"
 
-    def kernel(*arrays, **raw_attrs):
-        tensors, attrs = [], {}
+
+def _sample_types(spec: OpSpec) -> tuple[dict, str | None]:
+    """{input types: output types} per dtype from the op's samples through its fake kernel (with a
+    shape environment), and the first failure's text; cached per op record."""
+    cached = _samples.get(id(spec))
+    if cached is not None and cached[0] is spec:
+        return cached[1], cached[2]
+    found: dict[tuple, tuple] = {}
+    failure: str | None = None
+    for dtype in spec.dtypes if spec.sample_inputs is not None else ():
         try:
-            absent = {int(i) for i in str(raw_attrs.pop(ABSENT_ATTR, "") or "").split(",") if i}
-            omitted = set(_text(raw_attrs.pop(ABSENT_ATTRS, "")).split(",")) - {""}
-            tensors = [None if i in absent else torch.from_numpy(np.array(a)) for i, a in enumerate(arrays)]
-            attrs = {k: None if k in omitted else _parse_attr(attr_params[k], v) for k, v in raw_attrs.items()}
-            named = dict(zip((p.name for p in tensor_params), tensors))
-            args = [named.get(p.name) if p.is_tensor else attrs.get(p.name, p.default) for p in spec.params]
-            if spec.checks is not None:  # NOTE: the op's checks, also for an eager kernel that has its own
-                spec.checks.run(**{p.name: a for p, a in zip(spec.params, args)})
-            with torch.no_grad():
-                out = spec.overload(*args)
-            outs = out if isinstance(out, (tuple, list)) else (out,)
-            result = tuple(o.detach().contiguous().numpy() for o in outs)
-        except BaseException as e:  # noqa: BLE001  an escaping exception aborts the process
-            _errors.append(f"{spec.qualname}: the Python kernel raised {_describe(e)}")
-            result = _placeholder(spec, tensors, attrs)
-        return result[0] if len(result) == 1 else result
-
-    return kernel
+            inputs, outputs = io_types(spec, dtype)
+        except Exception as e:  # noqa: BLE001  one op's fake kernel: refused alone, with its reason
+            failure = failure or f"its fake kernel on its {dtype} samples raised {_describe(e)[:300]}"
+            continue
+        found.setdefault(_padded(spec, inputs), outputs)
+    _samples[id(spec)] = (spec, found, failure)
+    return found, failure
 
 
-def _io_dtypes(spec, model_types: dict):
-    """ONNX element types of the op's inputs and outputs: from its float32 samples through its fake
-    kernel, else from the model's own (inferred) types; None when neither says."""
-    from onnxruntime_extensions import PyCustomOpDef
-
-    by_onnx: dict[int, Any] = {
-        onnx.TensorProto.FLOAT: PyCustomOpDef.dt_float, onnx.TensorProto.INT32: PyCustomOpDef.dt_int32,
-        onnx.TensorProto.INT64: PyCustomOpDef.dt_int64, onnx.TensorProto.BOOL: PyCustomOpDef.dt_bool,
-        onnx.TensorProto.UINT8: PyCustomOpDef.dt_uint8, onnx.TensorProto.INT8: PyCustomOpDef.dt_int8}
-    if spec.sample_inputs is not None:
-        inputs, outputs = io_types(spec, torch.float32)
-    elif (spec.domain, spec.name) in model_types:
-        inputs, outputs = model_types[(spec.domain, spec.name)]
-        inputs = _padded(spec, inputs)
-    else:
-        return None
-    return [by_onnx[t] for t in inputs], [by_onnx[t] for t in outputs]
-
-
-def _padded(spec, inputs: tuple) -> tuple:
+def _padded(spec, inputs) -> tuple[int, ...]:
     """Input types with omitted trailing optional inputs typed float32 (their empty placeholder)."""
-    return tuple(inputs) + (onnx.TensorProto.FLOAT,) * (len(spec.tensors) - len(inputs))
+    return tuple(inputs) + (T.FLOAT,) * (len(spec.tensors) - len(inputs))
 
 
-def _model_types(inferred: onnx.ModelProto) -> dict:
-    """(domain, op_type) -> (input types, output types) read off the first fully typed node of each op."""
-    types = _value_types(inferred)
-    out: dict = {}
-    for node in custom_nodes(inferred):
-        # NOTE: an omitted optional input ("") gets the float32 placeholder; the kernel passes None
-        ins = [types.get(n, 0) if n else onnx.TensorProto.FLOAT for n in node.input]
-        outs = [types.get(n, 0) for n in node.output]
-        if all(t in _ACCEPTED for t in ins + outs):
-            out.setdefault((node.domain, node.op_type), (tuple(ins), tuple(outs)))
-    return out
+def _declare(spec: OpSpec, in_types: tuple[int, ...], out_types: tuple[int, ...]) -> _Declared:
+    """The PyOp serving ``spec`` at this signature, declared now if it is new."""
+    global _generation_used, _hooked
+    from onnxruntime_extensions import PyCustomOpDef, onnx_op
+
+    key = (spec.domain, spec.name, in_types, out_types)
+    found = _declared.get(key)
+    if found is not None:
+        found.spec = spec
+        return found
+    if not _hooked:
+        PyCustomOpDef.install_hooker(_invoke)
+        _hooked = True
+    attr_types: dict[Any, int] = {onnx.defs.OpSchema.AttrType.INT: PyCustomOpDef.dt_int64,
+                  onnx.defs.OpSchema.AttrType.FLOAT: PyCustomOpDef.dt_float,
+                  onnx.defs.OpSchema.AttrType.STRING: PyCustomOpDef.dt_string}
+    odd = [p.name for p in spec.attributes if not _as_text(p) and p.attr_type not in attr_types]
+    if odd:
+        raise UnsupportedInTier(f"tier 'python' cannot declare {spec.qualname}: onnxruntime-extensions' PyOp takes "
+                                f"int, float and string attributes (lists travel as strings). Got {odd}. Use "
+                                "tier='function' or 'native'.")
+    attrs = {p.name: PyCustomOpDef.dt_string if _as_text(p) else attr_types[p.attr_type] for p in spec.attributes}
+    if any(p.optional for p in spec.tensors):
+        attrs[ABSENT_ATTR] = PyCustomOpDef.dt_string
+    if any(p.optional for p in spec.attributes):
+        attrs[ABSENT_ATTRS] = PyCustomOpDef.dt_string
+    carried_in = [_CARRIED_IN[t] for t in in_types]
+    carried_out = [_CARRIED_OUT[t] for t in out_types]
+    out_dtypes = tuple(ONNX_TO_TORCH[t] for t in out_types)
+    declared = _Declared(
+        spec=spec, in_types=in_types, out_types=out_types, generation=_generation,
+        domain=f"{PYTHON_DOMAIN}{_generation}.{spec.domain}",
+        op_type=f"{spec.name}__{'_'.join(_SHORT[t] for t in in_types)}__{'_'.join(_SHORT[t] for t in out_types)}",
+        restore={i: ONNX_TO_TORCH[t] for i, (t, c) in enumerate(zip(in_types, carried_in)) if t != c},
+        out_dtypes=out_dtypes,
+        out_carry=tuple(ONNX_TO_TORCH[c] if c != t else None for t, c in zip(out_types, carried_out)),
+        placeholders=tuple(np.zeros((0,), numpy_dtype(ONNX_TO_TORCH[c])) for c in carried_out))
+    opdef = onnx_op(op_type=f"{declared.domain}::{declared.op_type}", inputs=carried_in, outputs=carried_out,
+                    attrs=attrs)(declared.run)
+    _by_id[opdef._id] = declared
+    _by_name[(declared.domain, declared.op_type)] = declared
+    _declared[key] = declared
+    _generation_used = True
+    return declared
+
+
+def _predeclare(registry: Registry, tier) -> None:
+    """Declare every served op at every signature its samples give, before a registration freezes
+    the open generation: options reused by later models then know their ops."""
+    for spec in registry.exportable():
+        if tier.why_not(spec) is not None:
+            continue
+        for inputs, outputs in _sample_types(spec)[0].items():
+            if all(t in _CARRIED_IN for t in inputs) and all(t in _CARRIED_OUT for t in outputs):
+                with contextlib.suppress(UnsupportedInTier):  # NOTE: said when a model needs the op
+                    _declare(spec, inputs, outputs)
+
+
+def _node_types(node, spec, types: dict) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The node's (input types, output types): the model's own, else (outputs) from the op's samples.
+    Raises UnsupportedInTier naming the op and the true reason when neither types it."""
+    ins = tuple(types.get(n, 0) if n else T.FLOAT for n in node.input)
+    ins = _padded(spec, ins)
+    outs = tuple(types.get(n, 0) for n in node.output)
+    qual = f"{node.domain}::{node.op_type}"
+    if 0 in outs or 0 in ins:
+        by_samples, failure = _sample_types(spec)
+        if 0 not in ins and ins in by_samples:
+            outs = tuple(o if o else s for o, s in zip(outs, by_samples[ins]))
+        else:
+            why = (f"the model gives no element type for {'input' if 0 in ins else 'output'} "
+                   f"'{(node.input if 0 in ins else node.output)[(ins if 0 in ins else outs).index(0)]}'")
+            why += (f", and {failure}" if failure else
+                    ", and its samples do not cover these input types" if spec.sample_inputs is not None else
+                    ", and the op has no sample inputs")
+            raise UnsupportedInTier(f"tier 'python' cannot type node {node.name!r} ({qual}): {why}. Got input types "
+                                    f"{[_type_name(t) for t in ins]}. Export the model with opbridge (it writes "
+                                    "value types), or give the op sample_inputs= covering these types.")
+    for name, t in [*zip(node.input, ins), *zip(node.output, outs)]:
+        if t not in _CARRIED_OUT:
+            raise UnsupportedInTier(
+                f"tier 'python' runs tensors of torch's dtypes only (onnxruntime-extensions' PyOp has no way to "
+                f"hand others to torch). Got {_type_name(t)} at {qual} '{name}'. Use tier='function' or 'native'.")
+    return ins, outs
 
 
 def _value_types(inferred: onnx.ModelProto) -> dict[str, int]:
-    return {v.name: v.type.tensor_type.elem_type for v in
-            list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output)}
-
-
-def _declare_all(registry, tier, model_types: dict) -> None:
-    from onnxruntime_extensions import PyCustomOpDef, onnx_op
-
-    attr_types = {onnx.defs.OpSchema.AttrType.INT: PyCustomOpDef.dt_int64,
-                  onnx.defs.OpSchema.AttrType.FLOAT: PyCustomOpDef.dt_float,
-                  onnx.defs.OpSchema.AttrType.STRING: PyCustomOpDef.dt_string}
-    for spec in registry.exportable():
-        key = (spec.domain, spec.name)
-        if key in _declared or tier.why_not(spec) is not None:
-            continue
-        typed = _io_dtypes(spec, model_types)
-        if typed is None:
-            continue  # NOTE: neither samples nor this model type it: a later session says so
-        inputs, outputs = typed
-        attrs = {p.name: PyCustomOpDef.dt_string if _as_text(p) else attr_types[p.attr_type]
-                 for p in spec.attributes}
-        if any(p.optional for p in spec.tensors):
-            attrs[ABSENT_ATTR] = PyCustomOpDef.dt_string
-        if any(p.optional for p in spec.attributes):
-            attrs[ABSENT_ATTRS] = PyCustomOpDef.dt_string
-        onnx_op(op_type=f"{PYTHON_DOMAIN}{spec.domain}::{spec.name}", inputs=inputs, outputs=outputs,
-                attrs=attrs)(_kernel(spec))
-        _declared[key] = (spec, _onnx_input_types(spec, model_types))
-
-
-def _served_nodes(model):
-    """Custom nodes this tier runs (helper functions the model carries bodies for run as they are)."""
-    return [n for n in custom_nodes(model) if (n.domain, n.op_type) in _declared]
+    """Element type by value name, over the graph and its subgraphs (0: not known)."""
+    types: dict[str, int] = {}
+    for g in model_graphs(inferred):
+        types |= {v.name: v.type.tensor_type.elem_type for v in [*g.value_info, *g.input, *g.output]}
+        types |= {t.name: t.data_type for t in g.initializer}
+    return types
 
 
 def _infer_types(model: onnx.ModelProto) -> onnx.ModelProto:
@@ -225,7 +361,7 @@ def _infer_types(model: onnx.ModelProto) -> onnx.ModelProto:
         except Exception as e:  # noqa: BLE001
             error = e
     raise OpBridgeError(f"tier 'python' cannot type the model's custom nodes. Got {type(error).__name__}: "
-                        f"{str(error)[:400]}. Fix the node's inputs or attributes (export the model again "
+                        f"{str(error)[:400].rstrip('.')}. Fix the node's inputs or attributes (export the model again "
                         "with opbridge).") from None
 
 
@@ -234,68 +370,79 @@ def _has_symbolic_dims(model: onnx.ModelProto) -> bool:
     return any(not d.HasField("dim_value") for v in values for d in v.type.tensor_type.shape.dim)
 
 
-def _check_types(model: onnx.ModelProto, inferred: onnx.ModelProto) -> None:
-    types = _value_types(inferred)
-    for node in _served_nodes(model):
-        for name in list(node.input) + list(node.output):
-            t = types.get(name)
-            if t and t not in _ACCEPTED:  # 0: type not known yet
-                raise UnsupportedInTier(
-                    f"tier 'python' runs float32 only (onnxruntime-extensions aborts the process on float16 and "
-                    f"declares one type per op). Got {onnx.helper.tensor_dtype_to_string(t)} at "
-                    f"{node.domain}::{node.op_type} '{name}'. Use tier='function' or 'native'."
-                )
-
-
-def _onnx_input_types(spec, model_types: dict) -> tuple[int, ...]:
-    if spec.sample_inputs is not None:
-        return io_types(spec, torch.float32)[0]
-    return _padded(spec, model_types[(spec.domain, spec.name)][0])
-
-
-def _rewrite_attributes(model: onnx.ModelProto) -> None:
+def _rewrite_attributes(node: onnx.NodeProto, declared: _Declared, placeholders: dict, model) -> None:
     """Lists -> comma-separated strings; defaults written in (PyOp needs every declared attribute);
     omitted optional inputs fed an empty placeholder and listed in ``opbridge_absent``; omitted optional
     attributes given a placeholder and listed in ``opbridge_absent_attributes``."""
-    placeholders: dict[int, str] = {}
-    for node in _served_nodes(model):
-        spec, input_types = _declared[(node.domain, node.op_type)]
-        present = {a.name: a for a in node.attribute}
-        new = []
-        if any(p.optional for p in spec.tensors):
-            names = list(node.input) + [""] * (len(spec.tensors) - len(node.input))
-            absent = [i for i, n in enumerate(names) if not n]
-            for i in absent:
-                t = input_types[i]
-                if t not in placeholders:
-                    placeholders[t] = f"opbridge_absent_{t}"
-                    model.graph.initializer.append(onnx.helper.make_tensor(placeholders[t], t, [0], []))
-                names[i] = placeholders[t]
-            del node.input[:]
-            node.input.extend(names)
-            new.append(onnx.helper.make_attribute(ABSENT_ATTR, ",".join(map(str, absent))))
-        omitted = []
-        for p in spec.attributes:
-            if p.name in present:
-                value = onnx.helper.get_attribute_value(present[p.name])
-            elif p.has_default and p.default is not None:
-                value = p.to_onnx_value(p.default)
-            elif p.optional:
-                new.append(onnx.helper.make_attribute(p.name, ""))  # a placeholder; the kernel passes None
-                omitted.append(p.name)
+    spec = declared.spec
+    present = {a.name: a for a in node.attribute}
+    new = []
+    if any(p.optional for p in spec.tensors):
+        names = list(node.input) + [""] * (len(spec.tensors) - len(node.input))
+        absent = [i for i, n in enumerate(names) if not n]
+        for i in absent:
+            if "" not in placeholders:
+                placeholders[""] = "opbridge_absent_float"
+                model.graph.initializer.append(onnx.helper.make_tensor(placeholders[""], T.FLOAT, [0], []))
+            names[i] = placeholders[""]
+        del node.input[:]
+        node.input.extend(names)
+        new.append(onnx.helper.make_attribute(ABSENT_ATTR, ",".join(map(str, absent))))
+    omitted = []
+    for p in spec.attributes:
+        if p.name in present:
+            value = onnx.helper.get_attribute_value(present[p.name])
+        elif p.has_default and p.default is not None:
+            value = p.to_onnx_value(p.default)
+        elif p.optional:
+            new.append(onnx.helper.make_attribute(p.name, ""))  # a placeholder; the kernel passes None
+            omitted.append(p.name)
+            continue
+        else:
+            raise OpBridgeError(f"{spec.qualname}: node {node.name!r} lacks required attribute '{p.name}'. "
+                                "Got none. Export the model again with opbridge.")
+        if _list_attr(p):
+            value = ",".join(str(v) for v in value)
+        elif _as_text(p):
+            value = str(value)
+        new.append(onnx.helper.make_attribute(p.name, value))
+    if any(p.optional for p in spec.attributes):
+        new.append(onnx.helper.make_attribute(ABSENT_ATTRS, ",".join(omitted)))
+    del node.attribute[:]
+    node.attribute.extend(new)
+
+
+def _bridge(model: onnx.ModelProto, fresh: FreshNames) -> None:
+    """Casts around each served node for the types that cross as float32 (float16/bfloat16 inputs,
+    bfloat16 outputs): exact both ways; the kernel casts inputs back before running the op."""
+    for graph in model_graphs(model):
+        if not any(n.domain.startswith(PYTHON_DOMAIN) for n in graph.node):
+            continue
+        nodes = []
+        for node in graph.node:
+            declared = _by_name.get((node.domain, node.op_type))
+            if declared is None or not (declared.restore or any(c is not None for c in declared.out_carry)):
+                nodes.append(node)
                 continue
-            else:
-                raise OpBridgeError(f"{spec.qualname}: node {node.name!r} lacks required attribute '{p.name}'. "
-                                    "Got none. Export the model again with opbridge.")
-            if _list_attr(p):
-                value = ",".join(str(v) for v in value)
-            elif _as_text(p):
-                value = str(value)
-            new.append(onnx.helper.make_attribute(p.name, value))
-        if any(p.optional for p in spec.attributes):
-            new.append(onnx.helper.make_attribute(ABSENT_ATTRS, ",".join(omitted)))
-        del node.attribute[:]
-        node.attribute.extend(new)
+            for i in declared.restore:
+                if i < len(node.input) and node.input[i]:
+                    name = fresh(f"{node.input[i]}_as_float")
+                    nodes.append(onnx.helper.make_node("Cast", [node.input[i]], [name], to=T.FLOAT,
+                                                       name=fresh("opbridge_cast_in")))
+                    node.input[i] = name
+            after = []
+            for i, carry in enumerate(declared.out_carry):
+                if carry is not None and i < len(node.output) and node.output[i]:
+                    name = fresh(f"{node.output[i]}_as_float")
+                    after.append(onnx.helper.make_node("Cast", [name], [node.output[i]], to=declared.out_types[i],
+                                                       name=fresh("opbridge_cast_out")))
+                    node.output[i] = name
+            nodes += [node, *after]
+        new = [onnx.NodeProto() for _ in nodes]
+        for copy, node in zip(new, nodes):
+            copy.CopyFrom(node)
+        del graph.node[:]
+        graph.node.extend(new)
 
 
 def _kernel_error() -> str:
@@ -318,15 +465,14 @@ def _kernel_errors():
             raise OpBridgeError(_kernel_error())
 
 
-def _to_private_domains(model: onnx.ModelProto) -> None:
-    """The served nodes call their Python kernels in the tier's private domains (``PYTHON_DOMAIN``),
-    so the same options can also carry the native library, whose kernels use the op's own domain."""
-    versions = {o.domain: o.version for o in model.opset_import}
-    moved = {}
-    for node in _served_nodes(model):
-        moved[PYTHON_DOMAIN + node.domain] = versions.get(node.domain, 1)
-        node.domain = PYTHON_DOMAIN + node.domain
-    model.opset_import.extend(onnx.helper.make_opsetid(d, v) for d, v in moved.items() if d not in versions)
+def _known_generations(options: ort.SessionOptions | None, path: str) -> int | None:
+    """How many generations ``options`` got when the library was registered into them (None: not yet)."""
+    if options is None or path not in libraries(options):
+        return None
+    try:
+        return int(options.get_session_config_entry(_KNOWN_KEY))
+    except RuntimeError:  # NOTE: registered by someone else: its generations are unknown
+        return 0
 
 
 _NO_EXTENSIONS = ("tier 'python' needs onnxruntime-extensions. Got no such package. "
@@ -335,13 +481,11 @@ _NO_EXTENSIONS = ("tier 'python' needs onnxruntime-extensions. Got no such packa
 
 class PythonTier(Tier):
     name = "python"
-    summary = "the op's own eager implementation via onnxruntime-extensions (prototyping; float32)"
+    summary = "the op's own eager implementation via onnxruntime-extensions (prototyping; every torch dtype)"
 
     def why_not(self, spec: OpSpec, dtype: torch.dtype | None = None, *, thorough: bool = True) -> str | None:
-        if torch.float32 not in spec.dtypes:
-            return "float32 is not among the op's dtypes"
-        if dtype is not None and dtype != torch.float32:
-            return "runs float32 only (onnxruntime-extensions aborts on float16 and declares one type per op)"
+        if dtype is not None and dtype not in ONNX_TO_TORCH.values():
+            return f"{dtype} has no ONNX element type here"
         return None
 
     def missing(self, registry: Registry) -> str | None:
@@ -350,32 +494,53 @@ class PythonTier(Tier):
     def prepare(self, model: onnx.ModelProto, registry: Registry, options: ort.SessionOptions | None,
                 library: str | os.PathLike | None = None) -> Prepared:
         """Route ``model``'s custom nodes to their eager implementations."""
-        global _library_used
+        global _generation, _generation_used
         try:
             from onnxruntime_extensions import get_library_path
         except ImportError:
             raise UnsupportedInTier(_NO_EXTENSIONS) from None
         inferred = _infer_types(model)
+        types = _value_types(inferred)
+        helpers = helper_functions(model, registry)
+        served = [n for n in custom_nodes(model) if (n.domain, n.op_type) not in helpers]
+        missing = sorted({f"{n.domain}::{n.op_type}" for n in served if registry.find(n.domain, n.op_type) is None})
+        if missing:
+            raise UnsupportedInTier(f"tier 'python' cannot run {', '.join(missing)}: it is not a registered op. "
+                                    f"Got ops {missing}. Register it (bridge.register / @bridge.op) before the "
+                                    "session, or use tier='function'.")
+        path = get_library_path()
         with _lock:
-            if not _library_used:
-                _declare_all(registry, self, _model_types(inferred))
-            helpers = helper_functions(model, registry)
-            missing = [f"{n.domain}::{n.op_type}" for n in custom_nodes(model)
-                       if (n.domain, n.op_type) not in _declared and (n.domain, n.op_type) not in helpers]
-            if missing:
-                why = ("it was registered after this process's first python-tier session (declaring ops later "
-                       "crashes onnxruntime-extensions); restart the process" if _library_used and
-                       all(registry.find(*m.split("::")) for m in missing) else
-                       "it is not registered, or neither its float32 samples nor this model give its types")
-                raise UnsupportedInTier(f"tier 'python' cannot run {', '.join(sorted(set(missing)))}: {why}. "
-                                        f"Got ops {sorted(set(missing))}. Use tier='function' or 'native'.")
-            _check_types(model, inferred)
-            _rewrite_attributes(model)
-            _to_private_domains(model)
+            known = _known_generations(options, path)
+            if known is None:  # NOTE: these options are about to freeze the open generation: fill it first
+                _predeclare(registry, self)
+            plan = []
+            for node in served:
+                spec = registry.find(node.domain, node.op_type)
+                assert spec is not None
+                plan.append((node, _declare(spec, *_node_types(node, spec, types))))
+            late = sorted({f"{n.domain}::{n.op_type}" for n, d in plan if known is not None and d.generation >= known})
+            if late:
+                raise UnsupportedInTier(
+                    f"tier 'python' cannot run {', '.join(late)} with these SessionOptions: they got the python "
+                    "tier's kernels before these op signatures were declared (onnxruntime-extensions registers "
+                    f"its Python ops into options once). Got ops {late}. Pass new SessionOptions (or none).")
+            placeholders: dict = {}
+            versions = {o.domain: o.version for o in model.opset_import}
+            for node, declared in plan:
+                _rewrite_attributes(node, declared, placeholders, model)
+                version = versions.get(node.domain, 1)
+                node.domain, node.op_type = declared.domain, declared.op_type
+                if node.domain not in versions:
+                    versions[node.domain] = version
+                    model.opset_import.append(onnx.helper.make_opsetid(node.domain, version))
+            _bridge(model, FreshNames(value_names(model.graph)))
             # the Python kernels, not function bodies, run the custom nodes; helper functions stay
             keep = [f for f in model.functions if (f.domain, f.name) in helpers]
             del model.functions[:]
             model.functions.extend(keep)
-            options = with_library(options, get_library_path())
-            _library_used = True
+            if known is None:
+                options = with_library(options, path)
+                if _generation_used:  # NOTE: registered now: later declarations open the next generation
+                    _generation, _generation_used = _generation + 1, False
+                options.add_session_config_entry(_KNOWN_KEY, str(_generation))
         return Prepared(options, changed=True, guard=_kernel_errors)

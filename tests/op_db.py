@@ -309,10 +309,6 @@ def const(value):
 
 # -- the table ------------------------------------------------------------------------------------
 
-PYTHON_FLOAT32_ONLY = xfail(
-    "the python tier runs float32 only (onnxruntime-extensions aborts on float16); guarded",
-    tier="python", dtypes=(F16, F64), tests=("parity", "property"), raises=bridge.UnsupportedInTier)
-
 OPS = [
     OpEntry(
         "bev::bev_pool_v2", dtypes=(F32, F16, F64), inputs=bev_pool_v2_inputs, bad_input_sample="small",
@@ -394,7 +390,6 @@ OPS = [
                 detail={tier: "bev::bev_pool_v2: input 'ranks_depth' must be int32 (tensor(int32)). Got int64"
                         for tier in TIERS}),
         ),
-        xfails=(PYTHON_FLOAT32_ONLY,),
     ),
     OpEntry(
         "opbridge::identity_conv", dtypes=(F32, F16, F64), inputs=identity_conv_inputs,
@@ -410,7 +405,6 @@ OPS = [
                 eager=r"input 'x' must be \(N, channels=4, \.\.\.\). Got shape \(1, 3, 2, 2\)",
                 detail={"native": "input 'x' must be (N, channels=4, ...), got shape [1, 3, 2, 2]"}),
         ),
-        xfails=(PYTHON_FLOAT32_ONLY,),
     ),
     OpEntry(
         "opbridge::crop", dtypes=(F32, F16, F64), inputs=crop_inputs,
@@ -428,7 +422,6 @@ OPS = [
                 eager=r"input 'img' must be an image \(\.\.\., H, W\). Got shape \(5,\)",
                 detail={"native": "input 'img' must have at least 2 dims, got shape [5]"}),
         ),
-        xfails=(PYTHON_FLOAT32_ONLY,),
     ),
     OpEntry(
         "opbridge::paste", dtypes=(F32, F16, F64), inputs=paste_inputs,
@@ -444,7 +437,6 @@ OPS = [
             bad("patch_rank", change(patch=lambda t: t[0]), input="patch", error=("image", "leading dims", "3, 4"),
                 eager=r"inputs 'image' \(\.\.\., H, W\) and 'patch' \(\.\.\., h, w\) must have equal leading dims"),
         ),
-        xfails=(PYTHON_FLOAT32_ONLY,),
     ),
     OpEntry(
         "opbridge::numpy_sin", dtypes=(F32, F64), inputs=numpy_sin_inputs,
@@ -453,7 +445,6 @@ OPS = [
             bad("output_shape", change(output=lambda t: torch.zeros(4, 6)), input="output", error="4, 6",
                 eager=r"input 'output' must have the shape of 'input'. Got \(4, 5\) and \(4, 6\)"),
         ),
-        xfails=(PYTHON_FLOAT32_ONLY,),
     ),
 ]
 

@@ -292,5 +292,5 @@ def test_tier_table_is_the_one_place_tier_names_live():
     with pytest.raises(bridge.OpBridgeError, match="unknown kernel tier. Got 'gpu'"):
         bridge.session(b"", tier="gpu")
     spec = bridge.REGISTRY.get("opbridge::crop")
-    assert TIERS["python"].why_not(spec, torch.float16).startswith("runs float32 only")
+    assert TIERS["python"].why_not(spec, torch.float16) is None  # float16 crosses as float32, exactly
     assert TIERS["function"].why_not(spec) is None

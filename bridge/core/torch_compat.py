@@ -177,3 +177,22 @@ def onnx_export(program: Any, registry: Any, opset: int) -> Any:
     """``torch.onnx.export(program, dynamo=True)`` with a prebuilt ``registry`` (:func:`onnx_registry`)."""
     return _onnx_core.export(program, registry=registry, optimize=True, verify=False, opset_version=opset,
                              verbose=False)
+
+
+def fake_mode(*, shape_env: bool = False) -> FakeTensorMode:
+    """A ``FakeTensorMode`` that takes real tensors as inputs; ``shape_env=True`` gives it a fresh
+    ``ShapeEnv`` (``torch.fx.experimental.symbolic_shapes``, 2.12-2.15), so a fake kernel may make
+    data-dependent sizes (``torch.library.get_ctx().new_dynamic_size()``, ``nonzero``) where a
+    bare mode raises ``DynamicOutputShapeException``.
+
+    Example:
+        >>> import torch
+        >>> with fake_mode(shape_env=True):
+        ...     n = torch.ones(3).nonzero().shape[0]
+        >>> str(n).startswith("u")
+        True
+    """
+    # NOTE: inputs keep their static shapes: only the outputs' sizes may be new symbols
+    if shape_env:
+        return FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True)
+    return FakeTensorMode(allow_non_fake_inputs=True)
