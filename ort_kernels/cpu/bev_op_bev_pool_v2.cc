@@ -30,12 +30,24 @@
 // version (32-byte vectors) and the baseline (16-byte vectors: SSE2, or NEON elsewhere). The
 // library stays deployable on any CPU, so no -march=native. (GCC's target_clones gave the
 // baseline clone the same 32-byte vectors, which SSE2 spills to the stack: 4x slower than this.)
-// -DOPBRIDGE_BASELINE_ONLY builds the baseline alone (to test it on an AVX2 machine).
+// The sorted path's pooling has a third, AVX-512 version (64-byte vectors; 32-byte transposes):
+// half the loads and FMAs to issue per point, ~5% faster per call at BEVDet-R50 size on AMD Zen 4.
+// The AVX2 and AVX-512 versions sum each channel in the same order with the same fused multiply-adds:
+// their results are bitwise equal (the baseline's separate multiply and add round differently).
+// -DOPBRIDGE_BASELINE_ONLY builds the baseline alone (to test it on an AVX2 machine),
+// -DOPBRIDGE_NO_AVX512 leaves out the AVX-512 version (to test the AVX2 one on an AVX-512 machine).
 #if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(OPBRIDGE_BASELINE_ONLY)
 #define OPBRIDGE_X86_DISPATCH 1
 #define OPBRIDGE_AVX2 __attribute__((target("avx2,fma")))
+#if !defined(OPBRIDGE_NO_AVX512)
+#define OPBRIDGE_X86_AVX512 1
+#define OPBRIDGE_AVX512 __attribute__((target("avx512f,avx512vl,avx2,fma")))
+#else
+#define OPBRIDGE_X86_AVX512 0
+#endif
 #else
 #define OPBRIDGE_X86_DISPATCH 0
+#define OPBRIDGE_X86_AVX512 0
 #endif
 #if defined(__GNUC__)
 #define OPBRIDGE_INLINE inline __attribute__((always_inline))
@@ -377,7 +389,8 @@ OPBRIDGE_INLINE bool intervals_ok(const Job<A, Out>& j, int64_t i0, int64_t i1, 
 // One task of the sorted path: intervals [i0, i1), whose cells lie in [cell_begin, cell_end); writes
 // every output element of those cells. Untrusted input is checked first: kFallBack when the
 // intervals are not such a partition (nothing written), kBadRank when a rank is out of range.
-template <int W, typename A, typename Out>
+// (WT: the vector width of the transposes, W's except in the AVX-512 version, which has none of 64 bytes.)
+template <int W, typename A, typename Out, int WT = W>
 OPBRIDGE_INLINE TaskResult pool_sorted_task(const Job<A, Out>& j, int64_t i0, int64_t i1, int64_t cell_begin,
                                             int64_t cell_end) {
   if (!j.trusted && !intervals_ok(j, i0, i1, cell_begin, cell_end)) return TaskResult::kFallBack;
@@ -417,7 +430,7 @@ OPBRIDGE_INLINE TaskResult pool_sorted_task(const Job<A, Out>& j, int64_t i0, in
           pool_channels<false, W>(j.depth, j.feat, channels, j.rd + start, j.rf + start, length, checked - start, c0, n,
                                   tile + (j.rb[start] - a) * n);
         }
-        write_tile<W>(tile, n, n, cells, out + c0 * zyx, zyx, stage);
+        write_tile<WT>(tile, n, n, cells, out + c0 * zyx, zyx, stage);
       }
     }
     i = k;
@@ -479,10 +492,28 @@ OPBRIDGE_AVX2 void cells_out_avx2(const Job<A, Out>& j, const A* total, int64_t 
 #else
 #define OPBRIDGE_IF_AVX2(call)
 #endif
+#if OPBRIDGE_X86_AVX512
+bool has_avx512() {
+  static const bool yes = [] {
+    __builtin_cpu_init();  // NOTE: libgcc's avx512f also checks that the OS saves the 64-byte registers
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && has_avx2_fma();
+  }();
+  return yes;
+}
+template <typename A, typename Out>
+OPBRIDGE_AVX512 TaskResult sorted_task_avx512(const Job<A, Out>& j, int64_t i0, int64_t i1, int64_t c0, int64_t c1) {
+  return pool_sorted_task<64, A, Out, 32>(j, i0, i1, c0, c1);
+}
+#define OPBRIDGE_IF_AVX512(call) \
+  if (has_avx512()) return call
+#else
+#define OPBRIDGE_IF_AVX512(call)
+#endif
 
 // The dispatch: once per task, not per element.
 template <typename A, typename Out>
 TaskResult sorted_task(const Job<A, Out>& j, int64_t i0, int64_t i1, int64_t c0, int64_t c1) {
+  OPBRIDGE_IF_AVX512(sorted_task_avx512(j, i0, i1, c0, c1));
   OPBRIDGE_IF_AVX2(sorted_task_avx2(j, i0, i1, c0, c1));
   return pool_sorted_task<16>(j, i0, i1, c0, c1);
 }
@@ -678,6 +709,7 @@ bool mul_ok(int64_t a, int64_t b, int64_t* out) { return !__builtin_mul_overflow
 
 struct BevPoolV2 {
   std::vector<int64_t> bev_feat_shape;  // [B, Z, Y, X, C]
+  std::vector<int64_t> out_shape;       // [B, C, Z, Y, X], made once here: a call allocates nothing for it
 
   static Status Read(const Attributes& attrs, BevPoolV2* self) {
     OPBRIDGE_RETURN_IF_ERROR(attrs.get("bev_feat_shape", &self->bev_feat_shape));
@@ -690,6 +722,7 @@ struct BevPoolV2 {
     for (int64_t d : s)
       if (!mul_ok(n, std::max<int64_t>(d, 1), &n) || n > std::numeric_limits<int64_t>::max() / 8)
         return Fail("attribute 'bev_feat_shape' ", shape_str(s), " describes more elements than memory can hold");
+    self->out_shape = {s[0], s[4], s[1], s[2], s[3]};
     return Status::OK();
   }
 
@@ -708,18 +741,16 @@ struct BevPoolV2 {
     Indices ix{ctx.input(2).span<int32_t>(), ctx.input(3).span<int32_t>(), ctx.input(4).span<int32_t>(),
                ctx.input(5).span<int32_t>(), ctx.input(6).span<int32_t>()};
     const int64_t feat_rows = feat.shape[0] * feat.shape[1] * feat.shape[2] * feat.shape[3];
-    const std::vector<int64_t> out_shape{s[0], s[4], s[1], s[2], s[3]};
     switch (feat.dtype) {
-      case DType::kFloat: return run<float>(ctx, depth, feat, ix, feat_rows, out_shape);
-      case DType::kDouble: return run<double>(ctx, depth, feat, ix, feat_rows, out_shape);
-      case DType::kFloat16: return run<uint16_t>(ctx, depth, feat, ix, feat_rows, out_shape);
+      case DType::kFloat: return run<float>(ctx, depth, feat, ix, feat_rows);
+      case DType::kDouble: return run<double>(ctx, depth, feat, ix, feat_rows);
+      case DType::kFloat16: return run<uint16_t>(ctx, depth, feat, ix, feat_rows);
       default: return Fail("inputs 'depth'/'feat' have unsupported dtype ", dtype_name(feat.dtype));
     }
   }
 
   template <typename T>
-  Status run(Context& ctx, const TensorView& depth, const TensorView& feat, const Indices& ix, int64_t feat_rows,
-             const std::vector<int64_t>& out_shape) const {
+  Status run(Context& ctx, const TensorView& depth, const TensorView& feat, const Indices& ix, int64_t feat_rows) const {
     Span<T> out;
     OPBRIDGE_RETURN_IF_ERROR(ctx.output(0, out_shape, &out));
     // NOTE: no C++ exception may cross into ONNX Runtime; the pass allocates with nothrow, so only
