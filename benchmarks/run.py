@@ -8,13 +8,14 @@
 3. whole models per frame (the demo and IdentityModel): eager torch, torch.compile, AOTInductor
    (where it can compile the model), ORT native / function / python
 4. bev_pool_v2 at BEVDet-R50 size: the floor (memcpy of the bytes the op touches), ORT native
-   (2 and 1 intra-op threads, and a lone call after the slower ones), ORT function, eager torch,
-   torch.compile of gather + index_add
+   (2 and 1 intra-op threads), ORT function, eager torch, torch.compile of gather + index_add, and
+   lone calls (one call after 10 ms idle) of ORT native and of the floor (bev_pool_v2.measure)
 5. bev_pool_v2 scaling with point count (10k..2M) per tier, more depth bins on BEVDet-R50's fixed
    grid; the log-log slope says if cost is linear (the floor's own slope shows what the fixed
    grid's output allows)
 6. the same over B = 1..8 frames of BEVDet-R50 in one call (everything grows with the points)
-Each round times the second of two back-to-back calls of each contender (bev_pool_v2.round_robin).
+Each round times the second of two back-to-back calls of each contender (bev_pool_v2.round_robin;
+the lone calls of 4. are timed once each, after the idle).
 Absolute times are context; the ratios are the result. ``--quick`` (a smoke run) skips
 torch.compile and AOTInductor, uses few repeats and points up to 100k.
 """

@@ -13,9 +13,28 @@ def test_bev_pool_v2_benchmark_runs(tmp_path):
     result = bev_pool_v2.main(["--quick", "--repeats", "1", "--depth-bins", "8", "--json", str(tmp_path / "r.json")])
     assert 20_000 < result["points"] < 40_000 and result["config"]["channels"] == 64
     assert set(result["median_ms"]) == {"memcpy (floor)", "ORT native", "ORT native 1 thread", "ORT native, lone call",
-                                        "ORT function", "eager torch"}
-    assert result["checks"]["native_deterministic"] and result["checks"]["native_vs_float64_max_abs"] < 1e-4
+                                        "memcpy (floor), lone call", "ORT function", "eager torch"}
+    checks = result["checks"]
+    assert checks["native_deterministic"] and checks["native_same_on_1_and_2_threads"]
+    assert checks["native_vs_float64_max_abs"] < 1e-4
+    # the lone targets are against the floor back to back
+    ms, ratios = result["median_ms"], result["ratios"]
+    assert ratios["native lone / floor"] == ms["ORT native, lone call"] / ms["memcpy (floor)"]
+    assert [name for name, *_ in bev_pool_v2.target_rows(result)] == ["native / floor", "native lone / floor"]
     assert (tmp_path / "r.json").exists()
+
+
+def test_round_robin_times_lone_calls_once_after_idle(monkeypatch):
+    import bev_pool_v2
+
+    calls, sleeps = [], []
+    monkeypatch.setattr(bev_pool_v2.time, "sleep", lambda s: (sleeps.append(s), calls.append("sleep")))
+    fns = {name: (lambda name=name: calls.append(name)) for name in ("a", "b", "lone")}
+    ms = bev_pool_v2.round_robin(fns, 2, lone=("lone",))
+    assert set(ms) == {"a", "b", "lone"} and all(v >= 0 for v in ms.values())
+    round_ = ["a", "a", "b", "b", "sleep", "lone"]
+    assert calls == ["a", "b", "lone"] + round_ * 2  # one warm-up call each, then the rounds in order
+    assert sleeps == [bev_pool_v2.LONE_IDLE_S] * 2
 
 
 def test_benchmark_suite_quick_run(tmp_path):

@@ -91,7 +91,7 @@ def test_result_does_not_depend_on_intra_op_threads(demo_native, threads):
 
 
 def test_parallel_pass_matches_float64_for_any_thread_count_and_names_the_first_bad_rank():
-    """Input large enough for the parallel pass (>= 64k points: tasks of ~16k points, each reading
+    """Input large enough for the parallel pass (>= 64k points: tasks of ~4k points, each reading
     ahead): float64 eager agrees, 1 and 2 threads agree bit for bit, out-of-order intervals take the
     serial path to the same answer, and a bad index in a late task is named by its position."""
     model, inputs = pool_case(b=2, n=6, d=20, h=16, w=44, c=16, grid=(64, 64, 2), seed=3)
