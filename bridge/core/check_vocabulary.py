@@ -51,6 +51,10 @@ class Expr:
     def onnx(self, b: Any) -> str:
         raise NotImplementedError
 
+    def onnx_double(self, b: Any) -> str:
+        """:meth:`onnx` as float64 [1] (a constant for a constant)."""
+        return b.double(self.onnx(b))
+
     def __floordiv__(self, other: Expr | int) -> Expr:
         return _FloorDiv(self, _expr(other))
 
@@ -71,6 +75,9 @@ class Const(Expr):
 
     def onnx(self, b):
         return b.const([self.value])
+
+    def onnx_double(self, b):
+        return b.double_const(self.value)
 
     def __str__(self):
         return str(self.value)
@@ -187,8 +194,21 @@ class _Mul(Expr):
     def eval(self, env):
         return self.a.eval(env) * self.b.eval(env)
 
+    def _factors(self) -> list[Expr]:
+        return [f for e in (self.a, self.b) for f in (e._factors() if isinstance(e, _Mul) else [e])]
+
     def onnx(self, b):
-        return b.node("Mul", [self.a.onnx(b), self.b.onnx(b)])
+        # NOTE: a run of dims of one input (dim(x, 0) * dim(x, 1) * ...) is one ReduceProd of its shape
+        out, factors = None, self._factors()
+        while factors:
+            first, run = factors[0], 1
+            if isinstance(first, Dim) and first.axis >= 0:
+                while run < len(factors) and factors[run] == Dim(first.input, first.axis + run):
+                    run += 1
+            value = b.dims_prod(first.input, first.axis, first.axis + run) if run > 1 else first.onnx(b)
+            out = value if out is None else b.node("Mul", [out, value])
+            factors = factors[run:]
+        return out
 
     def __str__(self):
         return f"{self.a} * {self.b}"
@@ -321,7 +341,7 @@ class SameLen(_Worded, Check):
         return f"lengths {a} and {b}" if a != b else None
 
     def guard(self, b):
-        return b.node("Equal", [b.numel(b.input(self.input)), b.numel(b.input(self.other))])
+        return b.node("Equal", [b.numel1(b.input(self.input)), b.numel1(b.input(self.other))])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -369,10 +389,9 @@ class ValuesIn(Check):
         return None if least >= self.low.eval(env) and most < self.high.eval(env) else f"min {least}, max {most}"
 
     def guard(self, b):
-        within = b.node("And", [
-            b.node("GreaterOrEqual", [b.reduce_double("ReduceMin", self.input), b.double(self.low.onnx(b))]),
-            b.node("Less", [b.reduce_double("ReduceMax", self.input), b.double(self.high.onnx(b))])])
-        return b.node("Or", [b.is_empty(b.input(self.input)), within])
+        x = b.input(self.input)  # NOTE: an empty input's least is +inf, its most -inf: it passes
+        return b.node("And", [b.node("GreaterOrEqual", [b.least(x), self.low.onnx_double(b)]),
+                              b.node("Less", [b.most(x), self.high.onnx_double(b)])])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -386,8 +405,7 @@ class ValuesGe(_Worded, Check):
         return f"min {t.min().item()}" if t.numel() and not t.min().item() >= self.low else None
 
     def guard(self, b):
-        least = b.node("GreaterOrEqual", [b.reduce_double("ReduceMin", self.input), b.double(b.const([self.low]))])
-        return b.node("Or", [b.is_empty(b.input(self.input)), least])
+        return b.node("GreaterOrEqual", [b.least(b.input(self.input)), b.double_const(self.low)])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -490,14 +508,14 @@ class IntervalsWithin(Check):
         return None
 
     def guard(self, b):
+        # NOTE: in float64 (exact for int32 starts and lengths); the first n of each, n the shorter
+        # length; no intervals: the least start is +inf, the greatest end -inf, and it passes
         n = b.node("Min", [b.numel1(b.input(self.input)), b.numel1(b.input(self.lengths))])
-        s = b.node("Cast", [b.node("Slice", [b.input(self.input), b.const([0]), n])], to=TensorProto.INT64)
-        length = b.node("Cast", [b.node("Slice", [b.input(self.lengths), b.const([0]), n])], to=TensorProto.INT64)
-        low = b.reduce("ReduceMin", s)
-        high = b.reduce("ReduceMax", b.node("Add", [s, length]))
-        within = b.node("And", [b.node("GreaterOrEqual", [low, b.const([0])]),
-                                b.node("LessOrEqual", [high, self.points.onnx(b)])])
-        return b.node("Or", [b.is_empty(s), within])
+        s = b.node("Slice", [b.flat_double(b.input(self.input)), b.const([0]), n])
+        length = b.node("Slice", [b.flat_double(b.input(self.lengths)), b.const([0]), n])
+        ends = b.node("Add", [s, length])
+        return b.node("And", [b.node("GreaterOrEqual", [b.least(s, flat_double=True), b.double_const(0)]),
+                              b.node("LessOrEqual", [b.most(ends, flat_double=True), self.points.onnx_double(b)])])
 
 
 @dataclasses.dataclass(frozen=True)
