@@ -150,7 +150,7 @@ def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts
     starts = op.Cast(interval_starts, to=INT64.dtype)
     # an empty interval may start at the end: the pad entry
     cell = op.Gather(op.Concat(ranks_bev, op.Constant(value=INT32_ZERO), axis=0), starts)
-    _, order = op.TopK(op.Cast(cell, to=INT64.dtype), op.Shape(starts), largest=0)
+    _, order = op.TopK(cell, op.Shape(starts), largest=0)
     lengths = op.Gather(lengths, order)
     starts = op.Gather(starts, order)
     cell = op.Gather(cell, order)
@@ -188,8 +188,8 @@ def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts
     first = op.Greater(row_cell, op.Concat(minus1, op.Slice(row_cell, zero1, minus1), axis=0))
     firsts = op.Reshape(op.NonZero(first), minus1)
     rest = op.Reshape(op.NonZero(op.Not(first)), minus1)
-    n_cells = op.ReduceProd(op.Slice(shape, zero1, op.Constant(value_ints=[4])), keepdims=1)
-    acc = op.ScatterND(op.Expand(op.Constant(value=DOUBLE_ZERO), op.Concat(n_cells, channels, axis=0)),
+    # NOTE: Flatten of the zero grid (not a Reshape to [-1, C], ambiguous with C = 0): [cells, C]
+    acc = op.ScatterND(op.Flatten(op.Expand(op.Constant(value=DOUBLE_ZERO), shape), axis=4),
                        op.Unsqueeze(op.Gather(row_cell, firsts), minus1), op.Gather(part, firsts))
     rest_part = op.Gather(part, rest)
     rest_cells = op.Expand(op.Unsqueeze(op.Gather(row_cell, rest), minus1), op.Shape(rest_part))

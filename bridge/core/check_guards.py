@@ -27,7 +27,7 @@ from typing import Any, cast
 import onnx
 from onnx import TensorProto, helper
 
-from bridge.core.check_vocabulary import Check, Checks, Rank
+from bridge.core.check_vocabulary import Check, Checks, Compare, Rank
 from bridge.core.errors import OpBridgeError
 from bridge.core.graphs import walk
 
@@ -215,19 +215,61 @@ class GuardBuilder:
 
 # -- guarded bodies ------------------------------------------------------------------------------------
 
+def _holds(b: GuardBuilder, items: Sequence[str | Compare]) -> str:
+    """One bool vector, item by item in order, of ``items``: bool [1] values, and comparisons made
+    one node per (op, types) with their right-hand numbers in one constant, then put in order.
+
+    NOTE: what makes the guards lean: the ranks, lengths and bounds of every check of an op are
+    compared in a handful of nodes, not one node (and one And) each."""
+    groups: dict[tuple, list[int]] = {}
+    for k, item in enumerate(items):
+        key: tuple = ("bool",) if isinstance(item, str) else (
+            item.op, item.dtype, "number" if isinstance(item.rhs, (int, float)) else item.rhs_dtype or item.dtype)
+        groups.setdefault(key, []).append(k)
+
+    def vector(values: list[str]) -> str:
+        return values[0] if len(values) == 1 else b.node("Concat", values, axis=0)
+
+    parts, order = [], []
+    for key, members in groups.items():
+        order += members
+        if key == ("bool",):
+            parts.append(vector([cast(str, items[k]) for k in members]))
+            continue
+        compares = [cast(Compare, items[k]) for k in members]
+        op_type, dtype, rhs_type = key
+        if rhs_type == "number":
+            numbers = [c.rhs for c in compares]
+            rhs = b.const(numbers) if dtype == TensorProto.INT64 else b.node(
+                "Constant", [], value=helper.make_tensor("value", dtype, [len(numbers)], [float(v) for v in numbers]))
+        else:
+            rhs = vector([cast(str, c.rhs) for c in compares])
+            rhs = rhs if rhs_type == dtype else b.node("Cast", [rhs], to=dtype)
+        parts.append(b.node(op_type, [vector([c.lhs for c in compares]), rhs]))
+    holds = vector(parts)
+    if order != sorted(order):
+        holds = b.node("Gather", [holds, b.const([order.index(k) for k in range(len(items))])])
+    return holds
+
+
 def _guard_node(b: GuardBuilder, qualname: str, guarded: Sequence[tuple[int, Check]]) -> str:
     """The one guard node of ``guarded`` ((index, check) pairs); its output, int64 [1] zeros.
 
-    NOTE: ONNX has no Assert. The guard is ``Gather([0], codes)``: ``codes`` holds, per check in
-    list order, 0 where it holds and ``index + 1`` where it fails; index 0 is the only one in
-    bounds, and onnxruntime checks the indices in order and names the first one out of bounds
-    (``idx=<index + 1>``): the first failing check, as in the eager check. One node (and one
-    Concat, one Where) for every check, rather than a node pair per check."""
-    conditions = [check.guard(b) for _, check in guarded]
-    holds = conditions[0] if len(conditions) == 1 else b.node("Concat", conditions, axis=0)
-    codes = b.node("Where", [holds, b.const([0] * len(guarded)), b.const([index + 1 for index, _ in guarded])])
-    out = b.node("Gather", [b.const([0]), codes], name=guards_node_name(qualname, guarded))
-    return out if len(guarded) == 1 else b.node("ReduceMax", [out], keepdims=1)
+    NOTE: ONNX has no Assert. The guard is ``Gather([0], codes)``: ``codes`` holds, per condition
+    in list order, 0 where it holds and its check's ``index + 1`` where it fails; index 0 is the
+    only one in bounds, and onnxruntime checks the indices in order and names the first one out of
+    bounds (``idx=<index + 1>``): the first failing check, as in the eager check. One node for
+    every check, rather than a node pair per check."""
+    items: list[str | Compare] = []
+    codes: list[int] = []
+    for index, check in guarded:
+        got = check.guard(b)
+        conditions = got if isinstance(got, list) else [got]
+        items += conditions
+        codes += [index + 1] * len(conditions)
+    codes_if_failing = b.node("Where", [_holds(b, items), b.const([0] * len(codes)), b.const(codes)])
+    out = b.node("Gather", [b.const([0]), codes_if_failing], name=guards_node_name(qualname, guarded))
+    return out if len(codes) == 1 else b.node("ReduceMax", [out], keepdims=1)
 
 
 def _wait_inputs(b: GuardBuilder, proto: onnx.FunctionProto, chain: str, ranks: dict[str, int]) -> dict[str, str]:
