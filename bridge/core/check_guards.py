@@ -267,7 +267,7 @@ def _guard_node(b: GuardBuilder, qualname: str, guarded: Sequence[tuple[int, Che
         conditions = got if isinstance(got, list) else [got]
         items += conditions
         codes += [index + 1] * len(conditions)
-    codes_if_failing = b.node("Where", [_holds(b, items), b.const([0] * len(codes)), b.const(codes)])
+    codes_if_failing = b.node("Where", [_holds(b, items), b.const([0]), b.const(codes)])  # NOTE: [0] broadcasts
     out = b.node("Gather", [b.const([0]), codes_if_failing], name=guards_node_name(qualname, guarded))
     return out if len(codes) == 1 else b.node("ReduceMax", [out], keepdims=1)
 
