@@ -6,9 +6,10 @@
    op's guards (bridge.checks.guarded_body), against the same body without them;
 2. the whole function tier: the exported file's guarded body against the unguarded one.
 Both timed round-robin (medians), 2 intra-op threads, as benchmarks/bev_pool_v2.py does.
-Measured on the shared 2-core dev box: the guards alone 0.33 ms (248k points, 13.5k intervals)
-against a ~340-390 ms function tier (under 0.1%); the whole-tier medians, guarded or not, differ
-by less than the run-to-run noise there (-4% to +4%, alternating order).
+Measured on the shared 2-core dev box (load average ~5.5, 10 repeats): the guards alone (one
+guard node for the 19 checks, issue #27) 0.71 ms at 248k points, 13.5k intervals, against a
+~88-93 ms function tier there (under 1%; whole tier guarded 92.6 ms, unguarded 87.9 ms, within that
+box's run-to-run noise). Before: 0.33 ms, the guards then a node pair per check.
 """
 
 from __future__ import annotations

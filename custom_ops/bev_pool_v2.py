@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 import onnx
 import torch
-from onnxscript import DOUBLE, INT64, script, values
+from onnxscript import BOOL, DOUBLE, INT64, script, values
 from onnxscript import opset20 as op
 
 import bridge
@@ -24,18 +24,16 @@ DOMAIN = values.Opset("bev", 1)
 DOUBLE_ZERO = onnx.helper.make_tensor("zero", onnx.TensorProto.DOUBLE, [], [0.0])
 FLOAT_ZERO = onnx.helper.make_tensor("zero", onnx.TensorProto.FLOAT, [], [0.0])
 FLOAT32 = onnx.TensorProto.FLOAT
-UINT32 = onnx.TensorProto.UINT32
-DOUBLE_ONE = onnx.helper.make_tensor("one", onnx.TensorProto.DOUBLE, [], [1.0])
-# NOTE: 1 + 2^-40 survives a cast only to float64: the function body's test for a float64 input.
-WIDE_PROBE = onnx.helper.make_tensor("probe", onnx.TensorProto.DOUBLE, [], [1.0 + 2.0**-40])
-# NOTE: points per padded chunk in the function body: smaller pads less (mean interval at BEVDet
-# size is ~18 points), larger gives ScatterElements fewer chunk sums to add.
-CHUNK = 8
-# NOTE: chunk rows per cell added with one ScatterND each in the function body (the 4 calls are
-# written out there); longer cells go through ScatterElements. At BEVDet size 4 leaves ~3% of the
-# chunk rows to ScatterElements.
-ROUNDS = 4
+# NOTE: 1e-300 is zero once cast to float32 or float16 and nonzero only in float64: the function
+# body's test for a float64 input (cast to bool).
+WIDE_PROBE = onnx.helper.make_tensor("probe", onnx.TensorProto.DOUBLE, [], [1e-300])
+# NOTE: points per padded chunk in the function body, one batched MatMul row each: onnxruntime's
+# batched MatMul pays per row, so 16 (1.6x fewer rows than 8 at BEVDet size, where the mean
+# interval is ~18 points) is faster although it pads more.
+CHUNK = 16
+SLOTS = list(range(1, CHUNK + 1))
 INT32_ZERO = onnx.helper.make_tensor("zero", onnx.TensorProto.INT32, [1], [0])
+INT32_ONE = onnx.helper.make_tensor("one", onnx.TensorProto.INT32, [], [1])
 _INDEX_NAMES = ("ranks_depth", "ranks_feat", "ranks_bev", "interval_starts", "interval_lengths")
 
 
@@ -132,110 +130,70 @@ def _backward(ctx, grad_out):
 def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths,
                 bev_feat_shape: Sequence[int]):
     # NOTE: segment sums that never mix cells and that onnxruntime runs fast and deterministically.
-    # 1. Intervals are sorted by (cell, position) (TopK over unique keys), then cut into chunks of
-    #    CHUNK points, the last one padded; padding reads a zero depth element and a zero feature
-    #    row put in front (0 * 0 = 0). A chunk's sum is one batched MatMul row: [1, CHUNK] depth
-    #    values x [CHUNK, C] feature rows.
-    # 2. Chunk rows of one cell are consecutive; the r-th row of every cell (r < ROUNDS) is added
-    #    with one ScatterND-add per r: within one call every cell appears once, so it is
-    #    deterministic (ScatterND-add over duplicate cells races in ORT's threaded kernel).
-    # 3. Rows past ROUNDS (long cells) are summed in groups of CHUNK rows, added with
-    #    ScatterElements-add (serial in ORT: deterministic, but ~40 ns per element, so only for
-    #    this small tail; it was the whole sum before, ~4.5x slower than eager).
+    # The guards (CHECKS) run first: every index below is in range.
+    # 1. Intervals are sorted by cell (TopK), then cut into chunks of CHUNK points, the last one
+    #    padded; padding reads a zero depth element and a zero feature row put in front (0 * 0 = 0).
+    #    A chunk's sum is one batched MatMul row: [1, CHUNK] depth values x [CHUNK, C] feature rows.
+    # 2. Chunk rows of one cell are consecutive: each cell's first row is written with one
+    #    ScatterND (every cell once: deterministic), the others (long cells, ~1/3 of the rows at
+    #    BEVDet size) are added with ScatterElements-add (serial in onnxruntime: deterministic).
     # Only a cell's own points meet in a sum, so an Inf/NaN/huge value stays in its cell (global
     # prefix-sum differences were tried and dropped: one Inf/NaN or huge value spoils every later
     # cell). Chunk sums accumulate in float64 for float64 input, else in float32 (float16 too);
-    # the rest in float64. Negative indices would wrap around in Gather/Scatter*; they, ranks past
-    # the end, negative lengths and cells outside the grid are sent out of range so ORT rejects the run.
-    too_big = op.Constant(value_int=2**62)
+    # the rest in float64.
     zero, one = op.Constant(value_int=0), op.Constant(value_int=1)
     zero1, one1, minus1 = op.Constant(value_ints=[0]), op.Constant(value_ints=[1]), op.Constant(value_ints=[-1])
-    width = op.Constant(value_int=CHUNK)
+    width = op.Constant(value_ints=[CHUNK])
     shape = op.Constant(value_ints=bev_feat_shape)
-    channels = op.Shape(feat, start=-1)
-    n_cells = op.ReduceProd(op.Slice(shape, zero1, minus1), keepdims=1)
-    n_points = op.Shape(ranks_depth)
-    n_intervals = op.Shape(interval_starts)
+    channels = op.Shape(feat, start=4)
     lengths = op.Cast(interval_lengths, to=INT64.dtype)
     starts = op.Cast(interval_starts, to=INT64.dtype)
-    starts = op.Where(op.Less(starts, zero), too_big, starts)
-    nonempty = op.Greater(lengths, zero)
-    cell = op.Cast(op.Gather(op.Concat(ranks_bev, op.Constant(value=INT32_ZERO), axis=0),
-                             op.Where(nonempty, starts, n_points)), to=INT64.dtype)
-    bad = op.Or(op.Less(lengths, zero),
-                op.And(nonempty, op.Or(op.Less(cell, zero), op.GreaterOrEqual(cell, n_cells))))
-    cell = op.Add(op.Where(nonempty, cell, n_cells), op.Gather(zero1, op.Where(bad, too_big, zero)))
-    key = op.Add(op.Mul(cell, n_intervals), op.Range(zero, op.Squeeze(n_intervals), one))
-    _, order = op.TopK(key, n_intervals, largest=0)
+    # an empty interval may start at the end: the pad entry
+    cell = op.Gather(op.Concat(ranks_bev, op.Constant(value=INT32_ZERO), axis=0), starts)
+    _, order = op.TopK(cell, op.Shape(starts), largest=0)
     lengths = op.Gather(lengths, order)
     starts = op.Gather(starts, order)
     cell = op.Gather(cell, order)
-    # 1. chunks
-    chunks = op.Div(op.Add(lengths, op.Constant(value_int=CHUNK - 1)), width)
+    # 1. chunks: the interval (owner) of each row, the points of its slots (1-based; 0 pads)
+    chunks = op.Div(op.Add(lengths, op.Constant(value_ints=[CHUNK - 1])), width)
     chunk_offsets = op.Sub(op.CumSum(chunks, zero), chunks)
     n_rows = op.ReduceSum(chunks, keepdims=1)
     marker = op.ScatterElements(op.Expand(zero, op.Add(n_rows, one1)), chunk_offsets,
-                                op.Expand(one, n_intervals), reduction="add")
+                                op.Expand(one, op.Shape(chunks)), reduction="add")
     owner = op.Sub(op.CumSum(op.Slice(marker, zero1, n_rows), zero), one)
-    row = op.Range(zero, op.Squeeze(n_rows), one)
-    index = op.Sub(row, op.Gather(chunk_offsets, owner))
-    first = op.Add(op.Gather(starts, owner), op.Mul(index, width))
-    left = op.Sub(op.Gather(lengths, owner), op.Mul(index, width))
-    slots = op.Range(zero, width, one)
-    valid = op.Less(op.Unsqueeze(slots, zero1), op.Unsqueeze(left, minus1))
-    first_col = op.Unsqueeze(first, minus1)
-    point = op.Where(valid, op.Add(first_col, slots), first_col)
+    done = op.Mul(op.Sub(op.Range(zero, op.Squeeze(n_rows), one), op.Gather(chunk_offsets, owner)), width)
+    slots = op.Constant(value_ints=SLOTS)
+    valid = op.LessOrEqual(slots, op.Unsqueeze(op.Sub(op.Gather(lengths, owner), done), minus1))
+    point = op.Where(valid, op.Add(op.Unsqueeze(op.Add(op.Gather(starts, owner), done), minus1), slots), zero)
+    one32 = op.Constant(value=INT32_ONE)
+    rd = op.Gather(op.Concat(op.Constant(value=INT32_ZERO), op.Add(ranks_depth, one32), axis=0), point)
+    rf = op.Gather(op.Concat(op.Constant(value=INT32_ZERO), op.Add(ranks_feat, one32), axis=0), point)
     depth_flat = op.Reshape(depth, minus1)
-    # NOTE: rows from the leading dims and allowzero: with C = 0, [-1, 0] would be ambiguous
-    n_rows_feat = op.ReduceProd(op.Shape(feat, start=0, end=4), keepdims=1)
-    feat_rows = op.Reshape(feat, op.Concat(n_rows_feat, channels, axis=0), allowzero=1)
-    # ranks through uint32: a negative rank becomes >= 2^31, out of range; +1 skips the zero pad at 0
-    rd = op.Cast(op.Cast(op.Gather(ranks_depth, point), to=UINT32), to=INT64.dtype)
-    rf = op.Cast(op.Cast(op.Gather(ranks_feat, point), to=UINT32), to=INT64.dtype)
-    rd = op.Where(valid, op.Add(rd, one), zero)
-    rf = op.Where(valid, op.Add(rf, one), zero)
+    # NOTE: Flatten, not Reshape to [-1, C]: with C = 0 the -1 would be ambiguous
+    feat_rows = op.Flatten(feat, axis=4)
     pad_row = op.Concat(one1, channels, axis=0)
-    is_float64 = op.Not(op.Equal(op.Cast(op.CastLike(op.Constant(value=WIDE_PROBE), feat), to=DOUBLE.dtype),
-                                 op.Constant(value=DOUBLE_ONE)))
-    if is_float64:
+    if op.Cast(op.CastLike(op.Constant(value=WIDE_PROBE), feat), to=BOOL.dtype):
         z64 = op.Constant(value=DOUBLE_ZERO)
         d64 = op.Gather(op.Concat(op.Expand(z64, one1), op.Cast(depth_flat, to=DOUBLE.dtype), axis=0), rd)
         f64 = op.Gather(op.Concat(op.Expand(z64, pad_row), op.Cast(feat_rows, to=DOUBLE.dtype), axis=0), rf)
-        part = op.Squeeze(op.MatMul(op.Unsqueeze(d64, one1), f64), one1)
+        part = op.MatMul(op.Unsqueeze(d64, one1), f64)
     else:
         z32 = op.Constant(value=FLOAT_ZERO)
         d32 = op.Gather(op.Concat(op.Expand(z32, one1), op.Cast(depth_flat, to=FLOAT32), axis=0), rd)
         f32 = op.Gather(op.Concat(op.Expand(z32, pad_row), op.Cast(feat_rows, to=FLOAT32), axis=0), rf)
-        part = op.Cast(op.Squeeze(op.MatMul(op.Unsqueeze(d32, one1), f32), one1), to=DOUBLE.dtype)
-    # 2. rounds: rank of each row within its cell
-    row_cell = op.Gather(cell, owner)
-    starts_cell = op.Not(op.Equal(row_cell, op.Slice(op.Concat(minus1, row_cell, axis=0), zero1, n_rows)))
-    cell_first = op.Reshape(op.NonZero(starts_cell), minus1)  # first row of each cell
-    cell_of_row = op.Sub(op.CumSum(op.Cast(starts_cell, to=INT64.dtype), zero), one)
-    rank = op.Sub(row, op.Gather(cell_first, cell_of_row))
-    acc = op.Expand(op.Constant(value=DOUBLE_ZERO), op.Concat(n_cells, channels, axis=0))
-    sel = op.Reshape(op.NonZero(op.Equal(rank, op.Constant(value_int=0))), minus1)
-    acc = op.ScatterND(acc, op.Unsqueeze(op.Gather(row_cell, sel), minus1), op.Gather(part, sel), reduction="add")
-    sel = op.Reshape(op.NonZero(op.Equal(rank, op.Constant(value_int=1))), minus1)
-    acc = op.ScatterND(acc, op.Unsqueeze(op.Gather(row_cell, sel), minus1), op.Gather(part, sel), reduction="add")
-    sel = op.Reshape(op.NonZero(op.Equal(rank, op.Constant(value_int=2))), minus1)
-    acc = op.ScatterND(acc, op.Unsqueeze(op.Gather(row_cell, sel), minus1), op.Gather(part, sel), reduction="add")
-    sel = op.Reshape(op.NonZero(op.Equal(rank, op.Constant(value_int=3))), minus1)
-    acc = op.ScatterND(acc, op.Unsqueeze(op.Gather(row_cell, sel), minus1), op.Gather(part, sel), reduction="add")
-    # 3. the tail: rows ROUNDS.. of a cell in groups of CHUNK rows
-    tail = op.Sub(rank, op.Constant(value_int=ROUNDS))
-    group_first = op.Reshape(op.NonZero(op.And(op.GreaterOrEqual(tail, zero),
-                                               op.Equal(op.Mod(tail, width), zero))), minus1)
-    cell_rows = op.Sub(op.Slice(op.Concat(cell_first, n_rows, axis=0), one1, op.Add(op.Shape(cell_first), one1)),
-                       cell_first)
-    group_left = op.Sub(op.Gather(cell_rows, op.Gather(cell_of_row, group_first)), op.Gather(rank, group_first))
-    group_valid = op.Less(op.Unsqueeze(slots, zero1), op.Unsqueeze(group_left, minus1))
-    group_first_col = op.Unsqueeze(group_first, minus1)
-    src = op.Where(group_valid, op.Add(group_first_col, slots), group_first_col)
-    tail_part = op.ReduceSum(op.Where(op.Unsqueeze(group_valid, minus1), op.Gather(part, src),
-                                      op.Constant(value=DOUBLE_ZERO)), one1, keepdims=0)
-    tail_cells = op.Expand(op.Unsqueeze(op.Gather(row_cell, group_first), minus1), op.Shape(tail_part))
-    acc = op.ScatterElements(acc, tail_cells, tail_part, axis=0, reduction="add")
+        part = op.Cast(op.MatMul(op.Unsqueeze(d32, one1), f32), to=DOUBLE.dtype)
+    part = op.Squeeze(part, one1)
+    # 2. each cell's first row, then the rest
+    row_cell = op.Cast(op.Gather(cell, owner), to=INT64.dtype)
+    first = op.Greater(row_cell, op.Concat(minus1, op.Slice(row_cell, zero1, minus1), axis=0))
+    firsts = op.Reshape(op.NonZero(first), minus1)
+    rest = op.Reshape(op.NonZero(op.Not(first)), minus1)
+    # NOTE: Flatten of the zero grid (not a Reshape to [-1, C], ambiguous with C = 0): [cells, C]
+    acc = op.ScatterND(op.Flatten(op.Expand(op.Constant(value=DOUBLE_ZERO), shape), axis=4),
+                       op.Unsqueeze(op.Gather(row_cell, firsts), minus1), op.Gather(part, firsts))
+    rest_part = op.Gather(part, rest)
+    rest_cells = op.Expand(op.Unsqueeze(op.Gather(row_cell, rest), minus1), op.Shape(rest_part))
+    acc = op.ScatterElements(acc, rest_cells, rest_part, axis=0, reduction="add")
     # NOTE: allowzero: a zero size in bev_feat_shape (an empty grid) is a size, not "copy this dim"
     return op.Transpose(op.CastLike(op.Reshape(acc, shape, allowzero=1), feat), perm=[0, 4, 1, 2, 3])
 

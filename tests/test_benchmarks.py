@@ -68,3 +68,15 @@ def test_cli_startup_block_is_the_committed_result(tmp_path):
     # the script itself, one round (its figures are not asserted: this is no timed test)
     fresh = cli_startup.main(["--repeats", "1", "--json", str(tmp_path / "c.json")])
     assert fresh["ratio"] > 0 and (tmp_path / "c.json").exists()
+
+
+def test_body_size_benchmark_runs(tmp_path):
+    import body_size
+
+    result = body_size.main(["--quick", "--json", str(tmp_path / "b.json")])
+    bodies = result["bodies"]
+    assert {"bev::bev_pool_v2", "opbridge::crop", "opbridge::paste"} <= set(bodies)
+    for sizes in bodies.values():  # the guards add nodes; branches only add
+        assert sizes["unguarded"]["nodes"] <= sizes["nodes"] <= sizes["nodes_with_branches"]
+    assert set(result["bev_pool_v2"]["median_ms"]) == {"eager torch", "ORT function"}
+    assert (tmp_path / "b.json").exists()

@@ -18,24 +18,38 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
-from bridge.core.check_guards import GUARD_PREFIX
+from bridge.core.check_guards import GUARD_PREFIX, guard_name
 from bridge.core.check_vocabulary import Checks
 
 # onnxruntime names a node of an inlined function '_inlfunc_<function>_<node name>' (measured on
 # onnxruntime 1.32); only the node's own name is matched, wherever it sits in the message.
-# A torchbind method's qualname has a dot: ns::Class.method.
-_GUARD_NAME = re.compile(GUARD_PREFIX + r"/([A-Za-z_][\w]*::[A-Za-z_][\w.]*)/(\w+)/(\d+)\.\w+")
+# A torchbind method's qualname has a dot: ns::Class.method. The guard node lists its checks
+# ('<input>/<index>.<kind>' joined by '+'); onnxruntime's Gather names the index out of bounds
+# after the node's name ('idx=<check index + 1>', onnxruntime 1.17 to 1.32).
+_GUARD_NAME = re.compile(GUARD_PREFIX + r"/([A-Za-z_][\w]*::[A-Za-z_][\w.]*)/(\w+/\d+\.\w+(?:\+\w+/\d+\.\w+)*)")
+_ENTRY = re.compile(r"(\w+)/(\d+)\.\w+")
+_CODE = re.compile(r"idx=(\d+)")
 
 
 def failed_guard(error: BaseException | str) -> tuple[str, str, int] | None:
-    """(op qualname, input, check index) of the guard an onnxruntime error stopped at, else None.
+    """(op qualname, input, check index) of the check an onnxruntime error stopped at, else None:
+    the one onnxruntime's ``idx=`` names, else the guard node's first.
 
     Example:
         >>> failed_guard("running Gather node. Name:'_inlfunc_f_opbridge_check/d::f/x/3.rank' Status Message: ...")
         ('d::f', 'x', 3)
+        >>> failed_guard("Name:'opbridge_check/d::f/x/0.rank+y/2.rank' ... out of data bounds, idx=3 must be ...")
+        ('d::f', 'y', 2)
     """
-    m = _GUARD_NAME.search(str(error))
-    return (m.group(1), m.group(2), int(m.group(3))) if m else None
+    text = str(error)
+    m = _GUARD_NAME.search(text)
+    if m is None:
+        return None
+    entries = [(name, int(index)) for name, index in _ENTRY.findall(m.group(2))]
+    code = _CODE.search(text, m.end())
+    picked = [e for e in entries if code is not None and e[1] == int(code.group(1)) - 1]
+    name, index = (picked or entries)[0]
+    return m.group(1), name, index
 
 
 def explain_failure(checks: Checks, index: int, envs: Sequence[dict], node: str) -> str:
@@ -49,4 +63,7 @@ def explain_failure(checks: Checks, index: int, envs: Sequence[dict], node: str)
             message = None
         if message is not None:
             return message
-    return checks.checks[index].explain(checks.qualname, node)
+    # NOTE: the check's own part of the guard node's name (the node states every check)
+    check = checks.checks[index]
+    return check.explain(checks.qualname, guard_name(checks.qualname, index, check) if GUARD_PREFIX in node
+                         else node)

@@ -1,8 +1,11 @@
-"""ONNX guards: an op's checks as nodes of its function body, named after the check they state.
+"""ONNX guards: an op's checks as nodes of its function body, named after the checks they state.
 
-Each check kind builds its condition (``Check.guard``) with the :class:`GuardBuilder` here;
-:func:`guarded_body` chains the conditions into guard nodes that make onnxruntime fail, at a node
-named ``opbridge_check/<qualname>/<input>/<index>.<kind>``, when a check fails.
+Each check kind builds its condition (``Check.guard``) with the :class:`GuardBuilder` here, which
+makes each shared value once (one Shape, Size, min and max per input, whatever the checks reading
+it); :func:`guarded_body` gathers the conditions into one guard node that makes onnxruntime fail
+when a check fails. The node is named after every check it states,
+``opbridge_check/<qualname>/<input>/<index>.<kind>+<input>/<index>.<kind>...``, and onnxruntime's
+error gives the first failing check as ``idx=<index + 1>`` (:func:`guard_name` is one check's part).
 
 NOTE: guard nodes use only (op, type) pairs every supported onnxruntime (1.17 on) implements on
 CPU; tests/test_ort_kernels_coverage.py holds every registered op's body to that table.
@@ -11,17 +14,20 @@ Example:
     >>> from bridge.core.check_vocabulary import Checks, rank
     >>> guard_name("d::f", 2, rank("x", 1))
     'opbridge_check/d::f/x/2.rank'
+    >>> guards_node_name("d::f", [(0, rank("x", 1)), (2, rank("y", 2))])
+    'opbridge_check/d::f/x/0.rank+y/2.rank'
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Any, cast
 
 import onnx
 from onnx import TensorProto, helper
 
-from bridge.core.check_vocabulary import Check, Checks
+from bridge.core.check_vocabulary import Check, Checks, Compare, Rank
 from bridge.core.errors import OpBridgeError
 from bridge.core.graphs import walk
 
@@ -29,8 +35,13 @@ GUARD_PREFIX = "opbridge_check"
 
 
 def guard_name(qualname: str, index: int, check: Check) -> str:
-    """The name of the guard node of check ``index`` of ``qualname``'s list."""
+    """The name of the guard of check ``index`` of ``qualname``'s list."""
     return f"{GUARD_PREFIX}/{qualname}/{check.input}/{index}.{check.kind}"
+
+
+def guards_node_name(qualname: str, guarded: Sequence[tuple[int, Check]]) -> str:
+    """The name of the one guard node of ``guarded`` ((index, check) pairs): each check's part, joined by '+'."""
+    return f"{GUARD_PREFIX}/{qualname}/" + "+".join(f"{c.input}/{i}.{c.kind}" for i, c in guarded)
 
 
 def _pad(n: int) -> int:
@@ -111,24 +122,38 @@ class GuardBuilder:
         return self.node("Size", [value])
 
     def numel1(self, value: str) -> str:
-        """The element count of ``value`` as int64 [1]."""
+        """The element count of ``value`` as int64 [1] (of an input: the product of its shape,
+        which shares the input's one Shape with its rank and dims)."""
+        if value in self.inputs:
+            return self.node("ReduceProd", [self.shape1(value)], keepdims=1)
         return self.node("Reshape", [self.numel(value), self.const([1])])
 
     def rank(self, name: str) -> str:
         """The rank of input ``name`` as int64 [1]."""
         return self.node("Sub", [self.numel(self.shape1(name)), self.const([1])])
 
+    def _padded_shape(self, name: str, axis: int) -> str:
+        """``[1, *shape, -1, -1, ...]``: a missing dim past the end reads -1."""
+        return self.node("Concat", [self.shape1(name), self.const([-1] * _pad(axis + 1))], axis=0)
+
     def dim(self, name: str, axis: int) -> str:
         """``name.shape[axis]`` as int64 [1]; -1 when there is no such axis."""
-        shape = self.shape1(name)  # [1, *shape]
         if axis >= 0:
-            padded = self.node("Concat", [shape, self.const([-1] * _pad(axis + 1))], axis=0)
+            padded = self._padded_shape(name, axis)
             return self.node("Slice", [padded, self.const([axis + 1]), self.const([axis + 2])])
+        shape = self.shape1(name)  # [1, *shape]
         padded = self.node("Concat", [self.const([-1] * _pad(-axis)), shape], axis=0)
         end = axis + 1 if axis != -1 else 2**62
         value = self.node("Slice", [padded, self.const([axis]), self.const([end])])
         present = self.node("GreaterOrEqual", [self.rank(name), self.const([-axis])])
         return self.node("Where", [present, value, self.const([-1])])
+
+    def dims_prod(self, name: str, start: int, stop: int) -> str:
+        """The product of ``name.shape[start:stop]`` (``0 <= start < stop``), a missing dim read as
+        -1 as :meth:`dim` reads it, as int64 [1]: one reduction for what would be a Mul per dim."""
+        padded = self._padded_shape(name, stop - 1)
+        return self.node("ReduceProd", [self.node("Slice", [padded, self.const([start + 1]), self.const([stop + 1])])],
+                         keepdims=1)
 
     def attr_item(self, name: str, index: int, missing: int = -1) -> str:
         """Item ``index`` of ints attribute ``name`` as int64 [1]; ``missing`` when it has no such item."""
@@ -138,24 +163,28 @@ class GuardBuilder:
     def double(self, value: str) -> str:
         return self.node("Cast", [value], to=TensorProto.DOUBLE)
 
-    def is_empty(self, value: str) -> str:
-        """True [1] when ``value`` has no elements."""
-        return self.node("Equal", [self.numel(value), self.const([0])])
+    def double_const(self, value: float) -> str:
+        """A float64 [1] constant."""
+        return self.node("Constant", [], value=helper.make_tensor("value", TensorProto.DOUBLE, [1], [float(value)]))
 
-    def reduce(self, op_type: str, value: str) -> str:
-        """``op_type`` (ReduceMin, ReduceMax) of ``value``, as [1]; of [0] when ``value`` is empty:
-        its callers pass an empty value by :meth:`is_empty`.
+    def flat_double(self, value: str) -> str:
+        """``value`` flattened, as float64."""
+        return self.double(self.node("Reshape", [value, self.const([-1])]))
 
-        NOTE: onnxruntime 1.17 fails reducing an empty tensor (later releases give the type's
-        max/min); a 0 of the value's type is appended then (Pad by 0 or 1)."""
-        flat = self.node("Reshape", [value, self.const([-1])])
-        pads = self.node("Concat", [self.const([0]), self.node("Cast", [self.is_empty(value)], to=TensorProto.INT64)],
-                         axis=0)
-        return self.node(op_type, [self.node("Pad", [flat, pads])], keepdims=1)
+    def least(self, value: str, flat_double: bool = False) -> str:
+        """The least element of ``value`` as float64 [1] (exact for int32 and float values); +inf when
+        it is empty, so that an empty value passes every lower bound. ``flat_double``: ``value`` is
+        1-D float64 already.
 
-    def reduce_double(self, op_type: str, name: str) -> str:
-        """:meth:`reduce` of input ``name`` as float64 [1] (exact for int32 and float values)."""
-        return self.double(self.reduce(op_type, self.input(name)))
+        NOTE: onnxruntime 1.17 fails reducing an empty tensor: the reduction always sees one +inf
+        more (no emptiness test, no Pad, shared by every check reading ``value``)."""
+        flat = value if flat_double else self.flat_double(value)
+        return self.node("ReduceMin", [self.node("Concat", [flat, self.double_const(math.inf)], axis=0)], keepdims=1)
+
+    def most(self, value: str, flat_double: bool = False) -> str:
+        """The greatest element of ``value`` as float64 [1]; -inf when it is empty (as :meth:`least`)."""
+        flat = value if flat_double else self.flat_double(value)
+        return self.node("ReduceMax", [self.node("Concat", [flat, self.double_const(-math.inf)], axis=0)], keepdims=1)
 
     def shape_key(self, name: str, drop_last: int) -> str:
         """The shape of input ``name`` with its last ``drop_last`` dims masked, then its rank, as one
@@ -186,32 +215,83 @@ class GuardBuilder:
 
 # -- guarded bodies ------------------------------------------------------------------------------------
 
-def _chain(b: GuardBuilder, qualname: str, guarded: Sequence[tuple[int, Check]]) -> str:
-    """The guards of ``guarded`` ((index, check) pairs), chained; the last guard's output.
+def _holds(b: GuardBuilder, items: Sequence[str | Compare]) -> str:
+    """One bool vector, item by item in order, of ``items``: bool [1] values, and comparisons made
+    one node per (op, types) with their right-hand numbers in one constant, then put in order.
 
-    NOTE: ONNX has no Assert. A guard is ``Gather(data, Where(ok, [0], [1]))`` with a one-item
-    ``data``: index 1 is out of bounds. ``data`` is the previous guard's output ([0]), so guards
-    fail in list order, like the eager check (two nodes per check)."""
-    chain = b.const([0])
+    NOTE: what makes the guards lean: the ranks, lengths and bounds of every check of an op are
+    compared in a handful of nodes, not one node (and one And) each."""
+    groups: dict[tuple, list[int]] = {}
+    for k, item in enumerate(items):
+        key: tuple = ("bool",) if isinstance(item, str) else (
+            item.op, item.dtype, "number" if isinstance(item.rhs, (int, float)) else item.rhs_dtype or item.dtype)
+        groups.setdefault(key, []).append(k)
+
+    def vector(values: list[str]) -> str:
+        return values[0] if len(values) == 1 else b.node("Concat", values, axis=0)
+
+    parts, order = [], []
+    for key, members in groups.items():
+        order += members
+        if key == ("bool",):
+            parts.append(vector([cast(str, items[k]) for k in members]))
+            continue
+        compares = [cast(Compare, items[k]) for k in members]
+        op_type, dtype, rhs_type = key
+        if rhs_type == "number":
+            numbers = [c.rhs for c in compares]
+            rhs = b.const(numbers) if dtype == TensorProto.INT64 else b.node(
+                "Constant", [], value=helper.make_tensor("value", dtype, [len(numbers)], [float(v) for v in numbers]))
+        else:
+            rhs = vector([cast(str, c.rhs) for c in compares])
+            rhs = rhs if rhs_type == dtype else b.node("Cast", [rhs], to=dtype)
+        parts.append(b.node(op_type, [vector([c.lhs for c in compares]), rhs]))
+    holds = vector(parts)
+    if order != sorted(order):
+        holds = b.node("Gather", [holds, b.const([order.index(k) for k in range(len(items))])])
+    return holds
+
+
+def _guard_node(b: GuardBuilder, qualname: str, guarded: Sequence[tuple[int, Check]]) -> str:
+    """The one guard node of ``guarded`` ((index, check) pairs); its output, int64 [1] zeros.
+
+    NOTE: ONNX has no Assert. The guard is ``Gather([0], codes)``: ``codes`` holds, per condition
+    in list order, 0 where it holds and its check's ``index + 1`` where it fails; index 0 is the
+    only one in bounds, and onnxruntime checks the indices in order and names the first one out of
+    bounds (``idx=<index + 1>``): the first failing check, as in the eager check. One node for
+    every check, rather than a node pair per check."""
+    items: list[str | Compare] = []
+    codes: list[int] = []
     for index, check in guarded:
-        bad = b.node("Where", [check.guard(b), b.const([0]), b.const([1])])
-        chain = b.node("Gather", [chain, bad], name=guard_name(qualname, index, check))
-    return chain
+        got = check.guard(b)
+        conditions = got if isinstance(got, list) else [got]
+        items += conditions
+        codes += [index + 1] * len(conditions)
+    codes_if_failing = b.node("Where", [_holds(b, items), b.const([0]), b.const(codes)])  # NOTE: [0] broadcasts
+    out = b.node("Gather", [b.const([0]), codes_if_failing], name=guards_node_name(qualname, guarded))
+    return out if len(codes) == 1 else b.node("ReduceMax", [out], keepdims=1)
 
 
-def _wait_inputs(b: GuardBuilder, proto: onnx.FunctionProto, chain: str) -> dict[str, str]:
-    """{input: the same value re-read through ``Reshape(x, Shape(x) + chain)``} for each input the
-    body reads: every body node waits for all guards, and no guard is dead code. A Reshape to its
-    own shape aliases its input in onnxruntime: no copy.
+def _wait_inputs(b: GuardBuilder, proto: onnx.FunctionProto, chain: str, ranks: dict[str, int]) -> dict[str, str]:
+    """{input: the same value re-read through a node that also reads ``chain`` (the guard's
+    output, [0])} for each input the body reads: every body node waits for the guard, and the
+    guard is no dead code. An input whose rank ``n`` a check fixes is ``Reshape(x, [0] * n)`` (a 0
+    keeps the dim; one node, the [0] * n shared by the inputs of that rank); any other is
+    ``Squeeze(Unsqueeze(x, chain), [0])``. Reshape, Unsqueeze and Squeeze alias their input in
+    onnxruntime: no copy.
 
-    NOTE: through Unsqueeze/Squeeze, so a scalar input makes no zero-size shape value."""
-    read = {n for node in proto.node for n in node.input}
+    NOTE: no zero-size value, even for a scalar input."""
+    read = {n for walked in walk(proto.node) for n in walked.input}
     renames = {}
     for x in proto.input:
-        if x in read:
-            lifted = b.node("Unsqueeze", [x, b.const([0])])
-            moved = b.node("Reshape", [lifted, b.node("Add", [b.node("Shape", [lifted]), chain])], allowzero=1)
-            renames[x] = b.node("Squeeze", [moved, b.const([0])])
+        if x not in read:
+            continue
+        n = ranks.get(x, 0)
+        if n:
+            keep = chain if n == 1 else b.node("Expand", [chain, b.const([n])])
+            renames[x] = b.node("Reshape", [x, keep])
+        else:
+            renames[x] = b.node("Squeeze", [b.node("Unsqueeze", [x, chain]), b.const([0])])
     return renames
 
 
@@ -222,8 +302,7 @@ def _wait_outputs(out: onnx.FunctionProto, attr_types: dict[str, int], chain: st
         last = f"{GUARD_PREFIX}_out{k}"
         for node in out.node:
             node.output[:] = [last if o == y else o for o in node.output]
-        shape = tail.node("Add", [tail.node("Shape", [last]), chain])
-        tail.nodes.append(helper.make_node("Reshape", [last, shape], [y], allowzero=1))
+        tail.nodes.append(helper.make_node("Squeeze", [tail.node("Unsqueeze", [last, chain]), tail.const([0])], [y]))
     out.node.extend(tail.nodes)
 
 
@@ -236,20 +315,45 @@ def _rename_inputs(node: onnx.NodeProto, renames: dict[str, str]) -> None:
 def _guard(proto: onnx.FunctionProto, qualname: str, guarded: Sequence[tuple[int, Check]],
            attr_types: dict[str, int]) -> onnx.FunctionProto:
     b = GuardBuilder(proto, attr_types)
-    chain = _chain(b, qualname, guarded)
-    renames = _wait_inputs(b, proto, chain)
+    chain = _guard_node(b, qualname, guarded)
+    ranks = {c.input: c.n for _, c in guarded if isinstance(c, Rank) and not c.at_least}
+    renames = _wait_inputs(b, proto, chain, ranks)
     out = onnx.FunctionProto()
     out.CopyFrom(proto)
     del out.node[:]
-    out.node.extend(b.nodes)
+    body = []
     for node in proto.node:
         copy = onnx.NodeProto()
         copy.CopyFrom(node)
         _rename_inputs(copy, renames)
-        out.node.append(copy)
+        body.append(copy)
+    out.node.extend(_shared_constants([*b.nodes, *body], set(proto.output)))
     if not renames:
         _wait_outputs(out, attr_types, chain)
     return out
+
+
+def _shared_constants(nodes: list[onnx.NodeProto], outputs: set[str]) -> list[onnx.NodeProto]:
+    """``nodes`` with their Constant nodes first and each distinct constant made once (the guards
+    and the body share their [0], [1], attribute reads, ...); other nodes keep their order.
+
+    NOTE: a Constant reads nothing, so it may move first; one giving a function output stays."""
+    first: dict[bytes, str] = {}
+    renames: dict[str, str] = {}
+    constants, rest = [], []
+    for node in nodes:
+        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or node.output[0] in outputs:
+            rest.append(node)
+            continue
+        key = b"".join(a.SerializeToString(deterministic=True) for a in node.attribute)
+        if key in first:
+            renames[node.output[0]] = first[key]
+        else:
+            first[key] = node.output[0]
+            constants.append(node)
+    for node in rest:
+        _rename_inputs(node, renames)
+    return constants + rest
 
 
 def guarded_body(proto: onnx.FunctionProto, checks: Checks, attr_types: dict[str, int],

@@ -35,6 +35,20 @@ class CheckError(OpBridgeError, ValueError):
     """An input fails one of its op's checks (a ValueError too, as torch ops raise for bad values)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class Compare:
+    """One comparison a guard states, ``lhs <op> rhs`` (``op``: Equal, GreaterOrEqual, Less,
+    LessOrEqual): ``lhs`` an ONNX [1] value of element type ``dtype``; ``rhs`` a number or a [1]
+    value (of type ``rhs_dtype``, cast to ``dtype`` when it differs; None: ``dtype``). The guard
+    builder makes one comparison node for all an op's comparisons of one op and types."""
+
+    op: str
+    lhs: str
+    rhs: str | int | float
+    dtype: int = TensorProto.INT64
+    rhs_dtype: int | None = None
+
+
 # -- expressions: sizes an input check compares against ---------------------------------------------
 
 class Expr:
@@ -50,6 +64,10 @@ class Expr:
 
     def onnx(self, b: Any) -> str:
         raise NotImplementedError
+
+    def rhs(self, b: Any) -> str | int:
+        """The right-hand side of a :class:`Compare`: the int of a constant, else :meth:`onnx`."""
+        return self.onnx(b)
 
     def __floordiv__(self, other: Expr | int) -> Expr:
         return _FloorDiv(self, _expr(other))
@@ -71,6 +89,9 @@ class Const(Expr):
 
     def onnx(self, b):
         return b.const([self.value])
+
+    def rhs(self, b):
+        return self.value
 
     def __str__(self):
         return str(self.value)
@@ -187,8 +208,21 @@ class _Mul(Expr):
     def eval(self, env):
         return self.a.eval(env) * self.b.eval(env)
 
+    def _factors(self) -> list[Expr]:
+        return [f for e in (self.a, self.b) for f in (e._factors() if isinstance(e, _Mul) else [e])]
+
     def onnx(self, b):
-        return b.node("Mul", [self.a.onnx(b), self.b.onnx(b)])
+        # NOTE: a run of dims of one input (dim(x, 0) * dim(x, 1) * ...) is one ReduceProd of its shape
+        out, factors = None, self._factors()
+        while factors:
+            first, run = factors[0], 1
+            if isinstance(first, Dim) and first.axis >= 0:
+                while run < len(factors) and factors[run] == Dim(first.input, first.axis + run):
+                    run += 1
+            value = b.dims_prod(first.input, first.axis, first.axis + run) if run > 1 else first.onnx(b)
+            out = value if out is None else b.node("Mul", [out, value])
+            factors = factors[run:]
+        return out
 
     def __str__(self):
         return f"{self.a} * {self.b}"
@@ -246,8 +280,9 @@ class Check:
         """The ``Got`` text of a failure on ``env`` ({param name: value}), None when it holds."""
         raise NotImplementedError
 
-    def guard(self, b: Any) -> str:
-        """The ONNX bool [1] (built with ``b``, a ``check_guards`` builder) true when it holds."""
+    def guard(self, b: Any) -> str | list[str | Compare]:
+        """What must hold in ONNX (built with ``b``, a ``check_guards`` builder): a bool [1] value,
+        or a list of bool [1] values and :class:`Compare` that must all hold."""
         raise NotImplementedError
 
     def message(self, qualname: str, env: dict, got: str) -> str:
@@ -282,9 +317,9 @@ class Rank(_Worded, Check):
         return f"shape {_shape(t)}" if bad else None
 
     def guard(self, b):
-        # NOTE: the size of [1, *shape] against n + 1: one node fewer than the rank itself
-        return b.node("GreaterOrEqual" if self.at_least else "Equal",
-                      [b.numel(b.shape1(self.input)), b.const([self.n + 1])])
+        # NOTE: the length of [1, *shape] against n + 1: one node fewer than the rank itself
+        return [Compare("GreaterOrEqual" if self.at_least else "Equal", b.node("Shape", [b.shape1(self.input)]),
+                        self.n + 1)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -308,7 +343,7 @@ class DimEq(Check):
         return f"shape {_shape(env[self.input])}" if bad else None
 
     def guard(self, b):
-        return b.node("Equal", [b.dim(self.input, self.axis), self.size.onnx(b)])
+        return [Compare("Equal", b.dim(self.input, self.axis), self.size.rhs(b))]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -321,7 +356,7 @@ class SameLen(_Worded, Check):
         return f"lengths {a} and {b}" if a != b else None
 
     def guard(self, b):
-        return b.node("Equal", [b.numel(b.input(self.input)), b.numel(b.input(self.other))])
+        return [Compare("Equal", b.numel1(b.input(self.input)), b.numel1(b.input(self.other)))]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -369,10 +404,9 @@ class ValuesIn(Check):
         return None if least >= self.low.eval(env) and most < self.high.eval(env) else f"min {least}, max {most}"
 
     def guard(self, b):
-        within = b.node("And", [
-            b.node("GreaterOrEqual", [b.reduce_double("ReduceMin", self.input), b.double(self.low.onnx(b))]),
-            b.node("Less", [b.reduce_double("ReduceMax", self.input), b.double(self.high.onnx(b))])])
-        return b.node("Or", [b.is_empty(b.input(self.input)), within])
+        x = b.input(self.input)  # NOTE: an empty input's least is +inf, its most -inf: it passes
+        return [Compare("GreaterOrEqual", b.least(x), self.low.rhs(b), TensorProto.DOUBLE, TensorProto.INT64),
+                Compare("Less", b.most(x), self.high.rhs(b), TensorProto.DOUBLE, TensorProto.INT64)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -386,8 +420,7 @@ class ValuesGe(_Worded, Check):
         return f"min {t.min().item()}" if t.numel() and not t.min().item() >= self.low else None
 
     def guard(self, b):
-        least = b.node("GreaterOrEqual", [b.reduce_double("ReduceMin", self.input), b.double(b.const([self.low]))])
-        return b.node("Or", [b.is_empty(b.input(self.input)), least])
+        return [Compare("GreaterOrEqual", b.least(b.input(self.input)), self.low, TensorProto.DOUBLE)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -400,7 +433,7 @@ class AttrLen(_Worded, Check):
         return str(list(env[self.input])) if len(env[self.input]) != self.n else None
 
     def guard(self, b):
-        return b.node("Equal", [b.numel(b.attr(self.input)), b.const([self.n])])
+        return [Compare("Equal", b.node("Shape", [b.attr(self.input)]), self.n)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -414,11 +447,7 @@ class AttrLe(_Worded, Check):
         return str(list(env[self.input])) if any(a > b for a, b in zip(items[::2], items[1::2])) else None
 
     def guard(self, b):
-        result = None
-        for i, j in self.pairs:
-            one = b.node("LessOrEqual", [b.attr_item(self.input, i), b.attr_item(self.input, j)])
-            result = one if result is None else b.node("And", [result, one])
-        return result
+        return [Compare("LessOrEqual", b.attr_item(self.input, i), b.attr_item(self.input, j)) for i, j in self.pairs]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -432,7 +461,7 @@ class AttrGe(_Worded, Check):
 
     def guard(self, b):
         padded = b.node("Concat", [b.attr(self.input), b.const([self.low])], axis=0)  # NOTE: an empty list passes
-        return b.node("GreaterOrEqual", [b.node("ReduceMin", [padded], keepdims=1), b.const([self.low])])
+        return [Compare("GreaterOrEqual", b.node("ReduceMin", [padded], keepdims=1), self.low)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -460,7 +489,7 @@ class AttrProdLe(_Worded, Check):
         no_wrap = b.node("LessOrEqual", [approx, b.node("Constant", [], value_float=float(2**62))])
         # NOTE: where the product could wrap, it is not taken at all (signed overflow)
         exact = b.node("ReduceProd", [b.node("Where", [no_wrap, padded, b.const([1])])], keepdims=1)
-        return b.node("And", [no_wrap, b.node("LessOrEqual", [exact, b.const([self.limit])])])
+        return [no_wrap, Compare("LessOrEqual", exact, self.limit)]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -490,14 +519,15 @@ class IntervalsWithin(Check):
         return None
 
     def guard(self, b):
+        # NOTE: in float64 (exact for int32 starts and lengths); the first n of each, n the shorter
+        # length; no intervals: the least start is +inf, the greatest end -inf, and it passes
         n = b.node("Min", [b.numel1(b.input(self.input)), b.numel1(b.input(self.lengths))])
-        s = b.node("Cast", [b.node("Slice", [b.input(self.input), b.const([0]), n])], to=TensorProto.INT64)
-        length = b.node("Cast", [b.node("Slice", [b.input(self.lengths), b.const([0]), n])], to=TensorProto.INT64)
-        low = b.reduce("ReduceMin", s)
-        high = b.reduce("ReduceMax", b.node("Add", [s, length]))
-        within = b.node("And", [b.node("GreaterOrEqual", [low, b.const([0])]),
-                                b.node("LessOrEqual", [high, self.points.onnx(b)])])
-        return b.node("Or", [b.is_empty(s), within])
+        s = b.node("Slice", [b.flat_double(b.input(self.input)), b.const([0]), n])
+        length = b.node("Slice", [b.flat_double(b.input(self.lengths)), b.const([0]), n])
+        ends = b.node("Add", [s, length])
+        return [Compare("GreaterOrEqual", b.least(s, flat_double=True), 0, TensorProto.DOUBLE),
+                Compare("LessOrEqual", b.most(ends, flat_double=True), self.points.rhs(b), TensorProto.DOUBLE,
+                        TensorProto.INT64)]
 
 
 @dataclasses.dataclass(frozen=True)

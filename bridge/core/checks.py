@@ -8,10 +8,11 @@ the bridge derives:
 - the eager check (:meth:`Checks.run`): the op's eager implementation calls it, so the python tier
   (which runs eager) gives the same error; it raises :class:`CheckError` with
   ``opbridge: <qualname>: <what is wrong>. Got <actual>. <fix>``;
-- the function-body guards (:func:`guarded_body`): ONNX nodes appended to the op's function body,
-  one per check, that make onnxruntime fail on a violation with a node named
-  ``opbridge_check/<qualname>/<input>/<index>.<kind>``; :func:`explain_failure` turns that failure back
-  into the eager message (the function tier's session does this);
+- the function-body guards (:func:`guarded_body`): ONNX nodes put before the op's function body,
+  one guard node for all its checks, that make onnxruntime fail on a violation at the node named
+  ``opbridge_check/<qualname>/<input>/<index>.<kind>+...`` (every check it states), giving the first
+  failing check as ``idx=<index + 1>``; :func:`explain_failure` turns that failure back into the
+  eager message (the function tier's session does this);
 - the text the native kernels' messages are held to (tests/op_db.py's bad inputs).
 
 Three modules hold it, one per seam: ``check_vocabulary`` (the kinds, one class each, their
