@@ -34,7 +34,8 @@ class FunctionTier(Tier):
 
     def why_not(self, spec: OpSpec, dtype: torch.dtype | None = None, *, thorough: bool = True) -> str | None:
         kind, note = body_status(spec, dtype, DEFAULT_OPSET, try_it=thorough)
-        return f"no portable body: no function= body, and none derived ({note})" if kind == "none" else None
+        return (f"no portable body: no function= body, no torch.onnx translation, and none derived ({note})"
+                if kind == "none" else None)
 
     def prepare(self, model: onnx.ModelProto, registry: Registry, options: ort.SessionOptions | None,
                 library: str | os.PathLike | None = None) -> Prepared:
@@ -47,7 +48,8 @@ class FunctionTier(Tier):
             names = [f"{d}::{t}" for d, t in missing]
             raise UnsupportedInTier(
                 f"tier 'function' cannot run {', '.join(names)}: no model-local function, no written "
-                f"function body and none derived from the implementation. Got {'; '.join(why)}. Give the op "
+                f"function body, no torch.onnx translation that applies, and none derived from the "
+                f"implementation. Got {'; '.join(why)}. Give the op "
                 "a function= body (op.register_function), make its implementation traceable, or use "
                 "tier='native' or 'python'."
             )
