@@ -16,7 +16,9 @@
    Each contender is warmed up first (the first export in a process pays one-time costs, shared by
    both), then the contenders alternate, ``gc.collect()`` before each call; medians and ratios.
    Target: bridge.export <= 1.2x plain. The full run also reports benchmarks/run.py's ``export`` entry
-   (torch.export + torch.onnx.export of the ExportedProgram vs bridge.export of the demo).
+   (torch.export + torch.onnx.export of the ExportedProgram vs bridge.export of the demo) and the first
+   export of each case in a fresh process (``--first CASE CONTENDER`` children, alternating), what one
+   CLI call pays.
 2. ``opbridge check`` (the README's main command) as a fresh process on a warm cache (the cache root
    of this environment, ``$OPBRIDGE_CACHE_DIR`` or ``~/.cache/opbridge``; the native library and the demo's
    C++ extension built before the first timed run), next to ``python -c "import torch"`` and to a plain
@@ -28,9 +30,13 @@
    ``OPBRIDGE_CACHE_DIR`` each, the cold-cache figures of both checks (every C++ build included).
 
 ``--quick`` (a smoke run, under a minute on a warm cache) does one round of the export comparison (no
-warm-up), one round of the warm-cache commands (no warm-up run), no --tier native and no cold run.
-The JSON's keys are what the docs render: ``export.cases[name].ratio``, ``export.max_ratio``, ``check.warm.median_s``, ``check.warm.ratios``,
-``check.warm.breakdown_s``, ``check.cold``. ``--readme`` writes the ``export-time`` block (docs/evidence.md).
+warm-up), one round of the warm-cache commands (no warm-up run), no fresh-process exports, no --tier
+native and no cold run.
+The JSON's keys are what the docs render: ``export.cases[name].ratio`` (and ``.median_s``),
+``export.max_ratio``, ``export.met``, ``export.first_in_process[case].ratio``, ``export.run_py``,
+``check.warm.median_s``, ``check.warm.ratios`` (``check_vs_import_torch``, ``check_vs_plain``,
+``check_native_vs_plain``), ``check.warm.breakdown_s``, ``check.cold`` (``s``, ``breakdown_s``, ``vs_warm``).
+``--readme`` writes the ``export-time`` block (docs/evidence.md).
 """
 
 from __future__ import annotations
