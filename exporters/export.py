@@ -25,6 +25,7 @@ from bridge.core.registry import REGISTRY, Registry
 from exporters.bodies.opsets import attach_functions, convert_model, onnx_opset
 from exporters.bodies.translation import symbolic_attribute_error, translation_table
 from exporters.derive import attach_derived
+from exporters.derive.cache import CACHE
 from exporters.inline import inline_functions
 from exporters.names import dim_names, name_custom_outputs, name_graph_io, rename_dims
 from exporters.portable import relativize_paths, stamp_ir_version
@@ -47,13 +48,16 @@ def _walk(value):
         yield value
 
 
+def _calls(program: torch.export.ExportedProgram):
+    """The call_function nodes of ``program``'s graph and of every subgraph (torch.cond / map branches)."""
+    graphs = [m.graph for m in program.graph_module.modules() if isinstance(m, torch.fx.GraphModule)]
+    return (n for g in graphs for n in g.nodes if n.op == "call_function")
+
+
 def check_program(program: torch.export.ExportedProgram, registry: Registry) -> None:
     """Raise OpBridgeError for unregistered custom ops and symbolic list/scalar attributes, in the
     graph and in every subgraph (torch.cond / map branches)."""
-    graphs = [m.graph for m in program.graph_module.modules() if isinstance(m, torch.fx.GraphModule)]
-    for node in (n for g in graphs for n in g.nodes):
-        if node.op != "call_function":
-            continue
+    for node in _calls(program):
         target = node.target
         if isinstance(target, torch_compat.HigherOrderOperator) and target.name().startswith("auto_functionalized"):
             mutated = node.args[0].name() if node.args else target.name()
@@ -212,10 +216,7 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
         # NOTE: torch.onnx prints its own progress lines; they are noise next to ours.
         with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            onnx_program = torch.onnx.export(
-                program, dynamo=True, custom_translation_table=translation_table(reg),
-                opset_version=max(opset_version, TORCH_MIN_OPSET), optimize=True, verify=False, external_data=False,
-            )
+            onnx_program = to_onnx(program, reg, max(opset_version, TORCH_MIN_OPSET))
     assert onnx_program is not None and onnx_program.exported_program is not None  # dynamo=True sets both
     proto = onnx_program.model_proto
     if opset_version < TORCH_MIN_OPSET:
@@ -240,6 +241,22 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
     if f is not None:
         files.save_model(proto, f)  # NOTE: one file; only models past protobuf's 2 GiB get a .data file
     return Exported(proto, onnx_program.exported_program)
+
+
+def to_onnx(program: torch.export.ExportedProgram, registry: Registry, opset: int):
+    """``torch.onnx.export(program, dynamo=True, custom_translation_table=translation_table(registry))``
+    at ``opset`` (an ONNXProgram), through torch.onnx's table of ATen translations built once per opset
+    (``CACHE.onnx_registry``) rather than anew on each call, as torch.onnx.export does; built again when
+    ``program`` calls an op torch_lib translates that did not exist when it was built."""
+    table = translation_table(registry)
+    base = CACHE.onnx_registry(opset)
+    if base is None:  # NOTE: a torch without the exporter's internals: its public entry point
+        return torch.onnx.export(program, dynamo=True, custom_translation_table=table, opset_version=opset,
+                                 optimize=True, verify=False, external_data=False)
+    ops = {n.target for n in _calls(program) if isinstance(n.target, torch_compat.OpOverload)}
+    if any(torch_compat.lacks_translation(base, op) for op in ops):
+        base = CACHE.onnx_registry(opset, fresh=True)
+    return torch_compat.onnx_export(program, torch_compat.with_translations(base, table), opset)
 
 
 def _dim_sites(model, args: Sequence, kwargs: dict | None, dynamic_shapes) -> dict[str, tuple[str, int]]:

@@ -1,5 +1,12 @@
 """Export: checker, types and shapes of custom nodes, single file, dynamic points, errors."""
 
+import contextlib
+import io
+import subprocess
+import sys
+import textwrap
+import warnings
+
 import numpy as np
 import onnx
 import pytest
@@ -9,6 +16,10 @@ from op_db import TIERS
 
 import bridge
 import custom_ops.demo as demo
+from bridge.core import torch_compat
+from exporters.bodies.translation import translation_table
+from exporters.derive.cache import CACHE
+from exporters.export import DEFAULT_OPSET, to_onnx
 
 
 @pytest.fixture(scope="module")
@@ -235,3 +246,53 @@ def test_session_on_a_model_with_external_data(tmp_path, tier):
     got = bridge.parity.run_ort(sess, case.args)[0]
     with torch.no_grad():
         assert bridge.compare("out", case.model(*case.args), got).passed
+
+
+def test_onnx_translation_with_a_table_built_once_equals_torch_onnx_export():
+    """to_onnx reuses torch.onnx's table of ATen translations across exports; the file is the one
+    torch.onnx.export writes with the same translations (which builds the table anew)."""
+    case = demo.build()
+    program = torch.export.export(case.model, case.args, dynamic_shapes=case.dynamic_shapes, strict=False)
+    table = CACHE.onnx_registry(DEFAULT_OPSET)
+    ours = to_onnx(program, bridge.REGISTRY, DEFAULT_OPSET).model_proto
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = torch.onnx.export(program, dynamo=True, custom_translation_table=translation_table(bridge.REGISTRY),
+                                   opset_version=DEFAULT_OPSET, optimize=True, verify=False,
+                                   external_data=False).model_proto
+    assert ours.SerializeToString() == theirs.SerializeToString()
+    assert CACHE.onnx_registry(DEFAULT_OPSET) is table  # not built again
+
+
+def test_with_translations_leaves_the_shared_table_as_it_was():
+    table = CACHE.onnx_registry(DEFAULT_OPSET)
+    relu = torch.ops.aten.relu.default
+    before = list(table.functions[relu.name()])
+    extended = torch_compat.with_translations(table, {relu: torch_compat.torchlib_translation("aten::relu")})
+    assert table.functions[relu.name()] == before
+    assert len(extended.functions[relu.name()]) == len(before) + 1
+
+
+def test_an_op_defined_after_the_table_was_built_gets_its_translation():
+    """torch.onnx fills its table with the ops that exist when it is built: an op torch_lib translates
+    that is defined later (quantized_decomposed's, on import) makes the next export build it again.
+    A fresh process: the ops must not exist yet."""
+    script = textwrap.dedent("""
+        import torch, bridge, custom_ops
+        from exporters.export import to_onnx
+        assert not hasattr(torch.ops.quantized_decomposed, "quantize_per_tensor")
+        class Add(torch.nn.Module):
+            def forward(self, x):
+                return x + 1
+        x = torch.rand(2, 3)
+        to_onnx(torch.export.export(Add(), (x,)), bridge.REGISTRY, 20)
+        import torch.ao.quantization.fx._decomposed  # defines the quantized_decomposed ops
+        class Quant(torch.nn.Module):
+            def forward(self, x):
+                return torch.ops.quantized_decomposed.quantize_per_tensor(x, 0.1, 0, 0, 255, torch.uint8)
+        proto = to_onnx(torch.export.export(Quant(), (x,)), bridge.REGISTRY, 20).model_proto
+        print([n.op_type for n in proto.graph.node])
+    """)
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "['QuantizeLinear']"

@@ -165,12 +165,23 @@ def onnx_registry(opset: int, extra: dict | None = None) -> Any | None:
 
 
 def with_translations(registry: Any, extra: dict) -> Any:
-    """A copy of ``registry`` (from :func:`onnx_registry`) with ``extra`` translations added."""
+    """A copy of ``registry`` (from :func:`onnx_registry`) with ``extra`` translations added; ``registry``
+    itself is left as it was."""
     registry = copy.copy(registry)
-    registry.functions = dict(registry.functions)
+    # NOTE: the lists too: registering a target the table already holds inserts into its list
+    registry.functions = {k: list(v) for k, v in registry.functions.items()}
     for target, function in extra.items():
         registry.register_op(target, function)
     return registry
+
+
+def lacks_translation(registry: Any, op: Any) -> bool:
+    """Whether a registry from :func:`onnx_registry` lacks torch_lib's translation of ``op`` (an
+    OpOverload) that one built now would hold: torch.onnx fills its table only with the ops that exist
+    when it is built (torchvision's only with torchvision installed), keyed by the op's name."""
+    name = op.name()
+    return (name not in registry.functions and torchlib_translation(name) is not None
+            and _onnx_registration._get_overload(name) is not None)
 
 
 def onnx_export(program: Any, registry: Any, opset: int) -> Any:

@@ -12,6 +12,7 @@ import dataclasses
 import weakref
 from typing import Any
 
+from bridge.core import torch_compat
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
 from exporters.derive.sites import Derived, Site
@@ -71,6 +72,17 @@ class DeriveCache:
     def failure(self, qualname: str) -> str | None:
         """The reason the latest derivation for ``qualname`` failed (None after a success or none tried)."""
         return self._last_failure.get(qualname)
+
+    def onnx_registry(self, opset: int, *, fresh: bool = False) -> Any | None:
+        """torch.onnx's table of ATen translations at ``opset`` (``torch_compat.onnx_registry``), built
+        once per opset (``fresh``: built again) and shared by every export and derivation; None where
+        this torch has no such exporter.
+
+        NOTE: torch.onnx.export builds this table anew on every call: about half a second, half of
+        a small model's export."""
+        if fresh or opset not in self.torchlib:
+            self.torchlib[opset] = torch_compat.onnx_registry(opset)
+        return self.torchlib[opset]
 
     def clear(self) -> None:
         """Forget everything (torch.onnx's tables too)."""

@@ -137,17 +137,15 @@ def _onnx_export(program, opset: int, registry: Registry, translated: dict):
         elif not torch_compat.has_kernel(inner.overload.name(), "CompositeImplicitAutograd"):
             raise Untraceable(f"its implementation calls custom op {inner.qualname}, which has no written body "
                               "(derived bodies do not nest)")
-    if opset not in CACHE.torchlib:
-        CACHE.torchlib[opset] = torch_compat.onnx_registry(opset)
-    if nested or CACHE.torchlib[opset] is None:  # NOTE: an implementation calling bridged ops: their translations
+    onnx_registry = CACHE.onnx_registry(opset)
+    if nested or onnx_registry is None:  # NOTE: an implementation calling bridged ops: their translations
         return torch.onnx.export(program, dynamo=True, opset_version=opset, optimize=True, verify=False,
                                  external_data=False,
                                  custom_translation_table={**{t: translation(s) for t, s in nested.items()},
                                                            **translated})
     # NOTE: torch.onnx.export builds its registry of ATen translations anew on every call (seconds);
-    # a body per site would pay that each time, so it is built here once per opset, as
+    # a body per site would pay that each time, so it is built once per opset (CACHE), as
     # torch.onnx.export builds it, and handed to the exporter torch.onnx.export calls.
-    onnx_registry = CACHE.torchlib[opset]
     if translated:
         # NOTE: torch.onnx fills its table from torch_lib only for ops that exist when it is built (and
         # torchvision's only with torchvision installed): the op's translation is added to a copy
