@@ -63,8 +63,7 @@ def main(argv: list[str] | None = None) -> dict:
     files.write_json(args.json, result)
     line = render(result)
     if args.readme:
-        page = doc_markers.page_with(BLOCK)
-        page.write_text(doc_markers.replace(page.read_text(), BLOCK, line))
+        doc_markers.write(BLOCK, line)
     print(line)
     return result
 

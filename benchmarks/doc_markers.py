@@ -54,6 +54,19 @@ def replace(text: str, name: str, body: str) -> str:
     return f"{before}{start}\n{body.strip(chr(10))}\n{end}{after}"
 
 
+def write(name: str, body: str, page: Path | None = None, *, check: bool = False) -> bool:
+    """Put BODY between the markers of block NAME in PAGE (default: the page holding them). With
+    ``check``, write nothing and say whether the page already holds BODY there."""
+    page = page or page_with(name)
+    old = page.read_text()
+    new = replace(old, name, body)
+    if check:
+        return new == old
+    if new != old:
+        page.write_text(new)
+    return True
+
+
 def table_main(block: str, render: Callable[[dict], str], default_json: Path, description: str,
                argv: list[str] | None = None) -> str:
     """The command line of a block generator: render a result JSON as block BLOCK, print it, and with
@@ -65,7 +78,6 @@ def table_main(block: str, render: Callable[[dict], str], default_json: Path, de
     args = parser.parse_args(argv)
     table = render(json.loads(Path(args.json).read_text()))
     if args.readme is not None:
-        page = Path(args.readme) if args.readme else page_with(block)
-        page.write_text(replace(page.read_text(), block, table))
+        write(block, table, Path(args.readme) if args.readme else None)
     print(table)
     return table

@@ -544,8 +544,7 @@ def main(argv: list[str] | None = None) -> dict:
     files.write_json(args.json, result)
     text = render(result)
     if args.readme:
-        page = doc_markers.page_with(BLOCK)
-        page.write_text(doc_markers.replace(page.read_text(), BLOCK, text))
+        doc_markers.write(BLOCK, text)
     print(text)
     return result
 

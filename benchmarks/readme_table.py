@@ -120,7 +120,8 @@ def evidence(r: dict) -> list[str]:
                      f"| log-log slope above 100k: " + ", ".join(f"{k} {v:.2f}" for k, v in net.items())
                      + f" | native in [{lo}, {hi}]: {_ok(lo <= native_net <= hi)} |")
     lines += ["", f"bev_pool_v2 at BEVDet-R50 size, {b['repeats']} round-robin rounds (each implementation twice back "
-              "to back per round, the second call timed; the lone call is timed right after the slower ones), "
+              "to back per round, the second call timed; a lone call is timed after "
+              f"{b.get('lone_idle_ms', 10):g} ms idle), "
               "medians:", "", "| implementation | median | x floor | x native |", "|---|---|---|---|"]
     order = [FLOOR, NATIVE, NATIVE_1T, NATIVE_LONE, FUNCTION, EAGER, COMPILED]
     for name in sorted(ms, key=lambda k: order.index(k) if k in order else len(order)):
@@ -153,8 +154,8 @@ def native(r: dict) -> list[str]:
     if "torch.compile / native" in ratios:
         peers.append(f"{_x(ratios['torch.compile / native'])} faster than torch.compile of pure-torch gather + "
                      f"index_add ({_ms(ms[COMPILED])})")
-    lone = (f" ({_ms(ms[NATIVE_LONE])} for a lone call right after the slower implementations, which also wakes "
-            f"the idle second core)" if NATIVE_LONE in ms else "")
+    lone = (f" ({_ms(ms[NATIVE_LONE])} for a lone call after {b.get('lone_idle_ms', 10):g} ms idle, which also "
+            f"wakes the idle second core)" if NATIVE_LONE in ms else "")
     peers += [f"{_x(ratios['eager / native'])} faster than eager torch ({_ms(ms[EAGER])})",
               f"{_x(ratios['function / native'])} faster than the ORT function tier ({_ms(ms[FUNCTION])})"]
     return [f"Measured with `python benchmarks/run.py` (also `python benchmarks/bev_pool_v2.py`) at BEVDet-R50 size "

@@ -21,6 +21,7 @@ import onnxscript
 import pytest
 import test_translations as tt
 import torch
+import vision_ops
 from onnxscript import FLOAT
 from onnxscript import opset20 as op
 
@@ -43,19 +44,9 @@ def nms(boxes: torch.Tensor, scores: torch.Tensor, iou_threshold: float, score_t
     the kept indices (int64), as many as the values keep."""
     torch._check(boxes.dim() == 2 and boxes.shape[1] == 4, lambda: f"boxes must be [N, 4], got {list(boxes.shape)}")
     torch._check(scores.shape == boxes.shape[:1], lambda: f"scores must hold one score per box, got {list(scores.shape)}")
-    x1, y1, x2, y2 = boxes.unbind(1)
-    areas = (x2 - x1) * (y2 - y1)
-    suppressed = scores <= score_threshold
-    keep = []
-    for i in scores.argsort(descending=True, stable=True).tolist():
-        if suppressed[i]:
-            continue
-        keep.append(i)
-        w = (torch.minimum(x2[i], x2) - torch.maximum(x1[i], x1)).clamp(min=0)
-        h = (torch.minimum(y2[i], y2) - torch.maximum(y1[i], y1)).clamp(min=0)
-        inter = w * h
-        suppressed |= inter / (areas[i] + areas - inter) > iou_threshold
-    return torch.tensor(keep, dtype=torch.int64)
+    # NOTE: torchvision's greedy nms (tests/vision_ops.py) over the candidates, mapped back to their indices
+    candidates = (scores > score_threshold).nonzero().flatten()
+    return candidates[vision_ops.nms(boxes[candidates], scores[candidates], iou_threshold)]
 
 
 @nms.register_fake
