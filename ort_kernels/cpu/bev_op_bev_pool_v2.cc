@@ -671,11 +671,15 @@ Status bev_pool_v2(Span<const T> depth, Span<const T> feat, const Indices& ix, c
   // NOTE: a parallel section waits for every worker that started; on busy cores a woken worker
   // may run only milliseconds later, so small inputs (< 64k points) stay on the calling thread.
   // Larger ones get small tasks (~4k points) that the threads claim one at a time from a shared
-  // counter: the calling thread starts on the first task at once, a worker that wakes late (after
-  // 10 ms idle, its core halted) takes what is left, and the call waits for at most one small task
-  // of a late worker. (With 8 fixed blocks of ~2 tasks a late worker could hold the call for a
-  // whole block; a lone call measured 1.19 ms vs 0.72 ms back to back at BEVDet-R50 size.) Every
+  // counter (from both ends, see run_tasks): the calling thread starts on a task at once, a worker
+  // that wakes late (after 10 ms idle, its core halted) takes what is left, and the call waits for at
+  // most one small task of a late worker. (With 8 fixed blocks of ~2 tasks a late worker could hold
+  // the call for a whole block; a lone call measured 1.19 ms vs 0.72 ms back to back at BEVDet-R50 size.) Every
   // cell is summed by one task in interval order, so the result is the same whoever runs which task.
+  // NOTE: measured in a standalone harness on a 2-vCPU VM (a blocking worker, as ORT's without
+  // spinning): after 10 ms idle the worker usually starts 25-65 us into the call, at times not within
+  // 1.3 ms (the host not running the halted vCPU); a lone call mostly pays cold caches (1 thread:
+  // ~1.45 ms after 20 MB of other traffic and 10 ms idle, ~0.95 ms back to back).
   constexpr int64_t kParallelFrom = 64 * 1024, kPointsPerTask = 4 * 1024;
   const int64_t tasks = points < kParallelFrom ? 1
                                                : std::min<int64_t>({kMaxTasks, points / kPointsPerTask,
