@@ -80,3 +80,17 @@ def test_body_size_benchmark_runs(tmp_path):
         assert sizes["unguarded"]["nodes"] <= sizes["nodes"] <= sizes["nodes_with_branches"]
     assert set(result["bev_pool_v2"]["median_ms"]) == {"eager torch", "ORT function"}
     assert (tmp_path / "b.json").exists()
+
+
+def test_readme_performance_block_is_the_committed_results():
+    """README's performance block is what benchmarks/readme_perf.py makes of the committed JSON (no
+    hand-typed figure), and it renders a fresh quick run of the suite too."""
+    import doc_markers
+    import readme_perf
+
+    page = doc_markers.page_with(readme_perf.BLOCK)
+    assert page.name == "README.md"
+    results = readme_perf.load()
+    assert doc_markers.section(page.read_text(), readme_perf.BLOCK) == readme_perf.block(results)
+    rows = [line for line in readme_perf.block(results).splitlines() if line.startswith("| ")][1:]
+    assert len(rows) == 7 and all(row.endswith((": met |", ": **not met** |")) for row in rows)  # one per target

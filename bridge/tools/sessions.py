@@ -172,7 +172,7 @@ def session(
     needs nothing else.
     ``tier="native"`` loads the C++ kernel library (built on first use, or ``native_library=``
     / ``$OPBRIDGE_NATIVE_LIBRARY`` for a prebuilt one); ``tier="python"`` runs
-    the ops' own eager implementations through onnxruntime-extensions (float32, prototyping).
+    the ops' own eager implementations through onnxruntime-extensions (every dtype; prototyping).
 
     Example:
         >>> import numpy as np, torch, bridge, custom_ops
