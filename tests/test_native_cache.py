@@ -93,6 +93,20 @@ def test_an_unusable_cache_falls_back_to_a_private_folder_with_a_warning(tmp_pat
     assert folder.is_dir() and not str(folder).startswith(str(bad)) and (folder.stat().st_mode & 0o077) == 0
 
 
+def test_the_fallback_folder_is_removed_when_the_process_exits(tmp_path):
+    """A process whose cache is unusable builds in a private temp folder, gone after it exits."""
+    bad = tmp_path / "bad"
+    bad.write_text("not a folder")
+    code = ("import warnings; warnings.simplefilter('ignore'); from bridge.core import cppbuild; "
+            "f = cppbuild.cache_folder('native'); (f / 'lib.so').write_bytes(b'x'); print(f)")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                       env=dict(os.environ, OPBRIDGE_CACHE_DIR=str(bad)))
+    assert r.returncode == 0, r.stderr
+    folder = Path(r.stdout.strip())
+    assert folder.name == "native" and folder.parent.name.startswith("opbridge-cache-")
+    assert not folder.parent.exists()
+
+
 def test_a_built_library_loads_without_a_compiler(tmp_path):
     build.library_path()  # the default cache, as a user has it
     code = ("import custom_ops, bridge; from ort_kernels import build; from bridge.core import cppbuild; "

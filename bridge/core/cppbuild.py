@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import fcntl
 import functools
@@ -73,7 +74,10 @@ def private_folder(path: Path) -> Path:
 
 @functools.cache
 def _fallback_root() -> Path:
-    return Path(tempfile.mkdtemp(prefix="opbridge-cache-"))
+    root = Path(tempfile.mkdtemp(prefix="opbridge-cache-"))
+    # NOTE: the folder serves this process only: removed at exit, so no run leaves a build behind in /tmp
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    return root
 
 
 def cache_folder(kind: str) -> Path:
