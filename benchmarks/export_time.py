@@ -49,7 +49,6 @@ import importlib
 import importlib.util
 import io
 import json
-import math
 import os
 import re
 import statistics
@@ -71,8 +70,11 @@ import torch  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
+
 import doc_markers  # noqa: E402
 import run  # noqa: E402  (benchmarks/run.py: its export entry, side by side in this process)
+import vision_ops  # noqa: E402  (tests/vision_ops.py: torchvision's ops by name, with plain CPU kernels)
 
 import bridge  # noqa: E402
 import custom_ops.demo as demo  # noqa: E402
@@ -94,59 +96,14 @@ CHECK, CHECK_NATIVE, PLAIN_JOB, TORCH = ("opbridge check", "opbridge check --tie
 # 1. bridge.export vs torch.onnx.export
 
 
-def _roi_align(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned):
-    """torchvision's CPU roi_align, plainly: per bin, the mean of bilinear samples of the roi's image."""
-    height, width = input.shape[-2:]
-    offset = 0.5 if aligned else 0.0
-    out = input.new_zeros(len(rois), input.shape[1], pooled_height, pooled_width)
-
-    def sample(img, y, x):
-        if y < -1.0 or y > height or x < -1.0 or x > width:
-            return img.new_zeros(img.shape[0])
-        y, x = max(y, 0.0), max(x, 0.0)
-        y0, x0 = min(int(y), height - 1), min(int(x), width - 1)
-        y1, x1 = min(y0 + 1, height - 1), min(x0 + 1, width - 1)
-        y, x = (float(y0) if y0 == height - 1 else y), (float(x0) if x0 == width - 1 else x)
-        ly, lx = y - y0, x - x0
-        return ((1 - ly) * (1 - lx) * img[:, y0, x0] + (1 - ly) * lx * img[:, y0, x1]
-                + ly * (1 - lx) * img[:, y1, x0] + ly * lx * img[:, y1, x1])
-
-    for k, (b, *box) in enumerate(rois.tolist()):
-        x_start, y_start, x_end, y_end = (v * spatial_scale - offset for v in box)
-        roi_w, roi_h = x_end - x_start, y_end - y_start
-        if not aligned:
-            roi_w, roi_h = max(roi_w, 1.0), max(roi_h, 1.0)
-        bin_h, bin_w = roi_h / pooled_height, roi_w / pooled_width
-        grid_h = sampling_ratio if sampling_ratio > 0 else math.ceil(roi_h / pooled_height)
-        grid_w = sampling_ratio if sampling_ratio > 0 else math.ceil(roi_w / pooled_width)
-        for ph in range(pooled_height):
-            for pw in range(pooled_width):
-                points = [(y_start + ph * bin_h + (iy + 0.5) * bin_h / grid_h,
-                           x_start + pw * bin_w + (ix + 0.5) * bin_w / grid_w)
-                          for iy in range(grid_h) for ix in range(grid_w)]
-                out[k, :, ph, pw] = sum(sample(input[int(b)], y, x) for y, x in points) / max(len(points), 1)
-    return out
-
-
-def _roi_align_fake(input, rois, spatial_scale, pooled_height, pooled_width, sampling_ratio, aligned):
-    return input.new_empty(rois.shape[0], input.shape[1], pooled_height, pooled_width)
-
-
-_LIBS: list = []
-
-
 def roi_align_op():
-    """``torch.ops.torchvision.roi_align``: torchvision's own where it is installed, else defined here with
-    torchvision's schema (the name torch_lib keys its translation by) and a plain CPU kernel."""
+    """``torch.ops.torchvision.roi_align``: torchvision's own where it is installed, else the one with
+    torchvision's schema (the name torch_lib keys its translation by) and a plain CPU kernel that the
+    tests use too (``tests/vision_ops.py``)."""
     if importlib.util.find_spec("torchvision") is not None:
         importlib.import_module("torchvision")
-    if not hasattr(torch.ops.torchvision, "roi_align"):  # NOTE: also defined already by tests/vision_ops.py
-        lib = torch.library.Library("torchvision", "FRAGMENT")
-        lib.define("roi_align(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, "
-                   "SymInt pooled_width, int sampling_ratio, bool aligned) -> Tensor")
-        lib.impl("roi_align", _roi_align, "CPU")
-        torch.library.register_fake("torchvision::roi_align", _roi_align_fake, lib=lib)
-        _LIBS.append(lib)  # NOTE: the op lives as long as its Library object
+    elif not hasattr(torch.ops.torchvision, "roi_align"):
+        vision_ops.define("torchvision")
     return torch.ops.torchvision.roi_align.default
 
 
