@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 import doc_markers
+from readme_table import fmt_ms, fmt_ok
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks"
@@ -29,16 +30,9 @@ FUNCTION, EAGER, COMPILED, PYTHON = "ORT function", "eager torch", "torch.compil
 PYTHON_VS_EAGER_MAX = 1.2
 
 
-def _ms(v: float) -> str:
-    return f"{v:.3g} ms"
-
-
-def _x(v: float) -> str:
+def fmt_x(v: float) -> str:
+    """A ratio beside its target: two decimals below 10 (readme_table's two digits would show 1.19 as 1.2)."""
     return f"{v:.2f}x" if v < 10 else f"{v:.0f}x"
-
-
-def _ok(passed: bool) -> str:
-    return "met" if passed else "**not met**"
 
 
 def load(root: Path = RESULTS) -> dict:
@@ -60,24 +54,24 @@ def block(r: dict) -> str:
     mach = run["machine"]
     rows = [
         ("native bev_pool_v2, back to back: "
-         f"{_ms(ms[NATIVE])} vs {_ms(ms[FLOOR])} for a memcpy of the bytes it touches",
-         _x(ratios["native / floor"]) + " the memcpy", targets["native_vs_floor_max"],
+         f"{fmt_ms(ms[NATIVE])} vs {fmt_ms(ms[FLOOR])} for a memcpy of the bytes it touches",
+         fmt_x(ratios["native / floor"]) + " the memcpy", targets["native_vs_floor_max"],
          ratios["native / floor"] <= targets["native_vs_floor_max"], "<="),
-        (f"... a lone call (after {b['lone_idle_ms']:g} ms idle): {_ms(ms[NATIVE_LONE])}",
-         _x(ratios["native lone / floor"]) + " the memcpy", targets["native_lone_vs_floor_max"],
+        (f"... a lone call (after {b['lone_idle_ms']:g} ms idle): {fmt_ms(ms[NATIVE_LONE])}",
+         fmt_x(ratios["native lone / floor"]) + " the memcpy", targets["native_lone_vs_floor_max"],
          ratios["native lone / floor"] <= targets["native_lone_vs_floor_max"], "<="),
-        (f"... torch.compile of the same sum in pure torch: {_ms(ms[COMPILED])}",
-         _x(ratios["torch.compile / native lone"]) + " a lone native call", targets["compile_vs_native_lone_min"],
+        (f"... torch.compile of the same sum in pure torch: {fmt_ms(ms[COMPILED])}",
+         fmt_x(ratios["torch.compile / native lone"]) + " a lone native call", targets["compile_vs_native_lone_min"],
          ratios["torch.compile / native lone"] >= targets["compile_vs_native_lone_min"], ">="),
-        (f"function tier (portable ONNX body): {_ms(ms[FUNCTION])} vs eager torch {_ms(ms[EAGER])}",
-         _x(ratios["function / eager"]) + " eager", fn_max, ratios["function / eager"] <= fn_max, "<="),
+        (f"function tier (portable ONNX body): {fmt_ms(ms[FUNCTION])} vs eager torch {fmt_ms(ms[EAGER])}",
+         fmt_x(ratios["function / eager"]) + " eager", fn_max, ratios["function / eager"] <= fn_max, "<="),
         ("bev_pool_v2's portable body, inlined, with its input checks",
          f"{bev_nodes} nodes", node_max, bev_nodes <= node_max, "<="),
-        (f"python tier on the demo model: {_ms(demo['ms'][PYTHON])} vs eager torch {_ms(demo['ms'][EAGER])}",
-         _x(demo["vs_eager"][PYTHON]) + " eager", PYTHON_VS_EAGER_MAX,
+        (f"python tier on the demo model: {fmt_ms(demo['ms'][PYTHON])} vs eager torch {fmt_ms(demo['ms'][EAGER])}",
+         fmt_x(demo["vs_eager"][PYTHON]) + " eager", PYTHON_VS_EAGER_MAX,
          demo["vs_eager"][PYTHON] <= PYTHON_VS_EAGER_MAX, "<="),
         ("`bridge.export` vs plain `torch.onnx.export` of the same models (in one process; first export in a "
-         f"fresh process: up to {_x(first)})", "up to " + _x(ex["max_ratio"]), ex["target"],
+         f"fresh process: up to {fmt_x(first)})", "up to " + fmt_x(ex["max_ratio"]), ex["target"],
          ex["max_ratio"] <= ex["target"] and first <= ex["target"], "<="),
     ]
     lines = [f"One run of `benchmarks/` on {mach['cores']} cores (onnxruntime {mach['onnxruntime']}, torch "
@@ -86,9 +80,9 @@ def block(r: dict) -> str:
              "| measure | result | target |", "|---|---|---|"]
     for what, result, target, met, sense in rows:
         unit = "" if "nodes" in result else "x"
-        lines.append(f"| {what} | {result} | {sense} {target:g}{unit}: {_ok(met)} |")
+        lines.append(f"| {what} | {result} | {sense} {target:g}{unit}: {fmt_ok(met)} |")
     lines += ["", f"The first `opbridge check` on a warm cache takes {warm['median_s']['opbridge check']:.1f} s, "
-              f"{_x(warm['ratios']['check_vs_plain'])} the same export, session and run written by hand. Details "
+              f"{fmt_x(warm['ratios']['check_vs_plain'])} the same export, session and run written by hand. Details "
               "and every other figure: [docs/evidence.md](docs/evidence.md)."]
     return "\n".join(lines)
 
