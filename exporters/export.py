@@ -25,7 +25,7 @@ from bridge.core.registry import REGISTRY, Registry
 from exporters.bodies.opsets import attach_functions, convert_model, onnx_opset
 from exporters.bodies.translation import symbolic_attribute_error, translation_table
 from exporters.derive import attach_derived
-from exporters.derive.cache import CACHE
+from exporters.derive.tracing import onnx_program, program_calls
 from exporters.inline import inline_functions
 from exporters.names import dim_names, name_custom_outputs, name_graph_io, rename_dims
 from exporters.portable import relativize_paths, stamp_ir_version
@@ -48,16 +48,10 @@ def _walk(value):
         yield value
 
 
-def _calls(program: torch.export.ExportedProgram):
-    """The call_function nodes of ``program``'s graph and of every subgraph (torch.cond / map branches)."""
-    graphs = [m.graph for m in program.graph_module.modules() if isinstance(m, torch.fx.GraphModule)]
-    return (n for g in graphs for n in g.nodes if n.op == "call_function")
-
-
 def check_program(program: torch.export.ExportedProgram, registry: Registry) -> None:
     """Raise OpBridgeError for unregistered custom ops and symbolic list/scalar attributes, in the
     graph and in every subgraph (torch.cond / map branches)."""
-    for node in _calls(program):
+    for node in program_calls(program):
         target = node.target
         if isinstance(target, torch_compat.HigherOrderOperator) and target.name().startswith("auto_functionalized"):
             mutated = node.args[0].name() if node.args else target.name()
@@ -245,18 +239,9 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
 
 def to_onnx(program: torch.export.ExportedProgram, registry: Registry, opset: int):
     """``torch.onnx.export(program, dynamo=True, custom_translation_table=translation_table(registry))``
-    at ``opset`` (an ONNXProgram), through torch.onnx's table of ATen translations built once per opset
-    (``CACHE.onnx_registry``) rather than anew on each call, as torch.onnx.export does; built again when
-    ``program`` calls an op torch_lib translates that did not exist when it was built."""
-    table = translation_table(registry)
-    base = CACHE.onnx_registry(opset)
-    if base is None:  # NOTE: a torch without the exporter's internals: its public entry point
-        return torch.onnx.export(program, dynamo=True, custom_translation_table=table, opset_version=opset,
-                                 optimize=True, verify=False, external_data=False)
-    ops = {n.target for n in _calls(program) if isinstance(n.target, torch_compat.OpOverload)}
-    if any(torch_compat.lacks_translation(base, op) for op in ops):
-        base = CACHE.onnx_registry(opset, fresh=True)
-    return torch_compat.onnx_export(program, torch_compat.with_translations(base, table), opset)
+    at ``opset`` (an ONNXProgram), through the table of ATen translations built once per opset
+    (``exporters.derive.tracing.onnx_program``)."""
+    return onnx_program(program, opset, translation_table(registry))
 
 
 def _dim_sites(model, args: Sequence, kwargs: dict | None, dynamic_shapes) -> dict[str, tuple[str, int]]:

@@ -137,20 +137,37 @@ def _onnx_export(program, opset: int, registry: Registry, translated: dict):
         elif not torch_compat.has_kernel(inner.overload.name(), "CompositeImplicitAutograd"):
             raise Untraceable(f"its implementation calls custom op {inner.qualname}, which has no written body "
                               "(derived bodies do not nest)")
-    onnx_registry = CACHE.onnx_registry(opset)
-    if nested or onnx_registry is None:  # NOTE: an implementation calling bridged ops: their translations
+    if nested:  # NOTE: an implementation calling bridged ops: their translations, through the public entry point
         return torch.onnx.export(program, dynamo=True, opset_version=opset, optimize=True, verify=False,
                                  external_data=False,
                                  custom_translation_table={**{t: translation(s) for t, s in nested.items()},
                                                            **translated})
-    # NOTE: torch.onnx.export builds its registry of ATen translations anew on every call (seconds);
-    # a body per site would pay that each time, so it is built once per opset (CACHE), as
-    # torch.onnx.export builds it, and handed to the exporter torch.onnx.export calls.
-    if translated:
-        # NOTE: torch.onnx fills its table from torch_lib only for ops that exist when it is built (and
-        # torchvision's only with torchvision installed): the op's translation is added to a copy
-        onnx_registry = torch_compat.with_translations(onnx_registry, translated)
-    return torch_compat.onnx_export(program, onnx_registry, opset)
+    return onnx_program(program, opset, translated)
+
+
+def program_calls(program: torch.export.ExportedProgram):
+    """The call_function nodes of ``program``'s graph and of every subgraph (torch.cond / map branches)."""
+    graphs = [m.graph for m in program.graph_module.modules() if isinstance(m, torch.fx.GraphModule)]
+    return (n for g in graphs for n in g.nodes if n.op == "call_function")
+
+
+def onnx_program(program: torch.export.ExportedProgram, opset: int, table: dict):
+    """``torch.onnx.export(program, dynamo=True, custom_translation_table=table)`` at ``opset`` (an
+    ONNXProgram), through torch.onnx's table of ATen translations built once per opset
+    (``CACHE.onnx_registry``), and built again when ``program`` calls an op torch_lib translates that
+    did not exist when it was built.
+
+    NOTE: torch.onnx.export builds that table anew on every call (about half a second): every export
+    and every derived body goes through here instead. torch.onnx fills it from torch_lib only for
+    ops that exist when it is built (torchvision's only with torchvision installed)."""
+    base = CACHE.onnx_registry(opset)
+    if base is None:  # NOTE: a torch without the exporter's internals: its public entry point
+        return torch.onnx.export(program, dynamo=True, custom_translation_table=table, opset_version=opset,
+                                 optimize=True, verify=False, external_data=False)
+    ops = {n.target for n in program_calls(program) if isinstance(n.target, torch_compat.OpOverload)}
+    if any(torch_compat.lacks_translation(base, op) for op in ops):
+        base = CACHE.onnx_registry(opset, fresh=True)
+    return torch_compat.onnx_export(program, torch_compat.with_translations(base, table) if table else base, opset)
 
 
 def to_onnx(program, opset: int, registry: Registry, translated: dict | None = None) -> onnx.ModelProto:
