@@ -78,8 +78,6 @@ T = onnx.TensorProto
 _CARRIED_IN: dict[int, int] = {t: t for t in (T.FLOAT, T.DOUBLE, T.INT8, T.UINT8, T.INT16, T.INT32, T.INT64, T.BOOL)}
 _CARRIED_IN |= {T.FLOAT16: T.FLOAT, T.BFLOAT16: T.FLOAT}
 _CARRIED_OUT: dict[int, int] = {**_CARRIED_IN, T.FLOAT16: T.FLOAT16}
-_SHORT: dict[int, str] = {T.FLOAT: "f32", T.DOUBLE: "f64", T.FLOAT16: "f16", T.BFLOAT16: "bf16", T.INT8: "i8",
-                          T.UINT8: "u8", T.INT16: "i16", T.INT32: "i32", T.INT64: "i64", T.BOOL: "b"}
 
 
 @dataclasses.dataclass(eq=False)
@@ -244,6 +242,11 @@ def _padded(spec, inputs) -> tuple[int, ...]:
     return tuple(inputs) + (T.FLOAT,) * (len(spec.tensors) - len(inputs))
 
 
+def _signature(types: tuple[int, ...]) -> str:
+    """Element types as part of a private op_type: torch's dtype names (``float32_int64``)."""
+    return "_".join(str(ONNX_TO_TORCH[t]).removeprefix("torch.") for t in types)
+
+
 def _declare(spec: OpSpec, in_types: tuple[int, ...], out_types: tuple[int, ...]) -> _Declared:
     """The PyOp serving ``spec`` at this signature, declared now if it is new."""
     global _generation_used, _hooked
@@ -276,7 +279,7 @@ def _declare(spec: OpSpec, in_types: tuple[int, ...], out_types: tuple[int, ...]
     declared = _Declared(
         spec=spec, in_types=in_types, out_types=out_types, generation=_generation,
         domain=f"{PYTHON_DOMAIN}{_generation}.{spec.domain}",
-        op_type=f"{spec.name}__{'_'.join(_SHORT[t] for t in in_types)}__{'_'.join(_SHORT[t] for t in out_types)}",
+        op_type=f"{spec.name}__{_signature(in_types)}__{_signature(out_types)}",
         restore={i: ONNX_TO_TORCH[t] for i, (t, c) in enumerate(zip(in_types, carried_in)) if t != c},
         out_dtypes=out_dtypes,
         out_carry=tuple(ONNX_TO_TORCH[c] if c != t else None for t, c in zip(out_types, carried_out)),
