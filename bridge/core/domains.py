@@ -49,6 +49,9 @@ def refuse_reserved(qualname: str, domain: str | None) -> None:
         f"your own: leave domain= out (the op's namespace) or pass e.g. domain='com.yourcompany'.")
 
 
+STANDARD_DOMAINS = ("", "ai.onnx")  # the standard ONNX operator set's two names
+
+
 def is_onnx(domain: str) -> bool:
     """Whether ``domain`` is the standard ONNX operator set (``""`` or ``"ai.onnx"``)."""
-    return domain in ("", "ai.onnx")
+    return domain in STANDARD_DOMAINS

@@ -21,7 +21,7 @@ from collections.abc import Iterable, Iterator
 
 import onnx
 
-from bridge.core.domains import ONNX_DOMAINS, is_custom, is_onnx
+from bridge.core.domains import ONNX_DOMAINS, STANDARD_DOMAINS, is_custom, is_onnx
 
 # NOTE: the standard ops that carry subgraphs; walks skip the attributes of other standard nodes
 # (a walk over a function body is then ~2.5x cheaper; sessions walk every body)
@@ -68,8 +68,11 @@ def walk(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.NodeProto]:
     """Each of ``nodes`` followed by the nodes of its subgraphs, depth first."""
     for node in nodes:
         yield node
-        for sub in subgraphs(node):
-            yield from walk(sub.node)
+        # NOTE: may_hold_subgraphs inlined: sessions walk every function body several times, and two
+        # calls per node were a third of the function tier's Python time per session
+        if node.op_type in SUBGRAPH_OPS or node.domain not in STANDARD_DOMAINS:
+            for sub in subgraphs(node):
+                yield from walk(sub.node)
 
 
 def model_nodes(model: onnx.ModelProto, *, functions: bool = False) -> Iterator[onnx.NodeProto]:
