@@ -13,10 +13,10 @@ import onnxruntime as ort
 import torch
 from onnx import external_data_helper, numpy_helper
 
-from bridge.core.checks import explain_failure, failed_guard
+from bridge.core.checks import explain_failure, failed_guard, guard_node
 from bridge.core.domains import is_custom
 from bridge.core.errors import OpBridgeError, UnsupportedInTier
-from bridge.core.graphs import model_nodes, subgraphs, walk
+from bridge.core.graphs import custom_nodes, model_nodes, subgraphs, walk
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
 from exporters.bodies.opsets import attach_functions
@@ -147,7 +147,7 @@ def _explain(calls: tuple, error: BaseException, feed: dict) -> str | None:
             env[param] = None if value is None else torch.from_numpy(np.array(value))
         else:
             envs.append(env)
-    node = str(error).split("Name:'", 1)[-1].split("'", 1)[0]
+    node = guard_node(error)
     if checks is None:
         return (f"opbridge: {qualname}: an input check failed (onnxruntime stopped at guard node '{node}'). "
                 "Got inputs that fail it. Run the op eagerly on them to see which.")
@@ -160,8 +160,11 @@ def _checked_calls(model: onnx.ModelProto, registry: Registry) -> tuple:
     # NOTE: only what the messages need is kept, not the model (its weights may be large).
     initializers = {t.name: t for t in model.graph.initializer}
     calls = []
-    for node in model.graph.node:
-        spec = registry.find(node.domain, node.op_type) if is_custom(node.domain) else None
+    # NOTE: the nodes in If/Loop/Scan bodies too: their attributes are checked before a session opens
+    # like the main graph's (a bad one in a branch was a vague run-time failure), and their inputs,
+    # where they are the model's, explain a failed guard
+    for node in custom_nodes(model):
+        spec = registry.find(node.domain, node.op_type)
         if spec is None or spec.checks is None:
             continue
         inputs = {p.name: (node.input[i] if i < len(node.input) else "") for i, p in enumerate(spec.tensors)}

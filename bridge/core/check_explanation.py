@@ -29,6 +29,7 @@ from bridge.core.check_vocabulary import Checks
 _GUARD_NAME = re.compile(GUARD_PREFIX + r"/([A-Za-z_][\w]*::[A-Za-z_][\w.]*)/(\w+/\d+\.\w+(?:\+\w+/\d+\.\w+)*)")
 _ENTRY = re.compile(r"(\w+)/(\d+)\.\w+")
 _CODE = re.compile(r"idx=(\d+)")
+_NODE_NAME = re.compile(r"Name:'([^']*)'")
 
 
 def failed_guard(error: BaseException | str) -> tuple[str, str, int] | None:
@@ -50,6 +51,20 @@ def failed_guard(error: BaseException | str) -> tuple[str, str, int] | None:
     picked = [e for e in entries if code is not None and e[1] == int(code.group(1)) - 1]
     name, index = (picked or entries)[0]
     return m.group(1), name, index
+
+
+def guard_node(error: BaseException | str) -> str:
+    """The name of the node an onnxruntime error stopped at: the guard node's where the message
+    names one (a guard inside an If branch fails as the If node, which names the guard after
+    itself), else the first node it names.
+
+    Example:
+        >>> guard_node("running If node. Name:'' Status Message: running Gather node. "
+        ...            "Name:'_inlfunc_f_opbridge_check/d::f/x/3.rank' Status Message: ...")
+        '_inlfunc_f_opbridge_check/d::f/x/3.rank'
+    """
+    names = _NODE_NAME.findall(str(error))
+    return next((n for n in names if GUARD_PREFIX in n), names[0] if names else "")
 
 
 def explain_failure(checks: Checks, index: int, envs: Sequence[dict], node: str) -> str:
