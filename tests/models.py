@@ -1,4 +1,5 @@
-"""Shared test models: the bev_pool_v2 pooling module, for pytest tests and tests/scripts alike.
+"""Shared test models: the bev_pool_v2 pooling module, for pytest tests and tests/scripts alike;
+a custom node inside an If branch.
 
 Tests import it as ``models`` (pytest puts tests/ on sys.path); the scripts in tests/scripts,
 run in subprocesses, put tests/ on sys.path themselves. bev_pool_v2 is called by keyword, so
@@ -7,7 +8,9 @@ the module keeps working whatever the position of ``bev_feat_shape`` in the op's
 
 from __future__ import annotations
 
+import onnx
 import torch
+from onnx import TensorProto, helper
 
 import bridge
 import custom_ops  # noqa: F401  (registers the seed ops)
@@ -54,3 +57,18 @@ def pool_dynamic_shapes() -> tuple:
     """dynamic_shapes for Pool: a dynamic point count and a dynamic interval count."""
     points, intervals = torch.export.Dim("points"), torch.export.Dim("intervals")
     return (None, None, {0: points}, {0: points}, {0: points}, {0: intervals}, {0: intervals})
+
+
+def crop_in_a_branch(box, x_shape=(4, 4)) -> onnx.ModelProto:
+    """A model whose If runs opbridge::crop(x, box) in its then-branch and passes x through in the
+    other (inputs ``cond``, a bool scalar, and float ``x`` of ``x_shape``, None: any)."""
+    spec = bridge.REGISTRY.get("opbridge::crop")
+    out = lambda name: [helper.make_tensor_value_info(name, TensorProto.FLOAT, None)]  # noqa: E731
+    then = helper.make_graph([helper.make_node("crop", ["x"], ["c"], domain=spec.domain, box=box)], "then", [],
+                             out("c"))
+    other = helper.make_graph([helper.make_node("Identity", ["x"], ["e"])], "else", [], out("e"))
+    graph = helper.make_graph([helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other)], "g",
+                              [helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
+                               helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)], out("y"))
+    return helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 18),
+                                                                helper.make_opsetid(spec.domain, spec.version)])

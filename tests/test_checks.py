@@ -11,6 +11,7 @@ import onnxruntime as ort
 import pytest
 import torch
 from onnx import TensorProto, helper
+from models import crop_in_a_branch
 from op_db import F32, OPS
 
 import bridge
@@ -183,32 +184,18 @@ def test_function_tier_message_without_known_inputs(tmp_path):
         plain.run(None, {"image": np.zeros((2, 5, 5), np.float32), "patch": np.ones((3, 2, 2), np.float32)})
 
 
-def _crop_in_a_branch(box) -> onnx.ModelProto:
-    """A model whose If runs opbridge::crop(x, box) in its then-branch and passes x through in the other."""
-    spec = bridge.REGISTRY.get("opbridge::crop")
-    out = lambda name: [helper.make_tensor_value_info(name, TensorProto.FLOAT, None)]  # noqa: E731
-    then = helper.make_graph([helper.make_node("crop", ["x"], ["c"], domain=spec.domain, box=box)], "then", [],
-                             out("c"))
-    other = helper.make_graph([helper.make_node("Identity", ["x"], ["e"])], "else", [], out("e"))
-    graph = helper.make_graph([helper.make_node("If", ["cond"], ["y"], then_branch=then, else_branch=other)], "g",
-                              [helper.make_tensor_value_info("cond", TensorProto.BOOL, []),
-                               helper.make_tensor_value_info("x", TensorProto.FLOAT, None)], out("y"))
-    return helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 18),
-                                                                helper.make_opsetid(spec.domain, spec.version)])
-
-
 @pytest.mark.parametrize("tier", ["function", "native", "python"])
 def test_a_custom_node_inside_a_branch_is_checked_like_one_in_the_main_graph(tier):
     """opbridge::crop inside an If branch: a bad attribute is refused with the op's own message when
     the session opens, in every tier (the function tier checked only the main graph's nodes, and
     failed at run time naming no check), and a good one runs."""
     x = np.arange(16, dtype=np.float32).reshape(4, 4)
-    sess = bridge.session(_crop_in_a_branch([1, 0, 3, 2]), tier=tier)
+    sess = bridge.session(crop_in_a_branch([1, 0, 3, 2]), tier=tier)
     np.testing.assert_array_equal(sess.run(None, {"cond": np.array(True), "x": x})[0], x[0:2, 1:3])
     for box, says in (([3, 0, 1, 2], "with right >= left and bottom >= top"), ([1, 2], "Got [1, 2]")):
         with pytest.raises(bridge.OpBridgeError, match=r"opbridge::crop: attribute 'box' must be \[left, top, right, "
                                                        r"bottom\]") as info:
-            bridge.session(_crop_in_a_branch(box), tier=tier).run(None, {"cond": np.array(True), "x": x})
+            bridge.session(crop_in_a_branch(box), tier=tier).run(None, {"cond": np.array(True), "x": x})
         if tier != "native":  # NOTE: the native kernel's own message states the order check for any bad box
             assert says in str(info.value), str(info.value)
 
@@ -216,7 +203,7 @@ def test_a_custom_node_inside_a_branch_is_checked_like_one_in_the_main_graph(tie
 def test_a_failed_guard_inside_a_branch_gets_the_ops_message():
     """A value check failing inside an If branch (onnxruntime reports the If node, naming the guard
     after it) is explained with the op's eager message, from the model's input."""
-    sess = bridge.session(_crop_in_a_branch([0, 0, 1, 1]), tier="function")
+    sess = bridge.session(crop_in_a_branch([0, 0, 1, 1], x_shape=None), tier="function")
     with pytest.raises(bridge.OpBridgeError) as info:
         sess.run(None, {"cond": np.array(True), "x": np.ones(4, np.float32)})
     assert str(info.value).startswith("opbridge: opbridge::crop: input 'img' must be an image (..., H, W)"), \

@@ -18,6 +18,7 @@ from bridge.tools.testing import OpModule, cases
 from exporters import derive
 from exporters.derive import attach, guards
 from ort_kernels.tiers import TIERS
+from tests.models import crop_in_a_branch
 from tests.vendor import plain_ops
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -135,6 +136,23 @@ def test_composite_kernel_of_an_op_defined_elsewhere_is_its_body(registry):
                          sample_inputs=lambda dtype: [bridge.SampleInput((torch.randn(3, 4).to(dtype), 0.5))])
     assert derive.body_status(op.spec, registry=registry) == ("derived", None)
     assert "Tanh" in derive.show_body(op.spec, registry=registry)
+
+
+def test_a_derived_body_serves_a_node_inside_a_branch(without_written_body, tmp_path):
+    """opbridge::crop without its written body, called inside an If branch: the function tier
+    derives its body there as in the main graph (it refused, saying none could be derived), and
+    plain onnxruntime runs the file it attaches."""
+    without_written_body("opbridge::crop")
+    model = crop_in_a_branch([1, 0, 3, 2])
+    x = np.arange(16, dtype=np.float32).reshape(4, 4)
+    assert attach.attach_derived(model, bridge.REGISTRY) == ["opbridge::crop"]
+    path = tmp_path / "branch.onnx"
+    onnx.save(model, path)
+    for cond, expected in ((True, x[0:2, 1:3]), (False, x)):
+        feed = {"cond": np.array(cond), "x": x}
+        np.testing.assert_array_equal(ort.InferenceSession(str(path)).run(None, feed)[0], expected)
+        got = bridge.session(crop_in_a_branch([1, 0, 3, 2]), tier="function").run(None, feed)[0]
+        np.testing.assert_array_equal(got, expected)
 
 
 def test_numpy_op_has_no_portable_body_and_still_runs_native(without_written_body, tmp_path):

@@ -10,6 +10,7 @@ import onnx
 from onnx import helper
 
 from bridge.core.domains import is_custom
+from bridge.core.graphs import custom_nodes, model_graphs
 from bridge.core.registry import Registry
 from bridge.core.spec import BodyBuilder, OpSpec
 from exporters.bodies.opsets import attach_built, guarded_copy
@@ -18,12 +19,20 @@ from exporters.derive.derivation import derive
 from exporters.derive.sites import Derived, NoPortableBody, Untraceable, site_of, value_types
 
 
+def _graph_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+    """The types the model's graph and its subgraphs (If/Loop/Scan bodies) record."""
+    types: dict[str, onnx.TypeProto] = {}
+    for graph in model_graphs(model):
+        types.update(value_types(graph))
+    return types
+
+
 def _model_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
-    types = value_types(model.graph)
-    wanted = {n for node in model.graph.node if is_custom(node.domain) for n in node.input if n}
+    types = _graph_types(model)
+    wanted = {n for node in custom_nodes(model) for n in node.input if n}
     if not wanted <= types.keys():
         try:
-            types = {**value_types(onnx.shape_inference.infer_shapes(model).graph), **types}
+            types = {**_graph_types(onnx.shape_inference.infer_shapes(model)), **types}
         except Exception:  # noqa: BLE001  what inference cannot type is reported per node
             pass
     return types
@@ -33,8 +42,8 @@ def _todo(model: onnx.ModelProto, registry: Registry) -> list[tuple[onnx.NodePro
     """The custom nodes whose op has no written body and no model-local function, with their op."""
     local = {(f.domain, f.name, f.overload) for f in model.functions}
     todo = []
-    for node in model.graph.node:
-        if is_custom(node.domain) and (node.domain, node.op_type, node.overload) not in local:
+    for node in custom_nodes(model):  # NOTE: the main graph's and those in If/Loop/Scan bodies
+        if (node.domain, node.op_type, node.overload) not in local:
             spec = registry.find(node.domain, node.op_type)
             if spec is not None and spec.function is None:
                 todo.append((node, spec))
