@@ -19,10 +19,12 @@ import bridge
 import custom_ops.demo as demo
 import exporters.inline
 from bridge.core.graphs import nonstandard_ops
+from bridge.tools import openvino_runtime
 from bridge.tools.cli import main
 from bridge.tools.parity import TOLERANCES, run_ort
 from bridge.tools.testing import OpModule, cases
 from exporters.inline import inline_functions
+from tests.models import crop_in_a_branch
 
 ROOT = Path(__file__).resolve().parents[1]
 assert importlib.util.find_spec("openvino") is not None, "openvino is part of the test extra: pip install -e '.[test]'"
@@ -199,6 +201,13 @@ def test_check_parity_inline_keywords():
     with pytest.raises(bridge.OpBridgeError, match=r"custom nodes.*Got custom ops \['opbridge::crop', "
                                                    r"'opbridge::identity_conv'\].*opbridge inline"):
         bridge.check_parity(model, args, runtime="openvino")
+
+
+def test_openvino_refuses_custom_nodes_inside_branches_too():
+    """A custom node inside an If branch is named like one in the main graph (the check read only
+    the main graph's nodes, so OpenVINO's own conversion error came instead)."""
+    with pytest.raises(bridge.OpBridgeError, match=r"Got custom ops \['opbridge::crop'\].*opbridge inline"):
+        openvino_runtime.session(crop_in_a_branch([1, 0, 3, 2]))
 
 
 @openvino_test

@@ -36,10 +36,9 @@ import onnx
 
 from bridge.core.errors import OpBridgeError
 from bridge.core.files import load_model
+from bridge.core.graphs import nonstandard_ops
 
 INSTALL = "pip install openvino"
-# NOTE: the domains OpenVINO's ONNX frontend converts; opbridge's custom domains are not among them.
-_STANDARD = frozenset({"", "ai.onnx", "ai.onnx.ml"})
 
 
 def missing() -> str | None:
@@ -105,7 +104,7 @@ class OpenVINOSession:
         else:
             path = os.fspath(model)
             proto, source = load_model(path, external_data=False), (path,)
-        custom = sorted({f"{n.domain}::{n.op_type}" for n in proto.graph.node if n.domain not in _STANDARD})
+        custom = [f"{domain}::{op}" for domain, op in nonstandard_ops(proto)]  # subgraphs' nodes too
         if custom:
             raise OpBridgeError(
                 f"OpenVINO has no conversion rule for custom nodes, and does not expand model-local "
