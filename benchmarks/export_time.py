@@ -79,6 +79,7 @@ import vision_ops  # noqa: E402  (tests/vision_ops.py: torchvision's ops by name
 import bridge  # noqa: E402
 import custom_ops.demo as demo  # noqa: E402
 from bridge.core import cppbuild, files  # noqa: E402
+from bridge.core.domains import is_onnx  # noqa: E402
 from bridge.core.torch_compat import torchlib_translation  # noqa: E402
 from exporters.bodies.translation import translation_table  # noqa: E402
 from exporters.export import DEFAULT_OPSET  # noqa: E402
@@ -184,11 +185,11 @@ def check_answers(name: str, model, args, registry, bridge_proto, plain_proto, l
         expected = model(*args)
     feed = {i.name: a.numpy() for i, a in zip(bridge_proto.graph.input, args)}
     outputs = {BRIDGE: bridge.session(bridge_proto, registry=registry).run(None, feed)[0]}
-    custom = [(n.domain, n.op_type) for n in plain_proto.graph.node if n.domain not in ("", "ai.onnx")]
+    custom = [(n.domain, n.op_type) for n in plain_proto.graph.node if not is_onnx(n.domain)]
     if not custom or set(custom) <= set(build.served_ops(registry)):
         plain = _ort_session(plain_proto, library if custom else None)
         outputs[PLAIN] = plain.run(None, {i.name: a.numpy() for i, a in zip(plain.get_inputs(), args)})[0]
-    elif custom != [(n.domain, n.op_type) for n in bridge_proto.graph.node if n.domain not in ("", "ai.onnx")]:
+    elif custom != [(n.domain, n.op_type) for n in bridge_proto.graph.node if not is_onnx(n.domain)]:
         raise SystemExit(f"opbridge: the {PLAIN} file of {name} holds other custom nodes than the bridge's. "
                          f"Got {custom}. Fix the benchmark's translations.")
     for who, got in outputs.items():

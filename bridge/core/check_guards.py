@@ -28,6 +28,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from bridge.core.check_vocabulary import Check, Checks, Compare, Rank
+from bridge.core.domains import is_onnx
 from bridge.core.errors import OpBridgeError
 from bridge.core.graphs import walk
 
@@ -342,7 +343,7 @@ def _shared_constants(nodes: list[onnx.NodeProto], outputs: set[str]) -> list[on
     renames: dict[str, str] = {}
     constants, rest = [], []
     for node in nodes:
-        if node.op_type != "Constant" or node.domain not in ("", "ai.onnx") or node.output[0] in outputs:
+        if node.op_type != "Constant" or not is_onnx(node.domain) or node.output[0] in outputs:
             rest.append(node)
             continue
         key = b"".join(a.SerializeToString(deterministic=True) for a in node.attribute)

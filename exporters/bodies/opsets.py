@@ -117,7 +117,7 @@ def _constant_ints(name: str, ctx: _Context) -> onnx.AttributeProto | None:
     """The ints a Constant node produces as ``name``, as an attribute to reuse (may be a reference
     to a function attribute), or None when ``name`` is not a constant of this body."""
     producer = ctx.producers.get(name)
-    if producer is None or producer.op_type != "Constant" or producer.domain not in ("", "ai.onnx"):
+    if producer is None or producer.op_type != "Constant" or not is_onnx(producer.domain):
         return None
     attr = producer.attribute[0] if len(producer.attribute) == 1 else None
     if attr is None:

@@ -13,7 +13,7 @@ from bridge.core.domains import is_custom
 from bridge.core.graphs import custom_nodes, model_graphs
 from bridge.core.registry import Registry
 from bridge.core.spec import BodyBuilder, OpSpec
-from exporters.bodies.opsets import attach_built, guarded_copy
+from exporters.bodies.opsets import attach_built, guarded_copy, onnx_opset
 from exporters.derive.cache import CACHE
 from exporters.derive.derivation import derive
 from exporters.derive.sites import Derived, NoPortableBody, Untraceable, site_of, value_types
@@ -86,7 +86,7 @@ def attach_derived(model: onnx.ModelProto, registry: Registry) -> list[str]:
         >>> [(f.name, list(f.attribute)) for f in proto.functions]
         [('scaled_sum', ['k'])]
     """
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    opset = onnx_opset(model)
     todo = _todo(model, registry)
     if not todo or opset is None:
         return []

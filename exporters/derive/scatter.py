@@ -7,6 +7,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
+from bridge.core.domains import is_onnx
 from bridge.core.graphs import walk
 from exporters.derive.sites import Untraceable, value_types
 
@@ -71,7 +72,7 @@ def avoid_racy_scatter(model: onnx.ModelProto) -> None:
     nodes = []
     for node in model.graph.node:
         reduction = next((a.s.decode() for a in node.attribute if a.name == "reduction"), "none")
-        if node.op_type == "ScatterND" and node.domain in ("", "ai.onnx") and reduction in _REDUCING_SCATTER:
+        if node.op_type == "ScatterND" and is_onnx(node.domain) and reduction in _REDUCING_SCATTER:
             k = _last_dim(types.get(node.input[1]))
             if not k:
                 raise Untraceable(
