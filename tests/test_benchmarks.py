@@ -13,15 +13,40 @@ def test_bev_pool_v2_benchmark_runs(tmp_path):
     result = bev_pool_v2.main(["--quick", "--repeats", "1", "--depth-bins", "8", "--json", str(tmp_path / "r.json")])
     assert 20_000 < result["points"] < 40_000 and result["config"]["channels"] == 64
     assert set(result["median_ms"]) == {"memcpy (floor)", "ORT native", "ORT native 1 thread", "ORT native, lone call",
-                                        "memcpy (floor), lone call", "ORT function", "eager torch"}
+                                        "ORT native 1 thread, lone call", "memcpy (floor), lone call", "ORT function",
+                                        "eager torch"}
     checks = result["checks"]
     assert checks["native_deterministic"] and checks["native_same_on_1_and_2_threads"]
     assert checks["native_vs_float64_max_abs"] < 1e-4
     # the lone targets are against the floor back to back
     ms, ratios = result["median_ms"], result["ratios"]
     assert ratios["native lone / floor"] == ms["ORT native, lone call"] / ms["memcpy (floor)"]
+    assert ratios["native lone, 1 -> 2 threads speedup"] == ms["ORT native 1 thread, lone call"] / ms[
+        "ORT native, lone call"]
     assert [name for name, *_ in bev_pool_v2.target_rows(result)] == ["native / floor", "native lone / floor"]
     assert (tmp_path / "r.json").exists()
+
+
+def test_lone_calls_come_after_every_back_to_back_round(monkeypatch):
+    """bev_pool_v2.measure: the rounds with lone calls (and their sleeps) run after all back-to-back
+    rounds, and each native lone call follows the floor's pair (bev_pool_v2's NOTE on idle time)."""
+    import bev_pool_v2
+
+    phases = []
+    real = bev_pool_v2.round_robin
+
+    def recording(fns, repeats, lone=()):
+        phases.append((list(fns), tuple(lone)))
+        return real(fns, repeats, lone)
+
+    monkeypatch.setattr(bev_pool_v2, "round_robin", recording)
+    bev_pool_v2.measure(1, quick=True, config={"depth_bins": 2})
+    (first, first_lone), (second, second_lone) = phases
+    assert first_lone == () and "ORT native" in first
+    floor = bev_pool_v2.FLOOR
+    assert second == [floor, bev_pool_v2.NATIVE_LONE, floor + " again", bev_pool_v2.NATIVE_1T_LONE,
+                      bev_pool_v2.FLOOR_LONE]
+    assert set(second_lone) == {bev_pool_v2.NATIVE_LONE, bev_pool_v2.NATIVE_1T_LONE, bev_pool_v2.FLOOR_LONE}
 
 
 def test_round_robin_times_lone_calls_once_after_idle(monkeypatch):
