@@ -10,8 +10,8 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from onnx import TensorProto, helper
 from models import crop_in_a_branch
+from onnx import TensorProto, helper
 from op_db import F32, OPS
 
 import bridge
