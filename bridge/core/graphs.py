@@ -17,6 +17,7 @@ Example:
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Iterator
 
 import onnx
@@ -84,8 +85,29 @@ def model_nodes(model: onnx.ModelProto, *, functions: bool = False) -> Iterator[
 
 
 def custom_nodes(model: onnx.ModelProto, *, functions: bool = False) -> Iterator[onnx.NodeProto]:
-    """The custom nodes among :func:`model_nodes`."""
-    return (n for n in model_nodes(model, functions=functions) if is_custom(n.domain))
+    """The custom nodes among :func:`model_nodes`.
+
+    NOTE: a local function that imports no custom domain holds no custom node (ONNX requires a
+    function to import every domain its nodes use; onnx.checker and onnxruntime refuse a file that
+    does not) and is not walked: sessions ask for a model's custom nodes twice, and function bodies
+    are most of its nodes (the demo's: 228 of 242; each walk of them cost ~0.08 ms per session).
+
+    Example:
+        >>> from onnx import helper
+        >>> calls = helper.make_function("d", "f", ["a"], ["b"], [helper.make_node("g", ["a"], ["b"], domain="d")],
+        ...                              [helper.make_opsetid("", 18), helper.make_opsetid("d", 1)])
+        >>> plain = helper.make_function("d", "g", ["a"], ["b"], [helper.make_node("Relu", ["a"], ["b"])],
+        ...                              [helper.make_opsetid("", 18)])
+        >>> graph = helper.make_graph([helper.make_node("f", ["x"], ["y"], domain="d")], "g", [], [])
+        >>> model = helper.make_model(graph, functions=[calls, plain])
+        >>> [n.op_type for n in custom_nodes(model)], [n.op_type for n in custom_nodes(model, functions=True)]
+        (['f'], ['f', 'g'])
+    """
+    nodes = walk(model.graph.node)
+    if functions:
+        bodies = [f for f in model.functions if any(is_custom(o.domain) for o in f.opset_import)]
+        nodes = itertools.chain(nodes, *(walk(f.node) for f in bodies))
+    return (n for n in nodes if is_custom(n.domain))
 
 
 def custom_ops(model: onnx.ModelProto, *, functions: bool = False) -> list[tuple[str, str]]:
