@@ -194,6 +194,8 @@ class GuardBuilder:
         NOTE: no value here is ever zero-size (OpenVINO mishandles those): the shape is read off
         ``Unsqueeze(x, 0)`` and the dims masked rather than sliced away."""
         shape = self.shape1(name)  # [1, *shape]: position 0 stands for the rank
+        if not drop_last:
+            return shape  # NOTE: nothing to mask; the rank is the key's length (equal_vectors compares it)
         r = self.rank(name)
         stop = self.node("Squeeze", [self.node("Add", [r, self.const([1])])])
         position = self.node("Range", [self.const(0, scalar=True), stop, self.const(1, scalar=True)])
