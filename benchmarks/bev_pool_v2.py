@@ -19,7 +19,7 @@ the calling thread's CPU, where it starts only when the call's own thread is don
 sched_getcpu in the kernel: from the first sleep on, both loops of every call on one CPU, the
 worker arriving after the last task). The worker then stays there, so calls "back to back" in
 rounds that also sleep ran on one core (2 threads 0.77 ms vs 0.42 ms in rounds without sleeps).
-Run this last in a process that times anything else with 2 threads after it.
+benchmarks/run.py runs this in a process of its own.
 
 The targets (issue #27) and the floor each ratio uses:
 - ``native / floor``: native back to back over the floor back to back, <= 1.3x;

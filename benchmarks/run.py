@@ -7,17 +7,17 @@
 2. bridge.session() creation vs a plain onnxruntime.InferenceSession on the same file; target <= 5%
 3. whole models per frame (the demo and IdentityModel): eager torch, torch.compile, AOTInductor
    (where it can compile the model), ORT native / function / python
-4. bev_pool_v2 scaling with point count (10k..2M) per tier, more depth bins on BEVDet-R50's fixed
+4. bev_pool_v2 at BEVDet-R50 size: the floor (memcpy of the bytes the op touches), ORT native
+   (2 and 1 intra-op threads), ORT function, eager torch, torch.compile of gather + index_add, then
+   lone calls (one call after 10 ms idle) of ORT native and of the floor (bev_pool_v2.measure, in a
+   process of its own: on a VM the idle time before lone calls moves ORT's workers onto the calling
+   thread's CPU for the calls that follow, bev_pool_v2's NOTE)
+5. bev_pool_v2 scaling with point count (10k..2M) per tier, more depth bins on BEVDet-R50's fixed
    grid; the log-log slope says if cost is linear (the floor's own slope shows what the fixed
    grid's output allows)
-5. the same over B = 1..8 frames of BEVDet-R50 in one call (everything grows with the points)
-6. bev_pool_v2 at BEVDet-R50 size: the floor (memcpy of the bytes the op touches), ORT native
-   (2 and 1 intra-op threads), ORT function, eager torch, torch.compile of gather + index_add, then
-   lone calls (one call after 10 ms idle) of ORT native and of the floor (bev_pool_v2.measure).
-   Last: on a VM the idle time before lone calls moves ORT's workers onto the calling thread's CPU
-   for the calls that follow (bev_pool_v2's NOTE).
+6. the same over B = 1..8 frames of BEVDet-R50 in one call (everything grows with the points)
 Each round times the second of two back-to-back calls of each contender (bev_pool_v2.round_robin;
-the lone calls of 6. are timed once each, after the idle).
+the lone calls of 4. are timed once each, after the idle).
 Absolute times are context; the ratios are the result. ``--quick`` (a smoke run) skips
 torch.compile and AOTInductor, uses few repeats and points up to 100k.
 """
@@ -27,8 +27,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -235,6 +237,22 @@ def scaling_frames(batches, repeats: int) -> dict:
     return {"rows": rows, "loglog_slope": _slopes(rows), "target": [0.9, 1.1]}
 
 
+def bevdet_r50(quick: bool) -> dict:
+    """bev_pool_v2.measure at BEVDet-R50 size, run in a process of its own (``bev_pool_v2.py --json``).
+
+    NOTE: its lone calls sleep, and on a VM the idle time leaves ORT's intra-op workers waking on the
+    calling thread's CPU for the calls after it (bev_pool_v2's NOTE): the sections after it time
+    2-thread sessions. A fresh process also gives eager torch the same start every run (run last
+    in this process, after the scaling sections, its eager call took 30 ms instead of 48 ms)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "bevdet_r50.json")
+        cmd = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "bev_pool_v2.py"),
+               "--repeats", str(3 if quick else 40), "--json", out, *(["--quick"] if quick else [])]
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL)
+        with open(out) as fh:
+            return json.load(fh)
+
+
 def main(argv=None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="few repeats and points up to 100k (a smoke run)")
@@ -265,9 +283,11 @@ def main(argv=None) -> dict:
             print(f"     {k:<16}{v:>9.3f} ms {m['vs_eager'][k]:>7.2f}x {m['vs_native'].get(k, float('nan')):>7.2f}x")
         for k, v in m["notes"].items():
             print(f"     {k}: {v}")
+    results["bevdet_r50"] = r50 = bevdet_r50(quick)
+    print("4. " + bev.report(r50).replace("\n", "\n   "))
     results["scaling"] = s = scaling(targets, 2 if quick else 9)
     keys = ["eager torch", "ORT native", "ORT function", "ORT python", FLOOR]
-    print("4. bev_pool_v2 scaling, fixed 128x128 grid, more depth bins (median ms):")
+    print("5. bev_pool_v2 scaling, fixed 128x128 grid, more depth bins (median ms):")
     print("   " + f"{'points':>9}" + "".join(f"{k:>15}" for k in keys))
     for row in s["rows"]:
         print("   " + f"{row['points']:>9}" + "".join(f"{row[k]:>15.2f}" if k in row else f"{'-':>15}" for k in keys))
@@ -280,13 +300,11 @@ def main(argv=None) -> dict:
     frames = (1, 2) if quick else (1, 2, 4, 8)
     results["scaling_frames"] = f = scaling_frames(frames, 2 if quick else 9)
     keys = ["eager torch", "ORT native", "ORT function", "ORT python", FLOOR]
-    print("5. bev_pool_v2 over B frames of BEVDet-R50 (median ms):")
+    print("6. bev_pool_v2 over B frames of BEVDet-R50 (median ms):")
     print("   " + f"{'frames':>7}{'points':>9}" + "".join(f"{k:>16}" for k in keys))
     for row in f["rows"]:
         print("   " + f"{row['batch']:>7}{row['points']:>9}" + "".join(f"{row[k]:>16.2f}" for k in keys))
     print("   log-log slope (1.0 = linear): " + ", ".join(f"{k} {v:.2f}" for k, v in f["loglog_slope"].items()))
-    results["bevdet_r50"] = r50 = bev.measure(3 if quick else 40, quick)
-    print("6. " + bev.report(r50).replace("\n", "\n   "))
     results["machine"]["load_average_at_end"] = list(os.getloadavg())
     if args.json:
         print(f"wrote {files.write_json(args.json, results)}")
