@@ -170,7 +170,7 @@ template <typename A, int W> struct Vec {  // W bytes
 // NOTE: a vector the compiler must treat as computed: a loop copying vectors through it stays inline
 // vector moves instead of becoming a memcpy call (one call per 256-byte channel run cost ~5% of a
 // call at BEVDet-R50 size).
-#if defined(__x86_64__) || defined(__i386__)
+#if defined(__x86_64__) || (defined(__i386__) && defined(__SSE2__))
 #define OPBRIDGE_OPAQUE(v) asm("" : "+x"(v))
 #elif defined(__aarch64__)
 #define OPBRIDGE_OPAQUE(v) asm("" : "+w"(v))
