@@ -14,10 +14,10 @@ alike. Two phases of rounds, in this order:
    memcpy of the floor, for context.
 
 NOTE: the phases are apart because idle time changes where the next calls' threads run, on a VM:
-after a 10 ms sleep the idle vCPU counts as preempted, and Linux wakes ORT's intra-op worker on
-the calling thread's CPU, where it starts only when the call's own thread is done (measured with
-sched_getcpu in the kernel: from the first sleep on, both loops of every call on one CPU, the
-worker arriving after the last task). The worker then stays there, so calls "back to back" in
+after a 10 ms sleep Linux wakes ORT's intra-op worker on the calling thread's CPU (presumably as
+the halted vCPU counts as preempted), where it starts only when the call's own thread is done
+(measured with sched_getcpu in the kernel: from the first sleep on, both loops of every call on
+one CPU, the worker arriving after the last task). The worker then stays there, so calls "back to back" in
 rounds that also sleep ran on one core (2 threads 0.77 ms vs 0.42 ms in rounds without sleeps).
 benchmarks/run.py runs this in a process of its own.
 
