@@ -212,6 +212,10 @@ def test_a_failed_guard_inside_a_branch_gets_the_ops_message():
         sess.run(None, {"cond": np.array(True), "x": np.ones(4, np.float32)})
     assert str(info.value).startswith("opbridge: opbridge::crop: input 'img' must be an image (..., H, W)"), \
         str(info.value)
+    # a wrong dtype fed to the model input the branch's node reads is named after the op's input
+    with pytest.raises(bridge.OpBridgeError, match=r"opbridge::crop: input 'img' \(model input 'x'\) must be "
+                                                   r"float32"):
+        sess.run(None, {"cond": np.array(True), "x": np.ones((4, 4))})
     assert C.guard_node("running If node. Name:'' Status Message: running Gather node. Name:'_inlfunc_f_"
                         "opbridge_check/d::f/x/3.rank' Status") == "_inlfunc_f_opbridge_check/d::f/x/3.rank"
     assert C.guard_node("running Gather node. Name:'plain' Status Message") == "plain"

@@ -16,7 +16,7 @@ from onnx import external_data_helper
 from bridge.core import files
 from bridge.core.domains import is_custom
 from bridge.core.errors import OpBridgeError
-from bridge.core.graphs import model_nodes
+from bridge.core.graphs import custom_nodes, model_nodes
 from bridge.core.progress import step
 from bridge.core.registry import REGISTRY, Registry
 from ort_kernels import tiers
@@ -144,8 +144,8 @@ def _input_readers(model: onnx.ModelProto, registry: Registry) -> dict:
     """Graph input -> (qualname, parameter) of the first custom node that reads it directly."""
     graph_inputs = {i.name for i in model.graph.input}
     readers: dict = {}
-    for node in model.graph.node:
-        spec = registry.find(node.domain, node.op_type) if is_custom(node.domain) else None
+    for node in custom_nodes(model):  # NOTE: nodes in If/Loop/Scan bodies read the model's inputs too
+        spec = registry.find(node.domain, node.op_type)
         if spec is None:
             continue
         for name, param in zip(node.input, spec.tensors):
