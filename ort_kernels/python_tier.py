@@ -50,7 +50,7 @@ import torch
 
 from bridge.core.dtypes import ONNX_TO_TORCH, numpy_dtype
 from bridge.core.errors import OpBridgeError, UnsupportedInTier
-from bridge.core.graphs import FreshNames, custom_nodes, model_graphs, value_names
+from bridge.core.graphs import FreshNames, custom_nodes, model_graphs, model_value_types, value_names
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
 from ort_kernels.base import Prepared, Tier, helper_functions, libraries, with_library
@@ -335,11 +335,7 @@ def _node_types(node, spec, types: dict) -> tuple[tuple[int, ...], tuple[int, ..
 
 def _value_types(inferred: onnx.ModelProto) -> dict[str, int]:
     """Element type by value name, over the graph and its subgraphs (0: not known)."""
-    types: dict[str, int] = {}
-    for g in model_graphs(inferred):
-        types |= {v.name: v.type.tensor_type.elem_type for v in [*g.value_info, *g.input, *g.output]}
-        types |= {t.name: t.data_type for t in g.initializer}
-    return types
+    return {name: t.tensor_type.elem_type for name, t in model_value_types(inferred).items()}
 
 
 def _infer_types(model: onnx.ModelProto) -> onnx.ModelProto:

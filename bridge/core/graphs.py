@@ -121,6 +121,22 @@ def nonstandard_ops(model: onnx.ModelProto) -> list[tuple[str, str]]:
     return sorted({(n.domain, n.op_type) for n in model_nodes(model) if n.domain not in ONNX_DOMAINS})
 
 
+def value_types(graph: onnx.GraphProto) -> dict[str, onnx.TypeProto]:
+    """The type of each value of ``graph`` that it records (inputs, value_info, outputs, initializers)."""
+    out = {v.name: v.type for v in list(graph.input) + list(graph.value_info) + list(graph.output)}
+    for t in graph.initializer:
+        out[t.name] = onnx.helper.make_tensor_type_proto(t.data_type, list(t.dims))
+    return out
+
+
+def model_value_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
+    """:func:`value_types` of the model's graph and its subgraphs (If/Loop/Scan bodies) together."""
+    types: dict[str, onnx.TypeProto] = {}
+    for graph in model_graphs(model):
+        types.update(value_types(graph))
+    return types
+
+
 def value_names(graph: onnx.GraphProto | onnx.FunctionProto) -> set[str]:
     """Every value name used in ``graph`` (inputs, outputs, initializers, node inputs and outputs),
     its subgraphs included: the names a new value must avoid."""

@@ -10,29 +10,21 @@ import onnx
 from onnx import helper
 
 from bridge.core.domains import is_custom
-from bridge.core.graphs import custom_nodes, model_graphs
+from bridge.core.graphs import custom_nodes, model_value_types
 from bridge.core.registry import Registry
 from bridge.core.spec import BodyBuilder, OpSpec
 from exporters.bodies.opsets import attach_built, guarded_copy, onnx_opset
 from exporters.derive.cache import CACHE
 from exporters.derive.derivation import derive
-from exporters.derive.sites import Derived, NoPortableBody, Untraceable, site_of, value_types
-
-
-def _graph_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
-    """The types the model's graph and its subgraphs (If/Loop/Scan bodies) record."""
-    types: dict[str, onnx.TypeProto] = {}
-    for graph in model_graphs(model):
-        types.update(value_types(graph))
-    return types
+from exporters.derive.sites import Derived, NoPortableBody, Untraceable, site_of
 
 
 def _model_types(model: onnx.ModelProto) -> dict[str, onnx.TypeProto]:
-    types = _graph_types(model)
+    types = model_value_types(model)
     wanted = {n for node in custom_nodes(model) for n in node.input if n}
     if not wanted <= types.keys():
         try:
-            types = {**_graph_types(onnx.shape_inference.infer_shapes(model)), **types}
+            types = {**model_value_types(onnx.shape_inference.infer_shapes(model)), **types}
         except Exception:  # noqa: BLE001  what inference cannot type is reported per node
             pass
     return types

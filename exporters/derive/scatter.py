@@ -8,8 +8,8 @@ import onnx
 from onnx import helper
 
 from bridge.core.domains import is_onnx
-from bridge.core.graphs import walk
-from exporters.derive.sites import Untraceable, value_types
+from bridge.core.graphs import value_types, walk
+from exporters.derive.sites import Untraceable
 
 _REDUCING_SCATTER = {"add", "mul", "max", "min"}
 

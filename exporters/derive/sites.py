@@ -8,7 +8,6 @@ from typing import Any
 
 import onnx
 import torch
-from onnx import helper
 
 from bridge.core.dtypes import torch_dtype
 from bridge.core.errors import OpBridgeError
@@ -82,14 +81,6 @@ class Derived:
     fixed_dims: tuple[tuple[int, int, int], ...]  # (tensor input, dim, size)
     guards: tuple[str, ...]
     parametric: tuple[str, ...]  # attributes the body reads from the node
-
-
-def value_types(graph: onnx.GraphProto) -> dict[str, onnx.TypeProto]:
-    """The type of each value of ``graph`` that it records (inputs, value_info, outputs, initializers)."""
-    out = {v.name: v.type for v in list(graph.input) + list(graph.value_info) + list(graph.output)}
-    for t in graph.initializer:
-        out[t.name] = helper.make_tensor_type_proto(t.data_type, list(t.dims))
-    return out
 
 
 def _tensor_sig(name: str, t: onnx.TypeProto | None, param: str) -> TensorSig:
