@@ -22,7 +22,7 @@ from collections.abc import Iterable, Iterator
 
 import onnx
 
-from bridge.core.domains import ONNX_DOMAINS, STANDARD_DOMAINS, is_custom, is_onnx
+from bridge.core.domains import ONNX_DOMAINS, STANDARD_DOMAINS, is_custom
 
 # NOTE: the standard ops that carry subgraphs; walks skip the attributes of other standard nodes
 # (a walk over a function body is then ~2.5x cheaper; sessions walk every body)
@@ -31,13 +31,15 @@ SUBGRAPH_OPS = frozenset({"If", "Loop", "Scan", "SequenceMap"})
 
 def may_hold_subgraphs(node: onnx.NodeProto) -> bool:
     """Whether ``node`` can carry graph attributes: a standard control-flow op, or any non-standard node."""
-    return node.op_type in SUBGRAPH_OPS or not is_onnx(node.domain)
+    return node.op_type in SUBGRAPH_OPS or node.domain not in STANDARD_DOMAINS
 
 
 def subgraphs(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     """The graphs held by ``node``'s attributes (If branches, Loop/Scan bodies), not nested deeper."""
-    if not may_hold_subgraphs(node):
-        return []
+    return _graph_attributes(node) if may_hold_subgraphs(node) else []
+
+
+def _graph_attributes(node: onnx.NodeProto) -> list[onnx.GraphProto]:
     found = []
     for attr in node.attribute:
         if attr.type == onnx.AttributeProto.GRAPH:
@@ -69,10 +71,9 @@ def walk(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.NodeProto]:
     """Each of ``nodes`` followed by the nodes of its subgraphs, depth first."""
     for node in nodes:
         yield node
-        # NOTE: may_hold_subgraphs inlined: sessions walk every function body several times, and two
-        # calls per node were a third of the function tier's Python time per session
-        if node.op_type in SUBGRAPH_OPS or node.domain not in STANDARD_DOMAINS:
-            for sub in subgraphs(node):
+        # NOTE: one call per node (subgraphs() would test the node again): sessions walk many nodes
+        if may_hold_subgraphs(node):
+            for sub in _graph_attributes(node):
                 yield from walk(sub.node)
 
 
