@@ -56,6 +56,18 @@ import torch  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from contenders import (  # noqa: E402
+    COMPILED,
+    EAGER,
+    FLOOR,
+    FLOOR_LONE,
+    FUNCTION,
+    NATIVE,
+    NATIVE_1T,
+    NATIVE_1T_LONE,
+    NATIVE_LONE,
+)
+
 import bridge  # noqa: E402
 import custom_ops  # noqa: E402,F401
 from custom_ops.bev_pool_v2 import voxel_pooling_prepare  # noqa: E402
@@ -68,10 +80,6 @@ R50 = {"cams": 6, "depth_bins": 59, "height": 16, "width": 44, "channels": 64, "
 TARGETS = {"native_vs_floor_max": 1.3, "native_lone_vs_floor_max": 1.5, "compile_vs_native_min": 20.0,
            "compile_vs_native_lone_min": 25.0, "function_vs_eager_max": 0.35, "thread_speedup_min": 1.7,
            "native_vs_float64_max_abs": 1e-5}
-NATIVE, NATIVE_1T, FUNCTION = "ORT native", "ORT native 1 thread", "ORT function"
-NATIVE_LONE, NATIVE_1T_LONE = "ORT native, lone call", "ORT native 1 thread, lone call"
-EAGER, COMPILED, FLOOR = "eager torch", "torch.compile gather+index_add", "memcpy (floor)"
-FLOOR_LONE = "memcpy (floor), lone call"
 LONE_IDLE_S = 0.010  # the idle time before a lone call: a frame-by-frame caller's gap
 
 

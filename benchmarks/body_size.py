@@ -33,6 +33,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bev_pool_v2 as bev  # noqa: E402
+from contenders import EAGER, FUNCTION  # noqa: E402
 
 import bridge  # noqa: E402
 import custom_ops  # noqa: E402,F401
@@ -48,7 +49,6 @@ DEFAULT_JSON = os.path.join(ROOT, "benchmarks", "results", "body_size.json")
 BEV = "bev::bev_pool_v2"
 BEFORE = 421  # bev_pool_v2's inlined body before issue #27 (guards included)
 TARGETS = {"bev_pool_v2_nodes_max": BEFORE // 2, "function_vs_eager_max": 0.35}
-EAGER, FUNCTION = "eager torch", "ORT function"
 
 
 def _counts(model: onnx.ModelProto) -> dict[str, int]:

@@ -19,12 +19,12 @@ import sys
 from pathlib import Path
 
 import doc_markers
-from readme_table import COMPILED, EAGER, FLOOR, FUNCTION, NATIVE, NATIVE_1T_LONE, NATIVE_LONE, fmt_ms, fmt_ok
+from contenders import COMPILED, EAGER, FLOOR, FUNCTION, NATIVE, NATIVE_1T_LONE, NATIVE_LONE, PYTHON
+from readme_table import fmt_ms, fmt_ok
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks"
 BLOCK = "performance"
-PYTHON = "ORT python"
 # NOTE: the python tier's target (issue #27); the other targets come with their benchmark's JSON
 PYTHON_VS_EAGER_MAX = 1.2
 

@@ -17,11 +17,9 @@ import sys
 from pathlib import Path
 
 import doc_markers
+from contenders import COMPILED, EAGER, FLOOR, FUNCTION, NATIVE, NATIVE_1T, NATIVE_1T_LONE, NATIVE_LONE, PYTHON
 
 ROOT = Path(__file__).resolve().parents[1]
-NATIVE, FUNCTION, EAGER = "ORT native", "ORT function", "eager torch"
-FLOOR, COMPILED, NATIVE_1T = "memcpy (floor)", "torch.compile gather+index_add", "ORT native 1 thread"
-NATIVE_LONE, NATIVE_1T_LONE = "ORT native, lone call", "ORT native 1 thread, lone call"
 
 
 def fmt_ms(v: float) -> str:
@@ -134,7 +132,7 @@ def evidence(r: dict) -> list[str]:
 
 
 def _scaling_table(title: str, rows: list[dict], first: str) -> list[str]:
-    keys = [k for k in (EAGER, NATIVE, FUNCTION, "ORT python", FLOOR) if any(k in row for row in rows)]
+    keys = [k for k in (EAGER, NATIVE, FUNCTION, PYTHON, FLOOR) if any(k in row for row in rows)]
     head = ["frames", "points"] if first == "batch" else ["points"]
     lines = ["", title, "", "| " + " | ".join(head + keys) + (" | native x floor |" if FLOOR in keys else " |"),
              "|---" * (len(head) + len(keys) + (FLOOR in keys)) + "|"]

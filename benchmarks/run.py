@@ -49,6 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bev_pool_v2 as bev  # noqa: E402
+from contenders import EAGER, FLOOR, FUNCTION, NATIVE, PYTHON  # noqa: E402
 
 import bridge  # noqa: E402
 import custom_ops.demo as demo  # noqa: E402
@@ -124,7 +125,7 @@ def model_runs(case, repeats: int, quick: bool, tiers=("native", "function", "py
     proto = bridge.export(case.model, case.args, dynamic_shapes=case.dynamic_shapes)
     with torch.no_grad():
         expected = case.model(*case.args)
-    fns = {"eager torch": lambda: case.model(*case.args)}
+    fns = {EAGER: lambda: case.model(*case.args)}
     notes = {}
     with tempfile.TemporaryDirectory() as tmp:
         if quick:
@@ -150,12 +151,11 @@ def model_runs(case, repeats: int, quick: bool, tiers=("native", "function", "py
             fns[f"ORT {tier}"] = lambda s=sess, f=feed: s.run(None, f)
         with torch.no_grad():
             ms = bev.round_robin(fns, repeats)
-    eager, native = ms["eager torch"], ms.get("ORT native")
+    eager, native = ms[EAGER], ms.get(NATIVE)
     return {"name": case.name, "ms": ms, "vs_eager": {k: v / eager for k, v in ms.items()},
             "vs_native": {k: v / native for k, v in ms.items()} if native else {}, "notes": notes}
 
 
-FLOOR = bev.FLOOR
 # NOTE: the order of each round, as in bev_pool_v2.measure: torch first, native last before the
 # floor. A call right after eager torch runs slower for a while after it (measured at BEVDet-R50
 # size: native 1.08 ms there vs 0.77 ms after the other ORT tiers), whichever call that is.
@@ -200,7 +200,7 @@ def scaling(points_targets, repeats: int, python_max: int | None = None) -> dict
     empty = (*first[:2], *(t[:0] for t in first[2:]))
     rows = []
     for target, inputs, shape in [(0, empty, cases[0][2]), *cases]:
-        fns = {"eager torch": lambda i=inputs: model(*i)}
+        fns = {EAGER: lambda i=inputs: model(*i)}
         for tier in ORDER:
             if tier == "python" and python_max is not None and target > python_max:  # a shorter run only
                 continue
@@ -225,7 +225,7 @@ def scaling_frames(batches, repeats: int) -> dict:
         proto = bridge.export(model, inputs)
         with torch.no_grad():
             expected = model(*inputs)
-        fns = {"eager torch": lambda m=model, i=inputs: m(*i)}
+        fns = {EAGER: lambda m=model, i=inputs: m(*i)}
         for tier in ORDER:
             sess = bridge.session(proto, tier=tier, sess_options=bev.session_options())
             feed = bridge.parity.ort_feed(sess, inputs)
@@ -286,7 +286,7 @@ def main(argv=None) -> dict:
     results["bevdet_r50"] = r50 = bevdet_r50(quick)
     print("4. " + bev.report(r50).replace("\n", "\n   "))
     results["scaling"] = s = scaling(targets, 2 if quick else 9)
-    keys = ["eager torch", "ORT native", "ORT function", "ORT python", FLOOR]
+    keys = [EAGER, NATIVE, FUNCTION, PYTHON, FLOOR]
     print("5. bev_pool_v2 scaling, fixed 128x128 grid, more depth bins (median ms):")
     print("   " + f"{'points':>9}" + "".join(f"{k:>15}" for k in keys))
     for row in s["rows"]:
@@ -299,7 +299,7 @@ def main(argv=None) -> dict:
           + ", ".join(f"{k} {v:.2f}" for k, v in s["loglog_slope_above_100k_per_point"].items()))
     frames = (1, 2) if quick else (1, 2, 4, 8)
     results["scaling_frames"] = f = scaling_frames(frames, 2 if quick else 9)
-    keys = ["eager torch", "ORT native", "ORT function", "ORT python", FLOOR]
+    keys = [EAGER, NATIVE, FUNCTION, PYTHON, FLOOR]
     print("6. bev_pool_v2 over B frames of BEVDet-R50 (median ms):")
     print("   " + f"{'frames':>7}{'points':>9}" + "".join(f"{k:>16}" for k in keys))
     for row in f["rows"]:
