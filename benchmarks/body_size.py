@@ -40,6 +40,7 @@ import custom_ops  # noqa: E402,F401
 from bridge.core import files  # noqa: E402
 from bridge.core.domains import ONNX_DOMAINS  # noqa: E402
 from bridge.core.graphs import walk  # noqa: E402
+from bridge.core.spec import Written  # noqa: E402
 from bridge.tools.testing import OpModule  # noqa: E402
 from exporters.bodies.opsets import convert_function, onnx_opset, portable_constants  # noqa: E402
 from exporters.inline import inline_functions  # noqa: E402
@@ -61,8 +62,7 @@ def _counts(model: onnx.ModelProto) -> dict[str, int]:
 
 def _unguarded(model: onnx.ModelProto, spec) -> onnx.ModelProto:
     """``model`` with ``spec``'s body as written, without its check guards."""
-    raw = getattr(spec.function, "function", spec.function)  # NOTE: a GuardedFunction wraps the written body
-    proto = raw.to_function_proto()
+    proto = spec.function.to_function_proto()  # NOTE: as written: guards are added where it goes into a model
     proto = portable_constants(convert_function(proto, onnx_opset(model)))
     out = onnx.ModelProto()
     out.CopyFrom(model)
@@ -76,7 +76,7 @@ def body_sizes() -> dict[str, dict]:
     """{op: {nodes, nodes_with_branches, unguarded: {...}}} of every seed op with a written body."""
     sizes = {}
     for spec in bridge.REGISTRY:
-        if spec.function is None or not hasattr(spec.function, "to_function_proto") or not spec.sample_inputs:
+        if not isinstance(spec.function, Written) or not spec.sample_inputs:
             continue
         samples = spec.sample_inputs(torch.float32)
         if not samples:

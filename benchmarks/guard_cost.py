@@ -63,7 +63,7 @@ def whole_tier(spec, inputs, shape, repeats: int) -> dict[str, float]:
     raw.CopyFrom(proto)
     for i, f in enumerate(raw.functions):
         if (f.domain, f.name) == (spec.domain, spec.name):
-            raw.functions[i].CopyFrom(spec.function.function.to_function_proto())  # the unguarded body
+            raw.functions[i].CopyFrom(spec.function.to_function_proto())  # the unguarded body
     guarded = bridge.session(proto, tier="function", sess_options=bench.session_options(2))
     plain = bridge.session(raw, tier="function", sess_options=bench.session_options(2))
     feed = bridge.parity.ort_feed(guarded, inputs)

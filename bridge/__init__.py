@@ -28,7 +28,7 @@ _PUBLIC: dict[str, tuple[str, str]] = {
     "register": ("bridge.core.opdef", "register"),
     "build_torch_extension": ("bridge.core.cppbuild", "build_torch_extension"),
     "export": ("exporters.export", "export"),
-    "attach_functions": ("exporters.bodies.opsets", "attach_functions"),
+    "attach_functions": ("exporters.resolve", "attach_functions"),
     "TIERS": ("ort_kernels.tiers", "NAMES"),
     "session": ("bridge.tools.sessions", "session"),
     "check_parity": ("bridge.tools.parity", "check_parity"),

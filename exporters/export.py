@@ -22,13 +22,13 @@ from bridge.core.graphs import custom_nodes
 from bridge.core.progress import step
 from bridge.core.proxy import redirect, specialisation_check
 from bridge.core.registry import REGISTRY, Registry
-from exporters.bodies.opsets import attach_functions, convert_model, onnx_opset
+from exporters.bodies.opsets import convert_model, onnx_opset
 from exporters.bodies.translation import symbolic_attribute_error, translation_table
-from exporters.derive import attach_derived
 from exporters.derive.tracing import onnx_program, program_calls
 from exporters.inline import inline_functions
 from exporters.names import dim_names, name_custom_outputs, name_graph_io, rename_dims
 from exporters.portable import relativize_paths, stamp_ir_version
+from exporters.resolve import attach_functions
 from exporters.rewrites import functionalize_mutations, torchbind_to_ops
 
 # NOTE: torch.onnx warns about every absent torchvision op when it builds its registry.
@@ -214,18 +214,17 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
     assert onnx_program is not None and onnx_program.exported_program is not None  # dynamo=True sets both
     proto = onnx_program.model_proto
     if opset_version < TORCH_MIN_OPSET:
-        proto = convert_model(proto, opset_version, reg, attach=False)
+        proto = convert_model(proto, opset_version)
     if onnx_opset(proto) != opset_version:
         raise OpBridgeError(f"torch.onnx could not write the model at ONNX opset {opset_version}. Got opset "
                             f"{onnx_opset(proto)}. Export at opset_version={onnx_opset(proto)} or higher.")
-    relativize_paths(proto)
     _ensure_opset_imports(proto, reg)
     name_custom_outputs(proto, reg)
     name_graph_io(proto, input_names, output_names)
     rename_dims(proto, dim_names(program, model, args, kwargs, dynamic_shapes))
     if functions:
-        attach_functions(proto, reg)
-        attach_derived(proto, reg)  # ops with no written body get one from their implementation
+        attach_functions(proto, reg)  # written, built, translated or derived: exporters.resolve
+    relativize_paths(proto)  # NOTE: after the bodies: nothing in the file keeps this machine's paths
     stamp_ir_version(proto)
     if inline:
         proto = inline_functions(proto, reg)  # runs the full check itself

@@ -18,7 +18,7 @@ from bridge.core.errors import OpBridgeError
 from bridge.core.graphs import model_nodes, nonstandard_ops
 from bridge.core.progress import step
 from bridge.core.registry import REGISTRY, Registry
-from exporters.bodies.opsets import attach_functions
+from exporters.resolve import attach_functions
 
 
 def _check_bodies(model: onnx.ModelProto) -> None:

@@ -19,9 +19,9 @@ from bridge.core.errors import OpBridgeError, UnsupportedInTier
 from bridge.core.graphs import custom_nodes, model_nodes, subgraphs, walk
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
-from exporters.bodies.opsets import attach_functions
-from exporters.derive import attach_derived, body_status, last_failure
+from exporters.derive import body_status, last_failure
 from exporters.export import DEFAULT_OPSET
+from exporters.resolve import attach_functions
 from ort_kernels.base import Prepared, Tier, libraries, private_domains
 
 # NOTE: the prefix of the private domains the tier's nodes move to when the options carry a library
@@ -39,7 +39,7 @@ class FunctionTier(Tier):
 
     def prepare(self, model: onnx.ModelProto, registry: Registry, options: ort.SessionOptions | None,
                 library: str | os.PathLike | None = None) -> Prepared:
-        added = attach_functions(model, registry) + attach_derived(model, registry)
+        added = attach_functions(model, registry)
         local = {(f.domain, f.name, f.overload) for f in model.functions}
         missing = sorted({(n.domain, n.op_type) for n in model_nodes(model)
                           if is_custom(n.domain) and (n.domain, n.op_type, n.overload) not in local})

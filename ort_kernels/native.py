@@ -16,7 +16,7 @@ from bridge.core.graphs import custom_ops
 from bridge.core.opnames import spec_names
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
-from exporters.bodies.opsets import attach_functions
+from exporters.resolve import attach_functions
 from ort_kernels.base import Prepared, Tier, with_library
 from ort_kernels.build import library_path, native_source, served_ops
 
@@ -42,7 +42,7 @@ class NativeTier(Tier):
         # NOTE: a node with neither a C++ kernel nor a model-local body runs its registered body,
         # attached at the file's opset (helper functions the model carries run as they are)
         unserved = [key for key in sorted(custom_ops(model)) if key not in served]
-        attached = bool(unserved) and bool(attach_functions(model, registry))
+        attached = bool(unserved) and bool(attach_functions(model, registry, ops=unserved))
         local = {(f.domain, f.name) for f in model.functions}
         missing = [f"{d}::{t}" for d, t in unserved if (d, t) not in local]
         if missing:

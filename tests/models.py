@@ -72,3 +72,34 @@ def crop_in_a_branch(box, x_shape=(4, 4)) -> onnx.ModelProto:
                                helper.make_tensor_value_info("x", TensorProto.FLOAT, x_shape)], out("y"))
     return helper.make_model(graph, ir_version=9, opset_imports=[helper.make_opsetid("", 18),
                                                                 helper.make_opsetid(spec.domain, spec.version)])
+
+
+def held_out_ops(registry: bridge.Registry, fresh_name) -> tuple:
+    """Two ops whose derived bodies must not be shared across attribute values (held-out probes):
+    ``floor_half(x, k) = x * (k // 2)`` (an int the trace keeps symbolic: floor division of a
+    negative k differs from ONNX's truncating Div) and ``divide(x, s) = x / s`` (a float baked in:
+    ``s = -0.0`` and ``s = 0.0`` give infinities of opposite signs)."""
+
+    @bridge.op(fresh_name("floor_half"), fake=lambda x, k: torch.empty_like(x), registry=registry)
+    def floor_half(x: torch.Tensor, k: int) -> torch.Tensor:
+        return x * (k // 2)
+
+    @bridge.op(fresh_name("divide"), fake=lambda x, s: torch.empty_like(x), registry=registry)
+    def divide(x: torch.Tensor, s: float) -> torch.Tensor:
+        return x / s
+
+    return floor_half, divide
+
+
+class HeldOut(torch.nn.Module):
+    """Each held-out op at attribute values one body must not serve together."""
+
+    def __init__(self, floor_half, divide):
+        super().__init__()
+        self.floor_half, self.divide = floor_half, divide
+
+    def forward(self, x):
+        # NOTE: -0.0 divides -x: torch.onnx's common-subexpression pass (onnx_ir) compares attribute
+        # values with ==, and merges two nodes of one input whose attributes are 0.0 and -0.0
+        return (self.floor_half(x, 4), self.floor_half(x, -5), self.divide(x, 0.0), self.divide(-x, -0.0),
+                self.divide(x, float("nan")))

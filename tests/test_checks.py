@@ -17,6 +17,7 @@ from op_db import F32, OPS
 import bridge
 import custom_ops  # noqa: F401
 from bridge import checks as C
+from exporters.resolve import written_body
 
 ATTR_TYPES = {"width": onnx.AttributeProto.INT, "box": onnx.AttributeProto.INTS}
 
@@ -141,9 +142,9 @@ def test_guard_names_of_torchbind_methods_are_recognised():
     assert C.failed_guard(error) == ("ns::Cls.forward", "x", 3)
 
 
-def test_guarded_function_copies():
-    guarded = bridge.REGISTRY.get("opbridge::identity_conv").function
-    assert copy.copy(guarded).to_function_proto().name == guarded.to_function_proto().name
+def test_written_body_copies():
+    written = bridge.REGISTRY.get("opbridge::identity_conv").function
+    assert copy.copy(written).to_function_proto().name == written.to_function_proto().name
 
 
 def test_guards_fail_in_list_order():
@@ -242,7 +243,7 @@ def test_guards_leave_the_body_alone_when_checks_hold():
     """One guard node names every guarded check; the body's own nodes follow, in order (its
     constants, shared with the guards, go first)."""
     spec = bridge.REGISTRY.get("bev::bev_pool_v2")
-    guarded, raw = spec.function.to_function_proto(), spec.function.function.to_function_proto()
+    guarded, raw = written_body(spec), spec.function.to_function_proto()
     (name,) = [n.name for n in guarded.node if n.name.startswith(C.GUARD_PREFIX)]
     entries = name.removeprefix("opbridge_check/bev::bev_pool_v2/").split("+")
     assert entries[0] == "depth/0.rank" and entries == [
@@ -355,6 +356,6 @@ def test_bev_pool_v2_guards_stay_lean():
     1.17-safe reductions before the guards were first made leaner); the whole guarded body in at
     most 210, half of the 421 it had (benchmarks/body_size.py counts it inlined)."""
     spec = bridge.REGISTRY.get("bev::bev_pool_v2")
-    guarded, raw = spec.function.to_function_proto(), spec.function.function.to_function_proto()
+    guarded, raw = written_body(spec), spec.function.to_function_proto()
     assert len([c for c in spec.checks if c.guarded]) == 19
     assert len(guarded.node) - len(raw.node) <= 120 and len(guarded.node) <= 210

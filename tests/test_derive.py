@@ -15,10 +15,9 @@ from torch.export import Dim
 
 import bridge
 from bridge.tools.testing import OpModule, cases
-from exporters import derive
-from exporters.derive import attach, guards
+from exporters import derive, resolve
 from ort_kernels.tiers import TIERS
-from tests.models import crop_in_a_branch
+from tests.models import HeldOut, crop_in_a_branch, held_out_ops
 from tests.vendor import plain_ops
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -145,7 +144,7 @@ def test_a_derived_body_serves_a_node_inside_a_branch(without_written_body, tmp_
     without_written_body("opbridge::crop")
     model = crop_in_a_branch([1, 0, 3, 2])
     x = np.arange(16, dtype=np.float32).reshape(4, 4)
-    assert attach.attach_derived(model, bridge.REGISTRY) == ["opbridge::crop"]
+    assert bridge.attach_functions(model) == ["opbridge::crop"]
     path = tmp_path / "branch.onnx"
     onnx.save(model, path)
     for cond, expected in ((True, x[0:2, 1:3]), (False, x)):
@@ -237,27 +236,12 @@ def _two_crops_at_dynamic_sizes(tmp_path, seed: int) -> onnx.ModelProto:
     return proto
 
 
-def test_guards_with_torch_sym_min_and_max_are_read():
-    # NOTE: torch 2.14 writes min/max of sizes in guards as torch.sym_max/sym_min (2.13: plain
-    # min/max); a guard the evaluator cannot read refused every reuse, so each site was derived again
-    spec = bridge.REGISTRY.get("opbridge::crop")
-
-    def site(box):
-        return derive.Site((derive.TensorSig(torch.float32, ("n", 6, 7)),), (("box", box),))
-
-    width = "torch.sym_max(1, L['inputs'][3] + ((-1)*L['inputs'][1])) == (L['inputs'][3] + ((-1)*L['inputs'][1]))"
-    dynamic = "torch.sym_min(L['inputs'][0].size()[0], L['inputs'][4]) >= 0"  # reads a dynamic size: undecided
-    body = derive.Derived(onnx.FunctionProto(), site((1, 2, 5, 4)).structure, (), (), (width, dynamic), ("box",))
-    assert guards.fits(body, spec, site((2, 0, 4, 3)))  # width 2 >= 1: the guard holds
-    assert not guards.fits(body, spec, site((3, 0, 3, 3)))  # width 0: max(1, 0) != 0
-
-
 def test_equal_bodies_derived_twice_are_attached_once(without_written_body, monkeypatch, tmp_path):
     # NOTE: what torch 2.14 did: each site's body derived anew (no earlier body deemed to fit) gave
     # two equal bodies, attached as two functions with one overload id, which onnx.checker refuses
     without_written_body("opbridge::crop")
-    derive_once = attach.derive
-    monkeypatch.setattr(attach, "derive", lambda *a: dataclasses.replace(derive_once(*a)))  # a new object each
+    derive_once = resolve.derive
+    monkeypatch.setattr(resolve, "derive", lambda *a: dataclasses.replace(derive_once(*a)))  # a new object each
     proto = _two_crops_at_dynamic_sizes(tmp_path, seed=3)
     assert [(f.name, f.overload, list(f.attribute)) for f in proto.functions] == [("crop", "", ["box"])]
     assert all(n.overload == "" for n in proto.graph.node if n.domain == "opbridge")
@@ -381,3 +365,69 @@ def test_cli_names_the_op_without_portable_body_and_why(tmp_path):
     assert ".numpy()" in r.stderr and "Traceback" not in r.stderr
     r = run("check", "--op", "opbridge::numpy_sin", "--tier", "native")
     assert r.returncode == 0 and "0 failed" in r.stdout, r.stdout + r.stderr
+
+
+def _held_out_outputs(model, x, got):
+    """Each output of the held-out model equals eager bit for bit (infinities' signs and NaN too)."""
+    with torch.no_grad():
+        expected = model(x)
+    for e, g in zip(expected, got):
+        np.testing.assert_array_equal(np.signbit(g), np.signbit(e.numpy()))
+        np.testing.assert_array_equal(g, e.numpy())
+
+
+@pytest.mark.parametrize("tier", ("function", "python"))
+def test_a_derived_body_serves_only_the_attribute_values_it_was_derived_for(registry, fresh_name, tmp_path, tier):
+    # NOTE: held-out probes: the body traced with k=4 symbolic was reused for k=-5 (-2 where eager
+    # gives -3: ONNX's Div truncates), and the s=0.0 body for s=-0.0 (0.0 == -0.0 in a key)
+    model = HeldOut(*held_out_ops(registry, fresh_name))
+    x = torch.tensor([[1.0, -2.0, 3.0], [-4.0, 5.0, -6.0]])
+    path = tmp_path / "held_out.onnx"
+    bridge.export(model, (x,), path, registry=registry)
+    _held_out_outputs(model, x, _run_plain_ort(path, [(x,)])[0])
+    sess = bridge.session(path, tier=tier, registry=registry)
+    _held_out_outputs(model, x, sess.run(None, {sess.get_inputs()[0].name: x.numpy()}))
+
+
+def test_later_sites_at_other_values_never_take_an_earlier_body(registry, fresh_name, tmp_path):
+    floor_half, divide = held_out_ops(registry, fresh_name)
+    x = torch.tensor([3.0, -7.0])
+    for values in ((4, 0.0), (-5, -0.0), (-5, 0.0), (4, -0.0)):  # one export each: the cache outlives them
+
+        class M(torch.nn.Module):
+            def forward(self, x, k=values[0], s=values[1]):
+                return floor_half(x, k), divide(x, s)
+
+        path = tmp_path / "one.onnx"
+        bridge.export(M(), (x,), path, registry=registry)
+        got = _run_plain_ort(path, [(x,)])[0]
+        with torch.no_grad():
+            for e, g in zip(M()(x), got):
+                np.testing.assert_array_equal(np.signbit(g), np.signbit(e.numpy()))
+                np.testing.assert_array_equal(g, e.numpy())
+
+
+def test_equal_derived_bodies_of_two_values_are_one_function(registry, fresh_name, tmp_path):
+    floor_half, _ = held_out_ops(registry, fresh_name)
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return floor_half(x, 4) + floor_half(x, 6)  # both traced with k symbolic: the same program
+
+    proto = bridge.export(M(), (torch.ones(3),), registry=registry)
+    assert [(f.overload, list(f.attribute)) for f in proto.functions] == [("", ["k"])]
+
+
+def test_a_function_tier_session_of_a_complete_file_traces_nothing(registry, fresh_name, tmp_path, monkeypatch):
+    model = HeldOut(*held_out_ops(registry, fresh_name))
+    x = torch.tensor([1.0, -2.0])
+    path = tmp_path / "complete.onnx"
+    bridge.export(model, (x,), path, registry=registry)
+
+    def no_tracing(*args, **kwargs):
+        raise AssertionError("a session traced a model")
+
+    monkeypatch.setattr(torch.export, "export", no_tracing)
+    monkeypatch.setattr(torch.onnx, "export", no_tracing)
+    sess = bridge.session(path, tier="function", registry=registry)
+    _held_out_outputs(model, x, sess.run(None, {sess.get_inputs()[0].name: x.numpy()}))

@@ -29,6 +29,7 @@ from bridge.core.errors import OpBridgeError
 from bridge.tools import openvino_runtime
 from bridge.tools.testing import ModelCase
 from ort_kernels import build
+from tests.models import HeldOut, held_out_ops
 
 ROOT = Path(__file__).resolve().parents[1]
 LIBRARY = ("bridge", "exporters", "ort_kernels")
@@ -406,3 +407,21 @@ def test_npz_members_may_have_any_name_and_no_objects(tmp_path):
     with pytest.raises(ValueError, match="allow_pickle"):
         files.save_npz(tmp_path / "o.npz", {"o": np.array([object()], dtype=object)})
     assert _listing(tmp_path) == ["x.npz"]
+
+
+def test_no_path_of_this_machine_in_files_with_derived_bodies(registry, fresh_name, tmp_path):
+    # NOTE: derived bodies carry torch.onnx's stack traces; paths were made relative before they were attached
+    model = HeldOut(*held_out_ops(registry, fresh_name))
+    x = torch.tensor([1.0, -2.0])
+    plain, flat = tmp_path / "derived.onnx", tmp_path / "derived_inline.onnx"
+    for path, opset in ((plain, 20), (tmp_path / "derived23.onnx", 23)):
+        bridge.export(model, (x,), path, registry=registry, opset_version=opset)
+    bridge.export(model, (x,), flat, registry=registry, inline=True)
+    root = Path(__file__).resolve().parents[1]
+    machine = {str(root), os.path.realpath(root), os.path.expanduser("~") + "/", sys.prefix,
+               os.path.realpath(sys.prefix), "site-packages", "dist-packages", str(tmp_path)}
+    for path in (plain, tmp_path / "derived23.onnx", flat):
+        data = path.read_bytes()
+        assert b"derived by opbridge" in data or path == flat
+        for text in machine:
+            assert text.encode() not in data, (path.name, text)

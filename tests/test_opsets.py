@@ -1,6 +1,7 @@
 """Files every ONNX consumer accepts: any opset 17..23 in every tier, the lowest IR version, bodies
 that survive onnx.version_converter and onnxruntime's optimizer, no path of this machine inside."""
 
+import dataclasses
 import doctest
 import getpass
 import importlib
@@ -21,6 +22,7 @@ import custom_ops.demo as demo
 from bridge import cli
 from exporters.bodies.opsets import convert_function, onnx_opset, portable_constants
 from exporters.portable import portable_path, relativize_paths, required_ir_version
+from tests.models import HeldOut, held_out_ops
 
 ROOT = Path(__file__).resolve().parents[1]
 # NOTE: onnxruntime before 1.23 refuses opset-23 files (IR 11): measured 1.22.1 refuses, 1.23.2 runs them
@@ -296,3 +298,71 @@ def test_cli_export_at_an_opset(tmp_path):
     assert cli.main(["-q", "export", "--model", "custom_ops.demo:identity_model", "--opset", "18", "-o", str(out)]) == 0
     model = onnx.load(out)
     assert onnx_opset(model) == 18 and model.ir_version == 8 and {onnx_opset(f) for f in model.functions} == {18}
+
+
+@pytest.mark.parametrize("opset", (17, 18, OPSET_23))
+def test_derived_bodies_are_at_the_model_opset(registry, fresh_name, tmp_path, opset):
+    # NOTE: torch.onnx writes opset 18 at the least: a body derived for an opset-17 model stayed at 18
+    model = HeldOut(*held_out_ops(registry, fresh_name))
+    x = torch.tensor([[1.0, -2.0, 3.0]])
+    path = tmp_path / f"derived{opset}.onnx"
+    proto = bridge.export(model, (x,), path, registry=registry, opset_version=opset)
+    assert {onnx_opset(f) for f in proto.functions} == {opset} and onnx_opset(proto) == opset
+    onnx.checker.check_model(onnx.load(path), full_check=True)
+    got = ort.InferenceSession(str(path)).run(None, {"x": x.numpy()})
+    with torch.no_grad():
+        for e, g in zip(model(x), got):
+            np.testing.assert_array_equal(g, e.numpy())
+    for tier in ("function", "python"):
+        sess = bridge.session(path, tier=tier, registry=registry)
+        for e, g in zip(model(x), sess.run(None, {"x": x.numpy()})):
+            np.testing.assert_array_equal(g, e.numpy())
+
+
+@pytest.fixture
+def crop_derived():
+    """opbridge::crop with no written body for one test: its body is derived."""
+    spec = bridge.REGISTRY.get("opbridge::crop")
+    bridge.REGISTRY.replace(dataclasses.replace(spec, function=None))
+    yield bridge.REGISTRY.get("opbridge::crop")
+    bridge.REGISTRY.replace(spec)
+
+
+class _Crop(torch.nn.Module):
+    def forward(self, x):
+        return torch.ops.opbridge.crop(x, [1, 0, 3, 2]) * 2
+
+
+def test_opbridge_attach_attaches_derived_bodies(crop_derived, tmp_path, capsys):
+    x = torch.arange(12.0).reshape(1, 3, 4)
+    source, out = tmp_path / "bare.onnx", tmp_path / "attached.onnx"
+    bridge.export(_Crop(), (x,), source, functions=False)
+    assert not onnx.load(source).functions
+    assert cli.main(["-q", "attach", str(source), "-o", str(out)]) == 0
+    assert "opbridge::crop" in capsys.readouterr().out
+    model = onnx.load(out)
+    assert ["derived by opbridge" in f.doc_string for f in model.functions] == [True]
+    got = ort.InferenceSession(str(out)).run(None, {"x": x.numpy()})[0]
+    np.testing.assert_array_equal(got, _Crop()(x).numpy())
+
+
+@pytest.mark.parametrize("derived", (False, True), ids=("written", "derived"))
+def test_opbridge_attach_replace_restores_a_broken_body(request, tmp_path, capsys, derived):
+    if derived:
+        request.getfixturevalue("crop_derived")
+    x = torch.arange(12.0).reshape(1, 3, 4)
+    good, broken = tmp_path / "good.onnx", tmp_path / "broken.onnx"
+    proto = bridge.export(_Crop(), (x,), good)
+    body = next(f for f in proto.functions if f.name == "crop")
+    del body.node[:]  # what a tool did to it: the body now passes its input through
+    body.node.append(helper.make_node("Identity", [body.input[0]], [body.output[0]]))
+    onnx.save(proto, broken)
+    assert cli.main(["-q", "attach", str(broken)]) == 0
+    assert "nothing to attach" in capsys.readouterr().out  # without --replace, the file's body stays
+    assert cli.main(["-q", "attach", "--replace", str(broken)]) == 0
+    assert "opbridge::crop" in capsys.readouterr().out
+    restored = onnx.load(broken)
+    assert [f.SerializeToString() for f in restored.functions] == [f.SerializeToString()
+                                                                    for f in onnx.load(good).functions]
+    got = ort.InferenceSession(str(broken)).run(None, {"x": x.numpy()})[0]
+    np.testing.assert_array_equal(got, _Crop()(x).numpy())

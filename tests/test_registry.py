@@ -218,7 +218,7 @@ def test_pieces_attach_after_declaration_as_new_records(registry, fresh_name):
     times_op.register_samples(lambda dtype: [bridge.SampleInput((torch.ones(2, dtype=dtype), 3))])
     assert first.function is None and first.reference is None  # records are replaced, never mutated
     assert registry.check_complete(name) == {name: []}
-    assert times_op.spec.function is times and times_op.spec is registry.get(name)
+    assert times_op.spec.function.source is times and times_op.spec is registry.get(name)
 
     class M(torch.nn.Module):
         def forward(self, x):
@@ -280,7 +280,7 @@ def test_mutating_op_twin_follows_attached_pieces(registry, fresh_name):
 
     absinto_op.register_function(absinto)
     twin = registry.functional(registry.get(name))
-    assert twin.function is absinto and twin_before.function is None
+    assert twin.function.source is absinto and twin_before.function is None
     assert twin.custom_op is twin_before.custom_op  # the same torch twin op, a new record
 
 

@@ -24,8 +24,8 @@ from onnxscript import opset20 as op
 import bridge
 from bridge.core.errors import OpBridgeError
 from bridge.core.spec import BodyBuilder
-from exporters.bodies.opsets import attach_functions
 from exporters.derive import body_status, show_body
+from exporters.resolve import attach_functions
 
 sys.path.insert(0, str(Path(__file__).parent))
 import vision_ops  # noqa: E402

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, cast
+from typing import cast
 
 import onnx
 from onnx import TensorProto, helper
@@ -402,24 +402,3 @@ def unreadable(proto: onnx.FunctionProto, checks: Checks, attr_types: dict[str, 
         except OpBridgeError as e:
             found[index] = str(e).removeprefix("opbridge: ")
     return found
-
-
-class GuardedFunction:
-    """An op's onnxscript function body whose ``to_function_proto()`` carries the op's guards;
-    everything else is the onnxscript function's own."""
-
-    def __init__(self, function: Any, checks: Checks, attr_types: dict[str, int]):
-        self.function = function
-        self.checks = checks
-        self.attr_types = attr_types
-
-    def to_function_proto(self) -> onnx.FunctionProto:
-        return guarded_body(self.function.to_function_proto(), self.checks, self.attr_types)
-
-    def __getattr__(self, name: str):
-        if "function" not in self.__dict__:  # NOTE: copy/pickle look up attributes before __init__ ran
-            raise AttributeError(name)
-        return getattr(self.__dict__["function"], name)
-
-    def __repr__(self) -> str:
-        return f"<guarded {self.function!r}: {len(self.checks)} checks>"

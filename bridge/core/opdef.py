@@ -17,10 +17,9 @@ from typing import Any
 
 import onnx
 import torch
-from onnxscript import values as onnxscript_values
 
 from bridge.core import torch_compat
-from bridge.core.checks import Check, Checks, GuardedFunction, unreadable
+from bridge.core.checks import Check, Checks, unreadable
 from bridge.core.domains import refuse_reserved
 from bridge.core.errors import OpBridgeError
 from bridge.core.proxy import (
@@ -33,7 +32,7 @@ from bridge.core.proxy import (
     user_fake_class,
 )
 from bridge.core.registry import REGISTRY, Registry
-from bridge.core.spec import BodyBuilder, OpSpec, function_signature, has_fake_kernel, parse_params, validate_qualname
+from bridge.core.spec import OpSpec, function_signature, has_fake_kernel, parse_params, validate_qualname
 from bridge.core.torch_compat import torchlib_translation
 
 
@@ -120,7 +119,7 @@ class BridgeOp:
 
     # -- bridge pieces -------------------------------------------------------------------
     def _attach(self, **changes) -> None:
-        self._registry.replace(with_guards(dataclasses.replace(self.spec, **changes)))
+        self._registry.replace(with_checks(dataclasses.replace(self.spec, **changes)))
 
     def register_checks(self, *checks: Check) -> Checks:
         """The op's input checks, stated once (``bridge.core.checks`` vocabulary): the eager
@@ -235,34 +234,12 @@ def warn_overrides(qualname: str, **given: Any) -> None:
             warn_override(qualname, f"{name}=")
 
 
-def as_body(spec: OpSpec, function: Any) -> Any:
-    """``function=`` as the op keeps it: an onnxscript function as it is, a plain Python function of
-    the op's attributes as a :class:`~bridge.core.spec.BodyBuilder` (validated against the op)."""
-    if function is None or isinstance(function, (BodyBuilder, onnxscript_values.OnnxFunction,
-                                                 onnxscript_values.TracedOnnxFunction)):
-        return function
-    if hasattr(function, "to_function_proto"):  # NOTE: any other object that gives a FunctionProto
-        return function
-    if not callable(function):
-        raise OpBridgeError(f"{spec.qualname}: function= takes an onnxscript function or a Python function of the "
-                            f"op's attributes. Got {type(function).__name__}. Pass one of those.")
-    return BodyBuilder(spec.qualname, function, spec.attributes)
-
-
-def with_guards(spec: OpSpec) -> OpSpec:
-    """``spec`` with its function body carrying its checks as guards (``bridge.core.checks.guarded_body``);
-    the checks are validated against the op's signature first. A plain Python function given as the
-    body becomes a body builder (its bodies get their guards as they are attached)."""
-    types = {p.name: p.onnx_attribute_type for p in spec.attributes}
+def with_checks(spec: OpSpec) -> OpSpec:
+    """``spec`` once its checks are validated against the op's signature (they become guard nodes
+    where a body goes into a model: exporters.resolve)."""
     if spec.checks is not None:
-        _validate_checks(spec, types)
-    function = spec.function
-    if isinstance(function, GuardedFunction):
-        function = function.function
-    function = as_body(spec, function)
-    if isinstance(function, BodyBuilder) or function is None or spec.checks is None or not len(spec.checks):
-        return spec if function is spec.function else dataclasses.replace(spec, function=function)
-    return dataclasses.replace(spec, function=GuardedFunction(function, spec.checks, types))
+        _validate_checks(spec, {p.name: p.onnx_attribute_type for p in spec.attributes})
+    return spec
 
 
 def _as_checks(qualname: str, checks) -> Checks | None:
@@ -418,7 +395,7 @@ def register(
                  translation=translation, checks=checks, doc=f"{qualname} (existing op, bridged)",
                  torchbind=tuple(torchbind), proxy_for=proxy_for,
                  native_source=None if native is None else resolve_native(native, _caller_folder(), qualname))
-    reg.add(with_guards(spec))
+    reg.add(with_checks(spec))
     return BridgeOp(qualname, reg, custom)
 
 
@@ -493,7 +470,7 @@ def _register_method(target: str, *, function, reference, sample_inputs, fake, d
                  reference=reference, sample_inputs=sample_inputs, dtypes=dtypes, translation=translation,
                  checks=checks, doc=f"{target} (torchbind method, bridged)", onnx_name=f"{cls_name}_{method}",
                  torchbind=(target,), proxy_for=target, native_source=native)
-    registry.add(with_guards(spec))
+    registry.add(with_checks(spec))
     return BridgeOp(target, registry)
 
 
@@ -568,7 +545,7 @@ def op(
                      checks=checks, doc=(inspect.getdoc(fn) or "").split("\n\n")[0], torchbind=tuple(torchbind),
                      native_source=source)
         try:
-            reg.add(with_guards(spec))
+            reg.add(with_checks(spec))
         except BaseException:  # NOTE: any failure (onnx's too): leave torch as it was, the declaration failed whole
             torch_compat.destroy_custom_op(custom)
             raise

@@ -11,7 +11,7 @@ from onnx import defs
 from bridge.core import torch_compat
 from bridge.core.errors import OpBridgeError
 from bridge.core.functional import define_twin, twin_spec
-from bridge.core.spec import BodyBuilder, OpSpec, function_signature
+from bridge.core.spec import OpSpec, Written, function_signature
 
 
 class Registry:
@@ -201,9 +201,8 @@ def _validate_translation(spec: OpSpec) -> None:
 
 
 def _validate_function(spec: OpSpec) -> None:
-    if spec.function is None or isinstance(spec.function, BodyBuilder):
-        return  # NOTE: a builder's bodies are checked as they are built (validate_body)
-    validate_body(spec, spec.function)
+    if isinstance(spec.function, Written):  # NOTE: a builder's bodies are checked as they are built
+        validate_body(spec, spec.function)
 
 
 def validate_body(spec: OpSpec, function) -> None:

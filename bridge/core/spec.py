@@ -141,7 +141,7 @@ class OpSpec:
     num_outputs: int
     domain: str
     version: int = 1
-    function: Any = None  # onnxscript.OnnxFunction: the model-local function body
+    function: Body = None  # the written body, or its builder per attribute values (None: none written)
     reference: Callable | None = None
     sample_inputs: Callable | None = None
     dtypes: tuple[torch.dtype, ...] = (torch.float32,)
@@ -154,6 +154,9 @@ class OpSpec:
     # op (bridge.core.proxy), stands for; None when ``custom_op`` is the op itself
     proxy_for: Any = None
     checks: Any = None  # bridge.core.checks.Checks: the input checks every tier applies
+
+    def __post_init__(self):  # NOTE: function= as given (onnxscript, a builder function) becomes a typed Body
+        object.__setattr__(self, "function", as_body(self.qualname, self.function, self.attributes))
 
     # -- identity -------------------------------------------------------------------
     @property
@@ -291,6 +294,51 @@ def node_attributes(spec: OpSpec, node: onnx.NodeProto) -> dict[str, Any]:
     return values
 
 
+def value_key(value: Any) -> Any:
+    """A hashable key that tells apart every attribute value a body may bake in: ``-0.0`` from ``0.0``,
+    ``True`` from ``1``, and gives every NaN one key (floats by ``repr``), lists as tuples.
+
+    Example:
+        >>> value_key(-0.0) == value_key(0.0), value_key(float("nan")) == value_key(float("nan"))
+        (False, True)
+    """
+    if isinstance(value, (list, tuple)):
+        return tuple(value_key(v) for v in value)
+    return type(value).__name__, repr(value) if isinstance(value, float) else value
+
+
+def values_key(values: dict[str, Any] | Sequence[tuple[str, Any]]) -> tuple:
+    """:func:`value_key` of each ``(name, value)``, sorted by name."""
+    pairs = values.items() if isinstance(values, dict) else values
+    return tuple(sorted((n, value_key(v)) for n, v in pairs))
+
+
+@dataclasses.dataclass(frozen=True)
+class Written:
+    """A body written once for every node of the op: an onnxscript function (or any object whose
+    ``to_function_proto()`` gives the op's FunctionProto). The op's check guards are added where
+    the body goes into a model (``exporters.resolve``), not here.
+
+    Example:
+        >>> from onnx import helper
+        >>> proto = helper.make_function("d", "f", ["x"], ["y"], [helper.make_node("Relu", ["x"], ["y"])],
+        ...                              [helper.make_opsetid("", 20)])
+        >>> import types
+        >>> Written(types.SimpleNamespace(to_function_proto=lambda: proto)).to_function_proto().name
+        'f'
+    """
+
+    source: Any
+
+    def to_function_proto(self) -> onnx.FunctionProto:
+        """The body as written (a fresh copy each call)."""
+        return self.source.to_function_proto()
+
+    @property
+    def note(self) -> str | None:
+        return None
+
+
 class BodyBuilder:
     """A written function body that depends on attribute values: ``build`` is a plain Python function whose
     parameters are (some of) the op's attributes, called with a node's attribute values (as the torch op
@@ -326,16 +374,36 @@ class BodyBuilder:
 
     def function(self, values: dict[str, Any]) -> Any:
         """The onnxscript function for the attribute ``values`` (built once per distinct value set)."""
-        key = tuple((n, tuple(v) if isinstance(v, list) else v) for n, v in sorted(values.items()) if n in self.reads)
+        read = {n: values[n] for n in self.reads}
+        key = values_key(read)  # NOTE: -0.0 and 0.0 are two bodies, every NaN one
         if key not in self._built:
             try:
-                self._built[key] = self.build(**{n: values[n] for n in self.reads})
+                self._built[key] = self.build(**read)
             except OpBridgeError:
                 raise
             except Exception as e:  # noqa: BLE001  the user's builder: its error, named
-                raise OpBridgeError(f"{self.qualname}: the body builder failed for {dict(key)}. Got "
+                raise OpBridgeError(f"{self.qualname}: the body builder failed for {read}. Got "
                                     f"{type(e).__name__}: {e}. Fix the builder for these values.") from e
         return self._built[key]
 
     def __repr__(self) -> str:
         return f"<body builder of {self.qualname}: {getattr(self.build, '__name__', self.build)!r}>"
+
+
+def as_body(qualname: str, function: Any, attributes: Sequence[Param]) -> Body:
+    """``function=`` as an op keeps it: an onnxscript function (anything giving a FunctionProto) as
+    :class:`Written`, a plain Python function of (some of) the op's ``attributes`` as a
+    :class:`BodyBuilder`; None and typed bodies as they are."""
+    if function is None or isinstance(function, (Written, BodyBuilder)):
+        return function
+    if isinstance(function, (values.OnnxFunction, values.TracedOnnxFunction)) or hasattr(function, "to_function_proto"):
+        return Written(function)
+    if not callable(function):
+        raise OpBridgeError(f"{qualname}: function= takes an onnxscript function or a Python function of the op's "
+                            f"attributes. Got {type(function).__name__}. Pass one of those.")
+    return BodyBuilder(qualname, function, attributes)
+
+
+# NOTE: an op's written body: one for every node, built per attribute values, or none (derived or
+# translated where it goes into a model: exporters.resolve decides)
+Body = Written | BodyBuilder | None

@@ -96,8 +96,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="with --triton: the library's path as the server sees it (default: the absolute "
                         "path of the copy in REPO/NAME)")
 
-    p = _sub(sub, "attach", help="re-attach the registered function bodies a file lacks, at its opset")
+    p = _sub(sub, "attach", help="attach the function bodies a file lacks (written or derived), at its opset")
     p.add_argument("model_file")
+    p.add_argument("--replace", action="store_true",
+                   help="also replace the file's bodies of registered ops with the registry's (restores broken ones)")
     p.add_argument("-o", "--output", help="file to write (default: replace MODEL_FILE, atomically)")
 
     p = _sub(sub, "check", help="export, run in ORT and compare against eager (parity table)")

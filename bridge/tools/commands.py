@@ -32,11 +32,12 @@ from bridge.tools.parity import check_parity
 from bridge.tools.sessions import check_nodes, session
 from bridge.tools.testing import ModelCase, OpModule, cases
 from bridge.tools.triton import write_repository
-from exporters.bodies.opsets import attach_functions, onnx_opset
+from exporters.bodies.opsets import onnx_opset
 from exporters.derive import body_status, show_body
 from exporters.export import DEFAULT_OPSET, export
 from exporters.inline import inline_functions, save_atomic
-from exporters.portable import required_ir_version
+from exporters.portable import relativize_paths, required_ir_version
+from exporters.resolve import attach_functions
 from ort_kernels import build, tiers
 from ort_kernels.tiers import NAMES as TIER_NAMES
 from ort_kernels.tiers import TIERS
@@ -442,13 +443,15 @@ def _build_triton(args) -> int:
 
 
 def cmd_attach(args) -> int:
-    """Give a file (e.g. one ``onnx.version_converter`` or another tool rewrote) the registered
-    function bodies it lacks, at its own opset; write it whole or not at all."""
+    """Give a file (e.g. one ``onnx.version_converter`` or another tool rewrote) the function bodies
+    it lacks (written, built or derived: exporters.resolve), at its own opset; ``--replace``: also
+    replace the bodies it has of registered ops with the registry's. Write it whole or not at all."""
     target = args.output or args.model_file
     files.check_writable(target, what="model")
     proto = _load_checked(args.model_file)
     with _onnx_errors(args.model_file, "attach bodies to"):
-        changed = attach_functions(proto, REGISTRY)
+        changed = attach_functions(proto, REGISTRY, replace=args.replace)
+        relativize_paths(proto)
         proto.ir_version = max(proto.ir_version, required_ir_version(proto))
         onnx.checker.check_model(proto, full_check=True)
     # NOTE: a file rewritten in place keeps its mode; a new -o file gets the umask's

@@ -1,5 +1,5 @@
-"""Function bodies at the model's opset: convert a FunctionProto's standard-ONNX opset, and attach
-the registered bodies to a model at the opset the model imports.
+"""Function bodies at the model's opset: convert a FunctionProto's standard-ONNX opset (and a model's,
+functions included). Which body a node gets is exporters.resolve's business.
 
 An op's body is written once (e.g. with ``onnxscript.opset20``); a model exported at opset 17 or
 23, or converted by ``onnx.version_converter`` (which drops model-local functions), gets each body
@@ -22,19 +22,15 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable
 
 import onnx
 import onnx.version_converter
 from onnx import defs, helper
 
-from bridge.core.checks import guarded_body, unreadable
 from bridge.core.domains import is_onnx
 from bridge.core.errors import OpBridgeError
-from bridge.core.graphs import FreshNames, custom_nodes, custom_ops, subgraphs, walk
-from bridge.core.registry import REGISTRY, Registry, validate_body
-from bridge.core.spec import BodyBuilder, OpSpec, node_attributes
+from bridge.core.graphs import FreshNames, subgraphs, walk
 
 Nodes = list[onnx.NodeProto]
 
@@ -445,148 +441,9 @@ def portable_constants(function: onnx.FunctionProto) -> onnx.FunctionProto:
     return result
 
 
-def attach_functions(model: onnx.ModelProto, registry: Registry | None = None) -> list[str]:
-    """Give ``model`` every registered function body it lacks, at the model's ONNX opset; return
-    the ops attached or converted.
-
-    Bodies the model already has but at another ONNX opset than the model's own (a file passed
-    through ``onnx.version_converter``, which leaves or drops them) are converted to the model's
-    opset. List constants in the bodies become 1-D tensors (:func:`portable_constants`). Edits
-    ``model`` in place; the caller saves it (``opbridge attach`` does both).
-
-    Example:
-        >>> import onnx, onnx.version_converter, torch, bridge, custom_ops
-        >>> class M(torch.nn.Module):
-        ...     def forward(self, x):
-        ...         return torch.ops.opbridge.identity_conv(x, 3) + 1
-        >>> old = onnx.version_converter.convert_version(bridge.export(M(), (torch.randn(1, 3, 4, 4),)), 18)
-        >>> len(old.functions), bridge.attach_functions(old), [tuple(o.version for o in f.opset_import)
-        ...                                                     for f in old.functions]
-        (0, ['opbridge::identity_conv'], [(18,)])
-    """
-    reg = REGISTRY if registry is None else registry
-    target = onnx_opset(model)
-    changed = []
-
-    def name_of(domain, name):
-        spec = reg.find(domain, name)
-        return spec.qualname if spec is not None else f"{domain}::{name}"
-
-    for index, function in enumerate(model.functions):
-        source = onnx_opset(function)
-        if target is not None and source is not None and source != target:
-            model.functions[index].CopyFrom(portable_constants(convert_function(function, target)))
-            changed.append(name_of(function.domain, function.name))
-    have = {(f.domain, f.name) for f in model.functions}
-    while True:  # an attached body may call further custom ops
-        changed += attach_built(model, reg)
-        have |= {(f.domain, f.name) for f in model.functions}
-        wanted = [key for key in custom_ops(model, functions=True) if key not in have]
-        bodies = []
-        for key in wanted:
-            spec = reg.find(*key)
-            have.add(key)
-            if spec is not None and spec.function is not None and not isinstance(spec.function, BodyBuilder):
-                proto = spec.function.to_function_proto()
-                proto = convert_function(proto, target) if target is not None else proto
-                bodies.append((spec.qualname, portable_constants(proto)))
-        if not bodies:
-            return changed
-        for qualname, proto in bodies:
-            model.functions.append(proto)
-            changed.append(qualname)
-
-
-def guarded_copy(proto: onnx.FunctionProto, spec: OpSpec) -> onnx.FunctionProto:
-    """A copy of a body specialised to attribute values (derived, or built by a body builder) with the
-    op's check guards (``bridge.core.checks``) where the body keeps every attribute they read as a
-    function attribute.
-
-    NOTE: a check reading an attribute baked into this body (its value was known when the body was
-    made; the function tier checks attribute values before a session opens) gets no guard; every
-    other check keeps its own.
-    """
-    if spec.checks is not None:
-        names = {*proto.attribute, *(a.name for a in proto.attribute_proto)}  # without and with defaults
-        kept = {p.name: p.onnx_attribute_type for p in spec.attributes if p.name in names}
-        guarded = guarded_body(proto, spec.checks, kept, skip=list(unreadable(proto, spec.checks, kept)))
-        if guarded is not proto:
-            return guarded
-    copy = onnx.FunctionProto()
-    copy.CopyFrom(proto)
-    return copy
-
-
-def _built(spec: OpSpec, node: onnx.NodeProto, target: int | None) -> onnx.FunctionProto:
-    """The body ``spec``'s builder gives for ``node``'s attribute values, checked against the op, with
-    guards, at ONNX opset ``target``."""
-    values = node_attributes(spec, node)
-    function = spec.function.function(values)
-    if not hasattr(function, "to_function_proto"):
-        raise OpBridgeError(f"{spec.qualname}: its body builder returned {type(function).__name__} for {values}. Got "
-                            "no onnxscript function. Return an @onnxscript.script function named like the op.")
-    validate_body(spec, function)
-    proto = guarded_copy(function.to_function_proto(), spec)
-    return portable_constants(convert_function(proto, target) if target is not None else proto)
-
-
-def attach_built(model: onnx.ModelProto, registry: Registry) -> list[str]:
-    """Give each custom node of an op whose body is built per attribute values (a body builder) the
-    body for its node's values, at the model's opset; distinct bodies of one op are ONNX function
-    overloads (``built_<hash>``; one body keeps the plain name). Nodes that already have their body
-    are left alone. Returns the ops given bodies.
-
-    Example:
-        >>> import types, torch, bridge
-        >>> reg = bridge.Registry()
-        >>> lib = torch.library.Library("doc_built", "DEF")
-        >>> _ = lib.define("shift(Tensor x, int k) -> Tensor")
-        >>> lib.impl("shift", lambda x, k: x + k, "CompositeExplicitAutograd")
-        >>> def body(k):  # (an @onnxscript.script function in a module; here its FunctionProto)
-        ...     add = [helper.make_node("Constant", [], ["c"], value_float=float(k)),
-        ...            helper.make_node("CastLike", ["c", "x"], ["cx"]), helper.make_node("Add", ["x", "cx"], ["y"])]
-        ...     proto = helper.make_function("doc_built", "shift", ["x"], ["y"], add, [helper.make_opsetid("", 20)])
-        ...     return types.SimpleNamespace(to_function_proto=lambda: proto)
-        >>> _ = bridge.register("doc_built::shift", function=body, fake=lambda x, k: torch.empty_like(x), registry=reg)
-        >>> class M(torch.nn.Module):
-        ...     def forward(self, x):
-        ...         return torch.ops.doc_built.shift(torch.ops.doc_built.shift(x, 1), 2)
-        >>> proto = bridge.export(M(), (torch.zeros(2),), registry=reg)
-        >>> len(proto.functions), len({n.overload for n in proto.graph.node}), proto.ir_version
-        (2, 2, 10)
-    """
-    target = onnx_opset(model)
-    local = {(f.domain, f.name, f.overload) for f in model.functions}
-    uses: dict[tuple[str, str], list[tuple[onnx.NodeProto, bytes, onnx.FunctionProto]]] = {}
-    for node in custom_nodes(model, functions=True):
-        if (node.domain, node.op_type, node.overload) in local:
-            continue
-        spec = registry.find(node.domain, node.op_type)
-        if spec is not None and isinstance(spec.function, BodyBuilder):
-            proto = _built(spec, node, target)
-            uses.setdefault((spec.domain, spec.name), []).append((node, proto.SerializeToString(), proto))
-    added = []
-    for (domain, name), pairs in uses.items():
-        bodies = {data: proto for _, data, proto in pairs}
-        for data, proto in bodies.items():
-            proto.overload = "" if len(bodies) == 1 else "built_" + hashlib.sha1(data).hexdigest()[:10]
-            model.functions.append(proto)
-            for node, d, _ in pairs:
-                if d == data:
-                    node.overload = proto.overload
-        if len(bodies) > 1:
-            model.ir_version = max(model.ir_version, 10)  # NOTE: function overloads are IR 10
-        attached = registry.find(domain, name)
-        assert attached is not None  # NOTE: its nodes were found through it above
-        added.append(attached.qualname)
-    return added
-
-
-def convert_model(model: onnx.ModelProto, opset: int, registry: Registry | None = None, *,
-                  attach: bool = True) -> onnx.ModelProto:
+def convert_model(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
     """``model`` at ONNX opset ``opset``: the main graph through ``onnx.version_converter``, then
-    every function body converted (:func:`convert_function`), and the registered bodies it lacks
-    attached (``attach=False``: not).
+    every function body converted (:func:`convert_function`).
 
     Graph inputs stay those of ``model`` (the converter can list initializers as inputs).
 
@@ -618,6 +475,4 @@ def convert_model(model: onnx.ModelProto, opset: int, registry: Registry | None 
         converted.graph.input.extend(keep)
     del converted.functions[:]
     converted.functions.extend(convert_function(f, opset) for f in model.functions)
-    if attach:
-        attach_functions(converted, registry)
     return converted

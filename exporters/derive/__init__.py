@@ -9,8 +9,9 @@ in the op's domain with the op's input and attribute names:
 
 - int / int[] attributes the trace keeps symbolic become FunctionProto attributes
   (``Constant <value_int: int = @k>``); float, bool and str attributes, and ints the implementation
-  branches on, are baked in, so such a body is keyed by those values (and by the input dtypes). A model
-  whose sites of one op need different bodies gets one body per key (ONNX function ``overload``).
+  branches on, are baked in. A body is derived (and verified) per exact site: input dtypes and dims,
+  attribute values; sites whose bodies are the same bytes share one function, the others get one
+  each (ONNX function ``overload``).
 - ScatterND with a reduction (what ``index_put(accumulate=True)`` and ``index_add`` become), which
   onnxruntime's threaded CPU kernel runs nondeterministically over duplicate indices, is rewritten to
   ScatterElements over the flattened data, which accumulates in a fixed order.
@@ -29,9 +30,9 @@ kernel) gives no body; :func:`body_status` says why in one line and the other ti
 Modules, bottom up: ``sites`` (what a body is derived for, the errors), ``implementation`` (the
 code traced), ``cache`` (every cache, one object tied to the registry's generation), ``tracing``
 (the op alone under torch.export and torch.onnx), ``scatter`` (racy ScatterND rewritten), ``body``
-(the trace as a FunctionProto), ``verify`` (no aliasing, checker, eager match), ``guards`` (whether an
-earlier body serves a site), ``derivation`` (per site and attribute values, cached), ``attach``
-(bodies into a model, with check guards), ``status`` (``opbridge ops`` and ``--show-body``).
+(the trace as a FunctionProto), ``verify`` (no aliasing, checker, eager match), ``derivation`` (per
+exact site, cached), ``status`` (``opbridge ops`` and ``--show-body``). Bodies go into a model through
+``exporters.resolve`` (with check guards, at the model's opset).
 
 Example:
     >>> import torch, bridge, custom_ops
@@ -39,11 +40,10 @@ Example:
     ('written', None)
 """
 
-from exporters.derive.attach import attach_derived
 from exporters.derive.derivation import derive, last_failure
 from exporters.derive.implementation import implementation
 from exporters.derive.sites import Derived, NoPortableBody, Site, TensorSig, sample_site, site_of
 from exporters.derive.status import body_status, show_body
 
-__all__ = ["Derived", "NoPortableBody", "Site", "TensorSig", "attach_derived", "body_status", "derive",
+__all__ = ["Derived", "NoPortableBody", "Site", "TensorSig", "body_status", "derive",
            "implementation", "last_failure", "sample_site", "show_body", "site_of"]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from bridge.core.graphs import subgraphs
+from bridge.core.graphs import FreshNames, subgraphs
 from bridge.core.spec import OpSpec, Param
 
 
@@ -14,41 +14,32 @@ class _Names:
     """Value names inside the body: op inputs keep the op's names, nothing else may take them."""
 
     def __init__(self, reserved: set[str]):
-        self.reserved, self.used = set(reserved), set(reserved)
+        self.fresh = FreshNames(reserved)
         self.map: dict[str, str] = {}
 
     def __call__(self, name: str) -> str:
-        if not name:
-            return name
-        if name not in self.map:
-            new, i = name, 0
-            while new in self.used:
-                i += 1
-                new = f"{name}__{i}"
-            self.map[name] = new
-            self.used.add(new)
-        return self.map[name]
-
-    def fresh(self, hint: str) -> str:
-        new, i = hint, 0
-        while new in self.used or new in self.map:
-            i += 1
-            new = f"{hint}__{i}"
-        self.used.add(new)
-        return new
+        if name and name not in self.map:
+            self.map[name] = self.fresh(name)
+        return self.map.get(name, name)
 
 
 def _renamed(node: onnx.NodeProto, names: _Names) -> onnx.NodeProto:
+    """``node`` with its values renamed and without torch.onnx's notes (stack traces, scopes: the
+    exporting machine's paths; a body is the same bytes wherever it was derived)."""
     out = onnx.NodeProto()
     out.CopyFrom(node)
     out.input[:] = [names(n) for n in node.input]
     out.output[:] = [names(n) for n in node.output]
+    out.doc_string = ""
+    del out.metadata_props[:]
     for g in subgraphs(out):  # NOTE: subgraphs read outer values by name
         _rename_graph(g, names)
     return out
 
 
 def _rename_graph(graph: onnx.GraphProto, names: _Names) -> None:
+    graph.doc_string = ""
+    del graph.metadata_props[:]
     for v in list(graph.input) + list(graph.output) + list(graph.value_info):
         v.name = names(v.name)
     for t in graph.initializer:

@@ -24,14 +24,14 @@ class Generation:
 
     generation: int
     specs: dict[int, OpSpec] = dataclasses.field(default_factory=dict)  # id -> spec, held: ids stay unique
-    bodies: dict[tuple, list[Derived]] = dataclasses.field(default_factory=dict)  # key -> bodies so far
-    failed: dict[tuple, str] = dataclasses.field(default_factory=dict)  # key + (site,) -> why no body
-    values_only: set[tuple] = dataclasses.field(default_factory=set)  # (key, int signs): symbolic trace failed
+    bodies: dict[tuple, Derived] = dataclasses.field(default_factory=dict)  # key -> the site's body
+    failed: dict[tuple, str] = dataclasses.field(default_factory=dict)  # key -> why the site has no body
+    values_only: set[tuple] = dataclasses.field(default_factory=set)  # site shapes, int signs: symbolic trace failed
 
     def key(self, spec: OpSpec, site: Site, opset: int) -> tuple:
-        """The key of ``spec``'s bodies for sites shaped like ``site`` at ``opset``."""
+        """The key of ``spec``'s body for exactly ``site`` at ``opset``."""
         self.specs[id(spec)] = spec  # NOTE: held here, so no other spec can take this id meanwhile
-        return (spec.qualname, id(spec), site.structure, opset)
+        return (spec.qualname, id(spec), site.key, opset)
 
 
 class DeriveCache:

@@ -1,6 +1,8 @@
-"""Deriving a body at a site, per attribute values: int attributes traced symbolic first (the body
-reads them from the node), else baked in (the body is keyed by their values); bodies and failures
-cached (cache.CACHE) and reused where an earlier body fits (guards.fits)."""
+"""Deriving a body at a site: int attributes traced symbolic first (the body reads them from the
+node), else baked in. A body serves the exact site it was derived (and verified) for: its dtypes,
+dims and attribute values (``Site.key``: -0.0 is not 0.0); bodies and failures are cached
+(cache.CACHE) per site. Two sites share a function only where their bodies are the same bytes
+(exporters.resolve), never because torch's guards seem to hold elsewhere."""
 
 from __future__ import annotations
 
@@ -18,7 +20,6 @@ from bridge.core.spec import OpSpec
 from exporters.bodies.translation import torch_translation
 from exporters.derive.body import function_body
 from exporters.derive.cache import CACHE, Generation
-from exporters.derive.guards import fits
 from exporters.derive.implementation import implementation
 from exporters.derive.scatter import avoid_racy_scatter, racy_nodes
 from exporters.derive.sites import Derived, NoPortableBody, Site, TensorSig, Untraceable  # noqa: F401  (doctest)
@@ -27,7 +28,7 @@ from exporters.derive.verify import loads, refuse_aliases, verify
 
 
 def derive(spec: OpSpec, site: Site, opset: int = 20, registry: Registry | None = None) -> Derived:
-    """The op's body at ``site``, derived from its implementation (or an earlier body that fits).
+    """The op's body at ``site``, derived from its implementation (once per site: cached).
 
     Int attributes are first traced symbolic (FunctionProto attributes); where that trace fails, they
     are traced as the site's values. Raises :class:`NoPortableBody` with the one-line reason when the
@@ -45,22 +46,21 @@ def derive(spec: OpSpec, site: Site, opset: int = 20, registry: Registry | None 
     reg = REGISTRY if registry is None else registry
     cache = CACHE.of(reg)
     key = cache.key(spec, site, opset)
-    for body in cache.bodies.get(key, []):
-        if fits(body, spec, site):
-            return body
-    if key + (site,) in cache.failed:
+    if key in cache.bodies:
+        return cache.bodies[key]
+    if key in cache.failed:
         # NOTE: a cached failure is the latest failure too: last_failure (the function tier's reason) names it
-        CACHE.fail(spec.qualname, cache.failed[key + (site,)])
-        raise NoPortableBody(spec.qualname, cache.failed[key + (site,)])
+        CACHE.fail(spec.qualname, cache.failed[key])
+        raise NoPortableBody(spec.qualname, cache.failed[key])
     try:
         with step(f"derive the ONNX body of {spec.qualname} ({site.describe()})"), _quiet():
-            body = _specialised(spec, implementation(spec), site, opset, reg, cache, key)
+            body = _specialised(spec, implementation(spec), site, opset, reg, cache)
     except (NoPortableBody, Untraceable) as e:
         reason = e.reason if isinstance(e, NoPortableBody) else str(e)
-        cache.failed[key + (site,)] = reason
+        cache.failed[key] = reason
         CACHE.fail(spec.qualname, reason)
         raise NoPortableBody(spec.qualname, reason) from None
-    cache.bodies.setdefault(key, []).append(body)
+    cache.bodies[key] = body
     CACHE.fail(spec.qualname, None)
     return body
 
@@ -70,12 +70,13 @@ def last_failure(qualname: str) -> str | None:
     return CACHE.failure(qualname)
 
 
-def _specialised(spec: OpSpec, fn: Callable, site: Site, opset: int, registry: Registry, cache: Generation,
-                 key: tuple) -> Derived:
+def _specialised(spec: OpSpec, fn: Callable, site: Site, opset: int, registry: Registry,
+                 cache: Generation) -> Derived:
     """The body with int attributes symbolic where the trace allows, else with the site's values."""
     if torch_translation(spec) is not None:  # NOTE: a translation reads attributes as Python values
         return _derive(spec, fn, site, opset, registry, symbolic=False)
-    signs = (key, tuple(v < 0 for v in _ints(spec, site)))
+    # NOTE: only a hint to skip a trace that failed at sites like this one; the body is derived per site
+    signs = (spec.qualname, id(spec), site.structure, opset, tuple(v < 0 for v in _ints(spec, site)))
     if signs not in cache.values_only and any(symbolic_int(p) for p in spec.attributes):
         try:
             return _derive(spec, fn, site, opset, registry, symbolic=True)
@@ -169,7 +170,5 @@ def _derive(spec: OpSpec, fn: Callable, site: Site, opset: int, registry: Regist
         # NOTE: torch.onnx's own translation: random example values are no valid input for such ops
         # (box indices, sorted scores), so it is only loaded here; parity runs on the model's inputs
         loads(spec, site, proto, out_types)
-    guards = tuple(getattr(program, "_guards_code", ()) or ())
     fixed = tuple((n, v) for n, v in site.attrs if n not in parametric)
-    return Derived(proto, site.structure, fixed, tuple(fixed_dims), guards,
-                   tuple(p.name for p in spec.attributes if p.name in parametric))
+    return Derived(proto, fixed, tuple(p.name for p in spec.attributes if p.name in parametric))

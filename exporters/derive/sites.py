@@ -11,7 +11,7 @@ import torch
 
 from bridge.core.dtypes import torch_dtype
 from bridge.core.errors import OpBridgeError
-from bridge.core.spec import OpSpec, SampleInput, node_attributes
+from bridge.core.spec import OpSpec, SampleInput, node_attributes, values_key
 
 
 class NoPortableBody(OpBridgeError):
@@ -64,6 +64,12 @@ class Site:
         return (tuple(None if t is None else (t.dtype, len(t.dims)) for t in self.tensors),
                 tuple((n, len(v)) if isinstance(v, (list, tuple)) else (n, type(v).__name__) for n, v in self.attrs))
 
+    @property
+    def key(self) -> tuple:
+        """What tells this site apart from every other: dtypes, dims and the exact attribute values
+        (``bridge.core.spec.value_key``: -0.0 is not 0.0, every NaN is one)."""
+        return tuple(None if t is None else (t.dtype, t.dims) for t in self.tensors), values_key(self.attrs)
+
     def describe(self) -> str:
         shown = [f"{str(t.dtype).replace('torch.', '')}[{','.join(map(str, t.dims))}]" if t else "None"
                  for t in self.tensors]
@@ -72,14 +78,11 @@ class Site:
 
 @dataclasses.dataclass(frozen=True)
 class Derived:
-    """A derived body and where it holds: the attributes baked in (by value), dims the trace fixed,
-    and torch.export's guards (checked against each further site before the body is reused)."""
+    """A body derived (and verified) for one site: the attributes baked in (by value) and those it
+    reads from the node."""
 
     proto: onnx.FunctionProto
-    structure: tuple
     fixed: tuple[tuple[str, Any], ...]
-    fixed_dims: tuple[tuple[int, int, int], ...]  # (tensor input, dim, size)
-    guards: tuple[str, ...]
     parametric: tuple[str, ...]  # attributes the body reads from the node
 
 

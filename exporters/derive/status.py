@@ -7,7 +7,7 @@ import torch
 
 from bridge.core.errors import OpBridgeError
 from bridge.core.registry import Registry
-from bridge.core.spec import BodyBuilder, OpSpec
+from bridge.core.spec import BodyBuilder, OpSpec, Written
 from exporters.bodies.translation import torch_translation
 from exporters.derive.derivation import derive
 from exporters.derive.implementation import implementation
@@ -34,7 +34,7 @@ def body_status(spec: OpSpec, dtype: torch.dtype | None = None, opset: int = 20,
         ('written', None)
     """
     if spec.function is not None:
-        return "written", spec.function.note if isinstance(spec.function, BodyBuilder) else None
+        return "written", spec.function.note
     reused = torch_translation(spec)
     if reused is not None:
         return "translated", (f"torch.onnx's translation ({reused.name}, onnxscript torch_lib), exported at the "
@@ -60,7 +60,7 @@ def show_body(spec: OpSpec, dtype: torch.dtype | None = None, opset: int = 20,
               registry: Registry | None = None) -> str:
     """The op's portable body as onnx.printer text: the written one, or the one derived from its
     first sample at ``dtype`` (a comment line says which)."""
-    if spec.function is not None and hasattr(spec.function, "to_function_proto"):
+    if isinstance(spec.function, Written):
         return f"# {spec.qualname}: written body\n" + onnx.printer.to_text(spec.function.to_function_proto())
     dtype = _status_dtype(spec, dtype)
     samples = spec.sample_inputs(dtype) if spec.sample_inputs is not None else []
@@ -70,9 +70,9 @@ def show_body(spec: OpSpec, dtype: torch.dtype | None = None, opset: int = 20,
                             "inputs to derive one from here. Got no samples. Register samples "
                             "(op.register_samples), or export a model and read model.functions.")
     site = sample_site(spec, samples[0])
-    if spec.function is not None:  # a body builder: its body for the sample's attribute values
-        return (f"# {spec.qualname}: written body built for {site.describe()}\n"
-                + onnx.printer.to_text(spec.function.build(dict(site.attrs))))
+    if isinstance(spec.function, BodyBuilder):  # its body for the sample's attribute values
+        built = spec.function.function(dict(site.attrs)).to_function_proto()
+        return f"# {spec.qualname}: written body built for {site.describe()}\n" + onnx.printer.to_text(built)
     body = derive(spec, site, opset, registry)
     baked = ", ".join(f"{n}={v!r}" for n, v in body.fixed) or "none"
     reused = torch_translation(spec)
