@@ -103,12 +103,12 @@ def _ints(spec: OpSpec, site: Site) -> list[int]:
             for x in (values[p.name] if isinstance(values[p.name], tuple) else (values[p.name],))]
 
 
-def _placeholders(program, site: Site, roles: list[tuple]) -> tuple[dict, list, set]:
-    """Each traced input's role by its name, the dims the trace fixed (refused where the site has them
-    dynamic), and the int attributes it fixed."""
+def _placeholders(program, site: Site, roles: list[tuple]) -> tuple[dict, set]:
+    """Each traced input's role by its name, and the int attributes the trace fixed; a dim it fixed
+    that the site has dynamic is refused."""
     placeholders = [n for n in program.graph.nodes if n.op == "placeholder"
                     and n.name in program.graph_signature.user_inputs]
-    by_name, fixed_dims, fixed_ints = {}, [], set()
+    by_name, fixed_ints = {}, set()
     for node, role in zip(placeholders, roles):
         by_name[node.name] = role
         val = node.meta.get("val")
@@ -117,13 +117,10 @@ def _placeholders(program, site: Site, roles: list[tuple]) -> tuple[dict, list, 
                 fixed_ints.add(role[1].name)
             continue
         for d, size in enumerate(val.shape):
-            if not isinstance(size, int):
-                continue
-            if isinstance(site.tensors[role[1]].dims[d], str):
+            if isinstance(size, int) and isinstance(site.tensors[role[1]].dims[d], str):
                 raise Untraceable(f"its implementation fixes dim {d} of '{role[2].name}' to {size}, "
                                   "which the model has dynamic")
-            fixed_dims.append((role[1], d, size))
-    return by_name, fixed_dims, fixed_ints
+    return by_name, fixed_ints
 
 
 def _outputs(program, spec: OpSpec) -> list:
@@ -158,7 +155,7 @@ def _derive(spec: OpSpec, fn: Callable, site: Site, opset: int, registry: Regist
     if reused is None:
         refuse_aliases(spec, fn, site, roles, sizes)
     program = export_program(spec, fn, site, roles, sizes)
-    by_name, fixed_dims, fixed_ints = _placeholders(program, site, roles)
+    by_name, fixed_ints = _placeholders(program, site, roles)
     outputs = _outputs(program, spec)
     model = _translated(program, opset, registry, {} if reused is None else {spec.overload: reused})
     parametric = {r[1].name for r in roles if r[0] == "int"} - fixed_ints
