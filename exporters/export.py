@@ -21,7 +21,7 @@ from bridge.core.errors import OpBridgeError
 from bridge.core.graphs import custom_nodes
 from bridge.core.progress import step
 from bridge.core.proxy import redirect, specialisation_check
-from bridge.core.registry import REGISTRY, Registry
+from bridge.core.registry import REGISTRY, Registry, fill_attributes
 from exporters.bodies.opsets import attach_functions, convert_model, onnx_opset
 from exporters.bodies.translation import symbolic_attribute_error, translation_table
 from exporters.derive import attach_derived
@@ -220,6 +220,7 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
                             f"{onnx_opset(proto)}. Export at opset_version={onnx_opset(proto)} or higher.")
     relativize_paths(proto)
     _ensure_opset_imports(proto, reg)
+    fill_attributes(proto, reg)  # NOTE: attributes explicit, whatever translation wrote the nodes
     name_custom_outputs(proto, reg)
     name_graph_io(proto, input_names, output_names)
     rename_dims(proto, dim_names(program, model, args, kwargs, dynamic_shapes))

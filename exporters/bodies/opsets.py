@@ -34,7 +34,7 @@ from bridge.core.domains import is_onnx
 from bridge.core.errors import OpBridgeError
 from bridge.core.graphs import FreshNames, custom_nodes, custom_ops, subgraphs, walk
 from bridge.core.registry import REGISTRY, Registry, validate_body
-from bridge.core.spec import BodyBuilder, OpSpec, node_attributes
+from bridge.core.spec import BodyBuilder, OpSpec, bind_attribute_defaults, node_attributes
 
 Nodes = list[onnx.NodeProto]
 
@@ -489,7 +489,7 @@ def attach_functions(model: onnx.ModelProto, registry: Registry | None = None) -
             if spec is not None and spec.function is not None and not isinstance(spec.function, BodyBuilder):
                 proto = spec.function.to_function_proto()
                 proto = convert_function(proto, target) if target is not None else proto
-                bodies.append((spec.qualname, portable_constants(proto)))
+                bodies.append((spec.qualname, portable_constants(bind_attribute_defaults(spec, proto))))
         if not bodies:
             return changed
         for qualname, proto in bodies:
