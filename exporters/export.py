@@ -21,7 +21,7 @@ from bridge.core.errors import OpBridgeError
 from bridge.core.graphs import custom_nodes
 from bridge.core.progress import step
 from bridge.core.proxy import redirect, specialisation_check
-from bridge.core.registry import REGISTRY, Registry
+from bridge.core.registry import REGISTRY, Registry, fill_attributes
 from exporters.bodies.opsets import convert_model, onnx_opset
 from exporters.bodies.translation import symbolic_attribute_error, translation_table
 from exporters.derive.tracing import onnx_program, program_calls
@@ -219,6 +219,7 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
         raise OpBridgeError(f"torch.onnx could not write the model at ONNX opset {opset_version}. Got opset "
                             f"{onnx_opset(proto)}. Export at opset_version={onnx_opset(proto)} or higher.")
     _ensure_opset_imports(proto, reg)
+    fill_attributes(proto, reg)  # NOTE: attributes explicit, whatever translation wrote the nodes
     name_custom_outputs(proto, reg)
     name_graph_io(proto, input_names, output_names)
     rename_dims(proto, dim_names(program, model, args, kwargs, dynamic_shapes))

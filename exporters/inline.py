@@ -17,7 +17,7 @@ from bridge.core.domains import ONNX_DOMAINS
 from bridge.core.errors import OpBridgeError
 from bridge.core.graphs import model_nodes, nonstandard_ops
 from bridge.core.progress import step
-from bridge.core.registry import REGISTRY, Registry
+from bridge.core.registry import REGISTRY, Registry, fill_attributes
 from exporters.resolve import attach_functions
 
 
@@ -58,6 +58,7 @@ def inline_functions(model: onnx.ModelProto, registry: Registry | None = None) -
     reg = REGISTRY if registry is None else registry
     proto = onnx.ModelProto()
     proto.CopyFrom(model)
+    fill_attributes(proto, reg)  # NOTE: an omitted attribute is the op's default, not the body's inner op's
     # NOTE: a body may call another custom op; each round attaches and inlines one level more.
     rounds = 0
     while nonstandard_ops(proto):

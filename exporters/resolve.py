@@ -40,7 +40,7 @@ from bridge.core.checks import guarded_body, unreadable
 from bridge.core.errors import OpBridgeError
 from bridge.core.graphs import custom_nodes, model_value_types
 from bridge.core.registry import REGISTRY, Registry, validate_body
-from bridge.core.spec import BodyBuilder, OpSpec, Written, node_attributes, values_key
+from bridge.core.spec import BodyBuilder, OpSpec, Written, bind_attribute_defaults, node_attributes, values_key
 from exporters.bodies.opsets import convert_function, onnx_opset, portable_constants
 from exporters.derive.cache import CACHE
 from exporters.derive.derivation import derive
@@ -91,7 +91,8 @@ def written_body(spec: OpSpec, opset: int | None = None) -> onnx.FunctionProto:
         (17, True)
     """
     assert isinstance(spec.function, Written)
-    return _finished(spec.function.to_function_proto(), spec, opset)
+    # NOTE: the op's defaults bind the body's attribute references a node omits (not the inner ops' own)
+    return _finished(bind_attribute_defaults(spec, spec.function.to_function_proto()), spec, opset)
 
 
 def _finished(proto: onnx.FunctionProto, spec: OpSpec, opset: int | None) -> onnx.FunctionProto:

@@ -145,8 +145,9 @@ def _replace_call(graph, node, spec, state: dict) -> None:
     """Swap a ``call_torchbind`` node for a call of ``spec``'s op with the state as its attributes."""
     tensors = iter(node.args[2:])
     call = [next(tensors) if p.is_tensor else state.get(p.name, p.default) for p in spec.params]
+    positional, keywords = spec.call_args(call)
     with graph.inserting_before(node):
-        new = graph.call_function(spec.overload, tuple(call))
+        new = graph.call_function(spec.overload, positional, keywords)
     new.meta.update({k: v for k, v in node.meta.items() if k in ("val", "tensor_meta", "stack_trace")})
     node.replace_all_uses_with(new)
     graph.erase_node(node)

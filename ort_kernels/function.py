@@ -18,7 +18,7 @@ from bridge.core.domains import is_custom
 from bridge.core.errors import OpBridgeError, UnsupportedInTier
 from bridge.core.graphs import custom_nodes, model_nodes, subgraphs, walk
 from bridge.core.registry import Registry
-from bridge.core.spec import OpSpec
+from bridge.core.spec import BodyBuilder, OpSpec
 from exporters.derive import body_status, last_failure
 from exporters.export import DEFAULT_OPSET
 from exporters.resolve import attach_functions
@@ -95,6 +95,8 @@ def _check_optional_attributes(node: onnx.NodeProto, body: onnx.FunctionProto, s
     given = {a.name for a in node.attribute}
     needed = set(body.attribute)  # NOTE: attributes without a default; attribute_proto ones have one
     known = needed | {a.name for a in body.attribute_proto}
+    if isinstance(spec.function, BodyBuilder):
+        known |= set(spec.function.reads)  # NOTE: a built body has the values it read baked in, None too
     for p in spec.attributes:
         if not p.optional:
             continue
@@ -170,7 +172,7 @@ def _checked_calls(model: onnx.ModelProto, registry: Registry) -> tuple:
         inputs = {p.name: (node.input[i] if i < len(node.input) else "") for i, p in enumerate(spec.tensors)}
         given = {a.name: a for a in node.attribute}
         attrs = {p.name: p.from_onnx_value(onnx.helper.get_attribute_value(given[p.name])) if p.name in given
-                 else p.default for p in spec.attributes if p.name in given or p.has_default}
+                 else p.absent for p in spec.attributes if p.name in given or p.has_default}
         # NOTE: tensors stored as external data are not loaded here (nor read from a path
         # relative to the working folder): their checks' messages go without values
         known = {n: numpy_helper.to_array(initializers[n]) for n in inputs.values()

@@ -119,8 +119,9 @@ class _Declared:
             args = [tensors[p.name] if p.is_tensor else attrs[p.name] for p in spec.params]
             if spec.checks is not None:  # NOTE: the op's checks, also for an eager kernel that has its own
                 spec.checks.run(**{p.name: a for p, a in zip(spec.params, args)})
+            positional, keywords = spec.call_args(args)
             with torch.no_grad():
-                out = spec.overload(*args)
+                out = spec.overload(*positional, **keywords)
             outs = out if isinstance(out, (tuple, list)) else (out,)
             if len(outs) < len(self.out_types):
                 raise OpBridgeError(f"{spec.qualname} returned fewer outputs than the model's node has. Got "
@@ -202,7 +203,7 @@ def _parse_attributes(spec, raw: dict) -> tuple[dict, set[int]]:
     by_name = {p.name: p for p in spec.attributes}
     attrs = {k: None if k in omitted else _parse_attr(by_name[k], v) for k, v in raw.items()}
     for p in spec.attributes:
-        attrs.setdefault(p.name, p.default)
+        attrs.setdefault(p.name, p.absent)
     return attrs, absent
 
 
@@ -391,8 +392,8 @@ def _rewrite_attributes(node: onnx.NodeProto, declared: _Declared, placeholders:
     for p in spec.attributes:
         if p.name in present:
             value = onnx.helper.get_attribute_value(present[p.name])
-        elif p.has_default and p.default is not None:
-            value = p.to_onnx_value(p.default)
+        elif p.onnx_default is not None:
+            value = onnx.helper.get_attribute_value(p.onnx_default)
         elif p.optional:
             new.append(onnx.helper.make_attribute(p.name, ""))  # a placeholder; the kernel passes None
             omitted.append(p.name)

@@ -6,12 +6,14 @@ import difflib
 import inspect
 from collections.abc import Iterator
 
+import onnx
 from onnx import defs
 
 from bridge.core import torch_compat
 from bridge.core.errors import OpBridgeError
 from bridge.core.functional import define_twin, twin_spec
-from bridge.core.spec import OpSpec, Written, function_signature
+from bridge.core.graphs import custom_nodes
+from bridge.core.spec import OpSpec, Written, explicit_attributes, function_signature
 
 
 class Registry:
@@ -180,6 +182,19 @@ class Registry:
         """
         specs = [self.get(qualname)] if qualname else list(self)
         return {s.qualname: self.missing(s) for s in specs}
+
+
+def fill_attributes(model: onnx.ModelProto, registry: Registry) -> bool:
+    """Give every node of a registered op in ``model`` (graphs, subgraphs, model-local functions) each
+    attribute it omits that the op gives a default (``bridge.core.spec.explicit_attributes``): files
+    other tools wrote run with the op's defaults in every tier, inlined too. Edits ``model`` in place;
+    returns whether a node changed."""
+    changed = False
+    for node in custom_nodes(model, functions=True):
+        spec = registry.find(node.domain, node.op_type)
+        if spec is not None and explicit_attributes(spec, node):
+            changed = True
+    return changed
 
 
 def _validate(spec: OpSpec) -> None:

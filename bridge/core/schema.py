@@ -29,9 +29,11 @@ def build_onnx_schema(spec) -> defs.OpSchema:
     attributes = []
     for p in spec.attributes:
         desc = f"{p.name} ({'bool as 0/1' if p.is_bool else p.attr_type.name})"
-        if p.has_default and p.default is not None:
-            attributes.append(defs.OpSchema.Attribute(
-                p.name, helper.make_attribute(p.name, p.to_onnx_value(p.default)), desc))
+        if p.optional:  # NOTE: no ONNX default: an absent attribute is the call's None (Param.absent)
+            desc += f"; absent means None{'' if p.default is None else f', the op default {p.default!r} is written'}"
+        default = p.onnx_default
+        if default is not None:
+            attributes.append(defs.OpSchema.Attribute(p.name, default, desc))
         else:
             attributes.append(defs.OpSchema.Attribute(p.name, p.attr_type, desc,
                                                       required=not (p.has_default or p.optional)))
@@ -102,12 +104,13 @@ def infer_from_fake(spec, ctx) -> None:
         else:
             attr = ctx.get_attribute(p.name)
             if attr is None:
-                args.append(None if p.optional and not p.has_default else p.default)
+                args.append(p.absent)
             else:
                 args.append(p.from_onnx_value(helper.get_attribute_value(attr)))
+    positional, keywords = spec.call_args(args)
     try:
         with mode:
-            out = spec.overload(*args)
+            out = spec.overload(*positional, **keywords)
     except Exception as e:  # surfaced by onnx as an InferenceError naming the op
         raise onnx.shape_inference.InferenceError(
             f"opbridge: {spec.qualname}: the fake kernel failed during ONNX shape inference. "

@@ -57,6 +57,7 @@ class Param:
     is_bool: bool = False
     default: Any = NO_DEFAULT
     mutated: bool = False
+    kwarg_only: bool = False  # keyword-only in the torch schema (``def f(x, *, k)``): called by keyword
 
     @property
     def onnx_attribute_type(self) -> int:
@@ -67,6 +68,23 @@ class Param:
     @property
     def has_default(self) -> bool:
         return self.default is not NO_DEFAULT
+
+    @property
+    def absent(self) -> Any:
+        """The value the op takes when a node omits this attribute: None for an optional attribute (its
+        torch default, if any, is written explicitly at export), else its default (NO_DEFAULT: required)."""
+        return None if self.optional else self.default
+
+    @property
+    def onnx_default(self) -> onnx.AttributeProto | None:
+        """The attribute's ONNX default (OpSchema, function bodies, omitted attributes filled in): the torch
+        default, none for a required attribute or an optional one (absent means None there)."""
+        absent = self.absent
+        return None if absent is None or absent is NO_DEFAULT else self.onnx_attribute(absent)
+
+    def onnx_attribute(self, value: Any) -> onnx.AttributeProto:
+        """``value`` as this attribute of a node, its type stated (an empty list has none to infer)."""
+        return onnx.helper.make_attribute(self.name, self.to_onnx_value(value), attr_type=self.onnx_attribute_type)
 
     def to_onnx_value(self, value: Any) -> Any:
         """The attribute value as ONNX stores it (bools become 0/1)."""
@@ -92,26 +110,29 @@ def parse_params(qualname: str, schema: torch.FunctionSchema) -> tuple[tuple[Par
         kind = arg.type.kind()
         default = arg.default_value if arg.has_default_value() else NO_DEFAULT
         mutated = bool(arg.alias_info is not None and arg.alias_info.is_write)
+        kwarg_only = bool(arg.kwarg_only)
         if kind == "TensorType":
-            params.append(Param(arg.name, True, mutated=mutated))
+            params.append(Param(arg.name, True, mutated=mutated, kwarg_only=kwarg_only))
         elif kind == "OptionalType" and arg.type.getElementType().kind() == "TensorType":
-            params.append(Param(arg.name, True, optional=True, default=default))
+            params.append(Param(arg.name, True, optional=True, default=default, kwarg_only=kwarg_only))
         elif kind == "OptionalType" and str(arg.type.getElementType()) in _SCALAR_ATTRS:
-            # NOTE: int?/float?/... : an optional ONNX attribute, omitted when the call passes None
-            # (its default: C++-inferred schemas give none)
+            # NOTE: int?/float?/... : an optional ONNX attribute without an ONNX default, omitted exactly
+            # when the call passes None (``Param.absent``); a torch default other than None is written
+            # explicitly at export (C++-inferred schemas give no default: None)
             elem = str(arg.type.getElementType())
             attr_type, ann = _SCALAR_ATTRS[elem]
             params.append(Param(arg.name, False, optional=True, attr_type=attr_type, annotation=ann,
-                                is_bool=elem == "bool", default=None if default is NO_DEFAULT else default))
+                                is_bool=elem == "bool", default=None if default is NO_DEFAULT else default,
+                                kwarg_only=kwarg_only))
         elif kind in ("IntType", "SymIntType", "FloatType", "BoolType", "StringType"):
             attr_type, ann = _SCALAR_ATTRS[str(arg.type)]
             params.append(Param(arg.name, False, attr_type=attr_type, annotation=ann,
-                                is_bool=kind == "BoolType", default=default))
+                                is_bool=kind == "BoolType", default=default, kwarg_only=kwarg_only))
         elif kind == "ListType" and str(arg.type.getElementType()) in _LIST_ATTRS:
             elem = str(arg.type.getElementType())
             attr_type, ann = _LIST_ATTRS[elem]
             params.append(Param(arg.name, False, attr_type=attr_type, annotation=ann,
-                                is_bool=elem == "bool", default=default))
+                                is_bool=elem == "bool", default=default, kwarg_only=kwarg_only))
         else:
             raise OpBridgeError(
                 f"{qualname}: argument '{arg.name}' has type {arg.type}, which has no ONNX form. "
@@ -214,6 +235,18 @@ class OpSpec:
         bound.apply_defaults()
         return dict(bound.arguments)
 
+    def call_args(self, values: Sequence) -> tuple[tuple, dict[str, Any]]:
+        """(positional, keyword) arguments calling the op with ``values``, one per parameter in schema
+        order: keyword-only parameters go by keyword.
+
+        Example:
+            >>> spec = OpSpec("d::f", None, (Param("x", True), Param("k", False, kwarg_only=True)), 1, "d")
+            >>> spec.call_args(["X", 3])
+            (('X',), {'k': 3})
+        """
+        args = tuple(v for p, v in zip(self.params, values) if not p.kwarg_only)
+        return args, {p.name: v for p, v in zip(self.params, values) if p.kwarg_only}
+
 
 def has_fake_kernel(op: Any) -> bool:
     """Whether torch can run ``op`` (a CustomOpDef or an OpOverload) on fake tensors: a fake kernel
@@ -230,10 +263,12 @@ def python_signature(spec: OpSpec, annotate: bool = False) -> inspect.Signature:
     params = []
     defaulted = True  # NOTE: a default only where every later parameter has one (Python's rule)
     for p in reversed(spec.params):
-        defaulted = defaulted and p.has_default
+        if not p.kwarg_only:  # NOTE: keyword-only parameters follow the others and need no default
+            defaulted = defaulted and p.has_default
         ann = p.annotation if (annotate and not p.is_tensor) else inspect.Parameter.empty
-        params.append(inspect.Parameter(p.name, inspect.Parameter.POSITIONAL_OR_KEYWORD,
-                                        default=p.default if defaulted else NO_DEFAULT, annotation=ann))
+        kind = inspect.Parameter.KEYWORD_ONLY if p.kwarg_only else inspect.Parameter.POSITIONAL_OR_KEYWORD
+        params.append(inspect.Parameter(p.name, kind, default=p.default if defaulted or p.kwarg_only else NO_DEFAULT,
+                                        annotation=ann))
     return inspect.Signature(params[::-1])
 
 
@@ -266,8 +301,9 @@ class SampleInput:
 
 def node_attributes(spec: OpSpec, node: onnx.NodeProto) -> dict[str, Any]:
     """The attribute values of ``node`` (a node of ``spec``'s op) as the torch op takes them; an omitted
-    attribute gets the op's default. Raises OpBridgeError for an omitted attribute without a default
-    or one that refers to a function's attribute (a value known only at the call).
+    attribute gets the op's default (None for an optional attribute: ``Param.absent``). Raises
+    OpBridgeError for an omitted attribute without a default or one that refers to a function's
+    attribute (a value known only at the call).
 
     Example:
         >>> from onnx import helper
@@ -286,8 +322,8 @@ def node_attributes(spec: OpSpec, node: onnx.NodeProto) -> dict[str, Any]:
                                 "call. Call the op with constant attributes.")
         if attr is not None:
             values[p.name] = p.from_onnx_value(onnx.helper.get_attribute_value(attr))
-        elif p.has_default:
-            values[p.name] = p.default
+        elif p.absent is not NO_DEFAULT:
+            values[p.name] = p.absent
         else:
             raise OpBridgeError(f"{spec.qualname}: node {node.name!r} lacks its attribute '{p.name}'. Got "
                                 f"{sorted(given)}. Give the node every attribute the op declares.")
@@ -337,6 +373,39 @@ class Written:
     @property
     def note(self) -> str | None:
         return None
+
+
+def explicit_attributes(spec: OpSpec, node: onnx.NodeProto) -> bool:
+    """Write into ``node`` (a node of ``spec``'s op) each attribute it omits that has an ONNX default
+    (:attr:`Param.onnx_default`, the op's torch default), so every tier and every function body reads
+    the op's value, not a default of its own; returns whether the node changed.
+
+    Example:
+        >>> from onnx import helper
+        >>> p = Param("slope", False, attr_type=AttrType.FLOAT, annotation=float, default=0.1)
+        >>> spec = OpSpec("d::f", None, (Param("x", True), p), 1, "d")
+        >>> node = helper.make_node("f", ["x"], ["y"], domain="d")
+        >>> explicit_attributes(spec, node), round(node.attribute[0].f, 6), explicit_attributes(spec, node)
+        (True, 0.1, False)
+    """
+    given = {a.name for a in node.attribute}
+    filled = [d for d in (p.onnx_default for p in spec.attributes if p.name not in given) if d is not None]
+    node.attribute.extend(filled)
+    return bool(filled)
+
+
+def bind_attribute_defaults(spec: OpSpec, proto: onnx.FunctionProto) -> onnx.FunctionProto:
+    """``proto`` (a body of ``spec``'s op, edited in place) with the op's ONNX defaults as its attributes'
+    defaults: a call that omits one binds the body's references (``LeakyRelu(alpha=@slope)``) to the op's
+    value, not to the inner op's own default (LeakyRelu's 0.01)."""
+    defaults = {p.name: p.onnx_default for p in spec.attributes if p.onnx_default is not None}
+    bound = [name for name in proto.attribute if name in defaults]
+    if bound:
+        keep = [name for name in proto.attribute if name not in defaults]
+        del proto.attribute[:]
+        proto.attribute.extend(keep)
+        proto.attribute_proto.extend(defaults[name] for name in bound)
+    return proto
 
 
 class BodyBuilder:

@@ -18,7 +18,7 @@ from bridge.core.domains import is_custom
 from bridge.core.errors import OpBridgeError
 from bridge.core.graphs import custom_nodes, model_nodes
 from bridge.core.progress import step
-from bridge.core.registry import REGISTRY, Registry
+from bridge.core.registry import REGISTRY, Registry, fill_attributes
 from ort_kernels import tiers
 from ort_kernels.base import Session
 
@@ -187,11 +187,12 @@ def session(
     reg = REGISTRY if registry is None else registry
     proto = load_model(model)
     check_nodes(proto, reg)
+    filled = fill_attributes(proto, reg)  # NOTE: an omitted attribute is the op's default in every tier
     # NOTE: read before the tier edits the model
     wrong_type = _wrong_type(_input_readers(proto, reg), proto.graph.input)
     prepared = kernels.prepare(proto, reg, sess_options, native_library)
     # NOTE: a file that needs no change goes to ORT by path: no second serialisation and parse
-    path = model if isinstance(model, (str, os.PathLike)) and not prepared.changed else None
+    path = model if isinstance(model, (str, os.PathLike)) and not (prepared.changed or filled) else None
     with step(f"onnxruntime session ({tier} tier)"):
         try:
             content = os.fspath(path) if path is not None else \

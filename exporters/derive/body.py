@@ -7,7 +7,7 @@ import onnx
 from onnx import helper
 
 from bridge.core.graphs import FreshNames, subgraphs
-from bridge.core.spec import OpSpec, Param
+from bridge.core.spec import OpSpec, Param, bind_attribute_defaults
 
 
 class _Names:
@@ -123,9 +123,6 @@ def function_body(spec: OpSpec, model: onnx.ModelProto, roles: dict[str, tuple],
     proto = helper.make_function(
         spec.domain, spec.name, [p.name for p in spec.tensors], outputs, nodes,
         opset_imports=list(model.opset_import),
-        attributes=[p.name for p in attrs if not p.has_default or p.default is None],
+        attributes=[p.name for p in attrs],
         doc_string=f"derived by opbridge from the PyTorch implementation of {spec.qualname}")
-    for p in attrs:
-        if p.has_default and p.default is not None:  # NOTE: an omitted optional (None) has no ONNX value
-            proto.attribute_proto.append(helper.make_attribute(p.name, p.to_onnx_value(p.default)))
-    return proto
+    return bind_attribute_defaults(spec, proto)

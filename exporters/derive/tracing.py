@@ -85,13 +85,8 @@ def call_args(spec: OpSpec, site: Site, roles: list[tuple], flat: Sequence) -> t
             values[role[1].name] = value
         else:
             values[role[1].name][role[2]] = value
-    args, kwargs = [], {}
-    for p, arg in zip(spec.params, torch_compat.schema_of(spec.overload).arguments):
-        if arg.kwarg_only:
-            kwargs[p.name] = values[p.name]
-        else:
-            args.append(values[p.name])
-    return args, kwargs
+    args, kwargs = spec.call_args([values[p.name] for p in spec.params])
+    return list(args), kwargs
 
 
 class _Call(torch.nn.Module):

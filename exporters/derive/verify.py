@@ -57,9 +57,9 @@ def refuse_aliases(spec: OpSpec, fn: Callable, site: Site, roles: list[tuple], s
                 f"of '{name}'. Return a copy instead (e.g. {name}.clone()).")
 
 
-def _onnx_attrs(spec: OpSpec, site: Site) -> dict:
+def _onnx_attrs(spec: OpSpec, site: Site) -> list[onnx.AttributeProto]:
     values = dict(site.attrs)
-    return {p.name: p.to_onnx_value(values[p.name]) for p in spec.attributes if values[p.name] is not None}
+    return [p.onnx_attribute(values[p.name]) for p in spec.attributes if values[p.name] is not None]
 
 
 def _wrap(spec: OpSpec, site: Site, proto: onnx.FunctionProto, outputs: Sequence[tuple[torch.dtype, int]]
@@ -73,7 +73,8 @@ def _wrap(spec: OpSpec, site: Site, proto: onnx.FunctionProto, outputs: Sequence
     while names and not names[-1]:
         names.pop()
     out_names = [f"out{i}" for i in range(len(outputs))]
-    node = helper.make_node(spec.name, names, out_names, domain=spec.domain, **_onnx_attrs(spec, site))
+    node = helper.make_node(spec.name, names, out_names, domain=spec.domain)
+    node.attribute.extend(_onnx_attrs(spec, site))
     graph = helper.make_graph([node], f"{spec.name}_body_check", inputs, [
         helper.make_tensor_value_info(n, TORCH_TO_ONNX[dtype], [None] * rank)
         for n, (dtype, rank) in zip(out_names, outputs)])

@@ -1,0 +1,152 @@
+"""Attributes keep their meaning through export, every tier and inlined files (issues #32, #34): an
+optional attribute's None is not its default, an attribute a node omits takes the op's default (not
+the ONNX op's its body calls), keyword-only attributes export, and an empty int[] attribute works.
+Each is checked in the function, native and python tiers and in the inlined file, against eager torch."""
+
+import importlib.util
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import helper
+
+import bridge
+from bridge.core import torch_compat
+from bridge.core.spec import OpSpec, explicit_attributes, parse_params
+from exporters.inline import inline_functions
+from ort_kernels import build
+
+_PATH = Path(__file__).resolve().parent / "user_ops" / "attribute_ops.py"
+_module = importlib.util.spec_from_file_location("attribute_ops", _PATH)
+ops = sys.modules["attribute_ops"] = importlib.util.module_from_spec(_module)  # NOTE: onnxscript reads it
+_module.loader.exec_module(ops)
+REG = ops.REGISTRY
+WAYS = [*bridge.TIERS, "inlined"]
+
+
+@pytest.fixture(scope="module")
+def library():
+    return str(build.library_path(REG))
+
+
+class Calls(torch.nn.Module):
+    def __init__(self, call):
+        super().__init__()
+        self.call = call
+
+    def forward(self, x):
+        return self.call(x)
+
+
+def _run(proto: onnx.ModelProto, way: str, x: np.ndarray, library: str) -> np.ndarray:
+    if way == "inlined":
+        flat = inline_functions(proto, REG)
+        assert not flat.functions and {n.domain for n in flat.graph.node} == {""}
+        sess = ort.InferenceSession(flat.SerializeToString(), providers=["CPUExecutionProvider"])
+    else:
+        sess = bridge.session(proto, tier=way, registry=REG, native_library=library if way == "native" else None)
+    return sess.run(None, {proto.graph.input[0].name: x})[0]
+
+
+def _check(call, way: str, library: str) -> onnx.ModelProto:
+    x = torch.randn(3, 5)
+    proto = bridge.export(Calls(call), (x,), registry=REG)
+    np.testing.assert_allclose(_run(proto, way, x.numpy(), library), call(x).numpy(), rtol=1e-6, atol=1e-6)
+    return proto
+
+
+def _custom_node(proto: onnx.ModelProto) -> onnx.NodeProto:
+    return next(n for n in proto.graph.node if n.domain == "attrdemo")
+
+
+# -- 1. an optional attribute's None is not its default ----------------------------------------------------
+@pytest.mark.parametrize("way", WAYS)
+@pytest.mark.parametrize("k", [None, 3, 7])
+def test_optional_attribute_none_is_not_its_default(way, k, library):
+    assert ops.shift_op(torch.zeros(1), None).item() == 100 and ops.shift_op(torch.zeros(1)).item() == 3
+    _check(lambda x: torch.ops.attrdemo.shift(x, k), way, library)
+
+
+def test_optional_attribute_schema_states_none_as_absent():
+    schema = REG.get("attrdemo::shift").onnx_schema
+    k = schema.attributes["k"]
+    assert not k.required and not k.default_value.name  # NOTE: an ONNX default would stand for None too
+    assert "None" in k.description and "3" in k.description
+
+
+def test_the_default_of_an_optional_attribute_is_written_explicitly(library):
+    proto = _check(lambda x: torch.ops.attrdemo.shift(x), "function", library)
+    assert helper.get_attribute_value(_custom_node(proto).attribute[0]) == 3
+
+
+# -- 2. an attribute a node omits takes the op's default ----------------------------------------------------
+def _hand_built(op_type: str, **attributes) -> onnx.ModelProto:
+    """A file as another tool may write it: the custom node without its defaulted attributes."""
+    node = helper.make_node(op_type, ["x"], ["y"], domain="attrdemo", **attributes)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [3, 5])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [3, 5])])
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("attrdemo", 1)],
+                             ir_version=10)
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_an_omitted_attribute_takes_the_op_default(way, library):
+    x = torch.randn(3, 5)
+    expected = ops.leaky_op(x).numpy()  # slope 0.1, not LeakyRelu's 0.01
+    np.testing.assert_allclose(_run(_hand_built("leaky"), way, x.numpy(), library), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("way", WAYS)
+def test_a_defaulted_attribute_exports_and_runs(way, library):
+    proto = _check(lambda x: torch.ops.attrdemo.leaky(x), way, library)
+    assert helper.get_attribute_value(_custom_node(proto).attribute[0]) == pytest.approx(0.1)
+
+
+def test_an_omitted_optional_attribute_stays_none_in_a_hand_built_file(library):
+    x = torch.randn(3, 5)
+    for way in WAYS:
+        np.testing.assert_allclose(_run(_hand_built("shift"), way, x.numpy(), library), (x + 100).numpy())
+
+
+def test_the_written_body_binds_the_op_default():
+    proto = bridge.export(Calls(lambda x: torch.ops.attrdemo.leaky(x, 0.2)), (torch.randn(3, 5),), registry=REG)
+    body = next(f for f in proto.functions if f.name == "leaky")
+    defaults = {a.name: helper.get_attribute_value(a) for a in body.attribute_proto}
+    assert defaults == {"slope": pytest.approx(0.1)} and "slope" not in body.attribute
+
+
+# -- 3. keyword-only attributes ----------------------------------------------------------------------------
+@pytest.mark.parametrize("way", WAYS)
+def test_a_keyword_only_attribute_exports_and_runs(way, library):
+    proto = _check(lambda x: torch.ops.attrdemo.scale(x, k=3), way, library)
+    assert helper.get_attribute_value(_custom_node(proto).attribute[0]) == 3
+
+
+@pytest.mark.parametrize("way", [w for w in WAYS if w != "native"])
+def test_keyword_only_attributes_of_a_derived_body(way, library):
+    proto = _check(lambda x: torch.ops.attrdemo.scale_add(x, k=4), way, library)
+    assert {a.name: helper.get_attribute_value(a) for a in _custom_node(proto).attribute} == {"k": 4, "b": 0.5}
+
+
+# -- 4. an empty list attribute ----------------------------------------------------------------------------
+@pytest.mark.parametrize("way", WAYS)
+@pytest.mark.parametrize("steps", [[], [2, 5]])
+def test_a_list_attribute_may_be_empty(way, steps, library):
+    proto = _check(lambda x: torch.ops.attrdemo.offsets(x, steps), way, library)
+    attr = _custom_node(proto).attribute[0]
+    assert attr.type == onnx.AttributeProto.INTS and list(attr.ints) == steps
+
+
+def test_an_empty_list_default_is_a_typed_onnx_default():
+    params, _ = parse_params("d::f", torch_compat.parse_schema("d::f(Tensor x, int[] steps=[], float[] w=[]) -> Tensor"))
+    steps, w = (p.onnx_default for p in params[1:])
+    assert (steps.type, list(steps.ints)) == (onnx.AttributeProto.INTS, [])
+    assert (w.type, list(w.floats)) == (onnx.AttributeProto.FLOATS, [])
+    node = helper.make_node("f", ["x"], ["y"], domain="d")
+    assert explicit_attributes(OpSpec("d::f", None, params, 1, "d"), node)
+    assert [(a.name, a.type) for a in node.attribute] == [("steps", onnx.AttributeProto.INTS),
+                                                          ("w", onnx.AttributeProto.FLOATS)]
