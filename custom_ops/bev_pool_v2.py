@@ -34,6 +34,7 @@ CHUNK = 16
 SLOTS = list(range(1, CHUNK + 1))
 INT32_ZERO = onnx.helper.make_tensor("zero", onnx.TensorProto.INT32, [1], [0])
 INT32_ONE = onnx.helper.make_tensor("one", onnx.TensorProto.INT32, [], [1])
+INT64_ZERO = onnx.helper.make_tensor("zero", onnx.TensorProto.INT64, [1], [0])
 _INDEX_NAMES = ("ranks_depth", "ranks_feat", "ranks_bev", "interval_starts", "interval_lengths")
 
 
@@ -145,7 +146,6 @@ def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts
     zero1, one1, minus1 = op.Constant(value_ints=[0]), op.Constant(value_ints=[1]), op.Constant(value_ints=[-1])
     width = op.Constant(value_ints=[CHUNK])
     shape = op.Constant(value_ints=bev_feat_shape)
-    channels = op.Shape(feat, start=4)
     lengths = op.Cast(interval_lengths, to=INT64.dtype)
     starts = op.Cast(interval_starts, to=INT64.dtype)
     # an empty interval may start at the end: the pad entry
@@ -158,7 +158,9 @@ def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts
     chunks = op.Div(op.Add(lengths, op.Constant(value_ints=[CHUNK - 1])), width)
     chunk_offsets = op.Sub(op.CumSum(chunks, zero), chunks)
     n_rows = op.ReduceSum(chunks, keepdims=1)
-    marker = op.ScatterElements(op.Expand(zero, op.Add(n_rows, one1)), chunk_offsets,
+    # NOTE: ConstantOfShape, not Expand: symbolic_shape_infer (auto_merge) asserts on an Expand to a
+    # size computed from the values
+    marker = op.ScatterElements(op.ConstantOfShape(op.Add(n_rows, one1), value=INT64_ZERO), chunk_offsets,
                                 op.Expand(one, op.Shape(chunks)), reduction="add")
     owner = op.Sub(op.CumSum(op.Slice(marker, zero1, n_rows), zero), one)
     done = op.Mul(op.Sub(op.Range(zero, op.Squeeze(n_rows), one), op.Gather(chunk_offsets, owner)), width)
@@ -171,7 +173,10 @@ def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts
     depth_flat = op.Reshape(depth, minus1)
     # NOTE: Flatten, not Reshape to [-1, C]: with C = 0 the -1 would be ambiguous
     feat_rows = op.Flatten(feat, axis=4)
-    pad_row = op.Concat(one1, channels, axis=0)
+    # NOTE: the zero row's shape [1, C] is that of the first feature row (with no rows, no slot reads it).
+    # Not Concat([1], Shape(feat, start=4)): onnx-graphsurgeon 0.6.1 folds a Shape with start= to the
+    # whole shape; nor a Gather from the bev_feat_shape constant: symbolic_shape_infer misreads it
+    pad_row = op.Shape(op.Slice(feat_rows, zero1, one1))
     if op.Cast(op.CastLike(op.Constant(value=WIDE_PROBE), feat), to=BOOL.dtype):
         z64 = op.Constant(value=DOUBLE_ZERO)
         d64 = op.Gather(op.Concat(op.Expand(z64, one1), op.Cast(depth_flat, to=DOUBLE.dtype), axis=0), rd)

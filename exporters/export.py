@@ -18,7 +18,7 @@ import torch
 
 from bridge.core import files, torch_compat
 from bridge.core.errors import OpBridgeError
-from bridge.core.graphs import custom_nodes
+from bridge.core.graphs import custom_nodes, model_tensor_constants
 from bridge.core.progress import step
 from bridge.core.proxy import redirect, specialisation_check
 from bridge.core.registry import REGISTRY, Registry
@@ -226,6 +226,7 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
     if functions:
         attach_functions(proto, reg)
         attach_derived(proto, reg)  # ops with no written body get one from their implementation
+    model_tensor_constants(proto)  # NOTE: graph, subgraphs and bodies: every Constant a tensor (tools read that)
     stamp_ir_version(proto)
     if inline:
         proto = inline_functions(proto, reg)  # runs the full check itself

@@ -28,6 +28,8 @@ KERNELS_1_17 = {
     ("And", "T"): {"BOOL"},
     ("Cast", "T1"): {"BOOL", "DOUBLE", "FLOAT", "INT32", "INT64", "UINT32"},
     ("Concat", "T"): {"BOOL", "DOUBLE", "FLOAT", "INT32", "INT64"},
+    # NOTE: int64 is in ConstantOfShape's default output types for every opset (constant_of_shape.cc)
+    ("ConstantOfShape", "T2"): {"INT64"},
     ("Conv", "T"): {"FLOAT"},
     ("CumSum", "T"): {"INT64"},
     ("CumSum", "T2"): {"INT64"},

@@ -27,12 +27,13 @@ from typing import Any, cast
 import onnx
 from onnx import TensorProto, helper
 
-from bridge.core.check_vocabulary import Check, Checks, Compare, Rank
+from bridge.core.check_vocabulary import Check, Checks, Compare
 from bridge.core.domains import is_onnx
 from bridge.core.errors import OpBridgeError
-from bridge.core.graphs import walk
+from bridge.core.graphs import FreshNames, value_names, walk
 
 GUARD_PREFIX = "opbridge_check"
+WAIT_PREFIX = "opbridge_wait"
 
 
 def guard_name(qualname: str, index: int, check: Check) -> str:
@@ -84,9 +85,10 @@ class GuardBuilder:
         return out
 
     def const(self, values, scalar: bool = False) -> str:
-        if scalar:
-            return self.node("Constant", [], value_int=int(values))
-        return self.node("Constant", [], value_ints=[int(v) for v in values])
+        """An int64 constant (a tensor: ``value=``, the form every tool reads): a scalar, or 1-D."""
+        items = [int(values)] if scalar else [int(v) for v in values]
+        return self.node("Constant", [], value=helper.make_tensor("value", TensorProto.INT64,
+                                                                  [] if scalar else [len(items)], items))
 
     def input(self, name: str) -> str:
         if name not in self.inputs:
@@ -256,7 +258,8 @@ def _holds(b: GuardBuilder, items: Sequence[str | Compare]) -> str:
 
 
 def _guard_node(b: GuardBuilder, qualname: str, guarded: Sequence[tuple[int, Check]]) -> str:
-    """The one guard node of ``guarded`` ((index, check) pairs); its output, int64 [1] zeros.
+    """The one guard node of ``guarded`` ((index, check) pairs); its output, int64 zeros (one per
+    condition; nothing reads it in the file: onnxruntime runs it all the same, :func:`ordered` reads it).
 
     NOTE: ONNX has no Assert. The guard is ``Gather([0], codes)``: ``codes`` holds, per condition
     in list order, 0 where it holds and its check's ``index + 1`` where it fails; index 0 is the
@@ -271,42 +274,129 @@ def _guard_node(b: GuardBuilder, qualname: str, guarded: Sequence[tuple[int, Che
         items += conditions
         codes += [index + 1] * len(conditions)
     codes_if_failing = b.node("Where", [_holds(b, items), b.const([0]), b.const(codes)])  # NOTE: [0] broadcasts
-    out = b.node("Gather", [b.const([0]), codes_if_failing], name=guards_node_name(qualname, guarded))
-    return out if len(codes) == 1 else b.node("ReduceMax", [out], keepdims=1)
+    return b.node("Gather", [b.const([0]), codes_if_failing], name=guards_node_name(qualname, guarded))
 
 
-def _wait_inputs(b: GuardBuilder, proto: onnx.FunctionProto, chain: str, ranks: dict[str, int]) -> dict[str, str]:
-    """{input: the same value re-read through a node that also reads ``chain`` (the guard's
-    output, [0])} for each input the body reads: every body node waits for the guard, and the
-    guard is no dead code. An input whose rank ``n`` a check fixes is ``Reshape(x, [0] * n)`` (a 0
-    keeps the dim; one node, the [0] * n shared by the inputs of that rank); any other is
-    ``Squeeze(Unsqueeze(x, chain), [0])``. Reshape, Unsqueeze and Squeeze alias their input in
-    onnxruntime: no copy.
-
-    NOTE: no zero-size value, even for a scalar input."""
+def _wait_inputs(b: GuardBuilder, proto: onnx.FunctionProto) -> dict[str, str]:
+    """{input: ``Identity(input)``, a node named ``opbridge_wait/<input>``} for each input the body
+    reads: where the body waits for the guard. In the file it is an Identity, which every tool
+    and shape inference sees through; :func:`ordered` makes it read the guard's output for a
+    session, so that onnxruntime runs the guard before the body (with no data dependence it may
+    run a body node first: measured, a Gather with a bad index failed before the guard)."""
     read = {n for walked in walk(proto.node) for n in walked.input}
-    renames = {}
-    for x in proto.input:
-        if x not in read:
-            continue
-        n = ranks.get(x, 0)
-        if n:
-            keep = chain if n == 1 else b.node("Expand", [chain, b.const([n])])
-            renames[x] = b.node("Reshape", [x, keep])
-        else:
-            renames[x] = b.node("Squeeze", [b.node("Unsqueeze", [x, chain]), b.const([0])])
-    return renames
+    return {x: b.node("Identity", [x], name=f"{WAIT_PREFIX}/{x}") for x in proto.input if x in read}
 
 
-def _wait_outputs(out: onnx.FunctionProto, attr_types: dict[str, int], chain: str) -> None:
+def _wait_outputs(out: onnx.FunctionProto, attr_types: dict[str, int]) -> None:
     """A body that reads no input: its outputs wait for the guards instead."""
-    tail = GuardBuilder(out, attr_types)
     for k, y in enumerate(list(out.output)):
         last = f"{GUARD_PREFIX}_out{k}"
         for node in out.node:
             node.output[:] = [last if o == y else o for o in node.output]
-        tail.nodes.append(helper.make_node("Squeeze", [tail.node("Unsqueeze", [last, chain]), tail.const([0])], [y]))
-    out.node.extend(tail.nodes)
+        out.node.append(helper.make_node("Identity", [last], [y], name=f"{WAIT_PREFIX}/{y}"))
+
+
+def _is_guard(node: onnx.NodeProto) -> bool:
+    return node.name.startswith(GUARD_PREFIX + "/")
+
+
+def _is_wait(node: onnx.NodeProto) -> bool:
+    return node.op_type == "Identity" and node.name.startswith(WAIT_PREFIX + "/")
+
+
+def ordered(proto: onnx.FunctionProto) -> bool:
+    """Make each wait of a guarded body (``Identity`` named ``opbridge_wait/...``, the file's form)
+    read the guard's output, in place: ``Squeeze(Unsqueeze(x, max(guard)), [0])``, which aliases
+    ``x`` in onnxruntime (no copy) and makes every body node run after the guard. Whether there was
+    a wait to order. What a session runs (the function tier); files keep the Identity.
+
+    Example:
+        >>> import onnx
+        >>> from bridge.core.check_vocabulary import Checks, rank
+        >>> body = onnx.helper.make_function("d", "f", ["x"], ["y"], [onnx.helper.make_node("Neg", ["x"], ["y"])],
+        ...                                  [onnx.helper.make_opsetid("", 20)])
+        >>> out = guarded_body(body, Checks("d::f", [rank("x", 2)]), {})
+        >>> [n.op_type for n in out.node][-2:], ordered(out), [n.op_type for n in out.node][-3:]
+        (['Identity', 'Neg'], True, ['Unsqueeze', 'Squeeze', 'Neg'])
+    """
+    guard = next((n for n in proto.node if _is_guard(n)), None)
+    if guard is None or not any(_is_wait(n) for n in proto.node):
+        return False
+    names = FreshNames(value_names(proto))
+    chain, zero = names(f"{GUARD_PREFIX}_chain"), names(f"{GUARD_PREFIX}_zero")
+    nodes = []
+    for node in proto.node:
+        if not _is_wait(node):
+            nodes.append(node)
+        else:
+            lifted = names(f"{GUARD_PREFIX}_lifted")
+            nodes += [helper.make_node("Unsqueeze", [node.input[0], chain], [lifted]),
+                      helper.make_node("Squeeze", [lifted, zero], list(node.output), name=node.name)]
+        if node is guard:
+            nodes += [helper.make_node("ReduceMax", [guard.output[0]], [chain], keepdims=1),
+                      helper.make_node("Constant", [], [zero],
+                                       value=helper.make_tensor("value", TensorProto.INT64, [1], [0]))]
+    del proto.node[:]
+    proto.node.extend(nodes)
+    return True
+
+
+def unguarded(proto: onnx.FunctionProto) -> onnx.FunctionProto:
+    """``proto`` without its guard and waits (what a file written for deployment carries): each
+    wait's output read as its input again, then every guard value nothing reads any more removed.
+    Waits written by earlier opbridge versions (``Reshape``/``Squeeze`` of an input through the
+    guard) are undone too. A body without a guard comes back as it is.
+
+    Example:
+        >>> import onnx
+        >>> from bridge.core.check_vocabulary import Checks, rank
+        >>> body = onnx.helper.make_function("d", "f", ["x"], ["y"], [onnx.helper.make_node("Neg", ["x"], ["y"])],
+        ...                                  [onnx.helper.make_opsetid("", 20)])
+        >>> [(n.op_type, list(n.input)) for n in unguarded(guarded_body(body, Checks("d::f", [rank("x", 2)]), {})).node]
+        [('Neg', ['x'])]
+    """
+    if not any(_is_guard(n) for n in proto.node):
+        return proto
+    out = onnx.FunctionProto()
+    out.CopyFrom(proto)
+    renames: dict[str, str] = {}
+    producers = {o: n for n in out.node for o in n.output}
+    kept = []
+    for node in out.node:
+        source = _waited(node, producers, set(out.input))
+        if source is None:
+            kept.append(node)
+        elif node.output[0] in out.output:  # NOTE: a body reading no input: its last value is the output again
+            renames[source] = node.output[0]
+            for other in out.node:
+                other.output[:] = [node.output[0] if o == source else o for o in other.output]
+        else:
+            renames[node.output[0]] = source
+    for node in kept:
+        _rename_inputs(node, renames)
+    while True:
+        read = set(out.output) | {n for node in walk(kept) for n in node.input}
+        live = [n for n in kept if not all(o.startswith(GUARD_PREFIX) and o not in read for o in n.output)]
+        if len(live) == len(kept):
+            break
+        kept = live
+    del out.node[:]
+    out.node.extend(kept)
+    return out
+
+
+def _waited(node: onnx.NodeProto, producers: dict, inputs: set[str]) -> str | None:
+    """The value a wait node passes on (None: ``node`` is no wait): an Identity named as one, or an
+    earlier version's Reshape/Squeeze of an input (through an Unsqueeze) into a guard value."""
+    if _is_wait(node):
+        return node.input[0]
+    if node.op_type not in ("Reshape", "Squeeze") or not node.output[0].startswith(GUARD_PREFIX):
+        return None
+    source = node.input[0]
+    lifted = producers.get(source)
+    if lifted is not None and lifted.op_type == "Unsqueeze" and source.startswith(GUARD_PREFIX):
+        source = lifted.input[0]
+    return source if source in inputs else None
 
 
 def _rename_inputs(node: onnx.NodeProto, renames: dict[str, str]) -> None:
@@ -318,9 +408,8 @@ def _rename_inputs(node: onnx.NodeProto, renames: dict[str, str]) -> None:
 def _guard(proto: onnx.FunctionProto, qualname: str, guarded: Sequence[tuple[int, Check]],
            attr_types: dict[str, int]) -> onnx.FunctionProto:
     b = GuardBuilder(proto, attr_types)
-    chain = _guard_node(b, qualname, guarded)
-    ranks = {c.input: c.n for _, c in guarded if isinstance(c, Rank) and not c.at_least}
-    renames = _wait_inputs(b, proto, chain, ranks)
+    _guard_node(b, qualname, guarded)
+    renames = _wait_inputs(b, proto)
     out = onnx.FunctionProto()
     out.CopyFrom(proto)
     del out.node[:]
@@ -332,7 +421,7 @@ def _guard(proto: onnx.FunctionProto, qualname: str, guarded: Sequence[tuple[int
         body.append(copy)
     out.node.extend(_shared_constants([*b.nodes, *body], set(proto.output)))
     if not renames:
-        _wait_outputs(out, attr_types, chain)
+        _wait_outputs(out, attr_types)
     return out
 
 
@@ -371,7 +460,7 @@ def guarded_body(proto: onnx.FunctionProto, checks: Checks, attr_types: dict[str
         ...                                  [onnx.helper.make_opsetid("", 20)])
         >>> out = guarded_body(body, Checks("d::f", [rank("x", 2)]), {})
         >>> [n.name for n in out.node if n.name]
-        ['opbridge_check/d::f/x/0.rank']
+        ['opbridge_check/d::f/x/0.rank', 'opbridge_wait/x']
     """
     guarded = [(i, c) for i, c in enumerate(checks) if c.guarded and i not in skip]
     return _guard(proto, checks.qualname, guarded, attr_types) if guarded else proto
