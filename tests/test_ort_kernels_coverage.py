@@ -119,7 +119,7 @@ def _typed_nodes(graph: onnx.GraphProto, outer: dict):
 def used_pairs(model: onnx.ModelProto) -> tuple[set, list]:
     """{(op, constraint, element type)} of the standard nodes of ``model`` with its functions
     inlined (shapes inferred), and the inputs whose type inference left unknown."""
-    flat = inline_functions(model)
+    flat = inline_functions(model, guards=True)
     opset = next(o.version for o in flat.opset_import if o.domain in ("", "ai.onnx"))
     pairs, unknown = set(), []
     for node, types in _typed_nodes(flat.graph, {}):

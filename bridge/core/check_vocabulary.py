@@ -383,7 +383,7 @@ class SameShape(_Worded, Check):
 @dataclasses.dataclass(frozen=True)
 class ValuesIn(Check):
     """NOTE: compared in float64 in the guard (exact for int32 indices and float values); a NaN
-    fails the eager check, while onnxruntime's min/max reductions may skip it."""
+    fails the eager check, and the guard (its least and most value are then -inf and +inf)."""
 
     low: Expr
     high: Expr
@@ -525,9 +525,10 @@ class IntervalsWithin(Check):
         s = b.node("Slice", [b.flat_double(b.input(self.input)), b.const([0]), n])
         length = b.node("Slice", [b.flat_double(b.input(self.lengths)), b.const([0]), n])
         ends = b.node("Add", [s, length])
-        return [Compare("GreaterOrEqual", b.least(s, flat_double=True), 0, TensorProto.DOUBLE),
-                Compare("LessOrEqual", b.most(ends, flat_double=True), self.points.rhs(b), TensorProto.DOUBLE,
-                        TensorProto.INT64)]
+        sources = (self.input, self.lengths)
+        return [Compare("GreaterOrEqual", b.least(s, flat_double=True, sources=sources), 0, TensorProto.DOUBLE),
+                Compare("LessOrEqual", b.most(ends, flat_double=True, sources=sources), self.points.rhs(b),
+                        TensorProto.DOUBLE, TensorProto.INT64)]
 
 
 @dataclasses.dataclass(frozen=True)
