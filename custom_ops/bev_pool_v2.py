@@ -36,7 +36,6 @@ CHUNK = 16
 SLOTS = list(range(1, CHUNK + 1))
 INT32_ZERO = onnx.helper.make_tensor("zero", onnx.TensorProto.INT32, [1], [0])
 INT32_ONE = onnx.helper.make_tensor("one", onnx.TensorProto.INT32, [], [1])
-INT64_ZERO = onnx.helper.make_tensor("zero", onnx.TensorProto.INT64, [1], [0])
 _INDEX_NAMES = ("ranks_depth", "ranks_feat", "ranks_bev", "interval_starts", "interval_lengths")
 
 
@@ -160,9 +159,9 @@ def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts
     chunks = op.Div(op.Add(lengths, op.Constant(value_ints=[CHUNK - 1])), width)
     chunk_offsets = op.CumSum(chunks, zero, exclusive=1)
     n_rows = op.ReduceSum(chunks, keepdims=1)
-    # NOTE: ConstantOfShape, not Expand: symbolic_shape_infer (auto_merge) asserts on an Expand to a
-    # size computed from the values
-    marker = op.ScatterElements(op.ConstantOfShape(op.Add(n_rows, one1), value=INT64_ZERO), chunk_offsets,
+    # NOTE: Tile, not Expand: symbolic_shape_infer (auto_merge) asserts on an Expand to a size computed
+    # from the values; nor ConstantOfShape, which onnx.version_converter cannot take below opset 20
+    marker = op.ScatterElements(op.Tile(zero1, op.Add(n_rows, one1)), chunk_offsets,
                                 op.Expand(one, op.Shape(chunks)), reduction="add")
     owner = op.Sub(op.CumSum(op.Slice(marker, zero1, n_rows), zero), one)
     done = op.Mul(op.Sub(op.Range(zero, op.Squeeze(n_rows), one), op.Gather(chunk_offsets, owner)), width)

@@ -13,9 +13,9 @@ import onnx
 import onnx.inliner
 
 from bridge.core import files
+from bridge.core.checks import unguarded
 from bridge.core.domains import ONNX_DOMAINS
 from bridge.core.errors import OpBridgeError
-from bridge.core.checks import unguarded
 from bridge.core.graphs import fold_type_probes, model_nodes, model_tensor_constants, nonstandard_ops
 from bridge.core.progress import step
 from bridge.core.registry import REGISTRY, Registry

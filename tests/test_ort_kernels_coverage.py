@@ -28,8 +28,6 @@ KERNELS_1_17 = {
     ("And", "T"): {"BOOL"},
     ("Cast", "T1"): {"BOOL", "DOUBLE", "FLOAT", "INT32", "INT64", "UINT32"},
     ("Concat", "T"): {"BOOL", "DOUBLE", "FLOAT", "INT32", "INT64"},
-    # NOTE: int64 is in ConstantOfShape's default output types for every opset (constant_of_shape.cc)
-    ("ConstantOfShape", "T2"): {"INT64"},
     ("Conv", "T"): {"FLOAT"},
     ("CumSum", "T"): {"INT64"},
     ("CumSum", "T2"): {"INT64"},
@@ -72,6 +70,9 @@ KERNELS_1_17 = {
     ("Slice", "Tind"): {"INT64"},
     ("Softmax", "T"): {"FLOAT"},
     ("Squeeze", "T"): {"DOUBLE", "FLOAT", "INT32", "INT64"},
+    # NOTE: onnxruntime's CPU Tile (6-12, 13) is typed for every fixed-size numeric type and bool (tile.cc)
+    ("Tile", "T"): {"INT64"},
+    ("Tile", "T1"): {"INT64"},
     ("Sub", "T"): {"INT64"},
     ("TopK", "T"): {"INT32", "INT64"},
     ("Transpose", "T"): {"FLOAT"},

@@ -271,26 +271,50 @@ def fold_type_probes(model: onnx.ModelProto) -> int:
         >>> g = helper.make_graph([helper.make_node("Constant", [], ["p"], value=probe),
         ...     helper.make_node("CastLike", ["p", "x"], ["q"]), helper.make_node("Cast", ["q"], ["c"], to=T.BOOL),
         ...     helper.make_node("If", ["c"], ["y"], then_branch=branch("Neg"), else_branch=branch("Abs"))],
-        ...     "g", [helper.make_tensor_value_info("x", T.FLOAT, [2])], [helper.make_tensor_value_info("y", T.FLOAT, [2])])
+        ...     "g", [helper.make_tensor_value_info("x", T.FLOAT, [2])],
+        ...     [helper.make_tensor_value_info("y", T.FLOAT, [2])])
         >>> m = helper.make_model(g)
         >>> fold_type_probes(m), [(n.op_type, list(n.output)) for n in m.graph.node]
         (1, [('Abs', ['y'])])
     """
-    graph = model.graph
-    types = model_value_types(model)
+    return _fold_probes(model.graph, model_value_types(model))
+
+
+def fold_function_type_probes(model: onnx.ModelProto, types: dict[str, onnx.TypeProto]) -> int:
+    """:func:`fold_type_probes` inside each local function whose every call (in the graph and its
+    subgraphs) passes inputs of the same element types, read from ``types`` (value name -> type, as
+    ``onnx.shape_inference`` gives them): its body then serves those types only, as its calls do.
+    Returns how many ``If`` nodes were folded."""
+    calls: dict[tuple[str, str, str], set[tuple]] = {}
+    for node in model_nodes(model):
+        elems = tuple(types[i].tensor_type.elem_type if i in types else 0 for i in node.input)
+        calls.setdefault((node.domain, node.op_type, node.overload), set()).add(elems)
+    folded = 0
+    for function in model.functions:
+        signatures = calls.get((function.domain, function.name, function.overload), set())
+        if len(signatures) != 1 or 0 in min(signatures):
+            continue  # NOTE: unused, called with several type lists, or with a type unknown
+        (elems,) = signatures
+        inputs = {x: onnx.helper.make_tensor_type_proto(t, None) for x, t in zip(function.input, elems)}
+        folded += _fold_probes(function, inputs)
+    return folded
+
+
+def _fold_probes(graph: onnx.GraphProto | onnx.FunctionProto, types: dict[str, onnx.TypeProto]) -> int:
     producers = {o: n for n in graph.node for o in n.output}
     folded, probes = 0, []
     nodes: list[onnx.NodeProto] = []
     for node in graph.node:
         cone: list[onnx.NodeProto] = []
         value = _probe_value(node.input[0], producers, types, cone) if node.op_type == "If" else None
-        if value is None or value.size != 1:
+        branch = None if value is None or value.size != 1 else next(
+            a.g for a in node.attribute if a.name == ("then_branch" if bool(value.reshape(-1)[0]) else "else_branch"))
+        if branch is None or (branch.initializer and isinstance(graph, onnx.FunctionProto)):
             nodes.append(node)
             continue
-        branch = next(a.g for a in node.attribute if a.name == ("then_branch" if bool(value.reshape(-1)[0])
-                                                                 else "else_branch"))
         nodes += _hoisted(branch, list(node.output))
-        graph.initializer.extend(branch.initializer)
+        if isinstance(graph, onnx.GraphProto):
+            graph.initializer.extend(branch.initializer)
         probes += cone
         folded += 1
     del graph.node[:]
@@ -311,12 +335,13 @@ def _hoisted(branch: onnx.GraphProto, outputs: list[str]) -> list[onnx.NodeProto
     return nodes + [onnx.helper.make_node("Identity", [b], [o]) for b, o in renames.items() if b not in made]
 
 
-def _drop_unread(graph: onnx.GraphProto, candidates: list[onnx.NodeProto]) -> None:
+def _drop_unread(graph: onnx.GraphProto | onnx.FunctionProto, candidates: list[onnx.NodeProto]) -> None:
     """Remove the nodes writing ``candidates``' outputs that nothing reads any more (repeated: a
     chain goes whole)."""
     doomed = {o for n in candidates for o in n.output}
+    outputs = set(graph.output) if isinstance(graph, onnx.FunctionProto) else {o.name for o in graph.output}
     while True:
-        read = {o.name for o in graph.output} | {i for node in walk(graph.node) for i in node.input}
+        read = outputs | {i for node in walk(graph.node) for i in node.input}
         kept = [n for n in graph.node if not n.output or not all(o in doomed and o not in read for o in n.output)]
         if len(kept) == len(graph.node):
             return
