@@ -22,7 +22,9 @@ from bridge import SampleInput, checks
 
 DOMAIN = values.Opset("bev", 1)
 DOUBLE_ZERO = onnx.helper.make_tensor("zero", onnx.TensorProto.DOUBLE, [], [0.0])
-FLOAT_ZERO = onnx.helper.make_tensor("zero", onnx.TensorProto.FLOAT, [], [0.0])
+# NOTE: [0.0]: the zero element put before the depth values, broadcast to the zero feature row
+DOUBLE_ZERO1 = onnx.helper.make_tensor("zero", onnx.TensorProto.DOUBLE, [1], [0.0])
+FLOAT_ZERO1 = onnx.helper.make_tensor("zero", onnx.TensorProto.FLOAT, [1], [0.0])
 FLOAT32 = onnx.TensorProto.FLOAT
 # NOTE: 1e-300 is zero once cast to float32 or float16 and nonzero only in float64: the function
 # body's test for a float64 input (cast to bool).
@@ -145,7 +147,6 @@ def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts
     zero1, one1, minus1 = op.Constant(value_ints=[0]), op.Constant(value_ints=[1]), op.Constant(value_ints=[-1])
     width = op.Constant(value_ints=[CHUNK])
     shape = op.Constant(value_ints=bev_feat_shape)
-    channels = op.Shape(feat, start=4)
     lengths = op.Cast(interval_lengths, to=INT64.dtype)
     starts = op.Cast(interval_starts, to=INT64.dtype)
     # an empty interval may start at the end: the pad entry
@@ -156,9 +157,11 @@ def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts
     cell = op.Gather(cell, order)
     # 1. chunks: the interval (owner) of each row, the points of its slots (1-based; 0 pads)
     chunks = op.Div(op.Add(lengths, op.Constant(value_ints=[CHUNK - 1])), width)
-    chunk_offsets = op.Sub(op.CumSum(chunks, zero), chunks)
+    chunk_offsets = op.CumSum(chunks, zero, exclusive=1)
     n_rows = op.ReduceSum(chunks, keepdims=1)
-    marker = op.ScatterElements(op.Expand(zero, op.Add(n_rows, one1)), chunk_offsets,
+    # NOTE: Tile, not Expand: symbolic_shape_infer (auto_merge) asserts on an Expand to a size computed
+    # from the values; nor ConstantOfShape, which onnx.version_converter cannot take below opset 20
+    marker = op.ScatterElements(op.Tile(zero1, op.Add(n_rows, one1)), chunk_offsets,
                                 op.Expand(one, op.Shape(chunks)), reduction="add")
     owner = op.Sub(op.CumSum(op.Slice(marker, zero1, n_rows), zero), one)
     done = op.Mul(op.Sub(op.Range(zero, op.Squeeze(n_rows), one), op.Gather(chunk_offsets, owner)), width)
@@ -171,15 +174,18 @@ def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts
     depth_flat = op.Reshape(depth, minus1)
     # NOTE: Flatten, not Reshape to [-1, C]: with C = 0 the -1 would be ambiguous
     feat_rows = op.Flatten(feat, axis=4)
-    pad_row = op.Concat(one1, channels, axis=0)
+    # NOTE: the zero row's shape [1, C] is that of the first feature row (with no rows, no slot reads it).
+    # Not Concat([1], Shape(feat, start=4)): onnx-graphsurgeon 0.6.1 folds a Shape with start= to the
+    # whole shape; nor a Gather from the bev_feat_shape constant: symbolic_shape_infer misreads it
+    pad_row = op.Shape(op.Slice(feat_rows, zero1, one1))
     if op.Cast(op.CastLike(op.Constant(value=WIDE_PROBE), feat), to=BOOL.dtype):
-        z64 = op.Constant(value=DOUBLE_ZERO)
-        d64 = op.Gather(op.Concat(op.Expand(z64, one1), op.Cast(depth_flat, to=DOUBLE.dtype), axis=0), rd)
+        z64 = op.Constant(value=DOUBLE_ZERO1)
+        d64 = op.Gather(op.Concat(z64, op.Cast(depth_flat, to=DOUBLE.dtype), axis=0), rd)
         f64 = op.Gather(op.Concat(op.Expand(z64, pad_row), op.Cast(feat_rows, to=DOUBLE.dtype), axis=0), rf)
         part = op.MatMul(op.Unsqueeze(d64, one1), f64)
     else:
-        z32 = op.Constant(value=FLOAT_ZERO)
-        d32 = op.Gather(op.Concat(op.Expand(z32, one1), op.Cast(depth_flat, to=FLOAT32), axis=0), rd)
+        z32 = op.Constant(value=FLOAT_ZERO1)
+        d32 = op.Gather(op.Concat(z32, op.Cast(depth_flat, to=FLOAT32), axis=0), rd)
         f32 = op.Gather(op.Concat(op.Expand(z32, pad_row), op.Cast(feat_rows, to=FLOAT32), axis=0), rf)
         part = op.Cast(op.MatMul(op.Unsqueeze(d32, one1), f32), to=DOUBLE.dtype)
     part = op.Squeeze(part, one1)

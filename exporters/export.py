@@ -18,7 +18,7 @@ import torch
 
 from bridge.core import files, torch_compat
 from bridge.core.errors import OpBridgeError
-from bridge.core.graphs import custom_nodes
+from bridge.core.graphs import custom_nodes, fold_function_type_probes, model_tensor_constants, model_value_types
 from bridge.core.progress import step
 from bridge.core.proxy import redirect, specialisation_check
 from bridge.core.registry import REGISTRY, Registry, fill_attributes
@@ -226,6 +226,9 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
     if functions:
         attach_functions(proto, reg)  # written, built, translated or derived: exporters.resolve
     relativize_paths(proto)  # NOTE: after the bodies: nothing in the file keeps this machine's paths
+    model_tensor_constants(proto)  # NOTE: graph, subgraphs and bodies: every Constant a tensor (tools read that)
+    if functions:  # NOTE: a body called at one set of input types takes the branches those types decide
+        fold_function_type_probes(proto, model_value_types(onnx.shape_inference.infer_shapes(proto)))
     stamp_ir_version(proto)
     if inline:
         proto = inline_functions(proto, reg)  # runs the full check itself

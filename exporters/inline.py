@@ -13,9 +13,10 @@ import onnx
 import onnx.inliner
 
 from bridge.core import files
+from bridge.core.checks import unguarded
 from bridge.core.domains import ONNX_DOMAINS
 from bridge.core.errors import OpBridgeError
-from bridge.core.graphs import model_nodes, nonstandard_ops
+from bridge.core.graphs import fold_type_probes, model_nodes, model_tensor_constants, nonstandard_ops
 from bridge.core.progress import step
 from bridge.core.registry import REGISTRY, Registry, fill_attributes
 from exporters.resolve import attach_functions
@@ -33,14 +34,18 @@ def _check_bodies(model: onnx.ModelProto) -> None:
         )
 
 
-def inline_functions(model: onnx.ModelProto, registry: Registry | None = None) -> onnx.ModelProto:
+def inline_functions(model: onnx.ModelProto, registry: Registry | None = None, *,
+                     guards: bool = False) -> onnx.ModelProto:
     """A copy of ``model`` with every custom node replaced by its ONNX function body.
 
     Bodies come from the file (``model.functions``); ops whose body the file lacks get the
     registry's (``registry``, default ``bridge.REGISTRY``). The result holds standard ONNX only:
     no functions, no custom nodes, no custom opset imports; shapes are inferred and
     ``onnx.checker`` (full check) passes. A custom op without a body raises ``OpBridgeError``
-    naming it (native-only ops cannot be inlined).
+    naming it (native-only ops cannot be inlined). The file is for deployment: the bodies' input
+    check guards are left out (``guards=True`` keeps them; ``bridge.core.checks.unguarded``), every
+    Constant is a tensor, and an ``If`` whose condition the inferred types decide (a dtype probe)
+    is replaced by the branch it takes.
 
     Example:
         >>> import torch, bridge, custom_ops
@@ -67,6 +72,9 @@ def inline_functions(model: onnx.ModelProto, registry: Registry | None = None) -
                                 f"{nonstandard_ops(proto)}. Break the cycle between these ops' bodies.")
         attach_functions(proto, reg)
         _check_bodies(proto)
+        if not guards:
+            for function in proto.functions:
+                function.CopyFrom(unguarded(function))
         with step("inline function bodies"):
             proto = onnx.inliner.inline_local_functions(proto)
         rounds += 1
@@ -75,8 +83,11 @@ def inline_functions(model: onnx.ModelProto, registry: Registry | None = None) -
     keep = [o for o in proto.opset_import if o.domain in used or o.domain in ONNX_DOMAINS]
     del proto.opset_import[:]
     proto.opset_import.extend(keep)
+    model_tensor_constants(proto)
     with step("shape inference + onnx.checker (full)"):
         proto = onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
+        if fold_type_probes(proto):
+            proto = onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
         onnx.checker.check_model(proto, full_check=True)
     return proto
 

@@ -13,7 +13,7 @@ import onnxruntime as ort
 import torch
 from onnx import external_data_helper, numpy_helper
 
-from bridge.core.checks import explain_failure, failed_guard, guard_node
+from bridge.core.checks import explain_failure, failed_guard, guard_node, ordered
 from bridge.core.domains import is_custom
 from bridge.core.errors import OpBridgeError, UnsupportedInTier
 from bridge.core.graphs import custom_nodes, model_nodes, subgraphs, walk
@@ -66,7 +66,11 @@ class FunctionTier(Tier):
         # NOTE: options that carry a custom-op library (reused from a native or python session) would
         # run its kernels instead of the bodies: the nodes and bodies move to private domains
         private = private_domains(model, FUNCTION_DOMAIN) if libraries(options) else False
-        return Prepared(options, changed=bool(added) or private, explain=(functools.partial(_explain, calls),))
+        # NOTE: a file's guards wait for nothing (tools see through its Identity waits): the
+        # session's copy makes every body wait for its guard, so a bad input fails there first
+        waits = [ordered(f) for f in model.functions]
+        return Prepared(options, changed=bool(added) or private or any(waits),
+                        explain=(functools.partial(_explain, calls),))
 
 
 def _check_optional_inputs(model: onnx.ModelProto, registry: Registry) -> None:

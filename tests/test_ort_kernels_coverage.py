@@ -70,6 +70,9 @@ KERNELS_1_17 = {
     ("Slice", "Tind"): {"INT64"},
     ("Softmax", "T"): {"FLOAT"},
     ("Squeeze", "T"): {"DOUBLE", "FLOAT", "INT32", "INT64"},
+    # NOTE: onnxruntime's CPU Tile (6-12, 13) is typed for every fixed-size numeric type and bool (tile.cc)
+    ("Tile", "T"): {"INT64"},
+    ("Tile", "T1"): {"INT64"},
     ("Sub", "T"): {"INT64"},
     ("TopK", "T"): {"INT32", "INT64"},
     ("Transpose", "T"): {"FLOAT"},
@@ -117,7 +120,7 @@ def _typed_nodes(graph: onnx.GraphProto, outer: dict):
 def used_pairs(model: onnx.ModelProto) -> tuple[set, list]:
     """{(op, constraint, element type)} of the standard nodes of ``model`` with its functions
     inlined (shapes inferred), and the inputs whose type inference left unknown."""
-    flat = inline_functions(model)
+    flat = inline_functions(model, guards=True)
     opset = next(o.version for o in flat.opset_import if o.domain in ("", "ai.onnx"))
     pairs, unknown = set(), []
     for node, types in _typed_nodes(flat.graph, {}):

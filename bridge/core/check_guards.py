@@ -27,10 +27,10 @@ from typing import cast
 import onnx
 from onnx import TensorProto, helper
 
-from bridge.core.check_vocabulary import Check, Checks, Compare, Rank
+from bridge.core.check_vocabulary import Check, Checks, Compare, DtypeIs
 from bridge.core.domains import is_onnx
 from bridge.core.errors import OpBridgeError
-from bridge.core.graphs import walk
+from bridge.core.graphs import FreshNames, value_names, walk
 
 GUARD_PREFIX = "opbridge_check"
 
@@ -55,9 +55,10 @@ class GuardBuilder:
     """Appends nodes to a function body, with fresh value names; the same pure node (a constant, a
     Shape, a reduction) is made once per body."""
 
-    def __init__(self, proto: onnx.FunctionProto, attr_types: dict[str, int]):
+    def __init__(self, proto: onnx.FunctionProto, attr_types: dict[str, int], integers: frozenset[str] = frozenset()):
         self.proto = proto
         self.attr_types = attr_types  # attribute name -> AttributeProto type (INT, INTS)
+        self.integers = integers  # inputs a dtype check holds to integer dtypes: no NaN to look for
         self.nodes: list[onnx.NodeProto] = []
         self.memo: dict[tuple, str] = {}
         self.count = 0
@@ -84,9 +85,10 @@ class GuardBuilder:
         return out
 
     def const(self, values, scalar: bool = False) -> str:
-        if scalar:
-            return self.node("Constant", [], value_int=int(values))
-        return self.node("Constant", [], value_ints=[int(v) for v in values])
+        """An int64 constant (a tensor: ``value=``, the form every tool reads): a scalar, or 1-D."""
+        items = [int(values)] if scalar else [int(v) for v in values]
+        return self.node("Constant", [], value=helper.make_tensor("value", TensorProto.INT64,
+                                                                  [] if scalar else [len(items)], items))
 
     def input(self, name: str) -> str:
         if name not in self.inputs:
@@ -172,20 +174,30 @@ class GuardBuilder:
         """``value`` flattened, as float64."""
         return self.double(self.node("Reshape", [value, self.const([-1])]))
 
-    def least(self, value: str, flat_double: bool = False) -> str:
+    def least(self, value: str, flat_double: bool = False, sources: Sequence[str] = ()) -> str:
         """The least element of ``value`` as float64 [1] (exact for int32 and float values); +inf when
-        it is empty, so that an empty value passes every lower bound. ``flat_double``: ``value`` is
-        1-D float64 already.
+        it is empty, so that an empty value passes every lower bound; -inf when it holds a NaN, so
+        that it fails every bound, as eager's ``t.min()`` (NaN) does. ``flat_double``: ``value`` is
+        1-D float64 already, computed from the inputs ``sources``.
 
         NOTE: onnxruntime 1.17 fails reducing an empty tensor: the reduction always sees one +inf
-        more (no emptiness test, no Pad, shared by every check reading ``value``)."""
-        flat = value if flat_double else self.flat_double(value)
+        more (no emptiness test, no Pad, shared by every check reading ``value``). Its ReduceMin
+        skips a NaN after the first element: NaNs are made -inf first, unless every source is an
+        input a dtype check holds to integers."""
+        flat = self._no_nan(value if flat_double else self.flat_double(value), value, sources, -math.inf)
         return self.node("ReduceMin", [self.node("Concat", [flat, self.double_const(math.inf)], axis=0)], keepdims=1)
 
-    def most(self, value: str, flat_double: bool = False) -> str:
-        """The greatest element of ``value`` as float64 [1]; -inf when it is empty (as :meth:`least`)."""
-        flat = value if flat_double else self.flat_double(value)
+    def most(self, value: str, flat_double: bool = False, sources: Sequence[str] = ()) -> str:
+        """The greatest element of ``value`` as float64 [1]; -inf when it is empty, +inf when it holds
+        a NaN (as :meth:`least`)."""
+        flat = self._no_nan(value if flat_double else self.flat_double(value), value, sources, math.inf)
         return self.node("ReduceMax", [self.node("Concat", [flat, self.double_const(-math.inf)], axis=0)], keepdims=1)
+
+    def _no_nan(self, flat: str, value: str, sources: Sequence[str], fill: float) -> str:
+        """``flat`` (float64) with each NaN replaced by ``fill`` (NaN != NaN), unless no NaN can be there."""
+        if all(s in self.integers for s in (sources or [value])):
+            return flat
+        return self.node("Where", [self.node("Equal", [flat, flat]), flat, self.double_const(fill)])
 
     def shape_key(self, name: str, drop_last: int) -> str:
         """The shape of input ``name`` with its last ``drop_last`` dims masked, then its rank, as one
@@ -256,7 +268,8 @@ def _holds(b: GuardBuilder, items: Sequence[str | Compare]) -> str:
 
 
 def _guard_node(b: GuardBuilder, qualname: str, guarded: Sequence[tuple[int, Check]]) -> str:
-    """The one guard node of ``guarded`` ((index, check) pairs); its output, int64 [1] zeros.
+    """The one guard node of ``guarded`` ((index, check) pairs); its output, int64 zeros (one per
+    condition; nothing reads it in the file: onnxruntime runs it all the same, :func:`ordered` reads it).
 
     NOTE: ONNX has no Assert. The guard is ``Gather([0], codes)``: ``codes`` holds, per condition
     in list order, 0 where it holds and its check's ``index + 1`` where it fails; index 0 is the
@@ -271,42 +284,121 @@ def _guard_node(b: GuardBuilder, qualname: str, guarded: Sequence[tuple[int, Che
         items += conditions
         codes += [index + 1] * len(conditions)
     codes_if_failing = b.node("Where", [_holds(b, items), b.const([0]), b.const(codes)])  # NOTE: [0] broadcasts
-    out = b.node("Gather", [b.const([0]), codes_if_failing], name=guards_node_name(qualname, guarded))
-    return out if len(codes) == 1 else b.node("ReduceMax", [out], keepdims=1)
+    return b.node("Gather", [b.const([0]), codes_if_failing], name=guards_node_name(qualname, guarded))
 
 
-def _wait_inputs(b: GuardBuilder, proto: onnx.FunctionProto, chain: str, ranks: dict[str, int]) -> dict[str, str]:
-    """{input: the same value re-read through a node that also reads ``chain`` (the guard's
-    output, [0])} for each input the body reads: every body node waits for the guard, and the
-    guard is no dead code. An input whose rank ``n`` a check fixes is ``Reshape(x, [0] * n)`` (a 0
-    keeps the dim; one node, the [0] * n shared by the inputs of that rank); any other is
-    ``Squeeze(Unsqueeze(x, chain), [0])``. Reshape, Unsqueeze and Squeeze alias their input in
-    onnxruntime: no copy.
+def _is_guard(node: onnx.NodeProto) -> bool:
+    return node.name.startswith(GUARD_PREFIX + "/")
 
-    NOTE: no zero-size value, even for a scalar input."""
-    read = {n for walked in walk(proto.node) for n in walked.input}
-    renames = {}
-    for x in proto.input:
-        if x not in read:
-            continue
-        n = ranks.get(x, 0)
-        if n:
-            keep = chain if n == 1 else b.node("Expand", [chain, b.const([n])])
-            renames[x] = b.node("Reshape", [x, keep])
+
+def _is_guard_value(name: str) -> bool:
+    return name.startswith(GUARD_PREFIX)
+
+
+def ordered(proto: onnx.FunctionProto) -> bool:
+    """Make the body of a guarded function wait for its guard, in place: each input the body reads
+    becomes ``Squeeze(Unsqueeze(x, max(guard)), [0])`` (its outputs, when it reads none), which
+    aliases ``x`` in onnxruntime (no copy) and makes every body node run after the guard. Whether
+    there was a guard to order after.
+
+    NOTE: what a session runs (the function tier). The file's guard reads the inputs beside the
+    body, with nothing ordering the two: onnxruntime runs it all the same (unread, it is not
+    pruned), but may run a body node first (measured: a Gather with a bad index failed before the
+    guard); any dependence on the guard's values hides the inputs' shapes from shape inference and
+    from every tool that folds or slims a file.
+
+    Example:
+        >>> import onnx
+        >>> from bridge.core.check_vocabulary import Checks, rank
+        >>> body = onnx.helper.make_function("d", "f", ["x"], ["y"], [onnx.helper.make_node("Neg", ["x"], ["y"])],
+        ...                                  [onnx.helper.make_opsetid("", 20)])
+        >>> out = guarded_body(body, Checks("d::f", [rank("x", 2)]), {})
+        >>> [n.op_type for n in out.node][-2:], ordered(out), [n.op_type for n in out.node][-3:]
+        (['Gather', 'Neg'], True, ['Unsqueeze', 'Squeeze', 'Neg'])
+    """
+    guard = next((n for n in proto.node if _is_guard(n)), None)
+    producers = {o: n for n in proto.node for o in n.output}
+    if guard is None or any(_waited(n, producers, set(proto.input)) for n in proto.node):
+        return False  # NOTE: no guard, or one whose body waits already (an earlier version's file)
+    body = [n for n in proto.node if not all(_is_guard_value(o) for o in n.output)]
+    read = {i for node in walk(body) for i in node.input}
+    names = FreshNames(value_names(proto))
+    chain, zero = names(f"{GUARD_PREFIX}_chain"), names(f"{GUARD_PREFIX}_zero")
+    waits = [helper.make_node("ReduceMax", [guard.output[0]], [chain], keepdims=1),
+             helper.make_node("Constant", [], [zero], value=helper.make_tensor("value", TensorProto.INT64, [1], [0]))]
+    pairs = [(x, names(f"{x}_checked")) for x in proto.input if x in read]
+    if not pairs:  # NOTE: a body that reads no input: its outputs wait instead
+        pairs = [(names(f"{y}_unchecked"), y) for y in proto.output if y in producers]
+        for node in body:
+            node.output[:] = [next((a for a, b in pairs if b == o), o) for o in node.output]
+    else:
+        for node in body:
+            _rename_inputs(node, dict(pairs))
+    for source, waited in pairs:
+        lifted = names(f"{GUARD_PREFIX}_lifted")
+        waits += [helper.make_node("Unsqueeze", [source, chain], [lifted]),
+                  helper.make_node("Squeeze", [lifted, zero], [waited])]
+    nodes = list(proto.node)
+    at = next(i for i, n in enumerate(nodes) if _is_guard(n)) + 1
+    if not read & set(proto.input):
+        nodes += waits  # NOTE: output waits read the body's last values: after every node
+    else:
+        nodes[at:at] = waits
+    del proto.node[:]
+    proto.node.extend(nodes)
+    return True
+
+
+def unguarded(proto: onnx.FunctionProto) -> onnx.FunctionProto:
+    """``proto`` without its guard (what a file written for deployment carries): every guard value
+    nothing but the guard reads removed. The waits of an earlier version's file (``Reshape``/
+    ``Squeeze`` of an input through the guard) are undone first. A body without a guard comes back
+    as it is.
+
+    Example:
+        >>> import onnx
+        >>> from bridge.core.check_vocabulary import Checks, rank
+        >>> body = onnx.helper.make_function("d", "f", ["x"], ["y"], [onnx.helper.make_node("Neg", ["x"], ["y"])],
+        ...                                  [onnx.helper.make_opsetid("", 20)])
+        >>> [(n.op_type, list(n.input)) for n in unguarded(guarded_body(body, Checks("d::f", [rank("x", 2)]), {})).node]
+        [('Neg', ['x'])]
+    """
+    if not any(_is_guard(n) for n in proto.node):
+        return proto
+    out = onnx.FunctionProto()
+    out.CopyFrom(proto)
+    renames: dict[str, str] = {}
+    producers = {o: n for n in out.node for o in n.output}
+    kept = []
+    for node in out.node:
+        source = _waited(node, producers, set(out.input))
+        if source is None:
+            kept.append(node)
         else:
-            renames[x] = b.node("Squeeze", [b.node("Unsqueeze", [x, chain]), b.const([0])])
-    return renames
+            renames[node.output[0]] = source
+    for node in kept:
+        _rename_inputs(node, renames)
+    while True:
+        read = set(out.output) | {n for node in walk(kept) for n in node.input}
+        live = [n for n in kept if not all(_is_guard_value(o) and o not in read for o in n.output)]
+        if len(live) == len(kept):
+            break
+        kept = live
+    del out.node[:]
+    out.node.extend(kept)
+    return out
 
 
-def _wait_outputs(out: onnx.FunctionProto, attr_types: dict[str, int], chain: str) -> None:
-    """A body that reads no input: its outputs wait for the guards instead."""
-    tail = GuardBuilder(out, attr_types)
-    for k, y in enumerate(list(out.output)):
-        last = f"{GUARD_PREFIX}_out{k}"
-        for node in out.node:
-            node.output[:] = [last if o == y else o for o in node.output]
-        tail.nodes.append(helper.make_node("Squeeze", [tail.node("Unsqueeze", [last, chain]), tail.const([0])], [y]))
-    out.node.extend(tail.nodes)
+def _waited(node: onnx.NodeProto, producers: dict, inputs: set[str]) -> str | None:
+    """The input a wait node of an earlier version's file passes on (None: ``node`` is no wait): a
+    Reshape/Squeeze of an input (through an Unsqueeze) into a guard value."""
+    if node.op_type not in ("Reshape", "Squeeze") or not node.output[0].startswith(GUARD_PREFIX):
+        return None
+    source = node.input[0]
+    lifted = producers.get(source)
+    if lifted is not None and lifted.op_type == "Unsqueeze" and source.startswith(GUARD_PREFIX):
+        source = lifted.input[0]
+    return source if source in inputs else None
 
 
 def _rename_inputs(node: onnx.NodeProto, renames: dict[str, str]) -> None:
@@ -316,23 +408,13 @@ def _rename_inputs(node: onnx.NodeProto, renames: dict[str, str]) -> None:
 
 
 def _guard(proto: onnx.FunctionProto, qualname: str, guarded: Sequence[tuple[int, Check]],
-           attr_types: dict[str, int]) -> onnx.FunctionProto:
-    b = GuardBuilder(proto, attr_types)
-    chain = _guard_node(b, qualname, guarded)
-    ranks = {c.input: c.n for _, c in guarded if isinstance(c, Rank) and not c.at_least}
-    renames = _wait_inputs(b, proto, chain, ranks)
+           attr_types: dict[str, int], integers: frozenset[str]) -> onnx.FunctionProto:
+    b = GuardBuilder(proto, attr_types, integers)
+    _guard_node(b, qualname, guarded)
     out = onnx.FunctionProto()
     out.CopyFrom(proto)
     del out.node[:]
-    body = []
-    for node in proto.node:
-        copy = onnx.NodeProto()
-        copy.CopyFrom(node)
-        _rename_inputs(copy, renames)
-        body.append(copy)
-    out.node.extend(_shared_constants([*b.nodes, *body], set(proto.output)))
-    if not renames:
-        _wait_outputs(out, attr_types, chain)
+    out.node.extend(_shared_constants([*b.nodes, *proto.node], set(proto.output)))
     return out
 
 
@@ -374,7 +456,9 @@ def guarded_body(proto: onnx.FunctionProto, checks: Checks, attr_types: dict[str
         ['opbridge_check/d::f/x/0.rank']
     """
     guarded = [(i, c) for i, c in enumerate(checks) if c.guarded and i not in skip]
-    return _guard(proto, checks.qualname, guarded, attr_types) if guarded else proto
+    integers = frozenset(c.input for c in checks if isinstance(c, DtypeIs)
+                         and not any(d.is_floating_point or d.is_complex for d in c.dtypes))
+    return _guard(proto, checks.qualname, guarded, attr_types, integers) if guarded else proto
 
 
 def unreadable(proto: onnx.FunctionProto, checks: Checks, attr_types: dict[str, int]) -> dict[int, str]:

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 from bridge.core.errors import OpBridgeError
 from bridge.core.torch_compat import is_fake
@@ -383,7 +383,7 @@ class SameShape(_Worded, Check):
 @dataclasses.dataclass(frozen=True)
 class ValuesIn(Check):
     """NOTE: compared in float64 in the guard (exact for int32 indices and float values); a NaN
-    fails the eager check, while onnxruntime's min/max reductions may skip it."""
+    fails the eager check, and the guard (its least and most value are then -inf and +inf)."""
 
     low: Expr
     high: Expr
@@ -486,7 +486,8 @@ class AttrProdLe(_Worded, Check):
         items = b.node("Max", [b.attr(self.input), b.const([1])])  # NOTE: zeros count as 1
         padded = b.node("Concat", [items, b.const([1])], axis=0)  # NOTE: an empty list passes
         approx = b.node("ReduceProd", [b.node("Cast", [padded], to=TensorProto.FLOAT)], keepdims=1)
-        no_wrap = b.node("LessOrEqual", [approx, b.node("Constant", [], value_float=float(2**62))])
+        wrap = b.node("Constant", [], value=helper.make_tensor("value", TensorProto.FLOAT, [1], [2.0**62]))
+        no_wrap = b.node("LessOrEqual", [approx, wrap])
         # NOTE: where the product could wrap, it is not taken at all (signed overflow)
         exact = b.node("ReduceProd", [b.node("Where", [no_wrap, padded, b.const([1])])], keepdims=1)
         return [no_wrap, Compare("LessOrEqual", exact, self.limit)]
@@ -525,9 +526,10 @@ class IntervalsWithin(Check):
         s = b.node("Slice", [b.flat_double(b.input(self.input)), b.const([0]), n])
         length = b.node("Slice", [b.flat_double(b.input(self.lengths)), b.const([0]), n])
         ends = b.node("Add", [s, length])
-        return [Compare("GreaterOrEqual", b.least(s, flat_double=True), 0, TensorProto.DOUBLE),
-                Compare("LessOrEqual", b.most(ends, flat_double=True), self.points.rhs(b), TensorProto.DOUBLE,
-                        TensorProto.INT64)]
+        sources = (self.input, self.lengths)
+        return [Compare("GreaterOrEqual", b.least(s, flat_double=True, sources=sources), 0, TensorProto.DOUBLE),
+                Compare("LessOrEqual", b.most(ends, flat_double=True, sources=sources), self.points.rhs(b),
+                        TensorProto.DOUBLE, TensorProto.INT64)]
 
 
 @dataclasses.dataclass(frozen=True)

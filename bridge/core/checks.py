@@ -32,7 +32,15 @@ Example:
 from __future__ import annotations
 
 from bridge.core.check_explanation import explain_failure, failed_guard, guard_node
-from bridge.core.check_guards import GUARD_PREFIX, GuardBuilder, guard_name, guarded_body, unreadable
+from bridge.core.check_guards import (
+    GUARD_PREFIX,
+    GuardBuilder,
+    guard_name,
+    guarded_body,
+    ordered,
+    unguarded,
+    unreadable,
+)
 from bridge.core.check_vocabulary import (
     PRODUCT_LIMIT_MAX,
     Attr,
@@ -79,6 +87,6 @@ __all__ = [
     "Checks", "Const", "Dim", "DimEq", "DtypeIs", "Expr", "GuardBuilder", "IntervalsWithin",
     "Numel", "Rank", "SameDtype", "SameLen", "SameShape", "ValuesGe", "ValuesIn", "attr", "attr_ge", "attr_le",
     "attr_len", "attr_prod_le", "dim", "dim_eq", "dtype_is", "explain_failure", "failed_guard", "guard_name",
-    "guard_node", "guarded_body", "intervals_within", "numel", "rank", "same_dtype", "same_len", "same_shape",
-    "unreadable", "values_ge", "values_in",
+    "guard_node", "guarded_body", "intervals_within", "numel", "ordered", "rank", "same_dtype", "same_len",
+    "same_shape", "unguarded", "unreadable", "values_ge", "values_in",
 ]

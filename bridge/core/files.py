@@ -71,6 +71,7 @@ def load_model(model: str | os.PathLike | bytes | onnx.ModelProto, *,
         copy.CopyFrom(model)
         return copy
     if isinstance(model, (bytes, bytearray, memoryview)):
+        _refuse_ort_format(bytes(model[:8]), "the model bytes")
         return _parse(lambda: onnx.load_from_string(bytes(model)), "the model bytes",
                       "Pass the bytes of a saved .onnx file.")
     path = os.fspath(model)
@@ -82,7 +83,24 @@ def load_model(model: str | os.PathLike | bytes | onnx.ModelProto, *,
     if not os.access(path, os.R_OK):
         raise OpBridgeError(f"cannot read {path!r}. Got no read permission. Make the file readable "
                             f"(chmod u+r {path}) or run as its owner.")
+    with open(path, "rb") as f:
+        _refuse_ort_format(f.read(8), repr(path))
     return _parse(lambda: onnx.load(path, load_external_data=external_data), repr(path), "Export it again.")
+
+
+# NOTE: an ORT-format model is a FlatBuffer whose file identifier (bytes 4-8) is "ORTM"
+ORT_FORMAT_ID = b"ORTM"
+
+
+def _refuse_ort_format(head: bytes, what: str) -> None:
+    """An ORT-format model (``convert_onnx_models_to_ort``) is no ONNX model: say so, and what opens it."""
+    if head[4:8] == ORT_FORMAT_ID:
+        raise OpBridgeError(
+            f"{what} is an ORT-format model (.ort), not an ONNX model: opbridge reads and checks ONNX files only. "
+            "Got the ORT format's identifier 'ORTM'. Open it with onnxruntime.InferenceSession(path, options) "
+            "directly (for a file converted with --custom_op_library, first "
+            "options.register_custom_ops_library(<libopbridge_ort.so from `opbridge build -o DIR`>)), or give "
+            "opbridge the .onnx file it was converted from (docs/toolchain.md).")
 
 
 def _parse(load: Callable[[], onnx.ModelProto], what: str, fix: str) -> onnx.ModelProto:

@@ -20,7 +20,9 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable, Iterator
 
+import numpy as np
 import onnx
+import onnx.numpy_helper
 
 from bridge.core.domains import ONNX_DOMAINS, STANDARD_DOMAINS, is_custom
 
@@ -170,3 +172,178 @@ class FreshNames:
             name = f"{hint}__{i}"
         self.taken.add(name)
         return name
+
+
+# NOTE: Constant's literal attributes -> (element type, 1-D or scalar). Tools that fold constants
+# (onnx-graphsurgeon, polygraphy, onnxslim) read value_float as float64, and onnxruntime's
+# symbolic_shape_infer reads only ``value=``: every Constant opbridge writes is a tensor.
+_LITERALS = {
+    "value_float": (onnx.TensorProto.FLOAT, False), "value_int": (onnx.TensorProto.INT64, False),
+    "value_floats": (onnx.TensorProto.FLOAT, True), "value_ints": (onnx.TensorProto.INT64, True),
+    "value_string": (onnx.TensorProto.STRING, False), "value_strings": (onnx.TensorProto.STRING, True),
+}
+
+
+def tensor_constants(nodes: Iterable[onnx.NodeProto]) -> int:
+    """Rewrite each literal ``Constant(value_float|value_int|value_floats|value_ints|value_string(s)=...)``
+    among ``nodes`` and their subgraphs as ``Constant(value=<tensor>)`` (float32 / int64 / string; a
+    scalar for the singular forms, 1-D for the lists), in place; return how many. A constant taken
+    from a function attribute (``ref_attr_name``) stays: its value is known only per call.
+
+    Example:
+        >>> from onnx import helper
+        >>> nodes = [helper.make_node("Constant", [], ["k"], value_float=0.5),
+        ...          helper.make_node("Constant", [], ["a"], value_ints=[1, 2])]
+        >>> tensor_constants(nodes), [(a.name, a.t.data_type, list(a.t.dims)) for n in nodes for a in n.attribute]
+        (2, [('value', 1, []), ('value', 7, [2])])
+    """
+    count = 0
+    for node in walk(nodes):
+        if node.op_type != "Constant" or node.domain not in ONNX_DOMAINS or len(node.attribute) != 1:
+            continue
+        attr = node.attribute[0]
+        if attr.ref_attr_name or attr.name not in _LITERALS:
+            continue
+        dtype, listed = _LITERALS[attr.name]
+        values = list(onnx.helper.get_attribute_value(attr)) if listed else [onnx.helper.get_attribute_value(attr)]
+        tensor = onnx.helper.make_tensor("value", dtype, [len(values)] if listed else [], values)
+        del node.attribute[:]
+        node.attribute.append(onnx.helper.make_attribute("value", tensor))
+        count += 1
+    return count
+
+
+def model_tensor_constants(model: onnx.ModelProto) -> int:
+    """:func:`tensor_constants` over the model's graph, its subgraphs and its local functions."""
+    return tensor_constants(model.graph.node) + sum(tensor_constants(f.node) for f in model.functions)
+
+
+# NOTE: the ops a type probe's condition is made of: each evaluated with numpy from constants and
+# from the element type (never the values) of a value that is CastLike's second input
+_PROBE_OPS = {
+    "Cast": lambda node, a: a[0].astype(onnx.helper.tensor_dtype_to_np_dtype(_int_attr(node, "to"))),
+    "CastLike": lambda node, a: a[0].astype(a[1].dtype),
+    "Not": lambda node, a: np.logical_not(a[0]),
+    "Identity": lambda node, a: a[0],
+}
+
+
+def _int_attr(node: onnx.NodeProto, name: str) -> int:
+    return next(a.i for a in node.attribute if a.name == name)
+
+
+def _probe_value(name: str, producers: dict, types: dict, cone: list) -> np.ndarray | None:
+    """The value of ``name`` when constants and known element types decide it, else None; the
+    nodes it was computed from are appended to ``cone``."""
+    node = producers.get(name)
+    if node is None or node.domain not in ONNX_DOMAINS:
+        return None
+    if node.op_type == "Constant":
+        attr = node.attribute[0] if len(node.attribute) == 1 else None
+        if attr is None or attr.ref_attr_name or attr.name != "value":
+            return None
+        cone.append(node)
+        return onnx.numpy_helper.to_array(attr.t)
+    if node.op_type not in _PROBE_OPS:
+        return None
+    args = [_probe_value(node.input[0], producers, types, cone)]
+    if node.op_type == "CastLike":
+        elem = types.get(node.input[1])
+        known = elem is not None and elem.HasField("tensor_type") and elem.tensor_type.elem_type
+        args.append(np.zeros(0, onnx.helper.tensor_dtype_to_np_dtype(elem.tensor_type.elem_type)) if known else None)
+    if any(a is None for a in args):
+        return None
+    cone.append(node)
+    return _PROBE_OPS[node.op_type](node, args)
+
+
+def fold_type_probes(model: onnx.ModelProto) -> int:
+    """Replace each ``If`` of the model's graph whose condition constants and the inferred element
+    types decide (a dtype probe such as ``Cast(CastLike(1e-300, x), to=BOOL)``: true for float64
+    ``x`` only) by the nodes of the branch it takes; the probe's nodes go when nothing else reads
+    them. Needs the value types (``onnx.shape_inference``). Returns how many were folded.
+
+    Example:
+        >>> from onnx import helper, TensorProto as T
+        >>> probe = helper.make_tensor("p", T.DOUBLE, [], [1e-300])
+        >>> branch = lambda op: helper.make_graph([helper.make_node(op, ["x"], ["b"])], op, [],
+        ...                                        [helper.make_tensor_value_info("b", T.FLOAT, [2])])
+        >>> g = helper.make_graph([helper.make_node("Constant", [], ["p"], value=probe),
+        ...     helper.make_node("CastLike", ["p", "x"], ["q"]), helper.make_node("Cast", ["q"], ["c"], to=T.BOOL),
+        ...     helper.make_node("If", ["c"], ["y"], then_branch=branch("Neg"), else_branch=branch("Abs"))],
+        ...     "g", [helper.make_tensor_value_info("x", T.FLOAT, [2])],
+        ...     [helper.make_tensor_value_info("y", T.FLOAT, [2])])
+        >>> m = helper.make_model(g)
+        >>> fold_type_probes(m), [(n.op_type, list(n.output)) for n in m.graph.node]
+        (1, [('Abs', ['y'])])
+    """
+    return _fold_probes(model.graph, model_value_types(model))
+
+
+def fold_function_type_probes(model: onnx.ModelProto, types: dict[str, onnx.TypeProto]) -> int:
+    """:func:`fold_type_probes` inside each local function whose every call (in the graph and its
+    subgraphs) passes inputs of the same element types, read from ``types`` (value name -> type, as
+    ``onnx.shape_inference`` gives them): its body then serves those types only, as its calls do.
+    Returns how many ``If`` nodes were folded."""
+    calls: dict[tuple[str, str, str], set[tuple]] = {}
+    for node in model_nodes(model):
+        elems = tuple(types[i].tensor_type.elem_type if i in types else 0 for i in node.input)
+        calls.setdefault((node.domain, node.op_type, node.overload), set()).add(elems)
+    folded = 0
+    for function in model.functions:
+        signatures = calls.get((function.domain, function.name, function.overload), set())
+        if len(signatures) != 1 or 0 in min(signatures):
+            continue  # NOTE: unused, called with several type lists, or with a type unknown
+        (elems,) = signatures
+        inputs = {x: onnx.helper.make_tensor_type_proto(t, None) for x, t in zip(function.input, elems)}
+        folded += _fold_probes(function, inputs)
+    return folded
+
+
+def _fold_probes(graph: onnx.GraphProto | onnx.FunctionProto, types: dict[str, onnx.TypeProto]) -> int:
+    producers = {o: n for n in graph.node for o in n.output}
+    folded, probes = 0, []
+    nodes: list[onnx.NodeProto] = []
+    for node in graph.node:
+        cone: list[onnx.NodeProto] = []
+        value = _probe_value(node.input[0], producers, types, cone) if node.op_type == "If" else None
+        branch = None if value is None or value.size != 1 else next(
+            a.g for a in node.attribute if a.name == ("then_branch" if bool(value.reshape(-1)[0]) else "else_branch"))
+        if branch is None or (branch.initializer and isinstance(graph, onnx.FunctionProto)):
+            nodes.append(node)
+            continue
+        nodes += _hoisted(branch, list(node.output))
+        if isinstance(graph, onnx.GraphProto):
+            graph.initializer.extend(branch.initializer)
+        probes += cone
+        folded += 1
+    del graph.node[:]
+    graph.node.extend(nodes)
+    _drop_unread(graph, probes)
+    return folded
+
+
+def _hoisted(branch: onnx.GraphProto, outputs: list[str]) -> list[onnx.NodeProto]:
+    """``branch``'s nodes writing the If's ``outputs`` (renamed, or an Identity for an outer value)."""
+    renames = {b.name: o for b, o in zip(branch.output, outputs)}
+    made = {n for node in branch.node for n in node.output}
+    nodes = list(branch.node)
+    for node in nodes:
+        node.output[:] = [renames.get(o, o) for o in node.output]
+    for node in walk(nodes):
+        node.input[:] = [renames.get(i, i) if i in made else i for i in node.input]
+    return nodes + [onnx.helper.make_node("Identity", [b], [o]) for b, o in renames.items() if b not in made]
+
+
+def _drop_unread(graph: onnx.GraphProto | onnx.FunctionProto, candidates: list[onnx.NodeProto]) -> None:
+    """Remove the nodes writing ``candidates``' outputs that nothing reads any more (repeated: a
+    chain goes whole)."""
+    doomed = {o for n in candidates for o in n.output}
+    outputs = set(graph.output) if isinstance(graph, onnx.FunctionProto) else {o.name for o in graph.output}
+    while True:
+        read = outputs | {i for node in walk(graph.node) for i in node.input}
+        kept = [n for n in graph.node if not n.output or not all(o in doomed and o not in read for o in n.output)]
+        if len(kept) == len(graph.node):
+            return
+        del graph.node[:]
+        graph.node.extend(kept)

@@ -88,6 +88,24 @@ def _zero_size(ov_model) -> list[str]:
     return found
 
 
+def _onnx_zero_size(model: onnx.ModelProto) -> list[str]:
+    """'value: dims' of every value of ``model`` whose recorded shape has a static zero dimension."""
+    found = []
+    for v in (*model.graph.input, *model.graph.value_info, *model.graph.output):
+        dims = v.type.tensor_type.shape.dim
+        if any(d.HasField("dim_value") and d.dim_value == 0 for d in dims):
+            found.append(f"{v.name}: {[d.dim_value if d.HasField('dim_value') else d.dim_param for d in dims]}")
+    return found
+
+
+def _zero_size_error(empty: list[str]) -> OpBridgeError:
+    return OpBridgeError(
+        "the model has zero-size tensors, which OpenVINO 2026.4 mishandles (compiling one "
+        f"killed the process with SIGFPE). Got {empty[:5]}. Run models with empty tensors in "
+        "onnxruntime (runtime='onnxruntime')."
+    )
+
+
 class OpenVINOSession:
     """A compiled OpenVINO model with ``get_inputs()``, ``get_outputs()`` and ``run(None, feed)``.
 
@@ -116,15 +134,14 @@ class OpenVINOSession:
         try:
             ov_model = core.read_model(*source)
         except Exception as e:
+            # NOTE: static zero-size shapes can fail OpenVINO's own shape validation while reading
+            if _onnx_zero_size(proto):
+                raise _zero_size_error(_onnx_zero_size(proto)) from None
             raise OpBridgeError(f"OpenVINO could not read the model. Got {type(e).__name__}: "
                                 f"{str(e)[:600]}. Check that the file is standard ONNX.") from None
         empty = _zero_size(ov_model)
         if empty:
-            raise OpBridgeError(
-                "the model has zero-size tensors, which OpenVINO 2026.4 mishandles (compiling one "
-                f"killed the process with SIGFPE). Got {empty[:5]}. Run models with empty tensors in "
-                "onnxruntime (runtime='onnxruntime')."
-            )
+            raise _zero_size_error(empty)
         # NOTE: f32 unless the caller says otherwise; the CPU plugin defaults to bf16 where it can.
         settings = {"INFERENCE_PRECISION_HINT": "f32", **(config or {})}
         try:

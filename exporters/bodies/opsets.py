@@ -30,7 +30,7 @@ from onnx import defs, helper
 
 from bridge.core.domains import is_onnx
 from bridge.core.errors import OpBridgeError
-from bridge.core.graphs import FreshNames, subgraphs, walk
+from bridge.core.graphs import FreshNames, subgraphs, tensor_constants, walk
 
 Nodes = list[onnx.NodeProto]
 
@@ -409,8 +409,8 @@ def convert_function(function: onnx.FunctionProto, opset: int) -> onnx.FunctionP
 
 
 def portable_constants(function: onnx.FunctionProto) -> onnx.FunctionProto:
-    """``function`` with each literal ``Constant(value_ints=...)``/``value_floats`` written as a 1-D
-    tensor (``value=``), the form every consumer reads.
+    """A copy of ``function`` with each literal ``Constant`` (``value_int(s)``, ``value_float(s)``, ...)
+    written as a tensor (``value=``; ``bridge.core.graphs.tensor_constants``), the form every consumer reads.
 
     NOTE: the shape inference of onnxruntime <= 1.22 reads a list constant inside a function body
     as a tensor without dims (measured: ``Pad``'s pads then fail to load, "'pads' input must be a
@@ -426,18 +426,7 @@ def portable_constants(function: onnx.FunctionProto) -> onnx.FunctionProto:
     """
     result = onnx.FunctionProto()
     result.CopyFrom(function)
-    for node in walk(result.node):
-        if node.op_type != "Constant" or not is_onnx(node.domain) or len(node.attribute) != 1:
-            continue
-        attr = node.attribute[0]
-        if attr.ref_attr_name or attr.name not in ("value_ints", "value_floats"):
-            continue
-        ints = attr.name == "value_ints"
-        values = list(attr.ints if ints else attr.floats)
-        tensor = helper.make_tensor("", onnx.TensorProto.INT64 if ints else onnx.TensorProto.FLOAT, [len(values)],
-                                    values)
-        del node.attribute[:]
-        node.attribute.append(helper.make_attribute("value", tensor))
+    tensor_constants(result.node)
     return result
 
 

@@ -1,0 +1,243 @@
+"""The demo's three deployment files through the ONNX tools deployments use, each result run in
+onnxruntime against the original file's outputs (docs/toolchain.md has the recipes).
+
+Files (one export each, shared by the module): ``function`` (the default: function bodies with their
+check guards), ``native`` (``functions=False``, run with the native library) and ``inline`` (custom
+nodes replaced by their bodies, no guards). Every tool result must match the original file's
+outputs within 1e-5 (max abs), but quantization: its result must stay within 2% of the output's
+range of the float outputs (int8 weights and activations), and the dynamically quantized files of
+the three kinds must agree with each other within 1e-5 (the same quantized convolutions around
+the same custom op; static QDQ quantization also quantizes inside the inlined body).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnx.version_converter
+import onnxruntime as ort
+import pytest
+
+import bridge
+import custom_ops  # noqa: F401
+import custom_ops.demo as demo
+from ort_kernels.build import library_path
+
+KINDS = ("function", "native", "inline")
+TOL = 1e-5
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """{kind: path} of the demo exported three ways, the native library, feeds, and reference outputs."""
+    folder = tmp_path_factory.mktemp("toolchain")
+    case = demo.build()
+    paths = {}
+    for kind, options in (("function", {}), ("native", {"functions": False}), ("inline", {"inline": True})):
+        paths[kind] = folder / f"{kind}.onnx"
+        bridge.export(case.model, case.args, paths[kind], dynamic_shapes=case.dynamic_shapes, **options)
+    names = [i.name for i in onnx.load(paths["function"]).graph.input]
+    feed = {n: a.numpy() for n, a in zip(names, case.args)}
+    lib = str(library_path())
+    expected = {kind: run(path, feed, lib if kind == "native" else None) for kind, path in paths.items()}
+    return {"paths": paths, "feed": feed, "lib": lib, "expected": expected, "folder": folder}
+
+
+def options(lib: str | None) -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    if lib:
+        so.register_custom_ops_library(lib)
+    return so
+
+
+def run(model, feed: dict, lib: str | None) -> list[np.ndarray]:
+    """Outputs of ``model`` (a path or proto) in plain onnxruntime (with ``lib`` registered)."""
+    data = str(model) if isinstance(model, (str, Path)) else model.SerializeToString()
+    sess = ort.InferenceSession(data, options(lib), providers=["CPUExecutionProvider"])
+    names = {i.name for i in sess.get_inputs()}
+    return sess.run(None, {k: v for k, v in feed.items() if k in names})
+
+
+def assert_same(files, kind: str, model, tol: float = TOL) -> None:
+    got = run(model, files["feed"], files["lib"] if kind == "native" else None)
+    for a, b in zip(got, files["expected"][kind], strict=True):
+        assert a.shape == b.shape and float(np.abs(a.astype(np.float64) - b).max()) <= tol
+
+
+def test_the_three_files_agree(files):
+    """The three originals give one answer (each tool result is then held to its own original)."""
+    first = files["expected"]["function"]
+    for kind in KINDS[1:]:
+        for a, b in zip(files["expected"][kind], first, strict=True):
+            np.testing.assert_allclose(a, b, rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_onnxsim(files, kind):
+    onnxsim = pytest.importorskip("onnxsim")
+    path = files["paths"][kind]
+    model, ok = onnxsim.simplify(onnx.load(path), custom_lib=files["lib"] if kind == "native" else None)
+    assert ok
+    assert_same(files, kind, model)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_onnxslim(files, kind):
+    import onnxslim
+
+    assert_same(files, kind, onnxslim.slim(onnx.load(files["paths"][kind])))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_symbolic_shape_infer(files, kind, tmp_path, monkeypatch):
+    """onnxruntime's symbolic shape inference types every output with its full shape (a native
+    file's custom node needs --guess_output_rank). It writes temp files into the current folder."""
+    from onnxruntime.tools.symbolic_shape_infer import SymbolicShapeInference
+
+    monkeypatch.chdir(tmp_path)
+    model = SymbolicShapeInference.infer_shapes(onnx.load(files["paths"][kind]), auto_merge=True,
+                                                guess_output_rank=kind == "native")
+    assert model is not None
+    for out, value in zip(model.graph.output, files["expected"][kind]):
+        dims = out.type.tensor_type.shape.dim
+        assert [d.dim_value for d in dims] == list(value.shape), out
+    assert_same(files, kind, model)
+    assert os.listdir(tmp_path) == []  # NOTE: nothing left behind when it succeeds
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_graphsurgeon_fold_constants(files, kind):
+    import onnx_graphsurgeon as gs
+
+    graph = gs.import_onnx(onnx.load(files["paths"][kind]))
+    graph.fold_constants().cleanup()
+    assert_same(files, kind, gs.export_onnx(graph))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_polygraphy_fold_constants(files, kind):
+    """What ``polygraphy surgeon sanitize --fold-constants`` runs, through its Python API."""
+    from polygraphy.backend.onnx import fold_constants
+
+    assert_same(files, kind, fold_constants(onnx.load(files["paths"][kind]), error_ok=False))
+
+
+def _quantized(files, kind, tmp_path, static: bool):
+    from onnxruntime.quantization import CalibrationDataReader, quantize_dynamic, quantize_static
+
+    out = tmp_path / f"{kind}.quant.onnx"
+    if not static:
+        quantize_dynamic(files["paths"][kind], out)
+        return out
+
+    class Frames(CalibrationDataReader):
+        def __init__(self):
+            self.frames = iter([files["feed"]])
+
+        def get_next(self):
+            return next(self.frames, None)
+
+    quantize_static(files["paths"][kind], out, Frames())
+    return out
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["dynamic", "static"])
+def test_quantize(files, tmp_path, static):
+    """Quantized files stay within 2% of the output range of the float outputs, and the three kinds
+    quantize dynamically alike (their quantized outputs agree within 1e-5). quantize_static calibrates in an
+    onnxruntime session it opens itself, with no way to register a custom-op library: the native
+    file is quantized dynamically only (docs/toolchain.md)."""
+    kinds = ("function", "inline") if static else KINDS
+    got = {kind: run(_quantized(files, kind, tmp_path, static), files["feed"],
+                     files["lib"] if kind == "native" else None) for kind in kinds}
+    for kind in kinds:
+        for q, f in zip(got[kind], files["expected"][kind], strict=True):
+            assert float(np.abs(q - f).max()) <= 0.02 * float(np.ptp(f)), kind
+        for q, first in zip(got[kind], got[kinds[0]], strict=True):
+            if not static:  # NOTE: static QDQ also quantizes inside the inlined body (its MatMul)
+                np.testing.assert_allclose(q, first, rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_ort_format(files, kind, tmp_path):
+    """ORT-format conversion (the native file with its library); bridge.session refuses the result
+    with a message saying what opens it."""
+    from onnxruntime.tools.convert_onnx_models_to_ort import OptimizationStyle, convert_onnx_models_to_ort
+
+    src = tmp_path / f"{kind}.onnx"
+    src.write_bytes(files["paths"][kind].read_bytes())
+    convert_onnx_models_to_ort(src, tmp_path, [OptimizationStyle.Fixed],
+                               Path(files["lib"]) if kind == "native" else None)
+    converted = tmp_path / f"{kind}.ort"
+    assert_same(files, kind, converted)
+    with pytest.raises(bridge.OpBridgeError, match=r"^opbridge: .* is an ORT-format model \(\.ort\), not an ONNX "
+                                                   r"model.*Got the ORT format's identifier 'ORTM'\. Open it with "
+                                                   r"onnxruntime\.InferenceSession"):
+        bridge.session(converted)
+
+
+def _with_outputs(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
+    """``model`` that also outputs ``names`` (typed by shape inference)."""
+    typed = onnx.shape_inference.infer_shapes(model)
+    info = {v.name: v for v in typed.graph.value_info}
+    typed.graph.output.extend(info[n] for n in names if n not in {o.name for o in typed.graph.output})
+    return typed
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_extract_model_around_bev_pool_v2(files, kind, tmp_path):
+    """onnx.utils.extract_model cuts out bev_pool_v2 (the inlined file: its body) between the values
+    around the op; the piece matches those values in the original."""
+    node = next(n for n in onnx.load(files["paths"]["function"]).graph.node if n.op_type == "bev_pool_v2")
+    inputs, outputs = [i for i in node.input if i], list(node.output)
+    piece = tmp_path / "piece.onnx"
+    onnx.utils.extract_model(str(files["paths"][kind]), str(piece), inputs, outputs)
+    lib = files["lib"] if kind == "native" else None
+    computed = [n for n in inputs + outputs if n not in files["feed"]]
+    whole = _with_outputs(onnx.load(files["paths"][kind]), computed)
+    by_name = {**files["feed"], **dict(zip([o.name for o in whole.graph.output], run(whole, files["feed"], lib)))}
+    got = run(piece, {n: by_name[n] for n in inputs}, lib)
+    np.testing.assert_allclose(got[0], by_name[outputs[0]], rtol=0, atol=TOL)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_version_converter_then_attach(files, kind):
+    """onnx.version_converter to opset 18 drops model-local functions; attach_functions gives them back."""
+    model = onnx.version_converter.convert_version(onnx.load(files["paths"][kind]), 18)
+    bridge.attach_functions(model) if kind == "function" else None
+    assert (len(model.functions) > 0) == (kind == "function")
+    assert_same(files, kind, model)
+
+
+def test_inline_and_native_files_carry_no_guards(files):
+    """Files written for deployment carry no check machinery; the default file keeps its guards."""
+    def guards(path):
+        model = onnx.load(path)
+        nodes = [*model.graph.node, *(n for f in model.functions for n in f.node)]
+        return [n.name for n in nodes if n.name.startswith("opbridge_check/")]
+
+    assert guards(files["paths"]["native"]) == [] and guards(files["paths"]["inline"]) == []
+    assert guards(files["paths"]["function"])
+
+
+def test_every_constant_is_a_tensor(files):
+    """No Constant with value_float/value_int(s) anywhere: graph, subgraphs and function bodies."""
+    from bridge.core.graphs import model_nodes
+
+    for kind, path in files["paths"].items():
+        literal = [(n.op_type, a.name) for n in model_nodes(onnx.load(path), functions=True)
+                   if n.op_type == "Constant" for a in n.attribute if a.name != "value" and not a.ref_attr_name]
+        assert literal == [], kind
+
+
+def test_files_have_no_dtype_probe(files):
+    """bev_pool_v2's body takes the branch its (float32) input types decide: no If left, in the
+    function file's body as in the inlined file."""
+    from bridge.core.graphs import model_nodes
+
+    for kind in ("function", "inline"):
+        assert not [n for n in model_nodes(onnx.load(files["paths"][kind]), functions=True) if n.op_type == "If"]
