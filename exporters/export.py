@@ -18,7 +18,13 @@ import torch
 
 from bridge.core import files, torch_compat
 from bridge.core.errors import OpBridgeError
-from bridge.core.graphs import custom_nodes, fold_function_type_probes, model_tensor_constants, model_value_types
+from bridge.core.graphs import (
+    custom_nodes,
+    fold_function_type_probes,
+    model_tensor_constants,
+    model_value_types,
+    random_nodes,
+)
 from bridge.core.progress import step
 from bridge.core.proxy import redirect, specialisation_check
 from bridge.core.registry import REGISTRY, Registry, fill_attributes
@@ -186,7 +192,6 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
     args = tuple(args)
     if f is not None:
         files.check_writable(f, what="model")  # NOTE: a path that cannot be written fails before the export
-    warn_training_mode(model)
     with step("torch.export"), redirect(proxy_targets(reg)):
         try:
             program = torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
@@ -235,6 +240,7 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
     if check and not inline:
         with step("onnx.checker (full)"):
             onnx.checker.check_model(proto, full_check=True)
+    warn_training_mode(model, proto)
     if f is not None:
         files.save_model(proto, f)  # NOTE: one file; only models past protobuf's 2 GiB get a .data file
     return Exported(proto, onnx_program.exported_program)
@@ -312,19 +318,31 @@ def constraint_violation(error: BaseException, model, args: Sequence, kwargs: di
         "static (rerun with --verbose, or read the exception's __cause__, for torch's full trace).")
 
 
-# NOTE: layers whose forward differs between train() and eval(); ONNX gets their eval behaviour.
+# NOTE: layers whose forward differs between train() and eval(). Exported in training mode, the file
+# holds what torch.export traced: a Dropout becomes ONNX Dropout(training_mode=True), random on every
+# run; a BatchNorm (torch 2.13) its running statistics, never updated; an InstanceNorm with running
+# statistics the batch's own (tests/test_parity_exact.py measures the Dropout case).
 _MODE_DEPENDENT = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.modules.dropout._DropoutNd,
                    torch.nn.modules.instancenorm._InstanceNorm)
 
 
-def warn_training_mode(model: torch.nn.Module) -> None:
-    """Warn when layers that behave differently in training are in training mode."""
-    if not isinstance(model, torch.nn.Module):
-        return
-    training = [name or type(model).__name__ for name, m in model.named_modules()
-                if m.training and isinstance(m, _MODE_DEPENDENT)]
-    if training:
-        warnings.warn(f"opbridge: {', '.join(training[:5])}{' ...' if len(training) > 5 else ''} "
-                      f"{'is' if len(training) == 1 else 'are'} in training mode, but the exported ONNX graph "
-                      "computes eval behaviour, so parity against this module will differ. Got model.training "
-                      "layers. Call model.eval() before exporting.", stacklevel=3)
+def warn_training_mode(model: torch.nn.Module, proto: onnx.ModelProto) -> None:
+    """Warn, truthfully, when the exported file draws random numbers (``proto``'s random nodes: a
+    Dropout exported in training mode) or when layers that behave differently in training are in
+    training mode."""
+    layers = [f"{name or type(model).__name__} ({type(m).__name__})" for name, m in model.named_modules()
+              if m.training and isinstance(m, _MODE_DEPENDENT)] if isinstance(model, torch.nn.Module) else []
+    which = f"{', '.join(layers[:5])}{' ...' if len(layers) > 5 else ''}"
+    drawn = random_nodes(proto)
+    if drawn:
+        nodes = ", ".join(f"{n.name or n.output[0]} ({n.op_type})" for n in drawn[:5])
+        why = f", because {which} {'is' if len(layers) == 1 else 'are'} in training mode" if layers else ""
+        warnings.warn(f"opbridge: the exported file draws random numbers on every run{why}: {nodes} "
+                      "(a Dropout in training mode drops values at random). Got random ONNX nodes. Call "
+                      "model.eval() before exporting for a deterministic file; bridge.check_parity refuses "
+                      "this one.", stacklevel=3)
+    elif layers:
+        warnings.warn(f"opbridge: {which} {'is' if len(layers) == 1 else 'are'} in training mode: the file "
+                      "computes what torch.export traced in that mode (not necessarily eval behaviour; it never "
+                      "updates running statistics). Got "
+                      "model.training layers. Call model.eval() before exporting.", stacklevel=3)

@@ -120,8 +120,14 @@ def test_dims_take_their_dim_names_and_io_names_are_given():
 
 def test_training_mode_layers_warn_at_export():
     model = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.Dropout(0.5))
-    with pytest.warns(UserWarning, match=r"1 is in training mode.*Call model.eval\(\)"):
+    with pytest.warns(UserWarning, match=r"draws random numbers.*1 \(Dropout\) is in training mode.*"
+                                         r"Call model.eval\(\)"):
         bridge.export(model, (torch.randn(2, 3),))
+    # a BatchNorm draws nothing: the warning names the layer and claims no eval behaviour
+    norm = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.BatchNorm1d(3))
+    with pytest.warns(UserWarning, match=r"1 \(BatchNorm1d\) is in training mode: the file computes what "
+                                         r"torch.export traced in that mode \(not necessarily eval behaviour"):
+        bridge.export(norm, (torch.randn(2, 3),))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         bridge.export(model.eval(), (torch.randn(2, 3),))

@@ -48,5 +48,20 @@ def torch_dtype(elem_type: int) -> torch.dtype:
 
 
 def numpy_dtype(dtype: torch.dtype) -> np.dtype:
-    """numpy dtype that carries a torch dtype across onnxruntime (bfloat16 has none)."""
+    """numpy dtype that carries a torch dtype across onnxruntime (bfloat16: ``ml_dtypes.bfloat16``)."""
     return np.dtype(onnx.helper.tensor_dtype_to_np_dtype(TORCH_TO_ONNX[dtype]))
+
+
+def to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A tensor's values as numpy in its own dtype: bfloat16 as ``ml_dtypes.bfloat16`` (numpy has none;
+    onnx's own bfloat16 type), bit for bit, never widened to float32. Shares memory where torch can.
+
+    >>> to_numpy(torch.tensor([1.5, -3.0], dtype=torch.bfloat16)).dtype
+    dtype(bfloat16)
+    >>> to_numpy(torch.tensor([2**60 + 2])).tolist()
+    [1152921504606846978]
+    """
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(numpy_dtype(torch.bfloat16))
+    return t.numpy()

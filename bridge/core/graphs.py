@@ -124,6 +124,38 @@ def nonstandard_ops(model: onnx.ModelProto) -> list[tuple[str, str]]:
     return sorted({(n.domain, n.op_type) for n in model_nodes(model) if n.domain not in ONNX_DOMAINS})
 
 
+# NOTE: the ONNX ops whose outputs are drawn at random on every run; Dropout only in training mode
+RANDOM_OPS = frozenset({"RandomUniform", "RandomNormal", "RandomUniformLike", "RandomNormalLike", "Bernoulli",
+                        "Multinomial"})
+
+
+def random_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
+    """The nodes of ``model`` (subgraphs and local functions included) that draw random numbers: the
+    ``RANDOM_OPS``, and each Dropout whose ``training_mode`` input is not a constant false.
+
+    Example:
+        >>> from onnx import helper, TensorProto
+        >>> on = helper.make_tensor("t", TensorProto.BOOL, [], [True])
+        >>> g = helper.make_graph([helper.make_node("Dropout", ["x", "", "t"], ["y"], name="drop"),
+        ...                        helper.make_node("Dropout", ["y"], ["z"], name="eval")], "g", [], [], [on])
+        >>> [n.name for n in random_nodes(helper.make_model(g))]
+        ['drop']
+    """
+    constants = {t.name: t for t in model.graph.initializer}
+    constants.update((n.output[0], n.attribute[0].t) for n in model_nodes(model, functions=True)
+                     if n.op_type == "Constant" and n.domain in ONNX_DOMAINS and n.output
+                     and len(n.attribute) == 1 and n.attribute[0].name == "value")
+
+    def training(node: onnx.NodeProto) -> bool:
+        mode = node.input[2] if len(node.input) > 2 else ""
+        if not mode:
+            return False
+        return mode not in constants or bool(onnx.numpy_helper.to_array(constants[mode]).any())
+
+    return [n for n in model_nodes(model, functions=True) if n.domain in ONNX_DOMAINS and (
+        n.op_type in RANDOM_OPS or (n.op_type == "Dropout" and training(n)))]
+
+
 def value_types(graph: onnx.GraphProto) -> dict[str, onnx.TypeProto]:
     """The type of each value of ``graph`` that it records (inputs, value_info, outputs, initializers)."""
     out = {v.name: v.type for v in list(graph.input) + list(graph.value_info) + list(graph.output)}

@@ -29,7 +29,7 @@ from bridge.core.domains import is_custom
 from bridge.core.errors import OpBridgeError
 from bridge.core.progress import format_table, step
 from bridge.core.torch_compat import pytree
-from bridge.tools.sessions import load_model, session
+from bridge.tools.sessions import load_model, ort_feed, run_feed, session
 from ort_kernels.function import FunctionTier
 
 _FX_NODE_KEY = "pkg.torch.onnx.fx_node"
@@ -265,15 +265,6 @@ def add_outputs(model: onnx.ModelProto, names: Sequence[str]) -> onnx.ModelProto
     return model
 
 
-def _ort_feed(sess, args: Sequence, kwargs: dict | None) -> dict:
-    tensors = [x for x in pytree.tree_leaves((tuple(args), kwargs or {})) if isinstance(x, torch.Tensor)]
-    names = [i.name for i in sess.get_inputs()]
-    if len(names) != len(tensors):
-        raise OpBridgeError(f"the model has {len(names)} ONNX inputs {names} but the call has {len(tensors)} "
-                            "tensors. Got mismatched inputs. Pass the inputs used at export.")
-    return {n: (t.float() if t.dtype == torch.bfloat16 else t).detach().cpu().numpy() for n, t in zip(names, tensors)}
-
-
 def wanted(mode: bool | str, *, passed: bool) -> bool:
     """Whether ``check_parity(localize=mode)`` localizes a run: ``True`` when it failed, ``"always"``
     whatever happened, ``False`` never.
@@ -333,7 +324,7 @@ def localize(
         available = {o.name for o in sess.get_outputs()}
         names = [n for n in candidates if n in available]
         try:
-            values = dict(zip(names, sess.run(names, _ort_feed(sess, args, kwargs))))
+            values = dict(zip(names, run_feed(sess, names, ort_feed(sess, args, kwargs))))
         except Exception as e:
             raise OpBridgeError(f"onnxruntime failed to run the model with its intermediate values as outputs. "
                                 f"Got {type(e).__name__}: {str(e)[:500]}. Check the inputs against the kernels' "

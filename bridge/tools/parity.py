@@ -13,19 +13,20 @@ from collections.abc import Mapping, Sequence
 import numpy as np
 import torch
 
-from bridge.core.dtypes import numpy_dtype
+from bridge.core.dtypes import TORCH_TO_ONNX, numpy_dtype, to_numpy
 from bridge.core.errors import OpBridgeError
 from bridge.core.files import write_bytes
+from bridge.core.graphs import random_nodes
 from bridge.core.progress import format_table, step
 from bridge.core.torch_compat import pytree
 from bridge.tools.localize import Localization, wanted
 from bridge.tools.localize import localize as localize_run
 from bridge.tools.openvino_runtime import session as openvino_session
-from bridge.tools.sessions import session
+from bridge.tools.sessions import ort_feed, run_feed, session
 from exporters.export import export_with_program
 
 # NOTE: (rtol, atol) per dtype; a finite pair passes when |ort - eager| <= atol + rtol * |eager|
-# (NaN/inf only match themselves, see compare; ints are exact). float16's
+# (NaN/inf only match themselves, see compare; integers and bool are exact, as integers). float16's
 # rtol admits one ulp (2**-10); float32/float64 admit summation-order differences.
 TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
     torch.float16: (1e-3, 1e-3),
@@ -56,7 +57,7 @@ class OutputParity:
     name: str
     shape: tuple
     dtype: str
-    max_abs: float
+    max_abs: float | int  # an int for integer and bool outputs: their errors are exact
     max_rel: float
     mismatches: int
     numel: int
@@ -76,32 +77,30 @@ TOP_K = 5
 
 
 def _worst(diff: np.ndarray, expected: np.ndarray, actual: np.ndarray, k: int = TOP_K) -> list[dict]:
-    """The k largest errors: index tuple, eager value, ORT value, abs error (largest first)."""
+    """The k largest errors: index tuple, eager value, ORT value, abs error (largest first); Python
+    ints where ``diff`` is an unsigned integer array (an integer output's exact errors)."""
     flat = diff.reshape(-1)
     if flat.size == 0 or not np.any(flat > 0):
         return []
-    top = np.argsort(-flat, kind="stable")[:k]  # ties (NaN/inf mismatches: inf) in index order
+    exact = flat.dtype.kind == "u"
+    # NOTE: ~ orders uint64 descending without rounding; ties (NaN/inf mismatches: inf) in index order
+    top = np.argsort(~flat if exact else -flat, kind="stable")[:k]
+    value = int if exact else float
     rows = []
     for i in top:
         if flat[i] <= 0:
             break
         index = tuple(int(j) for j in np.unravel_index(int(i), diff.shape))
-        rows.append({"index": list(index), "eager": float(expected.reshape(-1)[i]),
-                     "ort": float(actual.reshape(-1)[i]), "abs_err": float(flat[i])})
+        rows.append({"index": list(index), "eager": value(expected.reshape(-1)[i]),
+                     "ort": value(actual.reshape(-1)[i]), "abs_err": value(flat[i])})
     return rows
-
-
-def _to_numpy(t: torch.Tensor) -> np.ndarray:
-    t = t.detach().cpu()
-    if t.dtype == torch.bfloat16:
-        return t.float().numpy()
-    return t.numpy()
 
 
 def compare(name: str, expected: torch.Tensor, actual: np.ndarray, *, rtol=None, atol=None) -> OutputParity:
     """Compare one ORT output against the eager tensor, as numpy's ``assert_allclose(equal_nan=True)``:
     NaN matches only NaN, +inf only +inf, -inf only -inf; finite pairs pass when
-    ``|ort - eager| <= atol + rtol * |eager|``; integer and bool outputs compare exactly.
+    ``|ort - eager| <= atol + rtol * |eager|``; integer and bool outputs compare exactly, as integers
+    (never through float64, where 2**60 + 2 == 2**60), their ``max_abs`` an exact int.
     ``max_abs``/``max_rel`` are over finite pairs; NaN/inf mismatches count in ``mismatches``
     (and ``nonfinite``), their error is inf, and the note says how many there are.
 
@@ -120,12 +119,16 @@ def compare(name: str, expected: torch.Tensor, actual: np.ndarray, *, rtol=None,
     note = ""
     if tuple(actual.shape) != shape:
         note = f"shape {tuple(actual.shape)} != eager {shape}"
-    elif expected.dtype in TORCH_NUMPY_SAFE and actual.dtype != numpy_dtype(expected.dtype):
+    elif expected.dtype in TORCH_TO_ONNX and actual.dtype != numpy_dtype(expected.dtype):
+        note = f"dtype {actual.dtype} != eager {dtype}"
+    elif exact and actual.dtype.kind not in "biu":
         note = f"dtype {actual.dtype} != eager {dtype}"
     if note:
         return OutputParity(name, shape, dtype, math.inf, math.inf, expected.numel(), expected.numel(),
                             r, a, False, note)
-    e64 = _to_numpy(expected).astype(np.float64)
+    if exact:
+        return _compare_integers(name, to_numpy(expected), actual, dtype)
+    e64 = to_numpy(expected).astype(np.float64)
     a64 = actual.astype(np.float64)
     diff, bad, finite = _elementwise(e64, a64, r, a)
     # NOTE: a difference over an expected 0 is inf relative error (overflow), not a warning
@@ -138,6 +141,25 @@ def compare(name: str, expected: torch.Tensor, actual: np.ndarray, *, rtol=None,
         note = f"{nonfinite} NaN/inf mismatch{'es' if nonfinite > 1 else ''}; max abs/rel over finite pairs"
     return OutputParity(name, shape, dtype, max_abs, max_rel, n_bad, int(diff.size), r, a, n_bad == 0,
                         note, worst=_worst(diff, e64, a64), errors=diff, nonfinite=nonfinite)
+
+
+def _compare_integers(name: str, expected: np.ndarray, actual: np.ndarray, dtype: str) -> OutputParity:
+    """Integer or bool output against eager, exactly and in integer arithmetic: the error of each
+    element is ``|ort - eager|`` as a uint64 (every difference of two int64 fits), no tolerance.
+
+    >>> r = _compare_integers("i", np.array([2**60 + 2, -2**63]), np.array([2**60, 2**63 - 1]), "int64")
+    >>> r.mismatches, r.max_abs == 2**64 - 1, r.worst[1]["abs_err"]
+    (2, True, 2)
+    """
+    wide = np.uint64 if expected.dtype.kind == actual.dtype.kind == "u" else np.int64  # uint64 as itself
+    e, a = expected.astype(wide), actual.astype(wide)
+    # NOTE: uint64 arithmetic wraps modulo 2**64, so the larger minus the smaller is the exact distance
+    eu, au = e.astype(np.uint64), a.astype(np.uint64)
+    diff = np.where(a >= e, au - eu, eu - au)
+    n_bad = int(np.count_nonzero(diff))
+    max_abs = int(diff.max()) if diff.size else 0
+    return OutputParity(name, tuple(expected.shape), dtype, max_abs, math.nan, n_bad, int(diff.size), 0.0, 0.0,
+                        n_bad == 0, worst=_worst(diff, e, a), errors=diff)
 
 
 def _elementwise(e64: np.ndarray, a64: np.ndarray, rtol: float, atol: float):
@@ -157,7 +179,6 @@ def _elementwise(e64: np.ndarray, a64: np.ndarray, rtol: float, atol: float):
 
 
 RUNTIMES = ("onnxruntime", "openvino")
-TORCH_NUMPY_SAFE = (torch.float16, torch.float32, torch.float64, torch.int32, torch.int64, torch.bool)
 
 
 @dataclasses.dataclass
@@ -238,7 +259,7 @@ class ParityReport:
         head = ("output", "shape", "dtype", "max abs", "max rel", "mismatch", "rtol/atol", "result")
         rows = [head]
         for o in self.outputs:
-            rows.append((o.name, "x".join(map(str, o.shape)) or "scalar", o.dtype, f"{o.max_abs:.3g}",
+            rows.append((o.name, "x".join(map(str, o.shape)) or "scalar", o.dtype, _number(o.max_abs, ".3g"),
                          "-" if math.isnan(o.max_rel) else f"{o.max_rel:.3g}", f"{o.mismatches}/{o.numel}",
                          f"{o.rtol:g}/{o.atol:g}",
                          ("PASS" if o.passed else "FAIL") + (f" ({o.note})" if o.note else "")))
@@ -250,8 +271,8 @@ class ParityReport:
                 continue
             lines.append(f"worst elements of {o.name}:")
             for w in o.worst:
-                lines.append(f"  at {tuple(w['index'])}: eager {w['eager']:.6g}  ort {w['ort']:.6g}  "
-                             f"abs err {w['abs_err']:.3g}")
+                lines.append(f"  at {tuple(w['index'])}: eager {_number(w['eager'], '.6g')}  "
+                             f"ort {_number(w['ort'], '.6g')}  abs err {_number(w['abs_err'], '.3g')}")
         if self.localization is not None:
             lines.append(str(self.localization))
         return "\n".join(lines)
@@ -263,25 +284,37 @@ class ParityReport:
             raise AssertionError(f"opbridge parity failed{where}\n" + str(self))
 
 
+def _number(value: float | int, spec: str) -> str:
+    """A float in ``spec``; an int (an integer output's value or error) in full: it is exact."""
+    return str(value) if isinstance(value, int) else format(value, spec)
+
+
 def _tensor_leaves(tree) -> list[torch.Tensor]:
     return [x for x in pytree.tree_leaves(tree) if isinstance(x, torch.Tensor)]
 
 
-def ort_feed(sess, args: Sequence, kwargs: dict | None = None) -> dict[str, np.ndarray]:
-    """The session feed for the model's (args, kwargs): tensor leaves in order, by input name."""
-    tensors = _tensor_leaves((tuple(args), kwargs or {}))
-    names = [i.name for i in sess.get_inputs()]
-    if len(names) != len(tensors):
-        raise OpBridgeError(f"the model has {len(names)} ONNX inputs {names} but the call has "
-                            f"{len(tensors)} tensors. Got mismatched inputs. Pass the inputs used at export.")
-    return {n: _to_numpy(t) for n, t in zip(names, tensors)}
+def _copies(tree):
+    """``tree`` with every tensor cloned: eager runs on these, so a model that mutates its inputs leaves
+    the caller's tensors, and what every tier is fed, as they were given."""
+    return pytree.tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, tree)
+
+
+def refuse_random(proto) -> None:
+    """Raise OpBridgeError when the file draws random numbers: no run of it can be compared with eager."""
+    drawn = random_nodes(proto)
+    if drawn:
+        names = ", ".join(f"{n.name or n.output[0]} ({n.op_type})" for n in drawn[:5])
+        raise OpBridgeError(f"the exported file draws random numbers on every run, so no parity check can hold. "
+                            f"Got {names}. Call model.eval() before checking (a Dropout in training mode drops "
+                            "values at random), or take the random op out of forward().")
 
 
 def run_ort(sess, args: Sequence, kwargs: dict | None = None) -> list[np.ndarray]:
-    """Run ``sess`` on torch inputs, raising OpBridgeError (not a bare ORT error) on failure."""
+    """Run ``sess`` on torch inputs, each fed as its own dtype (``ort_feed``, bfloat16 included;
+    ``run_feed``), raising OpBridgeError (not a bare ORT error) on failure."""
     feed = ort_feed(sess, args, kwargs)
     try:
-        return sess.run(None, feed)
+        return run_feed(sess, None, feed)
     except OpBridgeError:
         raise  # another runtime's session (bridge.tools.openvino_runtime) words its own errors
     except Exception as e:
@@ -335,6 +368,7 @@ def check_parity(
         onnx_path = os.fspath(path) if path is not None else os.path.join(tmp, "model.onnx")
         exported = export_with_program(model, args, onnx_path, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
                                        registry=registry, inline=inline)
+        refuse_random(exported.proto)
         if runtime == "openvino":
             sess = openvino_session(onnx_path)
         else:
@@ -343,7 +377,8 @@ def check_parity(
         localization = None
         for run, run_args in enumerate([tuple(args), *map(tuple, extra_args)]):
             with step(f"eager + {runtime} run {run + 1}"), torch.no_grad():
-                expected = _tensor_leaves(model(*run_args, **(kwargs or {})))
+                # NOTE: eager on copies: every tier is fed the inputs as they were before eager ran
+                expected = _tensor_leaves(model(*_copies(run_args), **_copies(kwargs or {})))
                 actual = run_ort(sess, run_args, kwargs)
             suffix = f" [run {run + 1}]" if extra_args else ""
             names = [o.name for o in sess.get_outputs()]

@@ -2,23 +2,29 @@
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
+import math
 import os
 import threading
 from collections.abc import Callable, Sequence
 from itertools import chain
 
+import ml_dtypes
 import numpy as np
 import onnx
 import onnxruntime as ort
+import torch
 from onnx import external_data_helper
 
 from bridge.core import files
 from bridge.core.domains import is_custom
+from bridge.core.dtypes import to_numpy
 from bridge.core.errors import OpBridgeError
 from bridge.core.graphs import custom_nodes, model_nodes
 from bridge.core.progress import step
 from bridge.core.registry import REGISTRY, Registry, fill_attributes
+from bridge.core.torch_compat import pytree
 from ort_kernels import tiers
 from ort_kernels.base import Session
 
@@ -202,3 +208,62 @@ def session(
         except Exception as e:
             raise OpBridgeError(f"onnxruntime could not load the model. Got {type(e).__name__}: "
                                 f"{str(e)[:500]}. Check the op kernels for tier {tier!r}.") from e
+
+
+def ort_feed(sess, args: Sequence, kwargs: dict | None = None) -> dict[str, np.ndarray]:
+    """The session feed for the model's (args, kwargs): tensor leaves in order, by input name, each as
+    its own dtype (bfloat16 as ``ml_dtypes.bfloat16``; ``bridge.core.dtypes.to_numpy``)."""
+    tensors = [x for x in pytree.tree_leaves((tuple(args), kwargs or {})) if isinstance(x, torch.Tensor)]
+    names = [i.name for i in sess.get_inputs()]
+    if len(names) != len(tensors):
+        raise OpBridgeError(f"the model has {len(names)} ONNX inputs {names} but the call has "
+                            f"{len(tensors)} tensors. Got mismatched inputs. Pass the inputs used at export.")
+    return {n: to_numpy(t) for n, t in zip(names, tensors)}
+
+
+_BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+
+def run_feed(sess, names: Sequence[str] | None, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """``sess.run(names, feed)``, also where an input or output is bfloat16: onnxruntime's ``run``
+    takes and gives no bfloat16 array, so such a run goes through OrtValues, the bytes unchanged.
+
+    Example:
+        >>> from onnx import helper, TensorProto
+        >>> g = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+        ...     [helper.make_tensor_value_info("x", TensorProto.BFLOAT16, [2])],
+        ...     [helper.make_tensor_value_info("y", TensorProto.BFLOAT16, [2])])
+        >>> sess = session(helper.make_model(g, opset_imports=[helper.make_opsetid("", 20)], ir_version=9))
+        >>> run_feed(sess, None, {"x": np.array([1.5, -2], ml_dtypes.bfloat16)})[0].tolist()
+        [1.5, -2.0]
+    """
+    outputs = sess.get_outputs()
+    wanted = [o.name for o in outputs] if names is None else list(names)
+    types = {o.name: o.type for o in outputs}
+    bf16 = any(a.dtype == _BFLOAT16 for a in feed.values()) or any(types.get(n) == "tensor(bfloat16)" for n in wanted)
+    if not bf16 or not isinstance(sess, ort.InferenceSession):
+        return sess.run(names, feed)
+    if not hasattr(ort.OrtValue, "ortvalue_from_numpy_with_onnx_type"):
+        raise OpBridgeError(f"this onnxruntime cannot be fed bfloat16 from Python. Got onnxruntime {ort.__version__}. "
+                            "Install onnxruntime>=1.20 (OrtValue.ortvalue_from_numpy_with_onnx_type).")
+    values = sess.run_with_ort_values(wanted, {n: _ort_value(a) for n, a in feed.items()})
+    return [_from_ort_value(v) for v in values]
+
+
+def _ort_value(array: np.ndarray) -> ort.OrtValue:
+    array = np.ascontiguousarray(array)
+    if array.dtype == _BFLOAT16:
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(array.view(np.uint16), onnx.TensorProto.BFLOAT16)
+    return ort.OrtValue.ortvalue_from_numpy(array)
+
+
+def _from_ort_value(value: ort.OrtValue) -> np.ndarray:
+    """An output OrtValue as numpy; bfloat16 (numpy() refuses it) copied out of its CPU buffer."""
+    if not value.is_tensor() or value.data_type() != "tensor(bfloat16)":
+        return value.numpy()
+    shape = tuple(value.shape())
+    count = math.prod(shape)
+    if count == 0:
+        return np.empty(shape, _BFLOAT16)
+    raw = (ctypes.c_uint16 * count).from_address(value.data_ptr())
+    return np.frombuffer(raw, np.uint16, count).copy().view(_BFLOAT16).reshape(shape)
