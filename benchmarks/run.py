@@ -49,6 +49,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bev_pool_v2 as bev  # noqa: E402
+import machine  # noqa: E402
 from contenders import EAGER, FLOOR, FUNCTION, NATIVE, PYTHON  # noqa: E402
 
 import bridge  # noqa: E402
@@ -262,7 +263,7 @@ def main(argv=None) -> dict:
     reps = 2 if quick else 15
     targets = (10_000, 30_000, 100_000) if quick else (10_000, 30_000, 100_000, 300_000, 1_000_000, 2_000_000)
 
-    results = {"machine": {"cores": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+    results = {"machine": {**machine.describe(), "torch_threads": torch.get_num_threads(),
                            "onnxruntime": ort.__version__, "torch": torch.__version__,
                            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "ort_intra_op_spinning": False,
                            "load_average_at_start": list(os.getloadavg())}}

@@ -364,6 +364,11 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
                       "; the opbridge kernels need ONNX Runtime 1." + std::to_string(kOrtApiVersionRequired) + " or newer";
     return v1 != nullptr ? v1->CreateStatus(ORT_FAIL, msg.c_str()) : nullptr;
   }
+  if (const char* isa = isa_env_invalid()) {
+    const std::string msg = std::string("opbridge: OPBRIDGE_ISA names no kernel path. Got '") + isa +
+                            "'. Set it to auto, avx512, avx2 or baseline, or unset it.";
+    return api->CreateStatus(ORT_INVALID_ARGUMENT, msg.c_str());
+  }
   if (lib == nullptr) return api->CreateStatus(ORT_FAIL, "opbridge: the op table could not be built (out of memory)");
   if (lib->error != nullptr) return api->CreateStatus(ORT_FAIL, api->GetErrorMessage(lib->error));
   for (OrtCustomOpDomain* domain : lib->domains) {
@@ -384,4 +389,9 @@ extern "C" __attribute__((visibility("default"))) const char* OpbridgeServedOps(
     return s;
   }();
   return text.c_str();
+}
+
+// The vector ISA path the kernels' hot loops take in this process: "avx512", "avx2" or "baseline".
+extern "C" __attribute__((visibility("default"))) const char* OpbridgeIsa() {
+  return opbridge::isa_name(opbridge::isa());
 }

@@ -12,18 +12,30 @@ def test_bev_pool_v2_benchmark_runs(tmp_path):
     # a smaller size than BEVDet-R50's 59 depth bins: the suite's quick run below covers that size
     result = bev_pool_v2.main(["--quick", "--repeats", "1", "--depth-bins", "8", "--json", str(tmp_path / "r.json")])
     assert 20_000 < result["points"] < 40_000 and result["config"]["channels"] == 64
+    import machine
+
+    lower = machine.cpu_isa_paths()[1:]  # each path below this CPU's best, forced by its own library build
     assert set(result["median_ms"]) == {"memcpy (floor)", "ORT native", "ORT native 1 thread", "ORT native, lone call",
                                         "ORT native 1 thread, lone call", "memcpy (floor), lone call", "ORT function",
-                                        "eager torch"}
+                                        "eager torch", *(f"ORT native, {isa} path" for isa in lower)}
+    assert result["isa_paths"]["ORT native"] == machine.cpu_isa_paths()[0]
+    assert [result["isa_paths"][f"ORT native, {isa} path"] for isa in lower] == lower  # what each library reported
+    assert result["machine"]["cpu_model"] and result["machine"]["caches"]
+    q1, q3 = result["floor_quartiles_ms"]["memcpy (floor)"]
+    assert 0 < q1 <= q3
     checks = result["checks"]
     assert checks["native_deterministic"] and checks["native_same_on_1_and_2_threads"]
     assert checks["native_vs_float64_max_abs"] < 1e-4
     # the lone targets are against the floor back to back
     ms, ratios = result["median_ms"], result["ratios"]
-    assert ratios["native lone / floor"] == ms["ORT native, lone call"] / ms["memcpy (floor)"]
+    assert ratios["native lone / floor lone"] == ms["ORT native, lone call"] / ms["memcpy (floor), lone call"]
     assert ratios["native lone, 1 -> 2 threads speedup"] == ms["ORT native 1 thread, lone call"] / ms[
         "ORT native, lone call"]
-    assert [name for name, *_ in bev_pool_v2.target_rows(result)] == ["native / floor", "native lone / floor"]
+    assert [name for name, *_ in bev_pool_v2.target_rows(result)] == [
+        "native / floor", *(["native avx2 / floor"] if "avx2" in lower else []), "native lone / floor lone"]
+    assert all(result["checks"][f"native {isa} path vs float64 max abs"] < 1e-4 for isa in lower)
+    if "avx2" in lower:  # the AVX2 and AVX-512 paths sum with the same FMAs in the same order
+        assert result["checks"]["native avx2 path bitwise equal to avx512"]
     assert (tmp_path / "r.json").exists()
 
 
@@ -33,13 +45,13 @@ def test_lone_calls_come_after_every_back_to_back_round(monkeypatch):
     import bev_pool_v2
 
     phases = []
-    real = bev_pool_v2.round_robin
+    real = bev_pool_v2.rounds
 
     def recording(fns, repeats, lone=()):
         phases.append((list(fns), tuple(lone)))
         return real(fns, repeats, lone)
 
-    monkeypatch.setattr(bev_pool_v2, "round_robin", recording)
+    monkeypatch.setattr(bev_pool_v2, "rounds", recording)
     bev_pool_v2.measure(1, quick=True, config={"depth_bins": 2})
     (first, first_lone), (second, second_lone) = phases
     assert first_lone == () and "ORT native" in first
@@ -118,4 +130,6 @@ def test_readme_performance_block_is_the_committed_results():
     results = readme_perf.load()
     assert doc_markers.section(page.read_text(), readme_perf.BLOCK) == readme_perf.block(results)
     rows = [line for line in readme_perf.block(results).splitlines() if line.startswith("| ")][1:]
-    assert len(rows) == 7 and all(row.endswith((": met |", ": **not met** |")) for row in rows)  # one per target
+    targets = [row for row in rows if not row.endswith("| for context |")]
+    assert len(targets) == 8 and all(row.endswith((": met |", ": **not met** |")) for row in targets)  # one per target
+    assert results["run"]["bevdet_r50"]["machine"]["cpu_model"] in page.read_text()

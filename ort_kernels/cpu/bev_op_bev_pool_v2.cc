@@ -37,21 +37,8 @@
 // Both x86 versions also enable PREFETCHW (prefetch with intent to write, see pool_sorted_task),
 // not a condition of the dispatch: every x86-64 CPU with AVX2 runs it (Intel before Broadwell,
 // which lack its CPUID bit, run it as a no-op), and the baseline's write prefetch is a plain prefetch.
-// -DOPBRIDGE_BASELINE_ONLY builds the baseline alone (to test it on an AVX2 machine),
-// -DOPBRIDGE_NO_AVX512 leaves out the AVX-512 version (to test the AVX2 one on an AVX-512 machine).
-#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(OPBRIDGE_BASELINE_ONLY)
-#define OPBRIDGE_X86_DISPATCH 1
-#define OPBRIDGE_AVX2 __attribute__((target("avx2,fma,prfchw")))
-#if !defined(OPBRIDGE_NO_AVX512)
-#define OPBRIDGE_X86_AVX512 1
-#define OPBRIDGE_AVX512 __attribute__((target("avx512f,avx512vl,avx2,fma,prfchw")))
-#else
-#define OPBRIDGE_X86_AVX512 0
-#endif
-#else
-#define OPBRIDGE_X86_DISPATCH 0
-#define OPBRIDGE_X86_AVX512 0
-#endif
+// Which version runs is opbridge::isa() (opbridge_kernel.h): $OPBRIDGE_ISA caps it at run time,
+// -DOPBRIDGE_BASELINE_ONLY / -DOPBRIDGE_NO_AVX512 leave versions out of the build.
 #if defined(__GNUC__)
 #define OPBRIDGE_INLINE inline __attribute__((always_inline))
 #define OPBRIDGE_PREFETCH(p) __builtin_prefetch(p)
@@ -508,13 +495,6 @@ OPBRIDGE_INLINE void write_cells(const Job<A, Out>& j, const A* total, int64_t b
 }
 
 #if OPBRIDGE_X86_DISPATCH
-bool has_avx2_fma() {
-  static const bool yes = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-  }();
-  return yes;
-}
 template <typename A, typename Out>
 OPBRIDGE_AVX2 TaskResult sorted_task_avx2(const Job<A, Out>& j, int64_t i0, int64_t i1, int64_t c0, int64_t c1) {
   return pool_sorted_task<32>(j, i0, i1, c0, c1);
@@ -528,24 +508,17 @@ OPBRIDGE_AVX2 void cells_out_avx2(const Job<A, Out>& j, const A* total, int64_t 
   write_cells<32>(j, total, begin, end);
 }
 #define OPBRIDGE_IF_AVX2(call) \
-  if (has_avx2_fma()) return call
+  if (isa_at_least(Isa::kAvx2)) return call
 #else
 #define OPBRIDGE_IF_AVX2(call)
 #endif
 #if OPBRIDGE_X86_AVX512
-bool has_avx512() {
-  static const bool yes = [] {
-    __builtin_cpu_init();  // NOTE: libgcc's avx512f also checks that the OS saves the 64-byte registers
-    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") && has_avx2_fma();
-  }();
-  return yes;
-}
 template <typename A, typename Out>
 OPBRIDGE_AVX512 TaskResult sorted_task_avx512(const Job<A, Out>& j, int64_t i0, int64_t i1, int64_t c0, int64_t c1) {
   return pool_sorted_task<64, A, Out, 32>(j, i0, i1, c0, c1);
 }
 #define OPBRIDGE_IF_AVX512(call) \
-  if (has_avx512()) return call
+  if (isa_at_least(Isa::kAvx512)) return call
 #else
 #define OPBRIDGE_IF_AVX512(call)
 #endif

@@ -1,4 +1,6 @@
 // Shared helpers of the opbridge kernels (no ONNX Runtime dependency).
+#include <cstdlib>
+
 #include "opbridge_kernel.h"
 
 namespace opbridge {
@@ -99,6 +101,55 @@ uint16_t float_to_half(float f) {
   uint32_t rem = rebased & 0x1FFFu;
   if (rem > 0x1000u || (rem == 0x1000u && (half_bits & 1u))) ++half_bits;
   return sign | static_cast<uint16_t>(half_bits);
+}
+
+const char* isa_name(Isa level) {
+  switch (level) {
+    case Isa::kAvx512: return "avx512";
+    case Isa::kAvx2: return "avx2";
+    default: return "baseline";
+  }
+}
+
+namespace {
+
+Isa cpu_isa() {
+#if OPBRIDGE_X86_DISPATCH
+  __builtin_cpu_init();
+  if (!__builtin_cpu_supports("avx2") || !__builtin_cpu_supports("fma")) return Isa::kBaseline;
+#if OPBRIDGE_X86_AVX512
+  // NOTE: libgcc's avx512f also checks that the OS saves the 64-byte registers
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) return Isa::kAvx512;
+#endif
+  return Isa::kAvx2;
+#else
+  return Isa::kBaseline;
+#endif
+}
+
+// $OPBRIDGE_ISA as a level: -1 no cap, -2 a value naming no path.
+int isa_cap() {
+  const char* v = std::getenv("OPBRIDGE_ISA");
+  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return -1;
+  for (Isa level : {Isa::kBaseline, Isa::kAvx2, Isa::kAvx512})
+    if (std::strcmp(v, isa_name(level)) == 0) return static_cast<int>(level);
+  return -2;
+}
+
+}  // namespace
+
+Isa isa() {
+  static const Isa chosen = [] {
+    const int cap = isa_cap();
+    const Isa best = cpu_isa();
+    return cap >= 0 && cap < static_cast<int>(best) ? static_cast<Isa>(cap) : best;
+  }();
+  return chosen;
+}
+
+const char* isa_env_invalid() {
+  static const bool invalid = isa_cap() == -2;
+  return invalid ? std::getenv("OPBRIDGE_ISA") : nullptr;
 }
 
 }  // namespace opbridge

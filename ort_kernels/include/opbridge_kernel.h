@@ -13,6 +13,21 @@
 #include <utility>
 #include <vector>
 
+// The x86 paths this build holds and the function attributes that compile a loop for them.
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__)) && !defined(OPBRIDGE_BASELINE_ONLY)
+#define OPBRIDGE_X86_DISPATCH 1
+#define OPBRIDGE_AVX2 __attribute__((target("avx2,fma,prfchw")))
+#if !defined(OPBRIDGE_NO_AVX512)
+#define OPBRIDGE_X86_AVX512 1
+#define OPBRIDGE_AVX512 __attribute__((target("avx512f,avx512vl,avx2,fma,prfchw")))
+#else
+#define OPBRIDGE_X86_AVX512 0
+#endif
+#else
+#define OPBRIDGE_X86_DISPATCH 0
+#define OPBRIDGE_X86_AVX512 0
+#endif
+
 namespace opbridge {
 
 // Element types, numbered as ONNX TensorProto.DataType (ONNX Runtime uses the same numbers).
@@ -146,5 +161,16 @@ Status expect_min_rank(const TensorView& t, const char* name, size_t rank);
 // IEEE half <-> float (round to nearest even), independent of compiler support for _Float16.
 float half_to_float(uint16_t h);
 uint16_t float_to_half(float f);
+
+// The vector instruction set the kernels' hot loops run: the best one this build holds and this CPU
+// runs, capped by $OPBRIDGE_ISA ("baseline", "avx2", "avx512"; unset, empty or "auto": no cap), so
+// every path can be timed on one machine. Decided once per process. Builds: -DOPBRIDGE_NO_AVX512
+// leaves out the AVX-512 path, -DOPBRIDGE_BASELINE_ONLY both x86 paths (OPBRIDGE_X86_* below).
+enum class Isa : int { kBaseline = 0, kAvx2 = 1, kAvx512 = 2 };
+Isa isa();
+const char* isa_name(Isa level);
+inline bool isa_at_least(Isa level) { return static_cast<int>(isa()) >= static_cast<int>(level); }
+// $OPBRIDGE_ISA when it names no path (the library then refuses to register), else nullptr.
+const char* isa_env_invalid();
 
 }  // namespace opbridge

@@ -1,0 +1,116 @@
+"""The native kernels' vector ISA paths (ort_kernels/include/opbridge_kernel.h): $OPBRIDGE_ISA picks
+each path this CPU runs in one build, the library says which it took (OpbridgeIsa), the AVX2 and
+AVX-512 paths give bitwise the same bev_pool_v2 result on 1 and 2 threads, the baseline is within
+float32 rounding of a float64 evaluation, and a value naming no path is refused when the library
+registers."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import torch
+
+import bridge
+import custom_ops  # noqa: F401
+from custom_ops.bev_pool_v2 import voxel_pooling_prepare
+from custom_ops.demo import frustum_coords
+from ort_kernels import build
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+import machine  # noqa: E402
+
+# NOTE: a child process per path: the library decides its path once per process
+CHILD = textwrap.dedent("""
+    import ctypes, json, sys
+    import numpy as np, onnxruntime as ort
+    model, feed_path, library = sys.argv[1:4]
+    lib = ctypes.CDLL(library)
+    lib.OpbridgeIsa.restype = ctypes.c_char_p
+    out = {"isa": lib.OpbridgeIsa().decode()}
+    with np.load(feed_path) as f:
+        feed = dict(f)
+    for threads in (1, 2):
+        so = ort.SessionOptions()
+        so.intra_op_num_threads = threads
+        try:
+            so.register_custom_ops_library(library)
+            got = ort.InferenceSession(model, so, providers=["CPUExecutionProvider"]).run(None, feed)[0]
+        except Exception as e:
+            out["error"] = str(e)
+            break
+        np.save(sys.argv[4] + f".{threads}.npy", got)
+    print(json.dumps(out))
+""")
+
+
+class Pool(torch.nn.Module):
+    def __init__(self, shape):
+        super().__init__()
+        self.shape = shape
+
+    def forward(self, depth, feat, rd, rf, rb, starts, lengths):
+        return torch.ops.bev.bev_pool_v2(depth, feat, rd, rf, rb, self.shape, starts, lengths)
+
+
+@pytest.fixture(scope="module")
+def pool_file(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("isa")
+    grid, channels = (64, 64, 1), 48  # 48 channels: full vectors and a remainder on every path
+    coords = frustum_coords(1, 6, 12, 8, 22, grid, jitter=0.7, seed=3)
+    ranks = voxel_pooling_prepare(coords, grid)
+    g = torch.Generator().manual_seed(3)
+    depth = torch.rand(1, 6, 12, 8, 22, generator=g).softmax(2)
+    feat = torch.randn(1, 6, 8, 22, channels, generator=g)
+    inputs = (depth, feat, *ranks)
+    model = Pool([1, grid[2], grid[1], grid[0], channels])
+    path = tmp / "pool.onnx"
+    bridge.export(model, inputs, str(path), functions=False)
+    sess = bridge.session(str(path), tier="native")
+    feed_path = tmp / "feed.npz"
+    np.savez(feed_path, **bridge.parity.ort_feed(sess, inputs))
+    with torch.no_grad():
+        expected64 = model(depth.double(), feat.double(), *ranks).numpy()
+    return tmp, path, feed_path, expected64
+
+
+def run_path(pool_file, isa: str) -> dict:
+    tmp, path, feed_path, _ = pool_file
+    env = dict(os.environ, OPBRIDGE_ISA=isa)
+    result = subprocess.run([sys.executable, "-c", CHILD, str(path), str(feed_path), str(build.library_path()),
+                             str(tmp / isa)], env=env, capture_output=True, text=True, check=True)
+    out = json.loads(result.stdout)
+    if "error" not in out:
+        out["results"] = [np.load(tmp / f"{isa}.{threads}.npy") for threads in (1, 2)]
+    return out
+
+
+@pytest.mark.parametrize("isa", machine.cpu_isa_paths())
+def test_each_path_is_taken_and_agrees(pool_file, isa):
+    expected64 = pool_file[3]
+    out = run_path(pool_file, isa)
+    assert out["isa"] == isa
+    one, two = out["results"]
+    assert np.array_equal(one, two)  # a cell's sum does not depend on how the work was split
+    np.testing.assert_allclose(one, expected64, rtol=1e-5, atol=1e-5)
+    if isa == "avx2" and "avx512" in machine.cpu_isa_paths():
+        assert np.array_equal(one, run_path(pool_file, "avx512")["results"][0])  # the same FMAs in the same order
+
+
+def test_auto_takes_the_best_path(pool_file):
+    assert run_path(pool_file, "auto")["isa"] == machine.cpu_isa_paths()[0]
+
+
+def test_a_value_naming_no_path_is_refused_at_registration(pool_file):
+    out = run_path(pool_file, "sse9")
+    assert "OPBRIDGE_ISA names no kernel path. Got 'sse9'" in out["error"]
+    assert "auto, avx512, avx2 or baseline" in out["error"]
+
+
+def test_cpu_paths_from_flags():
+    assert machine.cpu_isa_paths("fpu sse2 avx2 fma") == ["avx2", "baseline"]
+    assert machine.cpu_isa_paths("avx2 fma avx512f avx512vl") == ["avx512", "avx2", "baseline"]
+    assert machine.cpu_isa_paths("avx2") == ["baseline"]  # no FMA: the AVX2 path needs both
