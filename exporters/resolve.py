@@ -152,7 +152,7 @@ class _Resolver:
 
     def _make(self, spec: OpSpec, node: onnx.NodeProto) -> tuple[str, onnx.FunctionProto] | None:
         if isinstance(spec.function, Written):
-            return "written", _finished(spec.function.to_function_proto(), spec, self.opset)
+            return "written", written_body(spec, self.opset)
         if isinstance(spec.function, BodyBuilder):
             return "built", _finished(built_body(spec, node_attributes(spec, node)), spec, self.opset)
         if self.opset is None:
