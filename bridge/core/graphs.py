@@ -312,7 +312,10 @@ def _fold_probes(graph: onnx.GraphProto | onnx.FunctionProto, types: dict[str, o
         if branch is None or (branch.initializer and isinstance(graph, onnx.FunctionProto)):
             nodes.append(node)
             continue
-        nodes += _hoisted(branch, list(node.output))
+        hoisted = _hoisted(branch, list(node.output))
+        for inner in hoisted:  # NOTE: node names stay unique (a branch numbers its nodes as its graph does)
+            inner.name = f"{node.name or node.output[0]}/{inner.name}" if inner.name else ""
+        nodes += hoisted
         if isinstance(graph, onnx.GraphProto):
             graph.initializer.extend(branch.initializer)
         probes += cone
