@@ -318,10 +318,11 @@ def ordered(proto: onnx.FunctionProto) -> bool:
     """
     guard = next((n for n in proto.node if _is_guard(n)), None)
     producers = {o: n for n in proto.node for o in n.output}
-    if guard is None or any(_waited(n, producers, set(proto.input)) for n in proto.node):
-        return False  # NOTE: no guard, or one whose body waits already (an earlier version's file)
     body = [n for n in proto.node if not all(_is_guard_value(o) for o in n.output)]
     read = {i for node in walk(body) for i in node.input}
+    if guard is None or any(_waited(producers[v], producers, set(proto.input)) for v in read
+                            if _is_guard_value(v) and v in producers):
+        return False  # NOTE: no guard, or one whose body waits already (an earlier version's file)
     names = FreshNames(value_names(proto))
     chain, zero = names(f"{GUARD_PREFIX}_chain"), names(f"{GUARD_PREFIX}_zero")
     waits = [helper.make_node("ReduceMax", [guard.output[0]], [chain], keepdims=1),

@@ -280,9 +280,9 @@ def _probe_value(name: str, producers: dict, types: dict, cone: list) -> np.ndar
         return None
     args = [_probe_value(node.input[0], producers, types, cone)]
     if node.op_type == "CastLike":
-        elem = types.get(node.input[1])
-        known = elem is not None and elem.HasField("tensor_type") and elem.tensor_type.elem_type
-        args.append(np.zeros(0, onnx.helper.tensor_dtype_to_np_dtype(elem.tensor_type.elem_type)) if known else None)
+        like = types.get(node.input[1])
+        elem = like.tensor_type.elem_type if like is not None and like.HasField("tensor_type") else 0
+        args.append(np.zeros(0, onnx.helper.tensor_dtype_to_np_dtype(elem)) if elem else None)
     if any(a is None for a in args):
         return None
     cone.append(node)
@@ -344,7 +344,10 @@ def _fold_probes(graph: onnx.GraphProto | onnx.FunctionProto, types: dict[str, o
         if branch is None or (branch.initializer and isinstance(graph, onnx.FunctionProto)):
             nodes.append(node)
             continue
-        nodes += _hoisted(branch, list(node.output))
+        hoisted = _hoisted(branch, list(node.output))
+        for inner in hoisted:  # NOTE: node names stay unique (a branch numbers its nodes as its graph does)
+            inner.name = f"{node.name or node.output[0]}/{inner.name}" if inner.name else ""
+        nodes += hoisted
         if isinstance(graph, onnx.GraphProto):
             graph.initializer.extend(branch.initializer)
         probes += cone
