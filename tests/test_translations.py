@@ -23,7 +23,7 @@ from onnxscript import opset20 as op
 
 import bridge
 from bridge.core.errors import OpBridgeError
-from bridge.core.spec import BodyBuilder
+from bridge.core.spec import AttrType, BodyBuilder, Param
 from exporters.derive import body_status, show_body
 from exporters.resolve import attach_functions
 
@@ -410,3 +410,12 @@ def test_translation_emits_the_nodes_with_no_custom_node(registry):
     assert "NonMaxSuppression" in {n.op_type for n in proto.graph.node}
     report = bridge.check_parity(Detect(vl), args, dynamic_shapes=dynamic, registry=registry, extra_args=extra)
     assert report.passed, str(report)
+
+
+def test_builder_tells_negative_zero_from_zero_and_one_nan_from_another():
+    # NOTE: its bodies were kept by the values' ==: the body for 0.0 served -0.0
+    s = Param("s", False, attr_type=AttrType.FLOAT, annotation=float)
+    builder = BodyBuilder("d::f", lambda s: f"body for {s!r}", (s,))
+    assert [builder.function({"s": v}) for v in (0.0, -0.0, float("nan"))] == [
+        "body for 0.0", "body for -0.0", "body for nan"]
+    assert builder.function({"s": float("nan")}) is builder.function({"s": float("-nan")})
