@@ -159,6 +159,17 @@ def class_name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
+_SWAPPED: dict[type, Callable] = {}  # class -> its own forward, while swap_forwards replaces it
+
+
+def original_forward(cls: type) -> Callable | None:
+    """The Function's own ``forward`` (a plain function), also while :func:`swap_forwards` replaces it."""
+    if cls in _SWAPPED:
+        return _SWAPPED[cls]
+    forward = inspect.getattr_static(cls, "forward", None)
+    return forward.__func__ if isinstance(forward, staticmethod) else forward
+
+
 def symbolic_of(cls: type) -> Callable | None:
     """The Function's ``symbolic`` staticmethod, if it has one."""
     fn = inspect.getattr_static(cls, "symbolic", None)
@@ -359,8 +370,7 @@ def describe(cls: type, *, name: str | None = None, use_symbolic: bool = True,
         >>> fb.qualname, fb.schema, fb.to_node({"x": "X", "factor": 3.0}), fb.to_apply(["X", 3.0])
         ('mine::Scale', '(Tensor x, float factor) -> Tensor', ['X', 3.0], ['X', 3.0])
     """
-    forward = inspect.getattr_static(cls, "forward", None)
-    forward = forward.__func__ if isinstance(forward, staticmethod) else forward
+    forward = original_forward(cls)
     if forward is None or forward is torch.autograd.Function.forward:
         raise OpBridgeError(f"{class_name(cls)} defines no forward. Got a Function without one. Define forward.")
     setup_style = torch_compat.function_has_setup_context(cls)
@@ -387,20 +397,22 @@ def _from_symbolic(cls, symbolic, params, sample) -> dict | None:
     standard ops only."""
     try:
         g, outs = _run_symbolic(cls, symbolic, [_Arg(p.name) for p in params])
-    except _Unsupported as e:
-        raise _symbolic_error(cls, "uses a part of the graph context other than g.op", str(e)) from None
     except _NeedsValue as e:
-        values = _known_values(params, sample)
-        if values is None:
-            raise _symbolic_error(cls, "computes with an argument's value", f"a use of {e}") from None
         try:
-            g, outs = _run_symbolic(cls, symbolic, values)
-        except (_Unsupported, _NeedsValue) as e2:
-            raise _symbolic_error(cls, "uses what it was given in a way opbridge does not follow", str(e2)) from None
+            g, outs = _run_symbolic(cls, symbolic, _known_values(params, sample))
+        except OpBridgeError:
+            raise
+        except Exception as e2:  # noqa: BLE001  the user's symbolic, named
+            raise _symbolic_error(cls, "fails on opbridge's graph context", f"{type(e2).__name__}: {e2}") from None
         if any(is_custom(n.domain) for n in g.nodes):
             raise _symbolic_error(cls, "computes a custom node's attributes from an argument's value",
                                   f"a use of {e}") from None
         return None
+    except OpBridgeError:
+        raise
+    except Exception as e:  # noqa: BLE001  the user's symbolic, named
+        raise _symbolic_error(cls, "fails on opbridge's graph context (it may use more than g.op)",
+                              f"{type(e).__name__}: {e}") from None
     custom = [n for n in g.nodes if is_custom(n.domain)]
     if not custom:
         return None
@@ -457,7 +469,7 @@ def _check_paths(cls, attrs: list[Attr]) -> None:
                                   f"indices {sorted(paths)}")
 
 
-def _known_values(params, sample) -> list | None:
+def _known_values(params, sample) -> list:
     """Values to run symbolic with: tensors stay placeholders, other arguments from ``sample`` or
     their defaults; None where one has neither."""
     given: dict[str, Any] = {}
@@ -466,10 +478,8 @@ def _known_values(params, sample) -> list | None:
     out: list[Any] = []
     for p in params:
         v = given.get(p.name, p.default)
-        if isinstance(v, torch.Tensor) or (v is None and p.name not in given):
-            out.append(_Arg(p.name))
-        elif v is _NO_DEFAULT:
-            return None
+        if isinstance(v, torch.Tensor) or v is _NO_DEFAULT or (v is None and p.name not in given):
+            out.append(_Arg(p.name))  # NOTE: a tensor, or an argument symbolic must pass through as it is
         else:
             out.append(v)
     return out
@@ -507,14 +517,17 @@ def _kind_of_annotation(ann) -> str | None:
     return None
 
 
-def _usage(cls, symbolic, params) -> dict[str, str]:
+def _usage(cls, symbolic, params, sample) -> dict[str, str]:
     """What a placeholder run of a standard-op symbolic tells of each argument's kind."""
     if symbolic is None:
         return {}
     try:
         g, _ = _run_symbolic(cls, symbolic, [_Arg(p.name) for p in params])
-    except Exception:  # noqa: BLE001  symbolic computes with values: kinds come from elsewhere
-        return {}
+    except Exception:  # noqa: BLE001  symbolic computes with values: run it with the values known
+        try:
+            g, _ = _run_symbolic(cls, symbolic, _known_values(params, sample))
+        except Exception:  # noqa: BLE001  kinds come from elsewhere
+            return {}
     kinds: dict[str, str] = {}
     for n in g.nodes:
         for x in n.inputs:
@@ -535,7 +548,7 @@ def _plain(cls, base: dict, name: str | None, params, sample, symbolic, fake) ->
     given: dict[str, Any] = {}
     if sample is not None:
         given = dict(inspect.Signature(list(params)).bind_partial(*sample[0], **sample[1]).arguments)
-    usage = _usage(cls, symbolic, params)
+    usage = _usage(cls, symbolic, params, sample)
     inputs, attrs, containers = [], [], []
     for p in params:
         kind = (usage.get(p.name) or _kind_of_annotation(p.annotation)
@@ -708,17 +721,15 @@ def swap_forwards(routes: Mapping[type, Callable], watch: Callable[[type], Calla
     saved: list[tuple[type, str, Any]] = []
 
     def swap(cls: type, attr: str, value: Any) -> None:
+        if attr == "forward":
+            _SWAPPED[cls] = original_forward(cls)
         saved.append((cls, attr, cls.__dict__.get(attr, _NO_DEFAULT)))
         setattr(cls, attr, staticmethod(value))
 
-    def watcher(cls: type, original: Callable, setup_style: bool) -> Callable:
+    def watcher(cls: type, original: Callable) -> Callable:
         def forward(*args, **kwargs):
             route = watch(cls) if watch is not None else None
-            if route is None:
-                return original(*args, **kwargs)
-            if setup_style:
-                return route(*args, **kwargs)
-            return route(*args, **kwargs)
+            return (original if route is None else route)(*args, **kwargs)
         return forward
 
     try:
@@ -729,12 +740,12 @@ def swap_forwards(routes: Mapping[type, Callable], watch: Callable[[type], Calla
         for cls in watched:
             if cls in routes:
                 continue
-            original = inspect.getattr_static(cls, "forward")
-            original = original.__func__ if isinstance(original, staticmethod) else original
-            swap(cls, "forward", watcher(cls, original, torch_compat.function_has_setup_context(cls)))
+            original = original_forward(cls)
+            swap(cls, "forward", watcher(cls, original))
         yield
     finally:
         for cls, attr, old in reversed(saved):
+            _SWAPPED.pop(cls, None)
             if old is _NO_DEFAULT:
                 delattr(cls, attr)
             else:
