@@ -18,10 +18,10 @@ import torch
 
 from bridge.core import files, torch_compat
 from bridge.core.errors import OpBridgeError
-from bridge.core.graphs import custom_nodes
-from bridge.core.progress import step
 from bridge.core.functions import FunctionBridge, class_name, export_forward, function_classes, swap_forwards
+from bridge.core.graphs import custom_nodes
 from bridge.core.opdef import register
+from bridge.core.progress import step
 from bridge.core.proxy import redirect, specialisation_check
 from bridge.core.registry import REGISTRY, Registry
 from exporters.bodies.opsets import attach_functions, convert_model, onnx_opset

@@ -18,7 +18,7 @@ import bridge
 from custom_ops.bev_pool_v2 import random_case
 
 TESTS = Path(__file__).resolve().parent
-P, I, K = torch.export.Dim("points"), torch.export.Dim("intervals"), torch.export.Dim("rois")
+P, N_INT, K = torch.export.Dim("points"), torch.export.Dim("intervals"), torch.export.Dim("rois")
 
 
 # -- BEVDet (mmdet3d/ops/bev_pool_v2/bev_pool.py), its CUDA extension stood in by plain torch --------------
@@ -96,7 +96,7 @@ def bev_frame(seed: int, keep: float = 0.8):
     return (depth[0], feat[0], rd, rf, rb, starts, lengths)
 
 
-BEV_DYNAMIC = (None, None, {0: P}, {0: P}, {0: P}, {0: I}, {0: I})
+BEV_DYNAMIC = (None, None, {0: P}, {0: P}, {0: P}, {0: N_INT}, {0: N_INT})
 
 
 def quick_cumsum_samples(dtype):

@@ -379,7 +379,7 @@ def describe(cls: type, *, name: str | None = None, use_symbolic: bool = True,
     if bad:
         raise OpBridgeError(f"{class_name(cls)}.forward takes *args/**kwargs ({bad}); a node needs named arguments. "
                             "Got a variadic forward. Name each argument.")
-    base = dict(cls=cls, forward=forward, setup_style=setup_style, params=tuple(params))
+    base: dict[str, Any] = dict(cls=cls, forward=forward, setup_style=setup_style, params=tuple(params))
     symbolic = symbolic_of(cls) if use_symbolic else None
     if symbolic is not None:
         found = _from_symbolic(cls, symbolic, params, sample)
@@ -392,7 +392,7 @@ def describe(cls: type, *, name: str | None = None, use_symbolic: bool = True,
     return _plain(cls, base, name, params, sample, symbolic, fake)
 
 
-def _from_symbolic(cls, symbolic, params, sample) -> dict | None:
+def _from_symbolic(cls, symbolic, params, sample) -> dict[str, Any] | None:
     """The custom node symbolic writes (a dict of FunctionBridge fields), or None where it writes
     standard ops only."""
     try:
@@ -666,9 +666,10 @@ def define_proxy(fb: FunctionBridge, fake: Callable | None) -> Any:
         except Exception as e:  # noqa: BLE001  the forward's own error, named once
             line = (str(e).strip().splitlines() or [""])[0][:200]
             raise OpBridgeError(
-                f"{who}: its forward does not run on fake tensors, which export needs for the node's output shapes. Got "
-                f"{type(e).__name__}: {line}. Pass fake= to bridge.register({fb.cls.__name__}, fake=...) (a function of "
-                "apply's arguments returning empty outputs), or register the Functions its forward calls.") from None
+                f"{who}: its forward does not run on fake tensors, which export needs for the node's output shapes. "
+                f"Got {type(e).__name__}: {line}. Pass fake= to bridge.register({fb.cls.__name__}, fake=...) (a "
+                "function of apply's arguments returning empty outputs), or register the Functions its forward "
+                "calls.") from None
         return _outputs(fb, out, "forward")
 
     _KERNELS[name], _FAKES[name] = kernel, traced_fake
@@ -721,8 +722,9 @@ def swap_forwards(routes: Mapping[type, Callable], watch: Callable[[type], Calla
     saved: list[tuple[type, str, Any]] = []
 
     def swap(cls: type, attr: str, value: Any) -> None:
-        if attr == "forward":
-            _SWAPPED[cls] = original_forward(cls)
+        own = original_forward(cls) if attr == "forward" else None
+        if own is not None:
+            _SWAPPED[cls] = own
         saved.append((cls, attr, cls.__dict__.get(attr, _NO_DEFAULT)))
         setattr(cls, attr, staticmethod(value))
 
@@ -741,7 +743,8 @@ def swap_forwards(routes: Mapping[type, Callable], watch: Callable[[type], Calla
             if cls in routes:
                 continue
             original = original_forward(cls)
-            swap(cls, "forward", watcher(cls, original))
+            if original is not None:
+                swap(cls, "forward", watcher(cls, original))
         yield
     finally:
         for cls, attr, old in reversed(saved):

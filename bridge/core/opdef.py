@@ -34,7 +34,15 @@ from bridge.core.proxy import (
     user_fake_class,
 )
 from bridge.core.registry import REGISTRY, Registry
-from bridge.core.spec import BodyBuilder, OpSpec, SampleInput, function_signature, has_fake_kernel, parse_params, validate_qualname
+from bridge.core.spec import (
+    BodyBuilder,
+    OpSpec,
+    SampleInput,
+    function_signature,
+    has_fake_kernel,
+    parse_params,
+    validate_qualname,
+)
 from bridge.core.torch_compat import torchlib_translation
 
 

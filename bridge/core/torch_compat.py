@@ -23,9 +23,9 @@ from typing import Any
 import onnxscript.function_libs.torch_lib.ops  # noqa: F401
 import torch
 import torch._library.custom_ops as _custom_ops
-import torch.autograd.function as _autograd_function
 import torch._library.fake_class_registry as _fake_classes
 import torch._library.simple_registry as _simple_registry
+import torch.autograd.function as _autograd_function
 import torch.utils._pytree as pytree  # noqa: F401  (re-exported: tree_flatten, tree_map, ...)
 from onnxscript.function_libs.torch_lib import registration as _torchlib
 from torch._subclasses.fake_tensor import FakeTensorMode, is_fake  # noqa: F401  (re-exported)
