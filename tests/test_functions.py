@@ -463,3 +463,35 @@ def test_register_errors(reg):
 
     with pytest.raises(bridge.OpBridgeError, match=r"Helper.symbolic"):
         bridge.register(Helper, registry=reg)
+
+
+class ScaleFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, factor=2.0):
+        ctx.factor = factor
+        return x * factor
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.factor, None
+
+    @staticmethod
+    def symbolic(g, x, factor):
+        return g.op("fndemo::Scale", x, factor_f=factor)
+
+
+@pytest.mark.parametrize("tier", ["native", "python", "function"])
+def test_native_kernel_for_function_node(reg, tier):
+    """native= gives the node its symbolic writes a C++ kernel (tests/user_ops/fn_scale.cc)."""
+    op = bridge.register(ScaleFn, native="user_ops/fn_scale.cc", registry=reg,
+                         sample_inputs=lambda dtype: [bridge.SampleInput((torch.randn(3, 2).to(dtype), 1.5))])
+    assert op.spec.sample_inputs(torch.float32)[0].args[1] == 1.5  # apply's call, as the node takes it
+    assert Path(op.spec.native_source) == TESTS / "user_ops" / "fn_scale.cc"
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return ScaleFn.apply(x, 1.5) + ScaleFn.apply(x, -3.0)
+
+    n = torch.export.Dim("n")
+    bridge.assert_parity(M(), (torch.randn(4, 3),), registry=reg, tier=tier, dynamic_shapes=({0: n},),
+                         extra_args=[(torch.randn(7, 3),)])
