@@ -503,7 +503,7 @@ def _register_function(cls: type, *, function, reference, sample_inputs, native,
     refuse_reserved(fb.qualname, fb.domain)
     _check_version(fb.qualname, version)
     proxy = define_proxy(fb, fake)
-    params, n_out = parse_params(fb.qualname, torch_compat.schema_of(proxy._opoverload))
+    params, n_out = parse_params(fb.qualname, torch_compat.schema_of(torch_compat.overload_of(proxy)))
     if fb.body is not None and function is not None:
         raise OpBridgeError(f"{class_name(cls)}: its symbolic writes standard ONNX ops, which are its body. Got "
                             "function= as well. Drop one (symbolic=False ignores the symbolic).")

@@ -222,4 +222,4 @@ def function_has_setup_context(cls: type) -> bool:
         >>> function_has_setup_context(F)
         False
     """
-    return _autograd_function._is_setup_context_defined(cls.setup_context)
+    return _autograd_function._is_setup_context_defined(getattr(cls, "setup_context", None))
