@@ -566,10 +566,10 @@ def _plain(cls, base: dict, name: str | None, params, sample, symbolic, fake) ->
         value = given.get(p.name, p.default)
         if isinstance(value, (tuple, list)):
             containers.append((p.name, type(value)))
-    n_out = 1
-    if fake is None and symbolic is not None:
+    n_out = 1  # NOTE: without symbolic, one output (limit: a Function without symbolic returns one tensor)
+    if symbolic is not None:
         with contextlib.suppress(Exception):
-            n_out = len(_run_symbolic(cls, symbolic, [_Arg(p.name) for p in params])[1])
+            n_out = len(_run_symbolic(cls, symbolic, _known_values(params, sample))[1])
     fb = FunctionBridge(**base, domain=domain, op_type=op_type, inputs=tuple(inputs), attrs=tuple(attrs),
                         num_outputs=n_out, containers=tuple(containers))
     if symbolic is not None:
