@@ -19,8 +19,18 @@ import sys
 from pathlib import Path
 
 import doc_markers
-from contenders import (COMPILED, EAGER, FLOOR, FLOOR_LONE, FUNCTION, NATIVE, NATIVE_1T_LONE, NATIVE_LONE, PYTHON,
-                        native_path)
+from contenders import (
+    COMPILED,
+    EAGER,
+    FLOOR,
+    FLOOR_LONE,
+    FUNCTION,
+    NATIVE,
+    NATIVE_1T_LONE,
+    NATIVE_LONE,
+    PYTHON,
+    native_path,
+)
 from readme_table import fmt_ms, fmt_ok, machine_line
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -41,7 +41,8 @@ _PUBLIC: dict[str, tuple[str, str]] = {
 # user-facing floor in bridge/tools/ (ARCHITECTURE.md).
 _SUBMODULES: dict[str, str] = {
     **{name: f"bridge.core.{name}" for name in (
-        "checks", "cppbuild", "domains", "dtypes", "errors", "files", "functional", "graphs", "opnames", "opdef",
+        "checks", "cppbuild", "domains", "dtypes", "errors", "files", "functional", "functions", "graphs", "opnames",
+        "opdef",
         "progress", "proxy", "registry", "schema", "spec", "torch_compat")},
     **{name: f"bridge.tools.{name}" for name in (
         "cli", "commands", "localize", "openvino_runtime", "parity", "sessions", "testing", "triton")},

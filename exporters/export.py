@@ -18,6 +18,7 @@ import torch
 
 from bridge.core import files, torch_compat
 from bridge.core.errors import OpBridgeError
+from bridge.core.functions import FunctionBridge, class_name, export_forward, function_classes, swap_forwards
 from bridge.core.graphs import (
     custom_nodes,
     fold_function_type_probes,
@@ -25,6 +26,7 @@ from bridge.core.graphs import (
     model_value_types,
     random_nodes,
 )
+from bridge.core.opdef import register
 from bridge.core.progress import step
 from bridge.core.proxy import redirect, specialisation_check
 from bridge.core.registry import REGISTRY, Registry, fill_attributes
@@ -106,6 +108,43 @@ def proxy_targets(registry: Registry) -> dict:
     return targets
 
 
+def function_routes(registry: Registry) -> dict:
+    """``{Function class: export forward}`` for each ``torch.autograd.Function`` the registry bridges
+    (``bridge.core.functions``): during torch.export its call is recorded as the op's node."""
+    return {s.proxy_for.cls: _route(s) for s in registry if isinstance(s.proxy_for, FunctionBridge)}
+
+
+def _route(spec) -> Callable:
+    return export_forward(spec.proxy_for, spec.custom_op, specialisation_check(spec.qualname, spec.overload))
+
+
+_WARNED_FUNCTIONS: set[type] = set()  # unregistered Functions whose symbolic was not used, warned once
+
+
+class _Watch:
+    """What export does when it reaches a Function with a ``symbolic`` that the registry does not bridge:
+    warn (once per Function and process) that the symbolic is not used, or register it
+    (``register_functions=True``) and record the call as its node."""
+
+    def __init__(self, registry: Registry, register_functions: bool):
+        self.registry, self.register_functions = registry, register_functions
+        self.registered: dict[type, Callable] = {}
+
+    def __call__(self, cls: type) -> Callable | None:
+        if cls in self.registered:
+            return self.registered[cls]
+        if not self.register_functions:
+            if cls not in _WARNED_FUNCTIONS:
+                _WARNED_FUNCTIONS.add(cls)
+                warnings.warn(f"opbridge: {class_name(cls)} has a symbolic, which torch.export does not use: its "
+                              "forward is traced as plain torch code. Got an unregistered torch.autograd.Function. "
+                              f"Call bridge.register({cls.__name__}) (or export with register_functions=True) to "
+                              "export it as the node its symbolic writes.", stacklevel=2)
+            return None
+        self.registered[cls] = route = _route(register(cls, registry=self.registry).spec)
+        return route
+
+
 DEFAULT_REWRITES: tuple[Callable, ...] = (torchbind_to_ops, functionalize_mutations)
 
 
@@ -135,6 +174,7 @@ def export(
     input_names: Sequence[str] | None = None,
     output_names: Sequence[str] | None = None,
     inline: bool = False,
+    register_functions: bool = False,
 ) -> onnx.ModelProto:
     """Export ``model`` with every registered custom op; return (and write to ``f``) the ModelProto.
 
@@ -148,7 +188,10 @@ def export(
     ``inline=True`` replaces every custom node by its body (standard ONNX only, for runtimes other
     than onnxruntime; see ``exporters.inline``). ``input_names``/``output_names`` rename the graph's
     inputs/outputs; dynamic dims take the names of their ``torch.export.Dim``; outputs of
-    multi-output custom nodes are ``<op>_out<i>``.
+    multi-output custom nodes are ``<op>_out<i>``. A ``torch.autograd.Function`` registered with
+    ``bridge.register(Cls)`` is recorded as the node its ``symbolic`` writes; one reached unregistered
+    that has a ``symbolic`` is traced through as torch does, with a warning (once per Function), or
+    registered on the spot with ``register_functions=True`` (``bridge.core.functions``).
 
     Example:
         >>> import torch, bridge, custom_ops
@@ -161,7 +204,8 @@ def export(
     """
     return _export(model, args, f, kwargs=kwargs, dynamic_shapes=dynamic_shapes, registry=registry,
                    functions=functions, opset_version=opset_version, check=check, rewrites=rewrites,
-                   input_names=input_names, output_names=output_names, inline=inline).proto
+                   input_names=input_names, output_names=output_names, inline=inline,
+                   register_functions=register_functions).proto
 
 
 def export_with_program(model: torch.nn.Module, args: Sequence, f: str | os.PathLike | None = None,
@@ -187,12 +231,14 @@ def export_with_program(model: torch.nn.Module, args: Sequence, f: str | os.Path
 
 
 def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opset_version, check, rewrites,
-            input_names, output_names, inline) -> Exported:
+            input_names, output_names, inline, register_functions) -> Exported:
     reg = REGISTRY if registry is None else registry
     args = tuple(args)
     if f is not None:
         files.check_writable(f, what="model")  # NOTE: a path that cannot be written fails before the export
-    with step("torch.export"), redirect(proxy_targets(reg)):
+    watch = _Watch(reg, register_functions)
+    with step("torch.export"), redirect(proxy_targets(reg)), \
+            swap_forwards(function_routes(reg), watch, function_classes()):
         try:
             program = torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
                                           strict=False)

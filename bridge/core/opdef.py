@@ -22,6 +22,7 @@ from bridge.core import torch_compat
 from bridge.core.checks import Check, Checks, unreadable
 from bridge.core.domains import refuse_reserved
 from bridge.core.errors import OpBridgeError
+from bridge.core.functions import class_name, define_proxy, describe, is_function_class
 from bridge.core.proxy import (
     class_schemas,
     define_method_proxy,
@@ -32,7 +33,14 @@ from bridge.core.proxy import (
     user_fake_class,
 )
 from bridge.core.registry import REGISTRY, Registry
-from bridge.core.spec import OpSpec, function_signature, has_fake_kernel, parse_params, validate_qualname
+from bridge.core.spec import (
+    OpSpec,
+    SampleInput,
+    function_signature,
+    has_fake_kernel,
+    parse_params,
+    validate_qualname,
+)
 from bridge.core.torch_compat import torchlib_translation
 
 
@@ -317,6 +325,8 @@ def register(
     names: dict[str, str] | None = None,
     attributes: Sequence[str] | None = None,
     checks: Sequence[Check] | None = None,
+    name: str | None = None,
+    symbolic: bool = True,
     registry: Registry | None = None,
 ) -> BridgeOp:
     """Bridge an op that already exists: another package's ``torch.library.custom_op``, a C++
@@ -363,6 +373,20 @@ def register(
         (['x', 'k'], 'opbridge_proxy::vendor_doc__shift')
     """
     reg = REGISTRY if registry is None else registry
+    if is_function_class(op):
+        refused = {"domain": domain, "translation": translation, "names": names, "attributes": attributes,
+                   "checks": checks, "torchbind": torchbind or None}
+        given = sorted(k for k, v in refused.items() if v is not None)
+        if given:
+            raise OpBridgeError(f"{class_name(op)}: {', '.join(given)} do not apply to a torch.autograd.Function. Got "
+                                f"{given}. Drop them: the node comes from its symbolic (or name=).")
+        native = None if native is None else resolve_native(native, _caller_folder(), class_name(op))
+        return _register_function(op, function=function, reference=reference, sample_inputs=sample_inputs,
+                                  native=native, fake=fake, dtypes=dtypes, version=version, name=name,
+                                  use_symbolic=symbolic, registry=reg)
+    if name is not None or not symbolic:
+        raise OpBridgeError(f"bridge.register: name= and symbolic= apply to a torch.autograd.Function. Got them for "
+                            f"{op!r}. Drop them.")
     method = _torchbind_target(op)
     if method is not None:
         refuse_reserved(method, domain)
@@ -435,6 +459,50 @@ def _torch_side(qualname: str, overload, custom, fake: Callable | None, names: d
         # NOTE: readable names for an op with kernels of its own: a proxy whose fake is the op's own
         proxy_for, target = overload, define_op_proxy(overload, overload, names)
     return target, proxy_for
+
+
+def _register_function(cls: type, *, function, reference, sample_inputs, native, fake, dtypes, version, name,
+                       use_symbolic: bool, registry: Registry) -> BridgeOp:
+    """``register`` for a ``torch.autograd.Function`` subclass (``bridge.core.functions``)."""
+    if name is not None:
+        validate_qualname(name)
+    first = None
+    if sample_inputs is not None:
+        samples = sample_inputs(tuple(dtypes)[0])
+        first = (tuple(samples[0].args), dict(samples[0].kwargs)) if samples else None
+    fb = describe(cls, name=name, use_symbolic=use_symbolic, sample=first, fake=fake)
+    registry.check_free(fb.qualname)
+    taken = next((s for s in registry if getattr(s.proxy_for, "cls", None) is cls), None)
+    if taken is not None:
+        raise OpBridgeError(f"{class_name(cls)} is already registered (as {taken.qualname}). Got a second "
+                            "bridge.register. Register it once.")
+    refuse_reserved(fb.qualname, fb.domain)
+    _check_version(fb.qualname, version)
+    proxy = define_proxy(fb, fake)
+    params, n_out = parse_params(fb.qualname, torch_compat.schema_of(torch_compat.overload_of(proxy)))
+    if fb.body is not None and function is not None:
+        raise OpBridgeError(f"{class_name(cls)}: its symbolic writes standard ONNX ops, which are its body. Got "
+                            "function= as well. Drop one (symbolic=False ignores the symbolic).")
+    spec = _spec(fb.qualname, proxy, (params, n_out), domain=fb.domain, version=version,
+                 function=fb.body or function, reference=None if reference is None else _via_apply(fb, reference),
+                 sample_inputs=None if sample_inputs is None else _samples_via_apply(fb, sample_inputs),
+                 dtypes=dtypes, translation=None, checks=None,
+                 doc=f"{class_name(cls)} (torch.autograd.Function, bridged)", proxy_for=fb, onnx_name=fb.op_type,
+                 native_source=native)
+    registry.add(with_checks(spec))
+    return BridgeOp(fb.qualname, registry)
+
+
+def _via_apply(fb, fn: Callable) -> Callable:
+    """``fn`` (written against ``apply``'s arguments) called with the node's."""
+    return lambda *node_args: fn(*fb.to_apply(node_args))
+
+
+def _samples_via_apply(fb, sample_inputs: Callable) -> Callable:
+    """``sample_inputs`` (calls of ``apply``) as calls of the node."""
+    def samples(dtype):
+        return [SampleInput(tuple(fb.to_node(fb.bind(s.args, s.kwargs))), {}, s.name) for s in sample_inputs(dtype)]
+    return samples
 
 
 def _register_method(target: str, *, function, reference, sample_inputs, fake, dtypes, domain, version, translation,

@@ -25,6 +25,7 @@ import torch
 import torch._library.custom_ops as _custom_ops
 import torch._library.fake_class_registry as _fake_classes
 import torch._library.simple_registry as _simple_registry
+import torch.autograd.function as _autograd_function
 import torch.utils._pytree as pytree  # noqa: F401  (re-exported: tree_flatten, tree_map, ...)
 from onnxscript.function_libs.torch_lib import registration as _torchlib
 from torch._subclasses.fake_tensor import FakeTensorMode, is_fake  # noqa: F401  (re-exported)
@@ -207,3 +208,18 @@ def fake_mode(*, shape_env: bool = False) -> FakeTensorMode:
     if shape_env:
         return FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True)
     return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def function_has_setup_context(cls: type) -> bool:
+    """Whether ``torch.autograd.Function`` subclass ``cls`` defines ``setup_context`` (then its forward
+    takes no ctx), as torch's own ``_is_setup_context_defined`` decides (2.12-2.15).
+
+    Example:
+        >>> class F(torch.autograd.Function):
+        ...     @staticmethod
+        ...     def forward(ctx, x):
+        ...         return x
+        >>> function_has_setup_context(F)
+        False
+    """
+    return _autograd_function._is_setup_context_defined(getattr(cls, "setup_context", None))

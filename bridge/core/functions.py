@@ -1,0 +1,755 @@
+"""``torch.autograd.Function`` classes bridged as ops, as deployment repos write them (BEVDet's
+``TRTBEVPoolv2``, mmcv's ``RoIAlignFunction``, QAT fake-quant Functions).
+
+The model keeps calling ``Cls.apply(...)``; eager calls and gradients never change. The Function's
+``symbolic(g, ...)`` (written for the TorchScript exporter) is read once, at registration, against a
+graph context that records ``g.op`` calls, with a placeholder for each argument of ``forward``:
+
+- one node in a custom domain (``g.op("mmcv::MMCVRoiAlign", input, rois, output_height_i=output_size[0],
+  ...)``) is the op's ONNX node: its domain, type, inputs (in symbolic's order) and attributes (names,
+  types from the ``_i``/``_f``/``_s``/``_is``/``_fs`` suffixes). Where an argument reaches the node
+  (passed through, or an element of it, ``output_size[0]``) is recorded, so every tier calls ``forward``
+  with the original arguments rebuilt from the node's attributes.
+- standard ONNX ops only (``QuantizeLinear``/``DequantizeLinear``) are the op's written body, built per
+  attribute values by running symbolic with those values; the node is named by ``name=`` and takes the
+  Function's tensors as inputs and its other arguments as attributes, as a Function without
+  ``symbolic`` does.
+
+During export (``exporters.export``) :func:`swap_forwards` replaces ``Cls.forward`` for the duration of
+``torch.export`` by a call of the op's proxy (a ``torch.library.custom_op`` in the ``opbridge_proxy``
+namespace whose schema is the node's signature), so the export records one node; ``forward`` is swapped
+rather than ``apply`` because modules keep ``apply`` bound under other names (mmcv's ``roi_align =
+RoIAlignFunction.apply``) and torch looks ``forward`` up at each call.
+
+Limits: symbolic may use ``g.op`` (and ``g.opset``) only; a custom node's inputs must be ``forward``'s
+tensors (or ``None``) and its attributes ``forward``'s arguments passed through or indexed; an argument
+that never reaches the node is called with its default (export refuses a call with another value).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import inspect
+import keyword
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import onnx
+import torch
+from onnx import helper, numpy_helper
+
+from bridge.core import torch_compat
+from bridge.core.domains import ONNX_DOMAINS, is_custom
+from bridge.core.errors import OpBridgeError
+from bridge.core.proxy import PROXY_NAMESPACE
+
+# NOTE: the opset a symbolic function's standard ops are read at (torch.onnx's TorchScript exporter
+# default); bodies are converted to the model's opset as they are attached.
+SYMBOLIC_OPSET = 17
+# NOTE: the attribute suffixes of the TorchScript exporter's g.op; a custom node carries the first five
+_ATTR = re.compile(r"^(.+)_(i|f|s|t|is|fs|ss|ts|g|gs)$")
+_SCHEMA_TYPES = {"i": "int", "f": "float", "s": "str", "is": "int[]", "fs": "float[]"}
+_NO_DEFAULT = inspect.Parameter.empty
+
+
+class _NeedsValue(Exception):
+    """Internal: symbolic computed with a placeholder (its value is known only at the call)."""
+
+
+class _Unsupported(Exception):
+    """Internal: symbolic used a part of the graph context opbridge does not record."""
+
+
+class _Arg:
+    """Placeholder for argument ``name`` of ``forward`` (``path``: the indices taken from it)."""
+
+    def __init__(self, name: str, path: tuple[int, ...] = ()):
+        self.name, self.path = name, path
+
+    def __getitem__(self, index):
+        if not isinstance(index, int):
+            raise _NeedsValue(f"{self.name}[{index!r}]")
+        return _Arg(self.name, self.path + (index,))
+
+    def __repr__(self) -> str:
+        return self.name + "".join(f"[{i}]" for i in self.path)
+
+    def _value(self, *_args, **_kwargs):
+        raise _NeedsValue(repr(self))
+
+    __bool__ = __int__ = __float__ = __index__ = __len__ = __iter__ = __hash__ = _value  # type: ignore[assignment]
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = __truediv__ = __neg__ = _value
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _value  # type: ignore[assignment]
+
+
+class Value:
+    """A value of the recorded graph (what ``g.op`` returns)."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def setType(self, _type):  # noqa: N802  the TorchScript Value method symbolic functions call
+        return self
+
+    def __repr__(self) -> str:
+        return f"<value {self.name}>"
+
+
+@dataclasses.dataclass
+class Node:
+    op_type: str
+    domain: str
+    inputs: list  # _Arg, Value, None
+    attrs: dict[str, tuple[str, Any]]  # name -> (suffix, value)
+    outputs: list[Value]
+
+
+class GraphContext:
+    """The ``g`` a symbolic function gets: records ``g.op(...)`` calls as :class:`Node`s.
+
+    Example:
+        >>> g = GraphContext()
+        >>> y = g.op("mine::Scale", Value("x"), factor_f=2.0)
+        >>> [(n.domain, n.op_type, n.attrs) for n in g.nodes], y.name
+        ([('mine', 'Scale', {'factor': ('f', 2.0)})], 'Scale_0')
+    """
+
+    opset = SYMBOLIC_OPSET
+
+    def __init__(self):
+        self.nodes: list[Node] = []
+
+    def op(self, opname: str, *inputs, outputs: int = 1, **attrs):
+        domain, _, op_type = opname.rpartition("::")
+        domain = "" if domain == "onnx" else domain
+        parsed = {}
+        for key, value in attrs.items():
+            m = _ATTR.match(key)
+            if m is None:
+                raise _Unsupported(f"g.op({opname!r}, {key}=...): an attribute name without a type suffix "
+                                   "(_i, _f, _s, _t, _is, _fs, _ss)")
+            if value is not None:  # NOTE: the TorchScript exporter leaves a None attribute out
+                parsed[m.group(1)] = (m.group(2), value)
+        outs = [Value(f"{op_type}_{len(self.nodes)}" + (f"_{i}" if outputs > 1 else "")) for i in range(outputs)]
+        for x in inputs:
+            if not isinstance(x, (_Arg, Value)) and x is not None:
+                raise _Unsupported(f"g.op({opname!r}, ...) with an input of type {type(x).__name__} (give tensors, "
+                                   "or g.op('Constant', value_t=...))")
+        self.nodes.append(Node(op_type, domain, list(inputs), parsed, outs))
+        return outs[0] if outputs == 1 else tuple(outs)
+
+    def __getattr__(self, name: str):
+        raise _Unsupported(f"g.{name}")
+
+
+def is_function_class(value: Any) -> bool:
+    """Whether ``value`` is a ``torch.autograd.Function`` subclass (the class, not an instance).
+
+    >>> is_function_class(torch.autograd.Function), is_function_class(torch.ops.aten.relu.default)
+    (False, False)
+    """
+    return (isinstance(value, type) and issubclass(value, torch.autograd.Function)
+            and value is not torch.autograd.Function)
+
+
+def class_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+_SWAPPED: dict[type, Callable] = {}  # class -> its own forward, while swap_forwards replaces it
+
+
+def original_forward(cls: type) -> Callable | None:
+    """The Function's own ``forward`` (a plain function), also while :func:`swap_forwards` replaces it."""
+    if cls in _SWAPPED:
+        return _SWAPPED[cls]
+    forward = inspect.getattr_static(cls, "forward", None)
+    return forward.__func__ if isinstance(forward, staticmethod) else forward
+
+
+def symbolic_of(cls: type) -> Callable | None:
+    """The Function's ``symbolic`` staticmethod, if it has one."""
+    fn = inspect.getattr_static(cls, "symbolic", None)
+    return fn.__func__ if isinstance(fn, staticmethod) else fn
+
+
+@dataclasses.dataclass(frozen=True)
+class Attr:
+    """An attribute of the node: ``source`` the argument of ``forward`` it comes from (``path``: the
+    element), or None for a constant ``value``."""
+
+    name: str
+    kind: str  # g.op suffix: i, f, s, is, fs
+    source: str | None
+    path: tuple[int, ...] = ()
+    value: Any = None
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class FunctionBridge:
+    """How one Function becomes one node: the node's signature (``inputs`` then ``attrs``) and the
+    way back to ``forward``'s arguments."""
+
+    cls: type
+    forward: Callable  # the original forward (a plain function)
+    setup_style: bool  # forward takes no ctx (setup_context defined)
+    params: tuple[inspect.Parameter, ...]  # forward's arguments, without ctx
+    domain: str
+    op_type: str
+    inputs: tuple[tuple[str, bool], ...]  # (forward argument, optional) per node input
+    attrs: tuple[Attr, ...]
+    num_outputs: int
+    containers: tuple[tuple[str, type], ...] = ()  # arguments rebuilt as tuple/list
+    body: Callable | None = None  # standard-op symbolic: attribute values -> written body
+
+    @property
+    def qualname(self) -> str:
+        ns = re.sub(r"\W", "_", self.domain)
+        return f"{ns}::{self.op_type}"
+
+    @property
+    def schema(self) -> str:
+        """The node's signature in torch schema syntax (the proxy op's)."""
+        args = [f"Tensor{'?' if opt else ''} {name}" for name, opt in self.inputs]
+        args += [f"{_SCHEMA_TYPES[a.kind] if a.kind != 'b' else 'bool'} {a.name}" for a in self.attrs]
+        ret = "Tensor" if self.num_outputs == 1 else "(" + ", ".join(["Tensor"] * self.num_outputs) + ")"
+        return f"({', '.join(args)}) -> {ret}"
+
+    def bind(self, args: Sequence, kwargs: Mapping) -> dict[str, Any]:
+        """``forward``'s arguments of an ``apply`` call by name, defaults filled."""
+        sig = inspect.Signature(list(self.params))
+        try:
+            bound = sig.bind(*args, **kwargs)
+        except TypeError as e:
+            raise OpBridgeError(f"{class_name(self.cls)}.apply: {e}. Got {len(args)} arguments. Call it as its "
+                                "forward takes them.") from None
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
+    def to_node(self, values: Mapping[str, Any]) -> list:
+        """The node's arguments (inputs, then attributes) for ``forward``'s arguments ``values``."""
+        self.check_unmapped(values)
+        out = [values[name] for name, _ in self.inputs]
+        for a in self.attrs:
+            if a.source is None:
+                out.append(a.value)
+                continue
+            v = values[a.source]
+            for i in a.path:
+                v = v[i]
+            out.append(_as_kind(v, a.kind))
+        return out
+
+    def to_apply(self, node_args: Sequence) -> list:
+        """``forward``'s arguments rebuilt from the node's (inputs, then attributes)."""
+        values: dict[str, Any] = {}
+        n = len(self.inputs)
+        for (name, _), v in zip(self.inputs, node_args[:n]):
+            values[name] = v
+        parts: dict[str, dict[tuple, Any]] = {}
+        for a, v in zip(self.attrs, node_args[n:]):
+            if a.source is not None:
+                parts.setdefault(a.source, {})[a.path] = v
+        containers = dict(self.containers)
+        for name, got in parts.items():
+            if () in got:
+                values[name] = _as_param(got[()], self._param(name), containers.get(name))
+            else:
+                values[name] = _rebuild(got, containers.get(name, tuple))
+        out = []
+        for p in self.params:
+            if p.name in values:
+                out.append(values[p.name])
+            else:
+                out.append(p.default)
+        return out
+
+    def _param(self, name: str) -> inspect.Parameter:
+        return next(p for p in self.params if p.name == name)
+
+    def mapped(self) -> set[str]:
+        return {n for n, _ in self.inputs} | {a.source for a in self.attrs if a.source is not None}
+
+    def check_unmapped(self, values: Mapping[str, Any]) -> None:
+        """An argument that never reaches the node must have its default at the call (tiers call
+        ``forward`` with that default)."""
+        for p in self.params:
+            if p.name in self.mapped():
+                continue
+            v = values[p.name]
+            if not _same(v, p.default):
+                raise OpBridgeError(
+                    f"{class_name(self.cls)}: argument '{p.name}' of forward does not reach the ONNX node its symbolic "
+                    f"writes, so the kernel tiers call forward with its default {p.default!r}. Got {p.name}={v!r}. "
+                    "Call apply with the default, or pass the value through symbolic's g.op.")
+
+    def call_forward(self, args: Sequence):
+        """The original ``forward`` on ``args`` (no autograd; a fresh ctx where it takes one)."""
+        with torch.no_grad():
+            if self.setup_style:
+                return self.forward(*args)
+            return self.forward(torch.autograd.function.FunctionCtx(), *args)
+
+
+def _same(a, b) -> bool:
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return a is b
+    try:
+        return bool(a == b)
+    except Exception:  # noqa: BLE001  an object without a plain ==
+        return a is b
+
+
+def _as_kind(v, kind: str):
+    if kind == "b":
+        return bool(v)
+    if kind == "i":
+        return int(v) if isinstance(v, bool) else v
+    if kind == "f":
+        return float(v) if isinstance(v, (bool, int)) and not isinstance(v, torch.SymInt) else v
+    if kind in ("is", "fs"):
+        vals = [v] if not isinstance(v, (list, tuple)) else list(v)
+        return [int(x) if isinstance(x, bool) else x for x in vals] if kind == "is" else [float(x) for x in vals]
+    return v
+
+
+def _as_param(v, p: inspect.Parameter, container: type | None):
+    if isinstance(p.default, bool) and isinstance(v, int):
+        return bool(v)
+    if container is not None and isinstance(v, (list, tuple)):
+        return container(v)
+    return v
+
+
+def _rebuild(parts: dict[tuple, Any], container: type):
+    """A nested sequence from its elements by index path."""
+    top: dict[int, dict[tuple, Any]] = {}
+    for path, v in parts.items():
+        top.setdefault(path[0], {})[path[1:]] = v
+    items = [top[i][()] if () in top[i] else _rebuild(top[i], container) for i in range(max(top) + 1)]
+    return container(items)
+
+
+# -- reading symbolic ------------------------------------------------------------------
+
+def _run_symbolic(cls: type, symbolic: Callable, args: list) -> tuple[GraphContext, list[Value]]:
+    g = GraphContext()
+    out = symbolic(g, *args)
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    if not outs or not all(isinstance(o, Value) for o in outs):
+        raise OpBridgeError(f"{class_name(cls)}.symbolic must return the values g.op gave. Got {out!r}. Return "
+                            "the output(s) of its g.op calls.")
+    return g, outs
+
+
+def _symbolic_error(cls: type, what: str, cause: str) -> OpBridgeError:
+    return OpBridgeError(
+        f"{class_name(cls)}.symbolic {what}, which opbridge cannot read back into the call of forward. Got {cause}. "
+        "Write the node with g.op only, passing forward's tensors as inputs and its other arguments (or their "
+        "elements, x[0]) as attributes; or register with symbolic=False, name='ns::op' and function=... .")
+
+
+def describe(cls: type, *, name: str | None = None, use_symbolic: bool = True,
+             sample: tuple[tuple, dict] | None = None, fake: Callable | None = None) -> FunctionBridge:
+    """Read ``cls`` (a Function): its node (from ``symbolic``, or ``name=`` and ``forward``'s arguments)
+    and the way from the node back to ``forward``'s arguments. ``sample`` (an ``apply`` call's args and
+    kwargs) gives argument kinds where neither symbolic, annotations nor defaults do.
+
+    Example:
+        >>> class Scale(torch.autograd.Function):
+        ...     @staticmethod
+        ...     def forward(ctx, x, factor=2.0):
+        ...         return x * factor
+        ...     @staticmethod
+        ...     def symbolic(g, x, factor):
+        ...         return g.op("mine::Scale", x, factor_f=factor)
+        >>> fb = describe(Scale)
+        >>> fb.qualname, fb.schema, fb.to_node({"x": "X", "factor": 3.0}), fb.to_apply(["X", 3.0])
+        ('mine::Scale', '(Tensor x, float factor) -> Tensor', ['X', 3.0], ['X', 3.0])
+    """
+    forward = original_forward(cls)
+    if forward is None or forward is torch.autograd.Function.forward:
+        raise OpBridgeError(f"{class_name(cls)} defines no forward. Got a Function without one. Define forward.")
+    setup_style = torch_compat.function_has_setup_context(cls)
+    params = list(inspect.signature(forward).parameters.values())[0 if setup_style else 1:]
+    bad = [p.name for p in params if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if bad:
+        raise OpBridgeError(f"{class_name(cls)}.forward takes *args/**kwargs ({bad}); a node needs named arguments. "
+                            "Got a variadic forward. Name each argument.")
+    base: dict[str, Any] = dict(cls=cls, forward=forward, setup_style=setup_style, params=tuple(params))
+    symbolic = symbolic_of(cls) if use_symbolic else None
+    if symbolic is not None:
+        found = _from_symbolic(cls, symbolic, params, sample)
+        if found is not None:
+            if name is not None:
+                raise OpBridgeError(f"{class_name(cls)}: its symbolic names the node "
+                                    f"{found['domain']}::{found['op_type']}. Got name={name!r} as well. Drop name=, or "
+                                    "pass symbolic=False to name the node yourself.")
+            return FunctionBridge(**base, **found)
+    return _plain(cls, base, name, params, sample, symbolic, fake)
+
+
+def _from_symbolic(cls, symbolic, params, sample) -> dict[str, Any] | None:
+    """The custom node symbolic writes (a dict of FunctionBridge fields), or None where it writes
+    standard ops only."""
+    try:
+        g, outs = _run_symbolic(cls, symbolic, [_Arg(p.name) for p in params])
+    except _NeedsValue as e:
+        try:
+            g, outs = _run_symbolic(cls, symbolic, _known_values(params, sample))
+        except OpBridgeError:
+            raise
+        except Exception as e2:  # noqa: BLE001  the user's symbolic, named
+            raise _symbolic_error(cls, "fails on opbridge's graph context", f"{type(e2).__name__}: {e2}") from None
+        if any(is_custom(n.domain) for n in g.nodes):
+            raise _symbolic_error(cls, "computes a custom node's attributes from an argument's value",
+                                  f"a use of {e}") from None
+        return None
+    except OpBridgeError:
+        raise
+    except Exception as e:  # noqa: BLE001  the user's symbolic, named
+        raise _symbolic_error(cls, "fails on opbridge's graph context (it may use more than g.op)",
+                              f"{type(e).__name__}: {e}") from None
+    custom = [n for n in g.nodes if is_custom(n.domain)]
+    if not custom:
+        return None
+    node = custom[0]
+    if len(g.nodes) != 1 or outs != node.outputs:
+        raise _symbolic_error(cls, "writes a custom node together with other nodes",
+                              f"{[f'{n.domain}::{n.op_type}' if n.domain else n.op_type for n in g.nodes]}")
+    defaults = {p.name: p.default for p in params}
+    inputs = []
+    for x in node.inputs:
+        if x is None:
+            raise _symbolic_error(cls, "passes None as an input", "g.op(..., None, ...)")
+        if not isinstance(x, _Arg) or x.path:
+            raise _symbolic_error(cls, "gives the custom node an input that is not one of forward's tensors", repr(x))
+        inputs.append((x.name, defaults[x.name] is None))
+    attrs = [_node_attr(cls, key, kind, value) for key, (kind, value) in node.attrs.items()]
+    names = [n for n, _ in inputs] + [a.name for a in attrs]
+    if len(set(names)) != len(names) or any(keyword.iskeyword(n) for n in names):
+        raise _symbolic_error(cls, "names two inputs or attributes alike (or with a Python keyword)", str(names))
+    mapped = {n for n, _ in inputs} | {a.source for a in attrs}
+    missing = [p.name for p in params if p.name not in mapped and p.default is _NO_DEFAULT]
+    if missing:
+        raise _symbolic_error(cls, f"never passes argument(s) {missing} to its node (they have no default)",
+                              f"node inputs {[n for n, _ in inputs]}, attributes {[a.name for a in attrs]}")
+    _check_paths(cls, attrs)
+    containers = tuple((p.name, type(p.default)) for p in params if isinstance(p.default, (tuple, list)))
+    return dict(domain=node.domain, op_type=node.op_type, inputs=tuple(inputs), attrs=tuple(attrs),
+                num_outputs=len(outs), containers=containers)
+
+
+def _node_attr(cls, key: str, kind: str, value) -> Attr:
+    if kind not in _SCHEMA_TYPES:
+        raise _symbolic_error(cls, f"writes attribute {key}_{kind} (a tensor, graph or string-list attribute) on its "
+                                   "custom node", f"{key}_{kind}")
+    if isinstance(value, _Arg):
+        return Attr(key, kind, value.name, value.path)
+    if isinstance(value, (list, tuple)) and any(isinstance(v, _Arg) for v in value):
+        raise _symbolic_error(cls, f"builds attribute {key}_{kind} as a list of arguments", repr(value))
+    return Attr(key, kind, None, (), _as_kind(value, kind))
+
+
+def _check_paths(cls, attrs: list[Attr]) -> None:
+    """Each argument that reaches the node by elements reaches it by all of them (0..n-1)."""
+    by_source: dict[str, list[tuple]] = {}
+    for a in attrs:
+        if a.source is not None:
+            by_source.setdefault(a.source, []).append(a.path)
+    for source, paths in by_source.items():
+        if () in paths:
+            continue
+        firsts = sorted({p[0] for p in paths})
+        if firsts != list(range(len(firsts))):
+            raise _symbolic_error(cls, f"passes only some elements of '{source}' to its node",
+                                  f"indices {sorted(paths)}")
+
+
+def _known_values(params, sample) -> list:
+    """Values to run symbolic with: tensors stay placeholders, other arguments from ``sample`` or
+    their defaults; None where one has neither."""
+    given: dict[str, Any] = {}
+    if sample is not None:
+        given = dict(inspect.Signature(list(params)).bind_partial(*sample[0], **sample[1]).arguments)
+    out: list[Any] = []
+    for p in params:
+        v = given.get(p.name, p.default)
+        if isinstance(v, torch.Tensor) or v is _NO_DEFAULT or (v is None and p.name not in given):
+            out.append(_Arg(p.name))  # NOTE: a tensor, or an argument symbolic must pass through as it is
+        else:
+            out.append(v)
+    return out
+
+
+# -- a node from forward's arguments (no symbolic, or standard ops only) ------------------
+
+_ANNOTATIONS = {int: "i", float: "f", str: "s", bool: "b"}
+
+
+def _kind_of_value(v) -> str | None:
+    """'tensor', an attribute suffix, or None where ``v`` says nothing."""
+    if isinstance(v, torch.Tensor):
+        return "tensor"
+    if isinstance(v, bool):
+        return "b"
+    if isinstance(v, (int, float, str)):
+        return _ANNOTATIONS[type(v)]
+    if isinstance(v, (list, tuple)) and v and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+        return "is" if all(isinstance(x, int) for x in v) else "fs"
+    return None
+
+
+def _kind_of_annotation(ann) -> str | None:
+    if isinstance(ann, str):
+        ann = {"int": int, "float": float, "str": str, "bool": bool, "Tensor": torch.Tensor,
+               "torch.Tensor": torch.Tensor}.get(ann, ann)
+    if ann is torch.Tensor:
+        return "tensor"
+    if ann in _ANNOTATIONS:
+        return _ANNOTATIONS[ann]
+    args = getattr(ann, "__args__", None) or ()
+    if getattr(ann, "__origin__", None) in (list, tuple, Sequence) and args and args[0] in (int, float):
+        return "is" if args[0] is int else "fs"
+    return None
+
+
+def _usage(cls, symbolic, params, sample) -> dict[str, str]:
+    """What a placeholder run of a standard-op symbolic tells of each argument's kind."""
+    if symbolic is None:
+        return {}
+    try:
+        g, _ = _run_symbolic(cls, symbolic, [_Arg(p.name) for p in params])
+    except Exception:  # noqa: BLE001  symbolic computes with values: run it with the values known
+        try:
+            g, _ = _run_symbolic(cls, symbolic, _known_values(params, sample))
+        except Exception:  # noqa: BLE001  kinds come from elsewhere
+            return {}
+    kinds: dict[str, str] = {}
+    for n in g.nodes:
+        for x in n.inputs:
+            if isinstance(x, _Arg):
+                kinds[x.name] = "tensor"
+        for kind, value in n.attrs.values():
+            if isinstance(value, _Arg) and not value.path and kind in _SCHEMA_TYPES:
+                kinds.setdefault(value.name, kind)
+    return kinds
+
+
+def _plain(cls, base: dict, name: str | None, params, sample, symbolic, fake) -> FunctionBridge:
+    if name is None:
+        why = "its symbolic writes standard ONNX ops only" if symbolic is not None else "it has no symbolic"
+        raise OpBridgeError(f"{class_name(cls)}: {why}, so its ONNX node needs a name. Got name=None. Pass "
+                            f"name='ns::{cls.__name__}' to bridge.register.")
+    domain, _, op_type = name.partition("::")
+    given: dict[str, Any] = {}
+    if sample is not None:
+        given = dict(inspect.Signature(list(params)).bind_partial(*sample[0], **sample[1]).arguments)
+    usage = _usage(cls, symbolic, params, sample)
+    inputs, attrs, containers = [], [], []
+    for p in params:
+        kind = (usage.get(p.name) or _kind_of_annotation(p.annotation)
+                or _kind_of_value(given.get(p.name)) or _kind_of_value(p.default))
+        if kind is None:
+            raise OpBridgeError(
+                f"{class_name(cls)}: the kind of argument '{p.name}' of forward (tensor, or which attribute type) is "
+                "known neither from symbolic, an annotation, a default nor a sample. Got "
+                f"{p.name}={given.get(p.name, p.default)!r}. Annotate forward ({p.name}: torch.Tensor / int / float / "
+                "bool / str / tuple[int, ...]) or pass sample_inputs= to bridge.register.")
+        if kind == "tensor":
+            inputs.append((p.name, p.default is None))
+            continue
+        attrs.append(Attr(p.name, kind, p.name))
+        value = given.get(p.name, p.default)
+        if isinstance(value, (tuple, list)):
+            containers.append((p.name, type(value)))
+    n_out = 1  # NOTE: without symbolic, one output (limit: a Function without symbolic returns one tensor)
+    if symbolic is not None:
+        with contextlib.suppress(Exception):
+            n_out = len(_run_symbolic(cls, symbolic, _known_values(params, sample))[1])
+    fb = FunctionBridge(**base, domain=domain, op_type=op_type, inputs=tuple(inputs), attrs=tuple(attrs),
+                        num_outputs=n_out, containers=tuple(containers))
+    if symbolic is not None:
+        fb = dataclasses.replace(fb, body=_builder(fb, symbolic))
+    return fb
+
+
+def _builder(fb: FunctionBridge, symbolic: Callable) -> Callable:
+    """A body builder (a Python function of the node's attributes, by name) for a standard-op symbolic."""
+    def build(**values):
+        return _body(fb, symbolic, values)
+    build.__signature__ = inspect.Signature(  # type: ignore[attr-defined]  # NOTE: inspect reads it
+        [inspect.Parameter(a.name, inspect.Parameter.KEYWORD_ONLY) for a in fb.attrs])
+    build.__name__ = fb.op_type
+    return build
+
+
+def _onnx_attr(name: str, kind: str, value):
+    if kind == "t":
+        array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
+        return helper.make_attribute(name, numpy_helper.from_array(array))
+    if kind in ("i", "is"):
+        value = [int(v) for v in value] if kind == "is" else int(value)
+    return helper.make_attribute(name, value)
+
+
+class WrittenBody:
+    """A FunctionProto handed to the registry as a written body (``to_function_proto``)."""
+
+    def __init__(self, proto: onnx.FunctionProto):
+        self.proto = proto
+
+    def to_function_proto(self) -> onnx.FunctionProto:
+        return self.proto
+
+
+def _body(fb: FunctionBridge, symbolic: Callable, values: Mapping[str, Any]) -> WrittenBody:
+    """The node's body for attribute ``values``: symbolic's standard ops, run with those values."""
+    tensors = {name for name, _ in fb.inputs}
+    node_args = [None] * len(fb.inputs) + [values[a.name] for a in fb.attrs]
+    apply_args = fb.to_apply(node_args)
+    args = [_Arg(p.name) if p.name in tensors else v for p, v in zip(fb.params, apply_args)]
+    try:
+        g, outs = _run_symbolic(fb.cls, symbolic, args)
+    except (_Unsupported, _NeedsValue) as e:
+        raise _symbolic_error(fb.cls, "uses what it was given in a way opbridge does not follow", str(e)) from None
+    names = {id(v): v.name for n in g.nodes for v in n.outputs}
+    nodes = []
+    for n in g.nodes:
+        if n.domain not in ONNX_DOMAINS:
+            raise _symbolic_error(fb.cls, "writes a custom node together with other nodes", f"{n.domain}::{n.op_type}")
+        ins = ["" if x is None else x.name if isinstance(x, _Arg) else names[id(x)] for x in n.inputs]
+        node = helper.make_node(n.op_type, ins, [names[id(v)] for v in n.outputs], domain=n.domain)
+        node.attribute.extend(_onnx_attr(k, kind, v) for k, (kind, v) in n.attrs.items())
+        nodes.append(node)
+    outputs = [names[id(v)] for v in outs]
+    proto = helper.make_function(fb.domain, fb.op_type, [name for name, _ in fb.inputs], outputs, nodes,
+                                 [helper.make_opsetid("", SYMBOLIC_OPSET)])
+    return WrittenBody(proto)
+
+
+# -- the torch side: proxy op, export-time swap ------------------------------------------------
+
+_PROXIES: dict[str, tuple[Any, str]] = {}  # proxy name -> (CustomOpDef, schema)
+_KERNELS: dict[str, Callable] = {}
+_FAKES: dict[str, Callable] = {}
+
+
+def _outputs(fb: FunctionBridge, out, what: str):
+    outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
+    if len(outs) != fb.num_outputs or not all(isinstance(o, torch.Tensor) for o in outs):
+        raise OpBridgeError(f"{class_name(fb.cls)}: {what} returned {[type(o).__name__ for o in outs]}; the node "
+                            f"has {fb.num_outputs} tensor output(s). Return tensors only, as many as the node has.")
+    return outs[0] if fb.num_outputs == 1 else outs
+
+
+def define_proxy(fb: FunctionBridge, fake: Callable | None) -> Any:
+    """The proxy op (a ``torch.library.custom_op``) the export records for ``fb``'s node: its kernel
+    rebuilds ``forward``'s arguments and runs the original forward; its fake is ``fake`` (called with
+    ``apply``'s arguments) or that forward on fake tensors. Redefined only when the signature changes."""
+    name = "fn__" + re.sub(r"\W", "_", f"{fb.domain}__{fb.op_type}")
+    who = class_name(fb.cls)
+
+    def kernel(*node_args):
+        return _outputs(fb, fb.call_forward(fb.to_apply(node_args)), "forward")
+
+    def traced_fake(*node_args):
+        if fake is not None:
+            return _outputs(fb, fake(*fb.to_apply(node_args)), "fake=")
+        try:
+            out = fb.call_forward(fb.to_apply(node_args))
+        except OpBridgeError:
+            raise
+        except Exception as e:  # noqa: BLE001  the forward's own error, named once
+            line = (str(e).strip().splitlines() or [""])[0][:200]
+            raise OpBridgeError(
+                f"{who}: its forward does not run on fake tensors, which export needs for the node's output shapes. "
+                f"Got {type(e).__name__}: {line}. Pass fake= to bridge.register({fb.cls.__name__}, fake=...) (a "
+                "function of apply's arguments returning empty outputs), or register the Functions its forward "
+                "calls.") from None
+        return _outputs(fb, out, "forward")
+
+    _KERNELS[name], _FAKES[name] = kernel, traced_fake
+    defined = _PROXIES.get(name)
+    if defined is not None and defined[1] == fb.schema:
+        return defined[0]
+    if defined is not None:
+        torch_compat.destroy_custom_op(defined[0])
+
+    def run(*args):
+        return _KERNELS[name](*args)
+
+    op = torch.library.custom_op(f"{PROXY_NAMESPACE}::{name}", run, mutates_args=(), schema=fb.schema)
+    op.register_fake(lambda *args: _FAKES[name](*args))
+    _PROXIES[name] = (op, fb.schema)
+    return op
+
+
+def export_forward(fb: FunctionBridge, proxy: Any, check: Callable) -> Callable:
+    """What ``fb.cls.forward`` is during export: the call recorded as the proxy op (one node)."""
+    def forward(*args, **kwargs):
+        if not fb.setup_style:
+            args = args[1:]  # NOTE: torch passes the ctx first
+        node_args = fb.to_node(fb.bind(args, kwargs))
+        check(tuple(node_args), {})
+        return proxy(*node_args)
+    return forward
+
+
+def function_classes() -> list[type]:
+    """Every ``torch.autograd.Function`` subclass loaded in this process that has a ``symbolic``."""
+    seen, todo, out = set(), list(torch.autograd.Function.__subclasses__()), []
+    while todo:
+        cls = todo.pop()
+        if cls in seen:
+            continue
+        seen.add(cls)
+        todo.extend(cls.__subclasses__())
+        if symbolic_of(cls) is not None:
+            out.append(cls)
+    return sorted(out, key=class_name)
+
+
+@contextlib.contextmanager
+def swap_forwards(routes: Mapping[type, Callable], watch: Callable[[type], Callable | None] | None = None,
+                  watched: Iterable[type] = ()):
+    """While active, ``Cls.forward`` of each class in ``routes`` is its export forward (and its
+    ``setup_context`` does nothing); each class in ``watched`` calls ``watch(cls)`` when reached, whose
+    answer (an export forward, or None for the original) serves that call. Restored on exit."""
+    saved: list[tuple[type, str, Any]] = []
+
+    def swap(cls: type, attr: str, value: Any) -> None:
+        own = original_forward(cls) if attr == "forward" else None
+        if own is not None:
+            _SWAPPED[cls] = own
+        saved.append((cls, attr, cls.__dict__.get(attr, _NO_DEFAULT)))
+        setattr(cls, attr, staticmethod(value))
+
+    def watcher(cls: type, original: Callable) -> Callable:
+        def forward(*args, **kwargs):
+            route = watch(cls) if watch is not None else None
+            return (original if route is None else route)(*args, **kwargs)
+        return forward
+
+    try:
+        for cls, route in routes.items():
+            swap(cls, "forward", route)
+            if torch_compat.function_has_setup_context(cls):
+                swap(cls, "setup_context", lambda ctx, inputs, output: None)
+        for cls in watched:
+            if cls in routes:
+                continue
+            original = original_forward(cls)
+            if original is not None:
+                swap(cls, "forward", watcher(cls, original))
+        yield
+    finally:
+        for cls, attr, old in reversed(saved):
+            _SWAPPED.pop(cls, None)
+            if old is _NO_DEFAULT:
+                delattr(cls, attr)
+            else:
+                setattr(cls, attr, old)

@@ -1,0 +1,498 @@
+"""torch.autograd.Function classes bridged with bridge.register(Cls), as deployment repos write them
+(bridge/core/functions.py): BEVDet's TRTBEVPoolv2 calling QuickCumsumCuda (nested), an mmcv-style RoIAlign
+whose symbolic splits a tuple argument into two attributes, a QAT fake-quant whose symbolic writes standard
+ops, and a Function without symbolic. Each runs in the python, function and native tiers with dynamic sizes;
+eager outputs and gradients are the same with and without the registration."""
+
+import importlib
+import io
+import warnings
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+
+import bridge
+from custom_ops.bev_pool_v2 import random_case
+
+TESTS = Path(__file__).resolve().parent
+P, N_INT, K = torch.export.Dim("points"), torch.export.Dim("intervals"), torch.export.Dim("rois")
+
+
+# -- BEVDet (mmdet3d/ops/bev_pool_v2/bev_pool.py), its CUDA extension stood in by plain torch --------------
+class _Ext:
+    """Stands in for BEVDet's compiled ``bev_pool_v2_ext``: writes the pooled features into ``out``."""
+
+    @staticmethod
+    def bev_pool_v2_forward(depth, feat, out, ranks_depth, ranks_feat, ranks_bev, interval_lengths, interval_starts):
+        c = feat.shape[-1]
+        values = feat.reshape(-1, c)[ranks_feat.long()] * depth.reshape(-1)[ranks_depth.long()].unsqueeze(-1)
+        out.view(-1, c).index_add_(0, ranks_bev.long(), values)
+
+
+class QuickCumsumCuda(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, depth, feat, ranks_depth, ranks_feat, ranks_bev, bev_feat_shape, interval_starts,
+                interval_lengths):
+        ranks_bev = ranks_bev.int()
+        depth = depth.contiguous().float()
+        feat = feat.contiguous().float()
+        out = feat.new_zeros(bev_feat_shape)
+        _Ext.bev_pool_v2_forward(depth, feat, out, ranks_depth, ranks_feat, ranks_bev, interval_lengths,
+                                 interval_starts)
+        ctx.save_for_backward(ranks_bev, depth, feat, ranks_feat, ranks_depth)
+        return out
+
+    @staticmethod
+    def backward(ctx, out_grad):
+        ranks_bev, depth, feat, ranks_feat, ranks_depth = ctx.saved_tensors
+        c = feat.shape[-1]
+        g = out_grad.reshape(-1, c)[ranks_bev.long()]
+        f = feat.reshape(-1, c)[ranks_feat.long()]
+        d = depth.reshape(-1)[ranks_depth.long()]
+        depth_grad = torch.zeros_like(depth).reshape(-1).index_add(0, ranks_depth.long(), (g * f).sum(-1))
+        feat_grad = torch.zeros_like(feat).reshape(-1, c).index_add(0, ranks_feat.long(), g * d.unsqueeze(-1))
+        return depth_grad.reshape(depth.shape), feat_grad.reshape(feat.shape), None, None, None, None, None, None
+
+
+def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, bev_feat_shape, interval_starts, interval_lengths):
+    x = QuickCumsumCuda.apply(depth, feat, ranks_depth, ranks_feat, ranks_bev, bev_feat_shape, interval_starts,
+                              interval_lengths)
+    return x.permute(0, 4, 1, 2, 3).contiguous()
+
+
+class TRTBEVPoolv2(torch.autograd.Function):
+    @staticmethod
+    def symbolic(g, depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths,
+                 out_height=128, out_width=128):
+        return g.op("mmdeploy::bev_pool_v2", depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts,
+                    interval_lengths, out_height_i=out_height, out_width_i=out_width)
+
+    @staticmethod
+    def forward(g, depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths,
+                out_height=128, out_width=128):
+        feat = feat.unsqueeze(0)
+        depth = depth.unsqueeze(0)
+        bev_feat_shape = (depth.shape[0], 1, out_height, out_width, feat.shape[-1])
+        bev_feat = bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, bev_feat_shape, interval_starts,
+                               interval_lengths)
+        return bev_feat.squeeze(2).permute(0, 2, 3, 1)
+
+
+OUT_H, OUT_W = 4, 5
+
+
+class BevModel(torch.nn.Module):
+    def forward(self, depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths):
+        bev = TRTBEVPoolv2.apply(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts, interval_lengths,
+                                 OUT_H, OUT_W)
+        return bev * 2
+
+
+def bev_frame(seed: int, keep: float = 0.8):
+    depth, feat, rd, rf, rb, _, starts, lengths = random_case(grid=(OUT_W, OUT_H, 1), keep=keep, seed=seed)
+    return (depth[0], feat[0], rd, rf, rb, starts, lengths)
+
+
+BEV_DYNAMIC = (None, None, {0: P}, {0: P}, {0: P}, {0: N_INT}, {0: N_INT})
+
+
+def quick_cumsum_samples(dtype):
+    depth, feat, rd, rf, rb, shape, starts, lengths = random_case(grid=(OUT_W, OUT_H, 1), dtype=dtype)
+    return [bridge.SampleInput((depth, feat, rd, rf, rb, tuple(shape[i] for i in (0, 1, 2, 3, 4)), starts, lengths))]
+
+
+# -- mmcv-style RoIAlign (mmcv/ops/roi_align.py), its extension stood in by plain torch ---------------------
+def roi_align_torch(input, rois, out_h, out_w, spatial_scale, sampling_ratio, aligned):
+    """Stands in for mmcv's compiled roi_align_forward: cheap, and every argument changes the result."""
+    pooled = torch.nn.functional.adaptive_avg_pool2d(input[rois[:, 0].long()], (out_h, out_w))
+    boxes = rois[:, 1:].sum(1).reshape(-1, 1, 1, 1) * (0.5 if aligned else 0.25)
+    return pooled * spatial_scale + boxes / sampling_ratio
+
+
+class RoIAlignFunction(torch.autograd.Function):
+    @staticmethod
+    def symbolic(g, input, rois, output_size, spatial_scale, sampling_ratio, pool_mode, aligned):
+        return g.op("mmcv::MMCVRoiAlign", input, rois, output_height_i=output_size[0], output_width_i=output_size[1],
+                    spatial_scale_f=spatial_scale, sampling_ratio_i=sampling_ratio, mode_s=pool_mode,
+                    aligned_i=aligned)
+
+    @staticmethod
+    def forward(ctx, input, rois, output_size, spatial_scale=1.0, sampling_ratio=0, pool_mode="avg", aligned=True):
+        assert pool_mode == "avg" and sampling_ratio > 0, "the stand-in computes avg pooling with fixed sampling"
+        ctx.save_for_backward(rois)
+        ctx.shape = input.shape
+        ctx.args = (output_size, spatial_scale, sampling_ratio, aligned)
+        return roi_align_torch(input, rois, output_size[0], output_size[1], spatial_scale, sampling_ratio, aligned)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (rois,) = ctx.saved_tensors
+        with torch.enable_grad():
+            x = torch.zeros(ctx.shape, dtype=grad.dtype, requires_grad=True)
+            out = roi_align_torch(x, rois, ctx.args[0][0], ctx.args[0][1], *ctx.args[1:])
+            (gx,) = torch.autograd.grad(out, x, grad)
+        return gx, None, None, None, None, None, None
+
+
+roi_align = RoIAlignFunction.apply  # NOTE: mmcv binds apply under another name, as here
+
+
+class RoIModel(torch.nn.Module):
+    def __init__(self, output_size=(3, 2), spatial_scale=0.5, sampling_ratio=2, aligned=True):
+        super().__init__()
+        self.output_size, self.spatial_scale, self.sampling_ratio, self.aligned = \
+            output_size, spatial_scale, sampling_ratio, aligned
+
+    def forward(self, x, rois):
+        return roi_align(x, rois, self.output_size, self.spatial_scale, self.sampling_ratio, "avg", self.aligned)
+
+
+def rois(n: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    xy = torch.rand(n, 2, generator=g) * 12
+    wh = torch.rand(n, 2, generator=g) * 6 + 0.3
+    return torch.cat([torch.randint(0, 2, (n, 1), generator=g).float(), xy, xy + wh], 1)
+
+
+FEAT = torch.randn(2, 3, 8, 7, generator=torch.Generator().manual_seed(0))
+
+
+def roi_fake(input, rois, output_size, spatial_scale=1.0, sampling_ratio=0, pool_mode="avg", aligned=True):
+    """mmcv's forward calls its compiled extension, which does not run on fake tensors: fake= says the shape."""
+    return input.new_empty(rois.shape[0], input.shape[1], *output_size)
+
+
+# -- QAT fake-quant: standard ONNX ops in symbolic ---------------------------------------------------------
+class FakeQuantize(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, scale, zero_point, quant_min=-128, quant_max=127):
+        return torch.fake_quantize_per_tensor_affine(x, scale, zero_point, quant_min, quant_max)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad, None, None, None, None  # straight-through
+
+    @staticmethod
+    def symbolic(g, x, scale, zero_point, quant_min=-128, quant_max=127):
+        if (quant_min, quant_max) not in ((-128, 127), (0, 255)):
+            raise ValueError("8-bit ranges only")
+        to = onnx.TensorProto.UINT8 if quant_min == 0 else onnx.TensorProto.INT8
+        zp = g.op("Cast", zero_point, to_i=to)
+        q = g.op("QuantizeLinear", x, scale, zp)
+        return g.op("DequantizeLinear", q, scale, zp)
+
+
+def quant_fake(x, scale, zero_point, quant_min=-128, quant_max=127):
+    """torch's fake_quantize has no fake kernel of its own: fake= says the shape."""
+    return torch.empty_like(x)
+
+
+class QuantModel(torch.nn.Module):
+    def __init__(self, quant_min=-128, quant_max=127):
+        super().__init__()
+        self.scale = torch.tensor(0.05)
+        self.zero_point = torch.tensor(3 if quant_min else 100, dtype=torch.int32)
+        self.range = (quant_min, quant_max)
+
+    def forward(self, x):
+        return FakeQuantize.apply(x * 2, self.scale, self.zero_point, *self.range) + 1
+
+
+# -- no symbolic: the node is named by name=, non-tensor arguments become attributes -------------------------
+class ScaledShift(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, bias: torch.Tensor, alpha: float, dims: tuple[int, ...], squash: bool):
+        y = x * alpha + bias
+        y = y.sum(dims, keepdim=True) + y
+        return torch.tanh(y) if squash else y
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError("not needed")
+
+
+class ShiftModel(torch.nn.Module):
+    def forward(self, x, b):
+        return ScaledShift.apply(x, b, 0.5, (1,), True) - ScaledShift.apply(x, b, 2.0, (0, 1), False)
+
+
+def _native_model_ready():
+    from bridge.core.cppbuild import find_compiler
+    return find_compiler() is not None
+
+
+# -- the tests ------------------------------------------------------------------------------------------------
+@pytest.fixture
+def reg():
+    return bridge.Registry()
+
+
+def _register_bev(reg, inner: bool):
+    if inner:
+        bridge.register(QuickCumsumCuda, name="bevdet::QuickCumsum", sample_inputs=quick_cumsum_samples,
+                        registry=reg)
+    return bridge.register(TRTBEVPoolv2, registry=reg)
+
+
+@pytest.mark.parametrize("tier", ["python", "function"])
+@pytest.mark.parametrize("inner", [False, True], ids=["outer", "both"])
+def test_bevdet_trt_bev_pool(reg, tier, inner):
+    op = _register_bev(reg, inner)
+    spec = op.spec
+    assert (spec.domain, spec.name) == ("mmdeploy", "bev_pool_v2")
+    assert [p.name for p in spec.tensors] == ["depth", "feat", "ranks_depth", "ranks_feat", "ranks_bev",
+                                              "interval_starts", "interval_lengths"]
+    proto = bridge.export(BevModel(), bev_frame(0), registry=reg, dynamic_shapes=BEV_DYNAMIC)
+    node = next(n for n in proto.graph.node if n.domain == "mmdeploy")
+    assert {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute} == {"out_height": 4, "out_width": 5}
+    assert not [n for n in proto.graph.node if n.domain == "bevdet"]  # the inner call stays inside the node
+    report = bridge.check_parity(BevModel(), bev_frame(0), registry=reg, tier=tier, dynamic_shapes=BEV_DYNAMIC,
+                                 extra_args=[bev_frame(1, keep=0.5)])
+    assert report.passed, report
+    sizes = {r.shape for r in report.outputs}
+    assert sizes == {(1, OUT_H, OUT_W, 6)}
+
+
+def test_bevdet_inner_function_alone(reg):
+    """QuickCumsumCuda called by the model itself (BEVDet's training-time path) is its own node."""
+    bridge.register(QuickCumsumCuda, name="bevdet::QuickCumsum", sample_inputs=quick_cumsum_samples, registry=reg)
+
+    class M(torch.nn.Module):
+        def forward(self, depth, feat, rd, rf, rb, starts, lengths):
+            return bev_pool_v2(depth.unsqueeze(0), feat.unsqueeze(0), rd, rf, rb, (1, 1, OUT_H, OUT_W, 6), starts,
+                               lengths)
+
+    proto = bridge.export(M(), bev_frame(0), registry=reg, dynamic_shapes=BEV_DYNAMIC)
+    node = next(n for n in proto.graph.node if n.domain == "bevdet")
+    assert node.op_type == "QuickCumsum"
+    assert onnx.helper.get_attribute_value(node.attribute[0]) == [1, 1, OUT_H, OUT_W, 6]
+    for tier in ("python", "function"):
+        bridge.assert_parity(M(), bev_frame(0), registry=reg, tier=tier, dynamic_shapes=BEV_DYNAMIC,
+                             extra_args=[bev_frame(3, keep=0.4)])
+
+
+def test_bevdet_eager_and_gradients_unchanged(reg):
+    def run():
+        depth, feat, rd, rf, rb, shape, starts, lengths = random_case(grid=(OUT_W, OUT_H, 1), seed=4)
+        depth.requires_grad_(True)
+        feat.requires_grad_(True)
+        out = bev_pool_v2(depth, feat, rd, rf, rb, tuple(shape), starts, lengths)
+        (out * torch.linspace(0, 1, out.numel()).reshape(out.shape)).sum().backward()
+        return out.detach(), depth.grad, feat.grad
+
+    before = run()
+    _register_bev(reg, inner=True)
+    bridge.export(BevModel(), bev_frame(0), registry=reg, dynamic_shapes=BEV_DYNAMIC)
+    after = run()
+    for a, b in zip(before, after):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert before[1].abs().sum() > 0 and before[2].abs().sum() > 0
+    assert "forward" in QuickCumsumCuda.__dict__ and QuickCumsumCuda.__dict__["forward"].__func__.__name__ == "forward"
+
+
+@pytest.mark.parametrize("tier", ["python", "function"])
+def test_mmcv_roi_align(reg, tier):
+    op = bridge.register(RoIAlignFunction, fake=roi_fake, registry=reg)
+    assert [(p.name, p.attr_type.name if p.attr_type else "tensor") for p in op.spec.params] == [
+        ("input", "tensor"), ("rois", "tensor"), ("output_height", "INT"), ("output_width", "INT"),
+        ("spatial_scale", "FLOAT"), ("sampling_ratio", "INT"), ("mode", "STRING"), ("aligned", "INT")]
+    # NOTE: one attribute set per tier keeps the file quick; the node test below covers the other
+    model = RoIModel() if tier == "python" else RoIModel((2, 4), 0.25, 3, aligned=False)
+    bridge.assert_parity(model, (FEAT, rois(5, 0)), registry=reg, tier=tier, dynamic_shapes=(None, {0: K}),
+                         extra_args=[(FEAT, rois(9, 1)), (FEAT, rois(1, 2))])
+
+
+def test_mmcv_roi_align_forward_gets_original_arguments(reg):
+    """The python tier calls forward with output_size as the tuple apply took, aligned as a bool."""
+    seen = []
+    original = RoIAlignFunction.forward
+
+    def spy(ctx, input, rois, output_size, spatial_scale=1.0, sampling_ratio=0, pool_mode="avg", aligned=True):
+        seen.append((output_size, spatial_scale, sampling_ratio, pool_mode, aligned))
+        return original(ctx, input, rois, output_size, spatial_scale, sampling_ratio, pool_mode, aligned)
+
+    class Spied(RoIAlignFunction):
+        forward = staticmethod(spy)
+
+    class M(torch.nn.Module):
+        def forward(self, x, r):
+            return Spied.apply(x, r, (3, 2), 0.5, 2, "avg", False)
+
+    bridge.register(Spied, fake=roi_fake, registry=reg)
+    sess = bridge.session(bridge.export(M(), (FEAT, rois(4, 0)), registry=reg).SerializeToString(), tier="python",
+                          registry=reg)
+    seen.clear()
+    sess.run(None, {"x": FEAT.numpy(), "r": rois(4, 0).numpy()})
+    assert seen == [((3, 2), 0.5, 2, "avg", False)]
+    assert type(seen[0][4]) is bool and type(seen[0][0]) is tuple
+
+
+def test_mmcv_node_is_what_the_torchscript_exporter_writes(reg):
+    """The node of bridge.export equals the node torch.onnx.export(dynamo=False) writes from symbolic."""
+    bridge.register(RoIAlignFunction, fake=roi_fake, registry=reg)
+    model, args = RoIModel((2, 4), 0.25, 3, aligned=False), (FEAT, rois(5, 0))
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, args, f, dynamo=False, opset_version=18)
+    legacy = next(n for n in onnx.load_from_string(f.getvalue()).graph.node if n.domain == "mmcv")
+    ours = next(n for n in bridge.export(model, args, registry=reg, opset_version=18).graph.node if n.domain == "mmcv")
+
+    def identity(node, model_inputs):
+        attrs = sorted((a.name, a.type, onnx.helper.get_attribute_value(a)) for a in node.attribute)
+        return node.domain, node.op_type, attrs, len(node.input), len(node.output)
+
+    assert identity(ours, None) == identity(legacy, None)
+    assert [a.name for a in sorted(ours.attribute, key=lambda a: a.name)] == [a.name for a in legacy.attribute]
+    assert list(ours.input) == ["x", "rois"] and len(legacy.input) == 2
+
+
+@pytest.mark.parametrize("tier", ["python", "function", "native"])
+@pytest.mark.parametrize("qrange", [(-128, 127), (0, 255)])
+def test_fake_quant_standard_ops(reg, tier, qrange):
+    op = bridge.register(FakeQuantize, name="qat::FakeQuantize", fake=quant_fake, registry=reg)
+    assert [p.name for p in op.spec.tensors] == ["x", "scale", "zero_point"]
+    assert [p.name for p in op.spec.attributes] == ["quant_min", "quant_max"]
+    model = QuantModel(*qrange)
+    x = torch.randn(3, 7) * 4
+    d = torch.export.Dim("n")
+    proto = bridge.export(model, (x,), registry=reg, dynamic_shapes=({0: d},))
+    body = next(f for f in proto.functions if f.name == "FakeQuantize")
+    assert [n.op_type for n in body.node] == ["Cast", "QuantizeLinear", "DequantizeLinear"]
+    bridge.assert_parity(model, (x,), registry=reg, tier=tier, dynamic_shapes=({0: d},),
+                         extra_args=[(torch.randn(11, 7) * 3,)])
+    inlined = bridge.export(model, (x,), registry=reg, dynamic_shapes=({0: d},), inline=True)
+    assert {n.op_type for n in inlined.graph.node} >= {"QuantizeLinear", "DequantizeLinear"}
+
+
+def test_fake_quant_gradient_unchanged(reg):
+    x = torch.randn(5, requires_grad=True)
+    FakeQuantize.apply(x, torch.tensor(0.1), torch.tensor(0, dtype=torch.int32)).sum().backward()
+    before = x.grad.clone()
+    bridge.register(FakeQuantize, name="qat::FakeQuantize", fake=quant_fake, registry=reg)
+    bridge.export(QuantModel(), (torch.randn(3, 7),), registry=reg)
+    x.grad = None
+    FakeQuantize.apply(x, torch.tensor(0.1), torch.tensor(0, dtype=torch.int32)).sum().backward()
+    torch.testing.assert_close(x.grad, before, rtol=0, atol=0)
+    assert torch.equal(before, torch.ones(5))
+
+
+@pytest.mark.parametrize("tier", ["python", "function"])
+def test_function_without_symbolic(reg, tier):
+    op = bridge.register(ScaledShift, name="mine::scaled_shift", registry=reg)
+    assert [(p.name, p.attr_type.name if p.attr_type else "tensor") for p in op.spec.params] == [
+        ("x", "tensor"), ("bias", "tensor"), ("alpha", "FLOAT"), ("dims", "INTS"), ("squash", "INT")]
+    n = torch.export.Dim("n")
+    args = (torch.randn(4, 3), torch.randn(3))
+    proto = bridge.export(ShiftModel(), args, registry=reg, dynamic_shapes=({0: n}, None))
+    nodes = [n for n in proto.graph.node if n.domain == "mine"]
+    assert [{a.name: onnx.helper.get_attribute_value(a) for a in n.attribute} for n in nodes] == [
+        {"alpha": 0.5, "dims": [1], "squash": 1}, {"alpha": 2.0, "dims": [0, 1], "squash": 0}]
+    bridge.assert_parity(ShiftModel(), args, registry=reg, tier=tier, dynamic_shapes=({0: n}, None),
+                         extra_args=[(torch.randn(9, 3), torch.randn(3))])
+
+
+def test_unregistered_function_with_symbolic_warns_once(reg):
+    ex = importlib.import_module("exporters.export")
+    ex._WARNED_FUNCTIONS.discard(RoIAlignFunction)
+    with pytest.warns(UserWarning, match=r"RoIAlignFunction has a symbolic.*bridge.register\(RoIAlignFunction\)"):
+        proto = bridge.export(RoIModel(), (FEAT, rois(3, 0)), registry=reg)
+    assert not [n for n in proto.graph.node if n.domain == "mmcv"]  # traced through, as torch does
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        bridge.export(RoIModel(), (FEAT, rois(3, 0)), registry=reg)  # once per Function
+
+
+def test_register_functions_option(reg):
+    proto = bridge.export(RoIModel(), (FEAT, rois(3, 0)), registry=reg, register_functions=True,
+                          dynamic_shapes=(None, {0: K}), functions=False)
+    assert [n.op_type for n in proto.graph.node if n.domain == "mmcv"] == ["MMCVRoiAlign"]
+    assert "mmcv::MMCVRoiAlign" in reg
+    bridge.assert_parity(RoIModel(), (FEAT, rois(3, 0)), registry=reg, tier="python", dynamic_shapes=(None, {0: K}))
+
+
+class NumpyOp(torch.autograd.Function):
+    """Its forward leaves torch (an extension that needs real data), so it does not run on fake tensors."""
+
+    @staticmethod
+    def forward(ctx, x, k: int):
+        return torch.from_numpy(np.roll(x.detach().numpy(), k).copy())
+
+    @staticmethod
+    def symbolic(g, x, k):
+        return g.op("npdemo::Roll", x, shift_i=k)
+
+
+def test_fake_error_names_function_and_fake(reg):
+    bridge.register(NumpyOp, registry=reg)
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return NumpyOp.apply(x, 2) + 1
+
+    with pytest.raises(bridge.OpBridgeError, match=r"NumpyOp: its forward does not run on fake tensors.*Pass fake="):
+        bridge.export(M(), (torch.randn(6),), registry=reg)
+    reg.remove("npdemo::Roll")
+    bridge.register(NumpyOp, fake=lambda x, k: torch.empty_like(x), registry=reg)
+    for tier in ("python",):
+        bridge.assert_parity(M(), (torch.randn(6),), registry=reg, tier=tier)
+
+
+def test_register_errors(reg):
+    class NoKinds(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, k):
+            return x * k
+
+    with pytest.raises(bridge.OpBridgeError, match="needs a name"):
+        bridge.register(NoKinds, registry=reg)
+    with pytest.raises(bridge.OpBridgeError, match=r"argument 'x' of forward .*sample_inputs="):
+        bridge.register(NoKinds, name="mine::nokinds", registry=reg)
+
+    class Helper(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            return x
+
+        @staticmethod
+        def symbolic(g, x):
+            from torch.onnx import symbolic_helper
+            return g.op("mine::H", x, n_i=symbolic_helper._get_tensor_rank(x))
+
+    with pytest.raises(bridge.OpBridgeError, match=r"Helper.symbolic"):
+        bridge.register(Helper, registry=reg)
+
+
+class ScaleFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x, factor=2.0):
+        ctx.factor = factor
+        return x * factor
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * ctx.factor, None
+
+    @staticmethod
+    def symbolic(g, x, factor):
+        return g.op("fndemo::Scale", x, factor_f=factor)
+
+
+@pytest.mark.parametrize("tier", ["native", "python", "function"])
+def test_native_kernel_for_function_node(reg, tier):
+    """native= gives the node its symbolic writes a C++ kernel (tests/user_ops/fn_scale.cc)."""
+    op = bridge.register(ScaleFn, native="user_ops/fn_scale.cc", registry=reg,
+                         sample_inputs=lambda dtype: [bridge.SampleInput((torch.randn(3, 2).to(dtype), 1.5))])
+    assert op.spec.sample_inputs(torch.float32)[0].args[1] == 1.5  # apply's call, as the node takes it
+    assert Path(op.spec.native_source) == TESTS / "user_ops" / "fn_scale.cc"
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return ScaleFn.apply(x, 1.5) + ScaleFn.apply(x, -3.0)
+
+    n = torch.export.Dim("n")
+    bridge.assert_parity(M(), (torch.randn(4, 3),), registry=reg, tier=tier, dynamic_shapes=({0: n},),
+                         extra_args=[(torch.randn(7, 3),)])
