@@ -38,7 +38,10 @@ def user_libraries(library: Paths | None) -> list[str]:
 
 
 def check_library(path: str | os.PathLike) -> str:
-    """``path`` as a string once it is a file onnxruntime loads as a custom-op library.
+    """``path``, absolute, once it is a file onnxruntime loads as a custom-op library.
+
+    NOTE: absolute, since the loader reads a name without a slash (``libx.so``) as a library to
+    search for on the system's paths, not as the file in the current folder.
 
     >>> try:
     ...     check_library("no/such/lib.so")
@@ -53,13 +56,14 @@ def check_library(path: str | os.PathLike) -> str:
     if not os.path.isfile(text):
         raise OpBridgeError(f"the native kernel library {text!r} is not a file. Got a "
                             f"{'folder' if os.path.isdir(text) else 'special file'}. Pass the path of the .so itself.")
+    full = os.path.abspath(text)
     try:
-        ort.SessionOptions().register_custom_ops_library(text)
+        ort.SessionOptions().register_custom_ops_library(full)
     except Exception as e:  # noqa: BLE001  onnxruntime's own words say why (not ELF, a missing dependency, ...)
         raise OpBridgeError(f"onnxruntime could not load the native library {text!r}. Got {type(e).__name__}: "
                             f"{' '.join(str(e).split())[:400]}. Rebuild it for this onnxruntime "
                             f"({ort.__version__}), or place the libraries it needs beside it.") from None
-    return text
+    return full
 
 
 def _probe(node: onnx.NodeProto, types: dict[str, onnx.TypeProto], model: onnx.ModelProto) -> bytes:

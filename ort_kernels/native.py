@@ -68,8 +68,8 @@ class NativeTier(Tier):
         kernels = {f"{d}::{t}": path for (d, t), path in theirs.items()}
         libraries = list(dict.fromkeys(theirs.values()))
         if ours:
+            _one_library_per_domain(theirs, {d for d, _ in served_ops(registry)})
             own = os.fspath(library_path(registry))
-            _one_library_per_domain(theirs, {d for d, _ in served_ops(registry)}, own)
             kernels.update({f"{d}::{t}": own for d, t in ours})
             libraries.append(own)
         kernels.update({f"{d}::{t}": FUNCTION_BODY for d, t in unserved})
@@ -102,14 +102,14 @@ class NativeTier(Tier):
         return lines
 
 
-def _one_library_per_domain(theirs: dict[tuple[str, str], str], domains: set[str], own: str) -> None:
+def _one_library_per_domain(theirs: dict[tuple[str, str], str], domains: set[str]) -> None:
     """onnxruntime takes each custom domain from one library ("Domain already set in registry"):
     a user's library that serves a domain opbridge's library registers too cannot sit beside it."""
     shared = sorted({(d, path) for (d, _), path in theirs.items() if d in domains})
     if shared:
         names = ", ".join(f"'{d}' ({os.path.basename(p)})" for d, p in shared)
         raise OpBridgeError(
-            f"the model needs opbridge's native library ({own}) beside a library of yours that serves domain "
+            f"the model needs opbridge's native library beside a library of yours that serves domain "
             f"{names}, which opbridge's library registers too; onnxruntime takes each domain from one library. "
             f"Got ops {sorted(f'{d}::{t}' for d, t in theirs)} served by yours. Serve each domain from one library: "
             "build the ops with opbridge C++ kernels in that domain into your library, or register them without "

@@ -16,9 +16,11 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import torch
 from onnxruntime_extensions import get_library_path
+from test_doc_blocks import CODE, DocRun, doc_block
 
 import bridge
 import custom_ops.demo as demo
@@ -32,7 +34,8 @@ LIBRARY = Path(os.environ.get("OPBRIDGE_TEST_MMDEPLOY_LIB")
                or ROOT / "build" / "mmdeploy-1.3.1" / "libmmdeploy_onnxruntime_ops.so")
 ENV = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
 # (interpolation_mode, padding_mode, align_corners): bilinear/nearest/bicubic x zeros/border/reflection
-COMBOS = [(0, 0, 0), (1, 2, 1), (2, 1, 0), (0, 2, 1)]
+# x align_corners between these and the page's deploy_warp.py (bicubic, border, 0)
+COMBOS = [(0, 0, 0), (1, 2, 1), (0, 2, 1), (2, 0, 1)]
 TOLERANCE = 1e-5  # rtol and atol: float32's default (bridge.tools.parity.TOLERANCES); measured <= 2.2e-6
 
 
@@ -104,21 +107,33 @@ def test_opbridge_library_serves_its_ops_beside_a_user_library(parity_runs, mmde
     assert Path(run["report_kernels"]["opbridge::identity_conv"]).name == build.LIBRARY_NAME
 
 
-def _cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "bridge", "--ops", str(OPS), *args], capture_output=True,
-                          text=True, cwd=cwd, env=ENV, timeout=600)
+PAGE = ROOT / "docs" / "kernel_libraries.md"
 
 
-def test_cli_check_and_run_with_native_library(mmdeploy_library, tmp_path):
-    r = _cli("check", "--model", "mmdeploy_ops:case", "--native-library", mmdeploy_library, "-o", "warp.onnx",
-             cwd=tmp_path)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "ORT tier native vs eager torch | PASS" in r.stdout
-    assert f"kernel of mmdeploy::grid_sampler: {mmdeploy_library}" in r.stdout
-    np.savez(tmp_path / "warp.inputs.npz", x=np.ones((3, 3, 8, 8), np.float32), grid=np.zeros((3, 5, 6, 2), np.float32))
-    r = _cli("run", "warp.onnx", "--native-library", mmdeploy_library, cwd=tmp_path)
-    assert r.returncode == 0, r.stdout + r.stderr
-    assert "relu: shape [3, 4, 5, 6] float32" in r.stdout and "(native tier)" in r.stdout
+def test_the_pages_op_module_is_the_tests(mmdeploy_library):
+    assert doc_block("# mmdeploy_ops.py").code == OPS.read_text()
+
+
+def test_the_pages_blocks_run_on_the_fetched_library(mmdeploy_library, tmp_path):
+    """docs/kernel_libraries.md as written, from the extraction on, with the wheel already fetched."""
+    wheels = LIBRARY.parent / "wheels"
+    if not list(wheels.glob("mmdeploy-1.3.1-*.whl")):
+        pytest.skip(f"mmdeploy's wheel is not in {wheels}: run `{FETCH}`")
+    (tmp_path / "wheels").symlink_to(wheels)
+    run = DocRun(tmp_path)
+    blocks = [b for b in CODE if b.page == PAGE and "pip download" not in b.code]
+    outputs = {}
+    for block in blocks:
+        result = run.run(block)
+        assert result.ok, f"{block.id} failed:\n{block.code}\n--- output ---\n{result.output[-4000:]}"
+        outputs[block.id] = result.output
+    cli = next(out for b, out in zip(blocks, outputs.values()) if "opbridge --ops" in b.code)
+    extracted = str(tmp_path / "mmdeploy_lib" / "libmmdeploy_onnxruntime_ops.so")
+    # deploy_warp.py (bicubic, border), then check --model, check --op, run: each through the library
+    assert cli.count(f"kernel of mmdeploy::grid_sampler: {extracted}") == 3, cli
+    assert cli.count("ORT tier native vs eager torch | PASS") == 3 and "0 failed" in cli, cli
+    assert "relu: shape [3, 4, 5, 6] float32" in cli and "(native tier)" in cli, cli
+    assert "(4, 4, 5, 6)" in outputs[blocks[-1].id]
 
 
 def test_the_library_without_its_dependency_is_onnxruntimes_message(mmdeploy_library, tmp_path):
@@ -181,3 +196,24 @@ def test_a_library_serving_none_of_the_nodes_is_not_loaded(tmp_path):
     assert sess.kernels == {"opbridge::identity_conv": str(build.library_path())}
     x = torch.randn(1, 2, 3, 3)
     assert torch.equal(torch.from_numpy(sess.run(None, {"x": x.numpy()})[0]), x)
+
+
+def test_a_domain_served_by_both_libraries_is_refused_before_onnxruntime(mmdeploy_library, registry):
+    """onnxruntime takes a custom domain from one library ("Domain already set in registry"): an op of
+    the same domain with an opbridge C++ kernel, in one model with mmdeploy's node, is an error first."""
+    @bridge.op("mmdeploy::p33b_twice", fake=lambda x: torch.empty_like(x), registry=registry,
+               native="user_ops/clip_min.cc", dtypes=(torch.float32,),
+               sample_inputs=lambda dtype: [bridge.SampleInput((torch.ones(2, dtype=dtype),))])
+    def twice(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    nodes = [onnx.helper.make_node("grid_sampler", ["x", "grid"], ["s"], domain="mmdeploy", interpolation_mode=0,
+                                   padding_mode=0, align_corners=0),
+             onnx.helper.make_node("p33b_twice", ["s"], ["y"], domain="mmdeploy")]
+    value = lambda name: onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)  # noqa: E731
+    model = onnx.helper.make_model(onnx.helper.make_graph(nodes, "g", [value("x"), value("grid")], [value("y")]),
+                                   opset_imports=[onnx.helper.make_opsetid("", 18),
+                                                  onnx.helper.make_opsetid("mmdeploy", 1)])
+    with pytest.raises(OpBridgeError, match=r"serves domain 'mmdeploy' \(libmmdeploy_onnxruntime_ops.so\), which "
+                                            r"opbridge's library registers too.*Got ops \['mmdeploy::grid_sampler'\]"):
+        bridge.session(model, tier="native", native_library=mmdeploy_library, registry=registry)
