@@ -25,6 +25,7 @@ from bridge.core.graphs import custom_nodes, model_value_types
 from ort_kernels.base import Paths
 
 _ANSWERS: dict[tuple, str | None] = {}
+_LOADS: set[tuple[str, int, int]] = set()
 _LOCK = threading.Lock()
 
 
@@ -57,12 +58,17 @@ def check_library(path: str | os.PathLike) -> str:
         raise OpBridgeError(f"the native kernel library {text!r} is not a file. Got a "
                             f"{'folder' if os.path.isdir(text) else 'special file'}. Pass the path of the .so itself.")
     full = os.path.abspath(text)
+    stat = os.stat(full)
+    key = (full, stat.st_size, stat.st_mtime_ns)
+    if key in _LOADS:  # NOTE: loaded once in this process: sessions opened again skip the load
+        return full
     try:
         ort.SessionOptions().register_custom_ops_library(full)
     except Exception as e:  # noqa: BLE001  onnxruntime's own words say why (not ELF, a missing dependency, ...)
         raise OpBridgeError(f"onnxruntime could not load the native library {text!r}. Got {type(e).__name__}: "
                             f"{' '.join(str(e).split())[:400]}. Rebuild it for this onnxruntime "
                             f"({ort.__version__}), or place the libraries it needs beside it.") from None
+    _LOADS.add(key)
     return full
 
 

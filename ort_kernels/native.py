@@ -44,7 +44,11 @@ class NativeTier(Tier):
         has C++ kernels for, then function bodies."""
         users = user_libraries(library or os.environ.get(LIBRARY_ENV) or None)
         theirs = served_by(users, model)
-        served = {k: v for k, v in served_ops(registry).items() if k not in theirs}
+        # NOTE: nodes inside model-local functions count: a body may call an op the library serves
+        rest = [key for key in custom_ops(model, functions=True) if key not in theirs]
+        # NOTE: the library's op table (each op's types, through its fake kernel) only when a node needs it
+        needed = any((spec := registry.find(*key)) is not None and native_source(spec) is not None for key in rest)
+        served = {k: v for k, v in served_ops(registry).items() if k in rest} if needed else {}
         # NOTE: a node with neither a C++ kernel nor a model-local body runs its registered body,
         # attached at the file's opset (helper functions the model carries run as they are)
         unserved = [key for key in sorted(custom_ops(model)) if key not in served and key not in theirs]
@@ -64,7 +68,7 @@ class NativeTier(Tier):
         changed = attached or len(keep) != len(model.functions)
         del model.functions[:]
         model.functions.extend(keep)
-        ours = [key for key in custom_ops(model) if key in served]
+        ours = [key for key in custom_ops(model, functions=True) if key in served]
         kernels = {f"{d}::{t}": path for (d, t), path in theirs.items()}
         libraries = list(dict.fromkeys(theirs.values()))
         if ours:
