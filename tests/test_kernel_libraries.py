@@ -110,7 +110,7 @@ def test_opbridge_library_serves_its_ops_beside_a_user_library(parity_runs, mmde
 PAGE = ROOT / "docs" / "kernel_libraries.md"
 
 
-def test_the_pages_op_module_is_the_tests(mmdeploy_library):
+def test_the_pages_op_module_is_the_tests():
     assert doc_block("# mmdeploy_ops.py").code == OPS.read_text()
 
 
