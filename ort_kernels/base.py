@@ -25,6 +25,9 @@ from bridge.core.graphs import model_nodes
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
 
+# One custom-op library path, or several (``bridge.session(native_library=...)``).
+Paths = str | os.PathLike | Sequence[str | os.PathLike]
+
 # An explainer: (the exception a run raised, the feed as arrays by input name) -> the OpBridgeError
 # message for it, or None when it is not about what this explainer knows.
 Explain = Callable[[BaseException, dict], "str | None"]
@@ -35,12 +38,18 @@ class Prepared:
     """A tier's answer: the options to open the session with, whether the model proto was changed
     (else the file goes to onnxruntime by path), the explainers of its run errors, and ``guard``,
     a context manager every run enters (the python tier's: one run at a time, its kernels' errors
-    raised)."""
+    raised), and ``kernels``: which library (its path) or ``FUNCTION_BODY`` runs each custom op,
+    by ``domain::op_type``, where the tier says."""
 
     options: ort.SessionOptions | None
     changed: bool
     explain: tuple[Explain, ...] = ()
     guard: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+    kernels: dict[str, str] = dataclasses.field(default_factory=dict)  # op -> the library (path) or FUNCTION_BODY
+
+
+# NOTE: what ``Prepared.kernels`` says of a custom op that runs its model-local function body.
+FUNCTION_BODY = "function body"
 
 
 class Session(ort.InferenceSession):
@@ -50,8 +59,10 @@ class Session(ort.InferenceSession):
     OpBridgeError. NOTE: explainers look only after a failure: a run that works pays nothing."""
 
     def __init__(self, content, options, *, providers, explain: Sequence[Explain] = (),
-                 guard: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext):
+                 guard: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
+                 kernels: dict[str, str] | None = None):
         self._explainers = tuple(explain)
+        self.kernels = dict(kernels or {})  # NOTE: Prepared.kernels: what runs each custom op
         self._guard = guard
         super().__init__(content, options, providers=list(providers))
 
@@ -125,9 +136,10 @@ class Tier(abc.ABC):
 
     @abc.abstractmethod
     def prepare(self, model: onnx.ModelProto, registry: Registry, options: ort.SessionOptions | None,
-                library: str | os.PathLike | None = None) -> Prepared:
+                library: Paths | None = None) -> Prepared:
         """Edit ``model`` (a private copy) and options so every custom node has a kernel; raise
-        UnsupportedInTier naming the ops it cannot run."""
+        UnsupportedInTier naming the ops it cannot run. ``library``: custom-op libraries to load
+        (the native tier's; sessions refuse it for other tiers)."""
 
     def missing(self, registry: Registry) -> str | None:
         """What this machine lacks to run the tier at all (a package, a compiler), as an error

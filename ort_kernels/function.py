@@ -5,7 +5,6 @@ The body is the op's written one, or one derived from its PyTorch implementation
 from __future__ import annotations
 
 import functools
-import os
 
 import numpy as np
 import onnx
@@ -22,7 +21,7 @@ from bridge.core.spec import BodyBuilder, OpSpec
 from exporters.derive import body_status, last_failure
 from exporters.export import DEFAULT_OPSET
 from exporters.resolve import attach_functions
-from ort_kernels.base import Prepared, Tier, libraries, private_domains
+from ort_kernels.base import Paths, Prepared, Tier, libraries, private_domains
 
 # NOTE: the prefix of the private domains the tier's nodes move to when the options carry a library
 FUNCTION_DOMAIN = "opbridge.function."
@@ -38,7 +37,7 @@ class FunctionTier(Tier):
                 if kind == "none" else None)
 
     def prepare(self, model: onnx.ModelProto, registry: Registry, options: ort.SessionOptions | None,
-                library: str | os.PathLike | None = None) -> Prepared:
+                library: Paths | None = None) -> Prepared:
         added = attach_functions(model, registry)
         local = {(f.domain, f.name, f.overload) for f in model.functions}
         missing = sorted({(n.domain, n.op_type) for n in model_nodes(model)

@@ -17,8 +17,9 @@ from bridge.core.opnames import spec_names
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
 from exporters.resolve import attach_functions
-from ort_kernels.base import Prepared, Tier, with_library
+from ort_kernels.base import FUNCTION_BODY, Paths, Prepared, Tier, with_library
 from ort_kernels.build import library_path, native_source, served_ops
+from ort_kernels.libraries import served_by, user_libraries
 
 # NOTE: the one env var naming a prebuilt library for every native session.
 LIBRARY_ENV = "OPBRIDGE_NATIVE_LIBRARY"
@@ -37,36 +38,52 @@ class NativeTier(Tier):
         return None
 
     def prepare(self, model: onnx.ModelProto, registry: Registry, options: ort.SessionOptions | None,
-                library: str | os.PathLike | None = None) -> Prepared:
-        served = served_ops(registry)
+                library: Paths | None = None) -> Prepared:
+        """``library`` (or ``$OPBRIDGE_NATIVE_LIBRARY``): custom-op libraries of the user's own (or
+        opbridge's, prebuilt) that serve the nodes they know; opbridge's library serves the rest it
+        has C++ kernels for, then function bodies."""
+        users = user_libraries(library or os.environ.get(LIBRARY_ENV) or None)
+        theirs = served_by(users, model)
+        # NOTE: nodes inside model-local functions count: a body may call an op the library serves
+        rest = [key for key in custom_ops(model, functions=True) if key not in theirs]
+        # NOTE: the library's op table (each op's types, through its fake kernel) only when a node needs it
+        needed = any((spec := registry.find(*key)) is not None and native_source(spec) is not None for key in rest)
+        served = {k: v for k, v in served_ops(registry).items() if k in rest} if needed else {}
         # NOTE: a node with neither a C++ kernel nor a model-local body runs its registered body,
         # attached at the file's opset (helper functions the model carries run as they are)
-        unserved = [key for key in sorted(custom_ops(model)) if key not in served]
+        unserved = [key for key in sorted(custom_ops(model)) if key not in served and key not in theirs]
         attached = bool(unserved) and bool(attach_functions(model, registry, ops=unserved))
         local = {(f.domain, f.name) for f in model.functions}
         missing = [f"{d}::{t}" for d, t in unserved if (d, t) not in local]
         if missing:
             raise UnsupportedInTier(
-                f"tier 'native' has no C++ kernel for {', '.join(missing)}, nor a function body to run instead. "
-                f"Got ops {missing}. "
-                "Give each a C++ kernel (native= on @bridge.op, or op.register_native) or a function body."
+                f"tier 'native' has no C++ kernel for {', '.join(missing)}, nor a function body to run instead"
+                f"{'; no library given serves it' if users else ''}. Got ops {missing}. "
+                "Give each a C++ kernel (native= on @bridge.op, or op.register_native) or a function body"
+                f"{'' if users else ', or pass native_library= a custom-op library that serves it'}."
             )
-        # NOTE: drop the model-local functions the library serves, so that the C++ kernels, not the
+        # NOTE: drop the model-local functions a library serves, so that the C++ kernels, not the
         # function bodies, are what this session runs.
-        keep = [f for f in model.functions if (f.domain, f.name) not in served]
+        keep = [f for f in model.functions if (f.domain, f.name) not in served and (f.domain, f.name) not in theirs]
         changed = attached or len(keep) != len(model.functions)
         del model.functions[:]
         model.functions.extend(keep)
-        library = os.fspath(library or os.environ.get(LIBRARY_ENV) or library_path(registry))
-        if not os.path.isfile(library):
-            raise OpBridgeError(f"no native kernel library at {library!r}. Got a missing file. Build one with "
-                                "`opbridge build -o DIR`, or drop native_library= to build here.")
+        ours = [key for key in custom_ops(model, functions=True) if key in served]
+        kernels = {f"{d}::{t}": path for (d, t), path in theirs.items()}
+        libraries = list(dict.fromkeys(theirs.values()))
+        if ours:
+            _one_library_per_domain(theirs, {d for d, _ in served_ops(registry)})
+            own = os.fspath(library_path(registry))
+            kernels.update({f"{d}::{t}": own for d, t in ours})
+            libraries.append(own)
+        kernels.update({f"{d}::{t}": FUNCTION_BODY for d, t in unserved})
         try:
-            options = with_library(options, library)
+            for path in libraries:
+                options = with_library(options, path)
         except Exception as e:
-            raise OpBridgeError(f"onnxruntime could not load the native library {library!r}. Got "
+            raise OpBridgeError(f"onnxruntime could not load the native library {path!r}. Got "
                                 f"{type(e).__name__}: {str(e)[:300]}. Rebuild it for this onnxruntime.") from None
-        return Prepared(options, changed=changed)
+        return Prepared(options, changed=changed, kernels=kernels)
 
     def missing(self, registry: Registry) -> str | None:
         if os.environ.get(LIBRARY_ENV) or verified(library_path(registry, build=False)) or find_compiler():
@@ -87,3 +104,18 @@ class NativeTier(Tier):
             lines.append(f"  {domain}::{name} v{spec.version} "
                          f"{','.join(str(d).replace('torch.', '') for d in dtypes)}")
         return lines
+
+
+def _one_library_per_domain(theirs: dict[tuple[str, str], str], domains: set[str]) -> None:
+    """onnxruntime takes each custom domain from one library ("Domain already set in registry"):
+    a user's library that serves a domain opbridge's library registers too cannot sit beside it."""
+    shared = sorted({(d, path) for (d, _), path in theirs.items() if d in domains})
+    if shared:
+        names = ", ".join(f"'{d}' ({os.path.basename(p)})" for d, p in shared)
+        raise OpBridgeError(
+            f"the model needs opbridge's native library beside a library of yours that serves domain "
+            f"{names}, which opbridge's library registers too; onnxruntime takes each domain from one library. "
+            f"Got ops {sorted(f'{d}::{t}' for d, t in theirs)} served by yours. Serve each domain from one library: "
+            "build the ops with opbridge C++ kernels in that domain into your library, or register them without "
+            "native= (their function bodies run)."
+        )

@@ -39,7 +39,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
-import os
 import threading
 from typing import Any
 
@@ -53,7 +52,7 @@ from bridge.core.errors import OpBridgeError, UnsupportedInTier
 from bridge.core.graphs import FreshNames, custom_nodes, model_graphs, model_value_types, value_names
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
-from ort_kernels.base import Prepared, Tier, helper_functions, libraries, with_library
+from ort_kernels.base import Paths, Prepared, Tier, helper_functions, libraries, with_library
 from ort_kernels.build import io_types
 
 _lock = threading.Lock()
@@ -492,7 +491,7 @@ class PythonTier(Tier):
         return _NO_EXTENSIONS if importlib.util.find_spec("onnxruntime_extensions") is None else None
 
     def prepare(self, model: onnx.ModelProto, registry: Registry, options: ort.SessionOptions | None,
-                library: str | os.PathLike | None = None) -> Prepared:
+                library: Paths | None = None) -> Prepared:
         """Route ``model``'s custom nodes to their eager implementations."""
         global _generation, _generation_used
         try:

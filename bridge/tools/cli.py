@@ -14,6 +14,7 @@ Examples (the demo model is the default ``--model``)::
     opbridge check                        # export + ORT + parity table; exit 1 on mismatch
     opbridge check --op bev::bev_pool_v2  # one op over its dtypes and sample inputs
     opbridge check --tier native          # the same through the C++ kernel library
+    opbridge check --native-library lib.so  # nodes lib.so serves run its kernels (tier native)
     opbridge check --inline --runtime openvino     # the inlined file in OpenVINO
     opbridge check --localize             # on a mismatch, name the first ONNX node that diverges
     opbridge doctor --build               # build the native library, say what it serves
@@ -53,6 +54,14 @@ def _sub(sub, name: str, **kwargs) -> argparse.ArgumentParser:
     return p
 
 
+def _tier_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--tier", help="kernel tier (`opbridge ops` lists them; default: function, or native with "
+                                  "--native-library)")
+    p.add_argument("--native-library", action="append", metavar="PATH",
+                   help="a custom-op library of yours (.so) whose kernels run the nodes it serves, before "
+                        "opbridge's own (tier native; repeatable)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="opbridge", description=__doc__.split("\n")[0])
     _common(parser, "")
@@ -80,7 +89,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _sub(sub, "run", help="run an .onnx file in ONNX Runtime on saved inputs")
     p.add_argument("model_file")
     p.add_argument("--inputs", help=".npz with one array per model input (default: MODEL.inputs.npz)")
-    p.add_argument("--tier", default="function", help="kernel tier (`opbridge ops` lists them)")
+    _tier_arguments(p)
 
     p = _sub(sub, "doctor", help="report the native kernel library: built?, loads?, ops and domains served")
     p.add_argument("--build", action="store_true", help="build the library if it is not built yet")
@@ -105,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = _sub(sub, "check", help="export, run in ORT and compare against eager (parity table)")
     p.add_argument("--model", help="MODULE:FACTORY returning a ModelCase (default: the demo)")
     p.add_argument("--op", help="check one registered op over its dtypes and sample inputs instead")
-    p.add_argument("--tier", default="function", help="kernel tier (`opbridge ops` lists them)")
+    _tier_arguments(p)
     p.add_argument("--inline", action="store_true", help="check the inlined file (custom nodes replaced by bodies)")
     p.add_argument("--runtime", default="onnxruntime", choices=("onnxruntime", "openvino"),
                    help="run the file in this runtime (openvino needs --inline and `pip install openvino`)")

@@ -247,7 +247,7 @@ def cmd_run(args) -> int:
     if not os.path.isfile(inputs_path):
         raise OpBridgeError(f"no inputs for {args.model_file}. Got no file {inputs_path!r}. "
                             "Pass --inputs FILE.npz (arrays keyed by input name), or export with `opbridge export`.")
-    sess = session(args.model_file, tier=args.tier)
+    sess = session(args.model_file, tier=args.tier, native_library=args.native_library)
     feed = load_inputs(inputs_path, [i.name for i in sess.get_inputs()])
     start = time.perf_counter()
     try:
@@ -288,12 +288,13 @@ def _op_reports(args) -> tuple[list, list[str]]:
     """``check --op``: one report per dtype and sample the tier runs, and the dtypes it skips."""
     spec = REGISTRY.get(args.op)
     tier, onnx_spec = TIERS[args.tier], REGISTRY.functional(spec)
-    why = tier.why_not(onnx_spec)
+    # NOTE: a library of the user's own may serve an op opbridge has no C++ kernel for: its session says
+    why = None if args.native_library else tier.why_not(onnx_spec)
     if why is not None and not args.inline:
         raise OpBridgeError(f"tier {args.tier!r} cannot run {spec.qualname}: {why}. Got --tier {args.tier}. "
                             "Pick another tier (opbridge ops shows which run it), or add what it lacks.")
     # NOTE: dtypes a tier does not run are reported as skipped, with the tier's reason
-    run = [d for d in spec.dtypes if args.inline or tier.why_not(onnx_spec, d) is None]
+    run = [d for d in spec.dtypes if args.inline or args.native_library or tier.why_not(onnx_spec, d) is None]
     skipped = [f"{spec.qualname} {_dtype_name(d)} (tier {args.tier} {tier.why_not(onnx_spec, d)})"
                for d in spec.dtypes if d not in run]
     selected = cases([spec], dtypes=tuple(run))
@@ -305,7 +306,8 @@ def _op_reports(args) -> tuple[list, list[str]]:
     for case in selected:
         module, tensors = OpModule.from_sample(spec, case.sample)
         reports.append(check_parity(module, tensors, tier=args.tier, rtol=args.rtol, atol=args.atol,
-                                    name=case.id, inline=args.inline, runtime=args.runtime, localize=args.localize))
+                                    name=case.id, inline=args.inline, runtime=args.runtime, localize=args.localize,
+                                    native_library=args.native_library))
     return reports, skipped
 
 
@@ -313,7 +315,8 @@ def _model_report(args):
     case = _load_case(args.model)
     return check_parity(case.model, case.args, dynamic_shapes=case.dynamic_shapes, extra_args=case.extra_args,
                         tier=args.tier, rtol=args.rtol, atol=args.atol, path=args.output,
-                        name=case.name or args.model, inline=args.inline, runtime=args.runtime, localize=args.localize)
+                        name=case.name or args.model, inline=args.inline, runtime=args.runtime, localize=args.localize,
+                        native_library=args.native_library)
 
 
 def _write_reports(args, reports: list) -> None:
@@ -494,8 +497,11 @@ def _complete(args) -> None:
     if getattr(args, "opset", None) is None and args.command == "export":
         args.opset = DEFAULT_OPSET
     if hasattr(args, "tier"):
+        if args.tier is None:
+            args.tier = "native" if args.native_library else "function"
         tier = tiers.get(args.tier)
-        needs = tier.missing(REGISTRY) if args.command in ("check", "run") else None
+        # NOTE: with libraries of the user's own, what else the native tier needs is known per model
+        needs = tier.missing(REGISTRY) if args.command in ("check", "run") and not args.native_library else None
         if needs:
             raise OpBridgeError(needs)
     if getattr(args, "runtime", None) == "openvino" and (needs := openvino_runtime.missing()):

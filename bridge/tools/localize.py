@@ -290,6 +290,7 @@ def localize(
     rtol=None,
     atol=None,
     run: int = 1,
+    native_library=None,
 ) -> Localization:
     """Compare every intermediate value of ``model`` (an ONNX path or proto exported from ``program``)
     in onnxruntime (``tier``) against eager, and find the first node that diverges.
@@ -297,6 +298,7 @@ def localize(
     ``program`` is the program torch.onnx translated (``exporters.export.export_with_program``'s
     ``.program``); ``compare`` is ``bridge.tools.parity.compare`` (per-dtype tolerances, overridable
     with ``rtol``/``atol``). The model may be edited after export: values keep their names.
+    ``native_library``: as ``bridge.session``'s, for tier "native".
     Usually called through ``bridge.check_parity(..., localize=True)``.
 
     Example:
@@ -320,7 +322,7 @@ def localize(
     candidates = [out for node in graph.node for out in node.output
                   if out and out in eager and out not in exact]
     with step(f"localize: onnxruntime intermediates ({tier} tier)"):
-        sess = session(add_outputs(proto, candidates), tier=tier, registry=registry)
+        sess = session(add_outputs(proto, candidates), tier=tier, registry=registry, native_library=native_library)
         available = {o.name for o in sess.get_outputs()}
         names = [n for n in candidates if n in available]
         try:

@@ -24,6 +24,7 @@ from bridge.tools.localize import localize as localize_run
 from bridge.tools.openvino_runtime import session as openvino_session
 from bridge.tools.sessions import ort_feed, run_feed, session
 from exporters.export import export_with_program
+from ort_kernels.base import Paths
 
 # NOTE: (rtol, atol) per dtype; a finite pair passes when |ort - eager| <= atol + rtol * |eager|
 # (NaN/inf only match themselves, see compare; integers and bool are exact, as integers). float16's
@@ -191,6 +192,7 @@ class ParityReport:
     onnx_path: str | None = None
     runtime: str = "onnxruntime"
     localization: Localization | None = None  # node by node, when check_parity(localize=...) ran it
+    kernels: dict[str, str] = dataclasses.field(default_factory=dict)  # op -> library path or "function body"
 
     @property
     def passed(self) -> bool:
@@ -205,7 +207,8 @@ class ParityReport:
     def to_dict(self) -> dict:
         return {"model": self.model, "tier": self.tier, "runtime": self.runtime, "passed": self.passed,
                 "onnx_path": self.onnx_path, "outputs": [o.to_dict() for o in self.outputs],
-                "localization": None if self.localization is None else self.localization.to_dict()}
+                "localization": None if self.localization is None else self.localization.to_dict(),
+                "kernels": dict(self.kernels)}
 
     def to_json(self, **kwargs) -> str:
         def clean(v):  # JSON has no inf nor NaN: statistics become null
@@ -266,6 +269,7 @@ class ParityReport:
         runner = {"onnxruntime": "ORT", "openvino": "OpenVINO"}.get(self.runtime, self.runtime)
         lines = [f"parity: {self.model} | {runner} tier {self.tier} vs eager torch | "
                  f"{'PASS' if self.passed else 'FAIL'}", format_table(rows)]
+        lines += [f"kernel of {op}: {where}" for op, where in self.kernels.items()]
         for o in self.outputs:
             if o.passed or not o.worst:
                 continue
@@ -338,6 +342,7 @@ def check_parity(
     inline: bool = False,
     runtime: str = "onnxruntime",
     localize: bool | str = False,
+    native_library: Paths | None = None,
 ) -> ParityReport:
     """Export ``model``, run eager and ORT on ``args`` (and each of ``extra_args``), compare outputs.
 
@@ -348,6 +353,8 @@ def check_parity(
     ``localize=True``: when a run fails, compare every intermediate value too and report the first
     node that diverges (``report.first_divergence``; ``bridge.tools.localize``); a passing check costs
     nothing extra. ``localize="always"`` compares the intermediates of the first run even when it passes.
+    ``native_library`` (tier "native"): custom-op libraries of your own that serve the nodes they
+    know, as ``bridge.session``'s; ``report.kernels`` says which library ran each custom op.
 
     Example:
         >>> import torch, bridge, custom_ops
@@ -372,7 +379,7 @@ def check_parity(
         if runtime == "openvino":
             sess = openvino_session(onnx_path)
         else:
-            sess = session(onnx_path, tier=tier, registry=registry)
+            sess = session(onnx_path, tier=tier, registry=registry, native_library=native_library)
         rows: list[OutputParity] = []
         localization = None
         for run, run_args in enumerate([tuple(args), *map(tuple, extra_args)]):
@@ -391,9 +398,10 @@ def check_parity(
             if (runtime == "onnxruntime" and localization is None
                     and wanted(localize, passed=all(r.passed for r in rows))):
                 localization = localize_run(exported.program, exported.proto, run_args, kwargs, compare=compare,
-                                            tier=tier, registry=registry, rtol=rtol, atol=atol, run=run + 1)
+                                            tier=tier, registry=registry, rtol=rtol, atol=atol, run=run + 1,
+                                            native_library=native_library)
     return ParityReport(label, "inlined" if inline else tier, rows, onnx_path if path is not None else None,
-                        runtime, localization=localization)
+                        runtime, localization=localization, kernels=dict(getattr(sess, "kernels", {})))
 
 
 def assert_parity(model: torch.nn.Module, args: Sequence, **kwargs) -> ParityReport:

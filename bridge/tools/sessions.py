@@ -26,7 +26,7 @@ from bridge.core.progress import step
 from bridge.core.registry import REGISTRY, Registry, fill_attributes
 from bridge.core.torch_compat import pytree
 from ort_kernels import tiers
-from ort_kernels.base import Session
+from ort_kernels.base import Paths, Session
 
 
 def load_model(model: str | os.PathLike | onnx.ModelProto | bytes) -> onnx.ModelProto:
@@ -167,7 +167,7 @@ def session(
     registry: Registry | None = None,
     providers: Sequence[str] = ("CPUExecutionProvider",),
     sess_options: ort.SessionOptions | None = None,
-    native_library: str | os.PathLike | None = None,
+    native_library: Paths | None = None,
 ) -> Session:
     """An ``onnxruntime.InferenceSession`` (``ort_kernels.base.Session``) for ``model`` whose custom
     ops all have kernels; every run method reports a tier's known failures as OpBridgeError.
@@ -176,8 +176,11 @@ def session(
     through its model-local ONNX function (attached from the registry when the file lacks it, and
     converted to the file's opset, e.g. after ``onnx.version_converter``), so plain ONNX Runtime
     needs nothing else.
-    ``tier="native"`` loads the C++ kernel library (built on first use, or ``native_library=``
-    / ``$OPBRIDGE_NATIVE_LIBRARY`` for a prebuilt one); ``tier="python"`` runs
+    ``tier="native"`` loads the C++ kernel library (built on first use). ``native_library=`` (one
+    path or several; else ``$OPBRIDGE_NATIVE_LIBRARY``) names custom-op libraries to load first: a
+    user's own (mmdeploy's ``libmmdeploy_onnxruntime_ops.so``) or opbridge's, prebuilt. Each custom
+    node runs the kernel of the first of them that serves it (onnxruntime is asked), else opbridge's
+    C++ kernel, else its function body; ``session.kernels`` says which, by op. ``tier="python"`` runs
     the ops' own eager implementations through onnxruntime-extensions (every dtype; prototyping).
 
     Example:
@@ -190,6 +193,9 @@ def session(
         5.0
     """
     kernels = tiers.get(tier)
+    if native_library is not None and tier != "native":
+        raise OpBridgeError(f"native_library= loads custom-op libraries for tier 'native' only. Got tier={tier!r}. "
+                            "Pass tier='native', or drop native_library=.")
     reg = REGISTRY if registry is None else registry
     proto = load_model(model)
     check_nodes(proto, reg)
@@ -204,7 +210,7 @@ def session(
             content = os.fspath(path) if path is not None else \
                 _with_external_data(proto, model).SerializeToString()
             return Session(content, prepared.options, providers=providers,
-                           explain=(*prepared.explain, wrong_type), guard=prepared.guard)
+                           explain=(*prepared.explain, wrong_type), guard=prepared.guard, kernels=prepared.kernels)
         except Exception as e:
             raise OpBridgeError(f"onnxruntime could not load the model. Got {type(e).__name__}: "
                                 f"{str(e)[:500]}. Check the op kernels for tier {tier!r}.") from e

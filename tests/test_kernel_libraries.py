@@ -1,0 +1,219 @@
+"""A user's existing kernel library in the native tier (``native_library=``, ``--native-library``):
+mmdeploy 1.3.1's ``libmmdeploy_onnxruntime_ops.so`` runs the ``mmdeploy::grid_sampler`` nodes a
+bridge op writes, checked against eager ``F.grid_sample``; which library serves which op; the
+errors for a path that is no library.
+
+The mmdeploy library comes from its PyPI wheel through tests/scripts/fetch_mmdeploy.py (.ci/run
+runs it); without it those tests skip, naming the command. mmdeploy's op is registered in
+subprocesses only (tests/user_ops/mmdeploy_ops.py): the test process's registry stays the table's.
+"""
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnxruntime_extensions import get_library_path
+from test_doc_blocks import CODE, DocRun, doc_block
+
+import bridge
+import custom_ops.demo as demo
+from bridge.core.errors import OpBridgeError
+from ort_kernels import build
+
+ROOT = Path(__file__).resolve().parents[1]
+OPS = ROOT / "tests" / "user_ops" / "mmdeploy_ops.py"
+FETCH = ".venv/bin/python tests/scripts/fetch_mmdeploy.py"
+LIBRARY = Path(os.environ.get("OPBRIDGE_TEST_MMDEPLOY_LIB")
+               or ROOT / "build" / "mmdeploy-1.3.1" / "libmmdeploy_onnxruntime_ops.so")
+ENV = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+# (interpolation_mode, padding_mode, align_corners): bilinear/nearest/bicubic x zeros/border/reflection
+# x align_corners between these and the page's deploy_warp.py (bicubic, border, 0)
+COMBOS = [(0, 0, 0), (1, 2, 1), (0, 2, 1), (2, 0, 1)]
+TOLERANCE = 1e-5  # rtol and atol: float32's default (bridge.tools.parity.TOLERANCES); measured <= 2.2e-6
+
+
+@pytest.fixture(scope="module")
+def mmdeploy_library() -> str:
+    if not LIBRARY.is_file():
+        pytest.skip(f"mmdeploy's library is not fetched ({LIBRARY}): run `{FETCH}` (downloads the 11 MB wheel "
+                    "from PyPI), or point $OPBRIDGE_TEST_MMDEPLOY_LIB at libmmdeploy_onnxruntime_ops.so")
+    return str(LIBRARY)
+
+
+# NOTE: one subprocess for every combination: it registers mmdeploy::grid_sampler, exports each
+# model (dynamic batch), opens it through the library and through check_parity, and prints a line each.
+PARITY = """
+import json, sys
+import torch, bridge, custom_ops
+sys.path.insert(0, {ops_dir!r})
+import mmdeploy_ops
+library, tmp = {library!r}, {tmp!r}
+for modes in {combos!r}:
+    case = mmdeploy_ops.case(*modes)
+    path = f"{{tmp}}/warp_{{'_'.join(map(str, modes))}}.onnx"
+    report = bridge.check_parity(case.model, case.args, dynamic_shapes=case.dynamic_shapes, path=path,
+                                 extra_args=case.extra_args, tier="native", native_library=library,
+                                 rtol={tol}, atol={tol})
+    sess = bridge.session(path, tier="native", native_library=library)
+    print(json.dumps({{"modes": modes, "kernels": sess.kernels, "passed": report.passed,
+                      "outputs": [(o.shape, o.max_abs, o.passed) for o in report.outputs],
+                      "report_kernels": report.kernels, "table": str(report)}}))
+
+class Both(torch.nn.Module):  # an opbridge op (its C++ kernel) and mmdeploy's, in one model
+    def forward(self, x, grid):
+        return mmdeploy_ops.grid_sampler(torch.ops.opbridge.identity_conv(x, 3), grid, 0, 0, 0)
+
+x, grid = torch.randn(2, 3, 5, 6), torch.rand(2, 4, 7, 2) * 2 - 1
+report = bridge.check_parity(Both(), (x, grid), tier="native", native_library=library)
+print(json.dumps({{"modes": "both", "passed": report.passed, "report_kernels": report.kernels, "table": str(report)}}))
+"""
+
+
+@pytest.fixture(scope="module")
+def parity_runs(mmdeploy_library, tmp_path_factory) -> dict:
+    tmp = tmp_path_factory.mktemp("mmdeploy")
+    code = PARITY.format(ops_dir=str(OPS.parent), library=mmdeploy_library, tmp=str(tmp), combos=COMBOS,
+                         tol=TOLERANCE)
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp, env=ENV, timeout=900)
+    assert r.returncode == 0, f"{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
+    runs = [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
+    return {tuple(run["modes"]) if isinstance(run["modes"], list) else run["modes"]: run for run in runs}
+
+
+@pytest.mark.parametrize("modes", COMBOS, ids=lambda m: "mode{}_pad{}_align{}".format(*m))
+def test_mmdeploy_library_runs_grid_sampler_nodes_like_eager(parity_runs, mmdeploy_library, modes):
+    run = parity_runs[modes]
+    # every grid_sampler node ran mmdeploy's kernel, not the op's function body (the file carries one)
+    assert run["kernels"] == {"mmdeploy::grid_sampler": mmdeploy_library}
+    assert run["report_kernels"] == run["kernels"]
+    assert f"kernel of mmdeploy::grid_sampler: {mmdeploy_library}" in run["table"]
+    # batch 2, then batch 3 through the same file: eager F.grid_sample within rtol=atol=1e-5
+    assert run["passed"], run["table"]
+    assert [(shape, ok) for shape, _, ok in run["outputs"]] == [([2, 4, 5, 6], True), ([3, 4, 5, 6], True)]
+    assert all(err <= TOLERANCE for _, err, _ in run["outputs"]), run["table"]
+
+
+def test_opbridge_library_serves_its_ops_beside_a_user_library(parity_runs, mmdeploy_library):
+    run = parity_runs["both"]
+    assert run["passed"], run["table"]
+    assert run["report_kernels"]["mmdeploy::grid_sampler"] == mmdeploy_library
+    assert Path(run["report_kernels"]["opbridge::identity_conv"]).name == build.LIBRARY_NAME
+
+
+PAGE = ROOT / "docs" / "kernel_libraries.md"
+
+
+def test_the_pages_op_module_is_the_tests():
+    assert doc_block("# mmdeploy_ops.py").code == OPS.read_text()
+
+
+def test_the_pages_blocks_run_on_the_fetched_library(mmdeploy_library, tmp_path):
+    """docs/kernel_libraries.md as written, from the extraction on, with the wheel already fetched."""
+    wheels = LIBRARY.parent / "wheels"
+    if not list(wheels.glob("mmdeploy-1.3.1-*.whl")):
+        pytest.skip(f"mmdeploy's wheel is not in {wheels}: run `{FETCH}`")
+    (tmp_path / "wheels").symlink_to(wheels)
+    run = DocRun(tmp_path)
+    blocks = [b for b in CODE if b.page == PAGE and "pip download" not in b.code]
+    outputs = {}
+    for block in blocks:
+        result = run.run(block)
+        assert result.ok, f"{block.id} failed:\n{block.code}\n--- output ---\n{result.output[-4000:]}"
+        outputs[block.id] = result.output
+    cli = next(out for b, out in zip(blocks, outputs.values()) if "opbridge --ops" in b.code)
+    extracted = str(tmp_path / "mmdeploy_lib" / "libmmdeploy_onnxruntime_ops.so")
+    # deploy_warp.py (bicubic, border), then check --model, check --op, run: each through the library
+    assert cli.count(f"kernel of mmdeploy::grid_sampler: {extracted}") == 3, cli
+    assert cli.count("ORT tier native vs eager torch | PASS") == 3 and "0 failed" in cli, cli
+    assert "relu: shape [3, 4, 5, 6] float32" in cli and "(native tier)" in cli, cli
+    assert "(4, 4, 5, 6)" in outputs[blocks[-1].id]
+
+
+def test_the_library_without_its_dependency_is_onnxruntimes_message(mmdeploy_library, tmp_path):
+    alone = tmp_path / "libmmdeploy_onnxruntime_ops.so"
+    shutil.copy(mmdeploy_library, alone)  # NOTE: without libonnxruntime.so.1.15.1 beside it (its RPATH)
+    with pytest.raises(OpBridgeError, match=r"onnxruntime could not load the native library .*"
+                                            r"libonnxruntime\.so\.1\.15\.1"):
+        bridge.session(_identity_file(tmp_path), tier="native", native_library=alone)
+
+
+def _identity_file(folder: Path) -> str:
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.opbridge.identity_conv(x, 2)
+
+    path = folder / "identity.onnx"
+    if not path.exists():
+        bridge.export(M(), (torch.randn(1, 2, 3, 3),), path)
+    return str(path)
+
+
+def test_native_library_paths_are_checked(tmp_path):
+    model = _identity_file(tmp_path)
+    with pytest.raises(OpBridgeError, match="no native kernel library at .*nope.so'. Got a missing file"):
+        bridge.session(model, tier="native", native_library=tmp_path / "nope.so")
+    with pytest.raises(OpBridgeError, match="is not a file. Got a folder"):
+        bridge.session(model, tier="native", native_library=tmp_path)
+    text = tmp_path / "libtext.so"
+    text.write_text("not a library")
+    with pytest.raises(OpBridgeError, match=r"onnxruntime could not load the native library .*libtext.so'. Got "
+                                            r"Fail: .*(invalid ELF header|file too short)"):
+        bridge.session(model, tier="native", native_library=text)
+    with pytest.raises(OpBridgeError, match="native_library= loads custom-op libraries for tier 'native' only"):
+        bridge.session(model, native_library=text)
+
+
+def test_cli_names_a_bad_library_in_one_line(tmp_path):
+    np.savez(tmp_path / "identity.inputs.npz", x=np.ones((1, 2, 3, 3), np.float32))
+    r = subprocess.run([sys.executable, "-m", "bridge", "run", _identity_file(tmp_path), "--native-library",
+                        str(tmp_path / "nope.so")], capture_output=True, text=True, cwd=tmp_path, env=ENV,
+                       timeout=300)
+    assert r.returncode == 2 and r.stderr.startswith("error: opbridge: no native kernel library at"), r.stderr
+
+
+def test_a_prebuilt_opbridge_library_serves_every_node_it_knows(tmp_path):
+    """opbridge's own library passed as native_library: onnxruntime, asked, says it serves the demo's ops."""
+    case = demo.build()
+    path = tmp_path / "demo.onnx"
+    bridge.export(case.model, case.args, path, dynamic_shapes=case.dynamic_shapes)
+    library = str(build.library_path())
+    sess = bridge.session(path, tier="native", native_library=library)
+    ops = {f"{d}::{t}" for d, t in build.served_ops(bridge.REGISTRY)}
+    assert sess.kernels and set(sess.kernels) <= ops
+    assert set(sess.kernels.values()) == {library}
+
+
+def test_a_library_serving_none_of_the_nodes_is_not_loaded(tmp_path):
+    """onnxruntime-extensions' library serves ai.onnx.contrib ops only: opbridge's library runs the node."""
+    sess = bridge.session(_identity_file(tmp_path), tier="native", native_library=get_library_path())
+    assert sess.kernels == {"opbridge::identity_conv": str(build.library_path())}
+    x = torch.randn(1, 2, 3, 3)
+    assert torch.equal(torch.from_numpy(sess.run(None, {"x": x.numpy()})[0]), x)
+
+
+def test_a_domain_served_by_both_libraries_is_refused_before_onnxruntime(mmdeploy_library, registry):
+    """onnxruntime takes a custom domain from one library ("Domain already set in registry"): an op of
+    the same domain with an opbridge C++ kernel, in one model with mmdeploy's node, is an error first."""
+    @bridge.op("mmdeploy::p33b_twice", fake=lambda x: torch.empty_like(x), registry=registry,
+               native="user_ops/clip_min.cc", dtypes=(torch.float32,),
+               sample_inputs=lambda dtype: [bridge.SampleInput((torch.ones(2, dtype=dtype),))])
+    def twice(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    nodes = [onnx.helper.make_node("grid_sampler", ["x", "grid"], ["s"], domain="mmdeploy", interpolation_mode=0,
+                                   padding_mode=0, align_corners=0),
+             onnx.helper.make_node("p33b_twice", ["s"], ["y"], domain="mmdeploy")]
+    value = lambda name: onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None)  # noqa: E731
+    model = onnx.helper.make_model(onnx.helper.make_graph(nodes, "g", [value("x"), value("grid")], [value("y")]),
+                                   opset_imports=[onnx.helper.make_opsetid("", 18),
+                                                  onnx.helper.make_opsetid("mmdeploy", 1)])
+    with pytest.raises(OpBridgeError, match=r"serves domain 'mmdeploy' \(libmmdeploy_onnxruntime_ops.so\), which "
+                                            r"opbridge's library registers too.*Got ops \['mmdeploy::grid_sampler'\]"):
+        bridge.session(model, tier="native", native_library=mmdeploy_library, registry=registry)
