@@ -58,14 +58,12 @@ def guarded_copy(proto: onnx.FunctionProto, spec: OpSpec) -> onnx.FunctionProto:
     made; the function tier checks attribute values before a session opens) gets no guard; every
     other check keeps its own.
     """
-    if spec.checks is not None:
-        names = {*proto.attribute, *(a.name for a in proto.attribute_proto)}  # without and with defaults
-        kept = {p.name: p.onnx_attribute_type for p in spec.attributes if p.name in names}
-        guarded = guarded_body(proto, spec.checks, kept, skip=list(unreadable(proto, spec.checks, kept)))
-        if guarded is not proto:
-            return guarded
     copy = onnx.FunctionProto()
-    copy.CopyFrom(proto)
+    copy.CopyFrom(proto)  # NOTE: guarding edits the body it is given; ``proto`` may be a cached one
+    if spec.checks is not None:
+        names = {*copy.attribute, *(a.name for a in copy.attribute_proto)}  # without and with defaults
+        kept = {p.name: p.onnx_attribute_type for p in spec.attributes if p.name in names}
+        return guarded_body(copy, spec.checks, kept, skip=list(unreadable(copy, spec.checks, kept)))
     return copy
 
 
