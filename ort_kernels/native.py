@@ -5,6 +5,7 @@ each op's ``native=`` file or its seed kernel ``ort_kernels/cpu/<domain>_op_<op 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import onnx
 import onnxruntime as ort
@@ -18,10 +19,20 @@ from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
 from exporters.bodies.opsets import attach_functions
 from ort_kernels.base import Prepared, Tier, with_library
-from ort_kernels.build import library_path, native_source, served_ops
+from ort_kernels.build import library_path, native_library, native_source, served_ops
 
 # NOTE: the one env var naming a prebuilt library for every native session.
 LIBRARY_ENV = "OPBRIDGE_NATIVE_LIBRARY"
+
+
+def _built_here(model: onnx.ModelProto, registry: Registry) -> Path:
+    """The library built on this machine for ``registry``; an op whose own C++ kernel does not build
+    fails only the sessions whose model uses it (with that kernel's error)."""
+    built = native_library(registry)
+    used = [built.broken[key] for key in sorted(custom_ops(model)) if key in built.broken]
+    if used:
+        raise used[0]
+    return built.path
 
 
 class NativeTier(Tier):
@@ -57,7 +68,7 @@ class NativeTier(Tier):
         changed = attached or len(keep) != len(model.functions)
         del model.functions[:]
         model.functions.extend(keep)
-        library = os.fspath(library or os.environ.get(LIBRARY_ENV) or library_path(registry))
+        library = os.fspath(library or os.environ.get(LIBRARY_ENV) or _built_here(model, registry))
         if not os.path.isfile(library):
             raise OpBridgeError(f"no native kernel library at {library!r}. Got a missing file. Build one with "
                                 "`opbridge build -o DIR`, or drop native_library= to build here.")

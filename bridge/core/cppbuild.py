@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import errno
 import fcntl
 import functools
 import hashlib
@@ -32,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from bridge.core.errors import OpBridgeError
+from bridge.core.errors import BuildError, OpBridgeError
 from bridge.core.progress import step
 
 # NOTE: the environment variables this module reads, each named once.
@@ -176,6 +177,68 @@ def compiler(purpose: str, fix: str = "") -> str:
     return found
 
 
+# NOTE: how each cause of a failed build shows, in an OSError's errno or in the compiler's own output
+_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
+_DISK_TEXT = ("No space left on device", "Disk quota exceeded")
+_DENIED_TEXT = ("Permission denied", "Operation not permitted", "Read-only file system")
+_COMPILER_TEXT = ("cannot execute", "error trying to exec", "installation problem", "not found", "command not found")
+
+
+def _cause(detail: str, code: int | None) -> str:
+    """``disk``, ``permission``, ``compiler`` or ``source``: why a build failed, from an errno or its output."""
+    if code in _DISK_ERRNOS or any(t in detail for t in _DISK_TEXT):
+        return "disk"
+    if code is not None or any(t in detail for t in _DENIED_TEXT):
+        return "permission"  # NOTE: any other OSError of the build's own file work: a folder it cannot write
+    if any(t in line for line in detail.splitlines() if "fatal error" in line or "g++:" in line
+                               for t in _COMPILER_TEXT):
+        return "compiler"
+    return "source"
+
+
+def _line(detail: str, needles: Sequence[str]) -> str:
+    """The first line of ``detail`` naming one of ``needles`` (else its last line), short."""
+    lines = [line.strip() for line in detail.splitlines() if line.strip()] or ["(no output)"]
+    return next((line for line in lines if any(n in line for n in needles)), lines[-1])[:300]
+
+
+def build_failure(purpose: str, detail: str, *, code: int | None = None, exit_code: int | None = None,
+                  cause: str | None = None) -> BuildError:
+    """The error for a failed build of ``purpose``, by its cause, each with its fix: a full disk, a folder
+    it may not write, a missing or broken compiler, or the C++ source. ``detail``: the compiler's
+    output (``exit_code``: its exit status), or an OSError's text (``code``: its errno).
+
+    >>> build_failure("x", "cc1plus: fatal error: out.s: No space left on device", exit_code=1).cause
+    'disk'
+    >>> build_failure("x", "k.cc:3:1: error: expected ';' before '}' token", exit_code=1).cause
+    'source'
+    """
+    cause = cause or _cause(detail, code)
+    root = cache_root()
+    if cause == "disk":
+        message = (f"building {purpose} ran out of disk space. Got {_line(detail, _DISK_TEXT)!r}. Free space on the "
+                   f"disk of {str(root)!r} (the build cache, ${CACHE_ENV}) and of the temp folder ($TMPDIR), or "
+                   f"point ${CACHE_ENV} at a disk with room.")
+    elif cause == "permission":
+        message = (f"building {purpose} could not write its files. Got {_line(detail, _DENIED_TEXT)!r}. Make "
+                   f"{str(root)!r} (the build cache) a folder this user can write, or point ${CACHE_ENV} at one.")
+    elif cause == "compiler":
+        message = (f"building {purpose} could not run the C++ compiler. Got {_line(detail, _COMPILER_TEXT)!r}. "
+                   "Install g++ (apt-get install g++), or set CXX to a working C++ compiler.")
+    else:
+        message = (f"building {purpose} failed in the C++ source. Got exit {exit_code}:\n{detail[-3000:]}\n"
+                   "Fix the C++ source named above.")
+    return BuildError(message, cause, detail)
+
+
+def run_compiler(cmd: Sequence[str], purpose: str) -> subprocess.CompletedProcess:
+    """Run a compiler command; a compiler that cannot be started is a ``compiler`` BuildError."""
+    try:
+        return subprocess.run(list(cmd), capture_output=True, text=True)
+    except OSError as e:
+        raise build_failure(purpose, f"{cmd[0]}: {e.strerror or e}", cause="compiler") from None
+
+
 @functools.cache
 def _version_line(cxx: str) -> str:
     result = subprocess.run([cxx, "--version"], capture_output=True, text=True)
@@ -234,16 +297,21 @@ def cached_build(kind: str, key: str, filename: str, build: Callable[[Path, str]
     if verified(target):
         return target
     cxx = compiler(purpose, fix)
-    folder = private_folder(target.parent)
-    # NOTE: O_NOFOLLOW: a lock planted as a symlink is refused instead of truncating its target
-    fd = os.open(folder / "build.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one build per key, even across processes
-        if not verified(target):
-            _clean_stale(folder)
-            with tempfile.TemporaryDirectory(dir=folder) as tmp:
-                built = build(Path(tmp), cxx)
-                _install(built, target)
+    try:
+        folder = private_folder(target.parent)
+        # NOTE: O_NOFOLLOW: a lock planted as a symlink is refused instead of truncating its target
+        fd = os.open(folder / "build.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one build per key, even across processes
+            if not verified(target):
+                _clean_stale(folder)
+                with tempfile.TemporaryDirectory(dir=folder) as tmp:
+                    built = build(Path(tmp), cxx)
+                    _install(built, target)
+    except OSError as e:  # NOTE: the build's own file work (the compiler's is in its output): disk or folder
+        where = f"{e.filename}: " if e.filename else ""
+        raise build_failure(purpose, f"{where}{e.strerror or e}",
+                            cause="disk" if e.errno in _DISK_ERRNOS else "permission") from None
     return target
 
 
