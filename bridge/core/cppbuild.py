@@ -15,16 +15,20 @@ Example:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
 import errno
 import fcntl
 import functools
 import hashlib
 import importlib
+import io
+import logging
 import os
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -326,6 +330,32 @@ def _install(built: Path, target: Path) -> None:
     os.replace(digest, target.with_name(target.name + DIGEST_SUFFIX))
 
 
+# NOTE: what torch.utils.cpp_extension says at import on a CUDA build of torch on a machine without a
+# GPU (a logger warning in torch 2.12-2.15, a print to stderr before): nothing about opbridge's build
+CUDA_PROBE_LINE = "No CUDA runtime is found"
+_CPP_EXTENSION_LOGGER = "torch.utils.cpp_extension"
+
+
+def _not_cuda_probe(record: logging.LogRecord) -> bool:
+    return CUDA_PROBE_LINE not in record.getMessage()
+
+
+@contextlib.contextmanager
+def without_cuda_probe():
+    """Around a torch extension build only: torch's CUDA-probe line left out (its logger's record, or
+    the line on stderr); everything else the build says is passed on. The user's own imports of
+    torch.utils.cpp_extension keep the line."""
+    logger, held = logging.getLogger(_CPP_EXTENSION_LOGGER), io.StringIO()
+    logger.addFilter(_not_cuda_probe)
+    try:
+        with contextlib.redirect_stderr(held):
+            yield
+    finally:
+        logger.removeFilter(_not_cuda_probe)
+        sys.stderr.write("".join(line for line in held.getvalue().splitlines(keepends=True)
+                                 if CUDA_PROBE_LINE not in line))
+
+
 def build_torch_extension(name: str, sources: Sequence[str | os.PathLike], *, purpose: str) -> Path:
     """Build (once per sources, torch version and compiler; cached and verified) and load a C++ torch
     extension library (``TORCH_LIBRARY`` ops, torchbind classes) into torch; returns its path.
@@ -334,14 +364,15 @@ def build_torch_extension(name: str, sources: Sequence[str | os.PathLike], *, pu
     OpBridgeError names g++. The build prints one progress line.
     """
     # NOTE: torch.utils.cpp_extension is imported only here, when a library is wanted: importing it
-    # probes for CUDA (a warning line on a CUDA build of torch without a GPU) and costs time.
+    # probes for CUDA (a warning line on a CUDA build of torch without a GPU, left out: without_cuda_probe)
+    # and costs time.
     h = hashlib.sha256(f"{name}\n{torch.__version__}\n".encode())
     for source in sources:
         h.update(Path(source).read_bytes())
 
     def build(tmp: Path, cxx: str) -> Path:
-        cpp_extension = importlib.import_module("torch.utils.cpp_extension")
-        with step(f"building C++ library {name} for {purpose} (once; cached)", always=True):
+        with step(f"building C++ library {name} for {purpose} (once; cached)", always=True), without_cuda_probe():
+            cpp_extension = importlib.import_module("torch.utils.cpp_extension")
             cpp_extension.load(name=name, sources=[str(s) for s in sources], build_directory=str(tmp),
                                is_python_module=False, verbose=False)
         (tmp / "build.txt").write_text(toolchain(cxx) + "\n")
