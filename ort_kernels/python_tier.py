@@ -31,7 +31,12 @@ guarded here (measured on onnxruntime-extensions 0.15.2):
   sessions (the domain's op table is reallocated under ORT): declarations go in generations, each
   with its own private domains (``opbridge.python.<generation>.<domain>``); once a generation is
   registered, new declarations open the next one. Options keep the generations registered into
-  them: a model that needs a later one through the same options is refused, naming the fix.
+  them: a model that needs a later one through the same options is refused, naming the fix;
+- each registration into options keeps its domains and one factory per declared PyOp until the
+  process ends: sessions opened without options share one options object (new ones only when a
+  later generation is needed), so a session costs no lasting memory;
+- two registries may give one ONNX name two ops: a PyOp belongs to one registry and one op (its
+  private name carries the registry's number), so a live session keeps running its own.
 """
 
 from __future__ import annotations
