@@ -255,8 +255,7 @@ def _broken_kernels(entries, failure: BuildError) -> dict[tuple[str, str], Build
         path = native_source(e.spec)
         if path is not None and e.spec not in by_source.setdefault(path, []):
             by_source[path].append(e.spec)
-    errors = {path: lines for path in by_source
-              if (lines := [line for line in failure.detail.splitlines() if line.startswith(f"{path}:")])}
+    errors = {path: lines for path in by_source if (lines := _said_about(path, failure.detail))}
     if not errors:
         cxx = compiler("the native kernel library", NO_COMPILER_FIX)
         for path in by_source:
@@ -280,6 +279,17 @@ def _broken_kernels(entries, failure: BuildError) -> dict[tuple[str, str], Build
                 f"{spec.qualname}: its C++ kernel {str(path)!r} {why} (sessions whose models do not use "
                 f"{spec.qualname} run without it).", "source", failure.detail)
     return broken
+
+
+def _said_about(path: Path, output: str) -> list[str]:
+    """The compiler's lines about ``path``: each diagnostic naming it and the source lines it quotes."""
+    said: list[str] = []
+    quoting = False
+    for line in output.splitlines():
+        quoting = line.startswith(f"{path}:") or (quoting and line.startswith(" "))
+        if quoting:
+            said.append(line)
+    return said
 
 
 def _flags() -> list[str]:
