@@ -15,7 +15,7 @@ import torch
 import bridge
 import custom_ops  # noqa: F401  (registers the seed ops)
 
-WARM_UP = 200  # sessions before the first measure: arenas, caches and the tier's one-time state settle
+WARM_UP = 500  # sessions before the first measure: arenas, caches and the tier's one-time state settle
 
 
 class Model(torch.nn.Module):
