@@ -14,6 +14,9 @@ Example:
 from __future__ import annotations
 
 import importlib
+import importlib.abc
+import importlib.machinery
+import sys
 
 # NOTE: public name -> (module, attribute); a name is defined in exactly one module.
 _PUBLIC: dict[str, tuple[str, str]] = {
@@ -49,6 +52,29 @@ _SUBMODULES: dict[str, str] = {
 }
 
 __all__ = sorted(_PUBLIC)
+
+
+class _Alias(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """``import bridge.<name>`` / ``from bridge.<name> import X`` for each submodule above: the import
+    statement gets the module itself (``bridge.testing is bridge.tools.testing``), loaded when asked."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        short = fullname.removeprefix(f"{__name__}.")
+        if short == fullname or short not in _SUBMODULES:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, self, origin=_SUBMODULES[short])
+
+    def create_module(self, spec):
+        module = importlib.import_module(spec.origin)
+        spec.loader_state = module.__spec__  # NOTE: the import system sets the alias's spec on it next
+        return module
+
+    def exec_module(self, module):
+        module.__spec__ = module.__spec__.loader_state  # its own spec back: the module was loaded already
+
+
+if not any(isinstance(f, _Alias) for f in sys.meta_path):
+    sys.meta_path.append(_Alias())
 
 
 def __getattr__(name: str):

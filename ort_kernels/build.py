@@ -12,15 +12,24 @@ import functools
 import hashlib
 import os
 import re
-import subprocess
 from pathlib import Path
 
 import onnxruntime
 import torch
 
-from bridge.core.cppbuild import cache_folder, cached_build, cached_path, full_key, toolchain
+from bridge.core.cppbuild import (
+    build_failure,
+    cache_folder,
+    cached_build,
+    cached_path,
+    compiler,
+    full_key,
+    run_compiler,
+    toolchain,
+    verified,
+)
 from bridge.core.dtypes import TORCH_TO_ONNX
-from bridge.core.errors import OpBridgeError
+from bridge.core.errors import BuildError, OpBridgeError
 from bridge.core.opnames import op_names, spec_names
 from bridge.core.progress import step
 from bridge.core.registry import REGISTRY
@@ -181,6 +190,8 @@ def build_key(entries) -> str:
 
 def library_path(registry=None, *, build: bool = True) -> Path:
     """Path of the native library for ``registry`` (default: the global one), building it if asked.
+    Every op's kernel must build (a deployable library holds them all); sessions use
+    :func:`native_library`, which leaves out an op whose kernel does not build.
 
     A cached library is used only when it verifies (``bridge.core.cppbuild.verified``); a truncated,
     empty or planted file is replaced by a fresh build.
@@ -191,44 +202,135 @@ def library_path(registry=None, *, build: bool = True) -> Path:
         'libopbridge_ort.so'
     """
     entries = cached_entries(REGISTRY if registry is None else registry)
-    key = source_key(entries)
     if not build:
-        return cached_path(CACHE_KIND, key, LIBRARY_NAME)
-    return cached_build(CACHE_KIND, key, LIBRARY_NAME, functools.partial(_compile, entries),
+        return cached_path(CACHE_KIND, source_key(entries), LIBRARY_NAME)
+    return _build(entries)
+
+
+def _build(entries) -> Path:
+    return cached_build(CACHE_KIND, source_key(entries), LIBRARY_NAME, functools.partial(_compile, entries),
                         purpose="the native kernel library", fix=NO_COMPILER_FIX)
 
 
-def _compile(entries, tmp: Path, cxx: str) -> Path:
+@dataclasses.dataclass(frozen=True)
+class NativeLibrary:
+    """A native library for sessions: ``path``, and ``broken``: (domain, name) of each op left out
+    because its own C++ kernel does not build -> the error a session that uses it raises."""
+
+    path: Path
+    broken: dict[tuple[str, str], BuildError]
+
+
+_partial: dict[str, NativeLibrary] = {}  # source key of every op's library -> one without its broken kernels
+
+
+def native_library(registry=None) -> NativeLibrary:
+    """The native library for sessions of ``registry``: every op's kernel when all build; else, when
+    some op's own C++ file does not build, a library without those ops, each named in ``broken``, so
+    only the sessions that use one fail (a build failure of another cause, or of the shared sources,
+    is raised as it is)."""
+    entries = cached_entries(REGISTRY if registry is None else registry)
+    key = source_key(entries)
+    if key in _partial and verified(_partial[key].path):
+        return _partial[key]
+    try:
+        return NativeLibrary(_build(entries), {})
+    except BuildError as e:
+        if e.cause != "source":
+            raise
+        broken = _broken_kernels(entries, e)
+        kept = [x for x in entries if (x.spec.domain, x.spec.name) not in broken]
+        if not broken or not kept:
+            raise
+    _partial[key] = NativeLibrary(_build(kept), broken)
+    return _partial[key]
+
+
+def _broken_kernels(entries, failure: BuildError) -> dict[tuple[str, str], BuildError]:
+    """The ops whose own C++ file is what failed the build: the compiler's errors name it (else, when
+    they name none, it does not compile alone), or it lacks its entry symbol (named in the link
+    error); each with its own error."""
+    by_source: dict[Path, list[OpSpec]] = {}
+    for e in entries:
+        path = native_source(e.spec)
+        if path is not None and e.spec not in by_source.setdefault(path, []):
+            by_source[path].append(e.spec)
+    errors = {path: lines for path in by_source if (lines := _said_about(path, failure.detail))}
+    if not errors:
+        cxx = compiler("the native kernel library", NO_COMPILER_FIX)
+        for path in by_source:
+            result = run_compiler([cxx, *_flags(), "-fsyntax-only", str(path), *_extra_flags()],
+                                  "the native kernel library")
+            if result.returncode != 0:
+                errors[path] = result.stderr.splitlines()
+    missing = set(re.findall(r"undefined reference to `opbridge::(kernel_\w+)'", failure.detail))
+    broken: dict[tuple[str, str], BuildError] = {}
+    for path, specs in by_source.items():
+        for spec in specs:
+            if path in errors:
+                said = "\n".join(errors[path])[-3000:]
+                why = f"does not compile. Got:\n{said}\nFix that file"
+            elif spec_names(spec).symbol in missing:
+                why = f"does not define `{spec_names(spec).definition}` in namespace opbridge. Got no such symbol. " \
+                      "Define it as bridge.core.opnames derives the name"
+            else:
+                continue
+            broken[(spec.domain, spec.name)] = BuildError(
+                f"{spec.qualname}: its C++ kernel {str(path)!r} {why} (sessions whose models do not use "
+                f"{spec.qualname} run without it).", "source", failure.detail)
+    return broken
+
+
+def _said_about(path: Path, output: str) -> list[str]:
+    """The compiler's lines about ``path``: each diagnostic naming it and the source lines it quotes."""
+    said: list[str] = []
+    quoting = False
+    for line in output.splitlines():
+        quoting = line.startswith(f"{path}:") or (quoting and line.startswith(" "))
+        if quoting:
+            said.append(line)
+    return said
+
+
+def _flags() -> list[str]:
+    """The compiler flags every source of the library is built with (headers, warnings, optimisation)."""
     include = _official_include()
+    official = ["-DOPBRIDGE_OFFICIAL_ORT_HEADERS", f"-I{include}"] if include is not None else []
+    return [*official, "-std=c++17", "-O3", "-fPIC", "-pthread", "-fvisibility=hidden", "-Wall", "-Wextra",
+            f"-I{INCLUDE_DIR}"]
+
+
+def _extra_flags() -> list[str]:
+    """``$OPBRIDGE_CXXFLAGS``: last on the command line (after the sources: libraries to link too)."""
+    return os.environ.get(CXXFLAGS_ENV, "").split()
+
+
+def _compile(entries, tmp: Path, cxx: str) -> Path:
     table = tmp / "op_table.cc"
     table.write_text(generate_table(entries))
     out = tmp / LIBRARY_NAME
     # NOTE: --no-undefined: a kernel entry missing from its .cc fails here, naming the symbol,
     # not later inside onnxruntime's dlopen
-    cmd = [cxx, "-std=c++17", "-O3", "-fPIC", "-shared", "-pthread", "-fvisibility=hidden",
-           "-Wall", "-Wextra", "-Wl,--no-undefined", f"-I{INCLUDE_DIR}", *map(str, _sources(entries)),
-           str(table), "-o", str(out)]
-    if include is not None:
-        cmd[1:1] = ["-DOPBRIDGE_OFFICIAL_ORT_HEADERS", f"-I{include}"]
-    cmd += os.environ.get(CXXFLAGS_ENV, "").split()
+    cmd = [cxx, *_flags(), "-shared", "-Wl,--no-undefined", *map(str, _sources(entries)), str(table), "-o", str(out),
+           *_extra_flags()]
     with step(f"building native kernels ({len(entries)} typed kernels)"):
-        result = subprocess.run(cmd, capture_output=True, text=True)
+        result = run_compiler(cmd, "the native kernel library")
     if result.returncode != 0:
         raise _build_error(entries, result)
     (tmp / "build.txt").write_text(" ".join(cmd) + "\n" + toolchain(cxx) + "\n")
     return out
 
 
-def _build_error(entries, result) -> OpBridgeError:
-    """The build failure, with a missing kernel entry named plainly."""
+def _build_error(entries, result) -> BuildError:
+    """The build failure, by its cause (``bridge.core.cppbuild.build_failure``), with a missing kernel
+    entry named plainly."""
     missing = sorted(set(re.findall(r"undefined reference to `opbridge::(kernel_\w+)'", result.stderr)))
     if missing:
         by_symbol = {spec_names(e.spec).symbol: e.spec for e in entries}
         lines = [f"{native_source(by_symbol[s])} must define `{spec_names(by_symbol[s]).definition}` in "
                  f"namespace opbridge (op {spec_names(by_symbol[s]).qualname})" for s in missing if s in by_symbol]
-        return OpBridgeError(f"the native kernel build found no entry symbol for {', '.join(missing)}. Got: "
-                             + "; ".join(lines) + ". Name the entry kernel_<mangled domain>_op_<op type> as "
-                             "bridge.core.opnames derives it (see ort_kernels/include/opbridge_kernel.h and "
-                             f"ort_kernels/{op_names('opbridge::identity_conv').source_file}).")
-    return OpBridgeError(f"the native kernel build failed. Got exit {result.returncode}:\n"
-                         f"{result.stderr[-3000:]}\nFix the C++ source named above.")
+        return BuildError(f"the native kernel build found no entry symbol for {', '.join(missing)}. Got: "
+                          + "; ".join(lines) + ". Name the entry kernel_<mangled domain>_op_<op type> as "
+                          "bridge.core.opnames derives it (see ort_kernels/include/opbridge_kernel.h and "
+                          f"ort_kernels/{op_names('opbridge::identity_conv').source_file}).", "source", result.stderr)
+    return build_failure("the native kernel library", result.stderr, exit_code=result.returncode)

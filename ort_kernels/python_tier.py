@@ -31,7 +31,12 @@ guarded here (measured on onnxruntime-extensions 0.15.2):
   sessions (the domain's op table is reallocated under ORT): declarations go in generations, each
   with its own private domains (``opbridge.python.<generation>.<domain>``); once a generation is
   registered, new declarations open the next one. Options keep the generations registered into
-  them: a model that needs a later one through the same options is refused, naming the fix.
+  them: a model that needs a later one through the same options is refused, naming the fix;
+- each registration into options keeps its domains and one factory per declared PyOp until the
+  process ends: sessions opened without options share one options object (new ones only when a
+  later generation is needed), so a session costs no lasting memory;
+- two registries may give one ONNX name two ops: a PyOp belongs to one registry and one op (its
+  private name carries the registry's number), so a live session keeps running its own.
 """
 
 from __future__ import annotations
@@ -39,7 +44,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import importlib.util
+import itertools
 import threading
+import weakref
 from typing import Any
 
 import numpy as np
@@ -142,10 +149,18 @@ class _Declared:
 
 _by_id: dict[int, _Declared] = {}  # onnxruntime-extensions' op id -> the declaration it calls
 _by_name: dict[tuple[str, str], _Declared] = {}  # (private domain, private op_type) -> declaration
-_declared: dict[tuple, _Declared] = {}  # (domain, op_type, input types, output types) -> declaration
+# (registry, domain, op_type, input types, output types) -> declaration. NOTE: keyed by registry: two
+# registries may give one ONNX name different ops, and a live session of one must keep running its own
+_declared: dict[tuple, _Declared] = {}
+_registries: weakref.WeakKeyDictionary[Registry, int] = weakref.WeakKeyDictionary()  # registry -> its number
+_numbers = itertools.count()
 _generation = 0  # the generation new declarations go into
 _generation_used = False  # whether any declaration went into it yet
 _hooked = False
+# NOTE: the options of every session opened without any, shared: each registration of onnxruntime-extensions
+# into options keeps its op domains and one factory per declared PyOp until the process ends (~1.7 KB a
+# session when every session got fresh options); new shared options only when a later generation is needed
+_shared_options: list[ort.SessionOptions | None] = [None]
 _samples: dict[int, tuple[OpSpec, dict, str | None]] = {}  # id(spec) -> (spec, {in types: out types}, failure)
 
 
@@ -247,12 +262,21 @@ def _signature(types: tuple[int, ...]) -> str:
     return "_".join(str(ONNX_TO_TORCH[t]).removeprefix("torch.") for t in types)
 
 
-def _declare(spec: OpSpec, in_types: tuple[int, ...], out_types: tuple[int, ...]) -> _Declared:
-    """The PyOp serving ``spec`` at this signature, declared now if it is new."""
+def _registry_number(registry: Registry) -> int:
+    """A number of its own for each registry (never reused in this process), part of its private op names."""
+    number = _registries.get(registry)
+    if number is None:
+        number = _registries[registry] = next(_numbers)
+    return number
+
+
+def _declare(registry: Registry, spec: OpSpec, in_types: tuple[int, ...], out_types: tuple[int, ...]) -> _Declared:
+    """The PyOp serving ``registry``'s ``spec`` at this signature, declared now if it is new."""
     global _generation_used, _hooked
     from onnxruntime_extensions import PyCustomOpDef, onnx_op
 
-    key = (spec.domain, spec.name, in_types, out_types)
+    number = _registry_number(registry)
+    key = (number, spec.domain, spec.name, in_types, out_types)
     found = _declared.get(key)
     if found is not None:
         found.spec = spec
@@ -279,7 +303,7 @@ def _declare(spec: OpSpec, in_types: tuple[int, ...], out_types: tuple[int, ...]
     declared = _Declared(
         spec=spec, in_types=in_types, out_types=out_types, generation=_generation,
         domain=f"{PYTHON_DOMAIN}{_generation}.{spec.domain}",
-        op_type=f"{spec.name}__{_signature(in_types)}__{_signature(out_types)}",
+        op_type=f"{spec.name}__r{number}__{_signature(in_types)}__{_signature(out_types)}",
         restore={i: ONNX_TO_TORCH[t] for i, (t, c) in enumerate(zip(in_types, carried_in)) if t != c},
         out_dtypes=out_dtypes,
         out_carry=tuple(ONNX_TO_TORCH[c] if c != t else None for t, c in zip(out_types, carried_out)),
@@ -302,7 +326,7 @@ def _predeclare(registry: Registry, tier) -> None:
         for inputs, outputs in _sample_types(spec)[0].items():
             if all(t in _CARRIED_IN for t in inputs) and all(t in _CARRIED_OUT for t in outputs):
                 with contextlib.suppress(UnsupportedInTier):  # NOTE: said when a model needs the op
-                    _declare(spec, inputs, outputs)
+                    _declare(registry, spec, inputs, outputs)
 
 
 def _node_types(node, spec, types: dict) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -474,6 +498,34 @@ def _known_generations(options: ort.SessionOptions | None, path: str) -> int | N
         return 0
 
 
+def _route(model: onnx.ModelProto, plan: list, helpers: set) -> None:
+    """Point each planned node at its private PyOp; the Python kernels, not function bodies, run the
+    custom nodes (helper functions stay)."""
+    placeholders: dict = {}
+    versions = {o.domain: o.version for o in model.opset_import}
+    for node, declared in plan:
+        _rewrite_attributes(node, declared, placeholders, model)
+        version = versions.get(node.domain, 1)
+        node.domain, node.op_type = declared.domain, declared.op_type
+        if node.domain not in versions:
+            versions[node.domain] = version
+            model.opset_import.append(onnx.helper.make_opsetid(node.domain, version))
+    _bridge(model, FreshNames(value_names(model.graph)))
+    keep = [f for f in model.functions if (f.domain, f.name) in helpers]
+    del model.functions[:]
+    model.functions.extend(keep)
+
+
+def _register(options: ort.SessionOptions | None, path: str) -> ort.SessionOptions:
+    """``options`` (or new ones) with onnxruntime-extensions registered: every PyOp declared so far."""
+    global _generation, _generation_used
+    options = with_library(options, path)
+    if _generation_used:  # NOTE: registered now: later declarations open the next generation
+        _generation, _generation_used = _generation + 1, False
+    options.add_session_config_entry(_KNOWN_KEY, str(_generation))
+    return options
+
+
 _NO_EXTENSIONS = ("tier 'python' needs onnxruntime-extensions. Got no such package. "
                   "pip install 'opbridge[python-tier]' (onnxruntime-extensions==0.15.*).")
 
@@ -493,7 +545,6 @@ class PythonTier(Tier):
     def prepare(self, model: onnx.ModelProto, registry: Registry, options: ort.SessionOptions | None,
                 library: Paths | None = None) -> Prepared:
         """Route ``model``'s custom nodes to their eager implementations."""
-        global _generation, _generation_used
         try:
             from onnxruntime_extensions import get_library_path
         except ImportError:
@@ -509,6 +560,8 @@ class PythonTier(Tier):
                                     "session, or use tier='function'.")
         path = get_library_path()
         with _lock:
+            shared = options is None
+            options = _shared_options[0] if shared else options
             known = _known_generations(options, path)
             if known is None:  # NOTE: these options are about to freeze the open generation: fill it first
                 _predeclare(registry, self)
@@ -516,30 +569,19 @@ class PythonTier(Tier):
             for node in served:
                 spec = registry.find(node.domain, node.op_type)
                 assert spec is not None
-                plan.append((node, _declare(spec, *_node_types(node, spec, types))))
+                plan.append((node, _declare(registry, spec, *_node_types(node, spec, types))))
             late = sorted({f"{n.domain}::{n.op_type}" for n, d in plan if known is not None and d.generation >= known})
+            if late and shared:  # NOTE: the shared options predate these signatures: new ones take over
+                options, known, late = None, None, []
+                _predeclare(registry, self)
             if late:
                 raise UnsupportedInTier(
                     f"tier 'python' cannot run {', '.join(late)} with these SessionOptions: they got the python "
                     "tier's kernels before these op signatures were declared (onnxruntime-extensions registers "
                     f"its Python ops into options once). Got ops {late}. Pass new SessionOptions (or none).")
-            placeholders: dict = {}
-            versions = {o.domain: o.version for o in model.opset_import}
-            for node, declared in plan:
-                _rewrite_attributes(node, declared, placeholders, model)
-                version = versions.get(node.domain, 1)
-                node.domain, node.op_type = declared.domain, declared.op_type
-                if node.domain not in versions:
-                    versions[node.domain] = version
-                    model.opset_import.append(onnx.helper.make_opsetid(node.domain, version))
-            _bridge(model, FreshNames(value_names(model.graph)))
-            # the Python kernels, not function bodies, run the custom nodes; helper functions stay
-            keep = [f for f in model.functions if (f.domain, f.name) in helpers]
-            del model.functions[:]
-            model.functions.extend(keep)
+            _route(model, plan, helpers)
             if known is None:
-                options = with_library(options, path)
-                if _generation_used:  # NOTE: registered now: later declarations open the next generation
-                    _generation, _generation_used = _generation + 1, False
-                options.add_session_config_entry(_KNOWN_KEY, str(_generation))
+                options = _register(options, path)
+                if shared:
+                    _shared_options[0] = options
         return Prepared(options, changed=True, guard=_kernel_errors)

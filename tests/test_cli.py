@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -278,3 +279,23 @@ def test_ops_lists_without_deriving_unless_asked(tmp_path):
     full = run("--ops", "nb_ops", "ops", "--bodies", "--json", cwd=tmp_path)
     assert full.returncode == 0 and "derive the ONNX body of nb::double" in full.stderr, full.stderr
     assert next(r for r in json.loads(full.stdout) if r["op"] == "nb::double")["body_tried"]
+
+
+def test_export_of_a_case_with_a_non_tensor_argument(tmp_path):
+    """A --model case whose args hold an int (a constant of the exported file): the .npz holds the tensor
+    inputs only, and `opbridge run` runs the pair."""
+    (tmp_path / "scaled.py").write_text(
+        "import torch, bridge\n"
+        "class M(torch.nn.Module):\n"
+        "    def forward(self, x, k):\n"
+        "        return torch.ops.opbridge.identity_conv(x, 2) * k\n"
+        "def case():\n"
+        "    return bridge.ModelCase(M(), (torch.ones(1, 2, 3, 3), 3))\n")
+    onnx_path = tmp_path / "scaled.onnx"
+    r = run("-q", "export", "--model", "scaled:case", "-o", str(onnx_path), cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    assert "Traceback" not in r.stderr
+    with np.load(tmp_path / "scaled.inputs.npz") as data:
+        assert data.files == ["x"] and data["x"].shape == (1, 2, 3, 3)
+    r = run("-q", "run", str(onnx_path), cwd=tmp_path)
+    assert r.returncode == 0 and "min 3 max 3" in r.stdout, r.stdout + r.stderr

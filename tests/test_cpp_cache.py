@@ -3,6 +3,8 @@
 rebuild a truncated or planted file; the native key covers $OPBRIDGE_CXXFLAGS and the compiler; and
 nothing compiles at import: without a compiler only the C++ op's first use fails, naming g++."""
 
+import contextlib
+import importlib
 import os
 import shutil
 import subprocess
@@ -203,3 +205,113 @@ def test_both_caches_live_under_the_one_root_in_private_folders(kind, tmp_path, 
     monkeypatch.setenv("OPBRIDGE_CACHE_DIR", str(tmp_path / "root"))
     folder = cppbuild.cache_folder(kind)
     assert folder == tmp_path / "root" / kind and (folder.stat().st_mode & 0o077) == 0
+
+
+# -- a failed build names its cause -------------------------------------------------------------------------
+def _fake_compiler(folder: Path, stderr: str, code: int = 1) -> str:
+    """A CXX that answers --version and fails every build, printing ``stderr`` as the compiler would."""
+    path = folder / "fake-g++"
+    path.write_text(f"#!/bin/sh\nif [ \"$1\" = --version ]; then echo 'fake g++ 1.0'; exit 0; fi\n"
+                    f"cat >&2 <<'EOF'\n{stderr}\nEOF\nexit {code}\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def _native_build_error(monkeypatch, tmp_path, cxx) -> bridge.OpBridgeError:
+    monkeypatch.setenv("OPBRIDGE_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CXX", cxx)
+    with pytest.raises(bridge.OpBridgeError) as info:
+        build.library_path(bridge.REGISTRY)
+    return info.value
+
+
+@pytest.mark.parametrize("stderr,cause,needles", [
+    ("cc1plus: fatal error: error writing to /tmp/ccX.s: No space left on device", "disk",
+     ["ran out of disk space", "No space left on device", "Free space"]),
+    ("/usr/bin/ld: cannot open output file libopbridge_ort.so: Permission denied", "permission",
+     ["could not write its files", "Permission denied", "OPBRIDGE_CACHE_DIR"]),
+    ("g++: fatal error: cannot execute 'cc1plus': execvp: No such file or directory", "compiler",
+     ["could not run the C++ compiler", "cannot execute 'cc1plus'", "Install g++"]),
+    ("kernel.cc:3:1: error: expected ';' before '}' token", "source",
+     ["failed in the C++ source", "expected ';'", "Fix the C++ source"]),
+])
+def test_a_failed_compiler_run_names_its_cause(stderr, cause, needles, monkeypatch, tmp_path):
+    """The compiler's own output says why: a full disk, a folder it may not write, a broken compiler
+    install, or the source; each gets its own fix (a full disk was told to fix the C++ source)."""
+    error = _native_build_error(monkeypatch, tmp_path, _fake_compiler(tmp_path, stderr))
+    assert error.cause == cause, error
+    assert all(n in str(error) for n in needles), error
+    assert cause == "source" or "Fix the C++ source" not in str(error)
+
+
+@pytest.mark.parametrize("errno_,cause,needle", [(28, "disk", "ran out of disk space"),
+                                                 (13, "permission", "could not write its files")])
+def test_the_builds_own_file_errors_name_their_cause(errno_, cause, needle, monkeypatch, tmp_path):
+    """An OSError of the build's own file work (writing the generated table) by errno: ENOSPC, EACCES."""
+    real_write = Path.write_text
+
+    def write_text(self, *args, **kwargs):
+        if self.name == "op_table.cc":
+            raise OSError(errno_, os.strerror(errno_), str(self))
+        return real_write(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+    error = _native_build_error(monkeypatch, tmp_path, shutil.which("g++") or "g++")
+    assert error.cause == cause and needle in str(error) and os.strerror(errno_) in str(error), error
+
+
+def test_a_cache_root_under_a_file_is_a_folder_error_not_a_source_error(monkeypatch, tmp_path):
+    """A cache root that cannot be a folder (a path under a plain file) and no private temp folder to
+    fall back on: the error says the build cannot write, and how to point the cache elsewhere."""
+    (tmp_path / "plain").write_text("")
+    monkeypatch.setattr(cppbuild, "cache_folder", lambda kind: tmp_path / "plain" / kind)
+    error = _native_build_error(monkeypatch, tmp_path, shutil.which("g++") or "g++")
+    assert error.cause == "permission" and "OPBRIDGE_CACHE_DIR" in str(error), error
+
+
+def test_a_compiler_that_cannot_start_is_a_compiler_error(monkeypatch, tmp_path):
+    """$CXX names a file that exists but cannot run (no exec permission for the loader: not ELF)."""
+    bad = tmp_path / "not-a-compiler"
+    bad.write_bytes(b"\x00\x01 not a program")
+    bad.chmod(0o755)
+    monkeypatch.setattr(cppbuild, "_version_line", lambda cxx: "unknown")
+    error = _native_build_error(monkeypatch, tmp_path, str(bad))
+    assert error.cause == "compiler" and "Install g++" in str(error), error
+
+
+# -- torch's CUDA-probe line -------------------------------------------------------------------------------
+def test_the_cuda_probe_line_is_left_out_of_a_build_only(monkeypatch, capsys):
+    """torch.utils.cpp_extension, imported on a CUDA build of torch without a GPU, warns "No CUDA runtime
+    is found" (simulated: torch says it was built with CUDA, CUDA_HOME exists): a plain import keeps the
+    line; inside a build (without_cuda_probe) it is left out and other output passes on."""
+    import logging
+
+    import torch
+
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())
+    logger = logging.getLogger("torch.utils.cpp_extension")
+    logger.addHandler(handler)
+    monkeypatch.setattr(torch.cuda, "_is_compiled", lambda: True)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.version, "cuda", "12.4")
+    monkeypatch.setenv("CUDA_HOME", str(Path(__file__).parent))
+    monkeypatch.setattr(torch.utils, "cpp_extension", getattr(torch.utils, "cpp_extension", None), raising=False)
+    original = sys.modules.get("torch.utils.cpp_extension")
+    try:
+        for quiet in (False, True):
+            monkeypatch.delitem(sys.modules, "torch.utils.cpp_extension", raising=False)
+            seen.clear()
+            with cppbuild.without_cuda_probe() if quiet else contextlib.nullcontext():
+                importlib.import_module("torch.utils.cpp_extension")
+                print("the build's own line", file=sys.stderr)
+            said = [m for m in seen if cppbuild.CUDA_PROBE_LINE in m]
+            assert bool(said) != quiet, (quiet, seen)
+            err = capsys.readouterr().err
+            assert "the build's own line" in err and cppbuild.CUDA_PROBE_LINE not in err
+    finally:
+        logger.removeHandler(handler)
+        sys.modules.pop("torch.utils.cpp_extension", None)  # NOTE: the simulated import is not kept
+        if original is not None:
+            sys.modules["torch.utils.cpp_extension"] = original

@@ -5,9 +5,11 @@ import doctest
 import importlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -177,3 +179,40 @@ def test_ci_runs_the_readme_test_command():
     ci_pytest = next(line for line in (ROOT / ".ci/run").read_text().splitlines() if "-m pytest" in line)
     # CI adds only -p no:cacheprovider (nothing written into the clean clone)
     assert ci_pytest.replace(" -p no:cacheprovider", "") == readme_pytest, (ci_pytest, readme_pytest)
+
+
+# -- every module path the docs name imports -----------------------------------------------------------------
+_PROJECT = ("bridge", "exporters", "ort_kernels", "custom_ops")
+_DOTTED = re.compile(r"(?<![\w./-])bridge(?:\.[A-Za-z_]\w*)+")
+_FROM_IMPORT = re.compile(rf"\bfrom\s+((?:{'|'.join(_PROJECT)})(?:\.\w+)*)\s+import\s+(\w+)")
+
+
+def _named_paths() -> list[str]:
+    """Every ``bridge.x[.y...]`` and project ``from X import Y`` named in README.md and docs/*.md."""
+    found: set[str] = set()
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = doc.read_text()
+        found |= {m.rstrip(".") for m in _DOTTED.findall(text)}
+        found |= {f"from {m} import {n}" for m, n in _FROM_IMPORT.findall(text)}
+    return sorted(found)
+
+
+@pytest.mark.parametrize("path", _named_paths())
+def test_every_module_path_the_docs_name_imports(path):
+    """As a user writes it: ``from X import Y``, and for a dotted name, ``import`` of each module on the
+    way (the README's ``bridge.testing.ModelCase`` must also be ``from bridge.testing import ModelCase``)."""
+    if path.startswith("from "):
+        exec(path, {})
+        return
+    parts = path.split(".")
+    value = importlib.import_module(parts[0])
+    for i, part in enumerate(parts[1:], start=2):
+        try:
+            value = getattr(value, part)
+        except AttributeError:  # NOTE: a submodule not imported yet: the dotted path names a module
+            value = importlib.import_module(".".join(parts[:i]))
+        if isinstance(value, types.ModuleType):
+            module = ".".join(parts[:i])
+            exec(f"import {module}", {})
+            exec(f"from {'.'.join(parts[:i - 1])} import {part}", {})
+            assert importlib.import_module(module) is value, module

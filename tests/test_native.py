@@ -189,3 +189,50 @@ def test_heavy_native_fuzz():
     r = subprocess.run([sys.executable, str(ROOT / "tests/scripts/fuzz_native.py"), "3000"], capture_output=True,
                        text=True, env=ENV, timeout=1800)
     assert r.returncode == 0, f"fuzz run failed (rc={r.returncode}):\n{r.stderr[-3000:]}"
+
+
+# NOTE: a fresh process: the user's op joins the global registry, beside the seed ops
+BROKEN_KERNEL = """import json, sys
+import numpy as np, torch
+import bridge, custom_ops
+
+@bridge.op("brokennat::twice", fake=lambda x: torch.empty_like(x), native=sys.argv[1],
+           sample_inputs=lambda d: [bridge.SampleInput((torch.ones(3, dtype=d),))])
+def twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+class Ident(torch.nn.Module):
+    def forward(self, x):
+        return torch.ops.opbridge.identity_conv(x, 2)
+
+class Twice(torch.nn.Module):
+    def forward(self, x):
+        return twice(x)
+
+out = {}
+x = torch.randn(1, 2, 3, 3)
+sess = bridge.session(bridge.export(Ident(), (x,)), tier="native")
+out["ident"] = bool(np.array_equal(sess.run(None, {"x": x.numpy()})[0], x.numpy()))
+try:
+    bridge.session(bridge.export(Twice(), (torch.ones(3),)), tier="native")
+    out["twice"] = None
+except bridge.OpBridgeError as e:
+    out["twice"] = [type(e).__name__, str(e)]
+print(json.dumps(out))
+"""
+
+
+def test_a_broken_user_kernel_fails_only_the_sessions_that_use_its_op(tmp_path):
+    """One user op whose C++ file does not compile: a native session of a model with only identity_conv
+    still runs (the library is built without the broken kernel); a session of the broken op's model
+    fails naming its file and the compiler's error."""
+    source = tmp_path / "twice.cc"
+    source.write_text('#include "opbridge_kernel.h"\nnamespace opbridge {\nthis is not C++;\n}\n')
+    r = subprocess.run([sys.executable, "-c", BROKEN_KERNEL, str(source)], capture_output=True, text=True, env=ENV,
+                       timeout=900)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = __import__("json").loads(r.stdout.splitlines()[-1])
+    assert out["ident"] is True, out
+    kind, message = out["twice"]
+    assert kind == "BuildError" and "brokennat::twice: its C++ kernel" in message and str(source) in message, message
+    assert "does not compile" in message and "this is not C++" in message, message

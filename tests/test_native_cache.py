@@ -62,8 +62,9 @@ def test_a_symlinked_lock_is_refused_and_its_target_untouched(cache, small, tmp_
     victim = tmp_path / "victim.txt"
     victim.write_text("keep me")
     (folder / "build.lock").symlink_to(victim)
-    with pytest.raises(OSError):
+    with pytest.raises(bridge.OpBridgeError, match="could not write its files. Got '.*build.lock: ") as info:
         build.library_path(small)
+    assert info.value.cause == "permission"
     assert victim.read_text() == "keep me"
 
 

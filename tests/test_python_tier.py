@@ -343,3 +343,47 @@ def test_a_users_own_pyop_still_runs_beside_the_tiers_call_hook():
                        env=dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")))
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(r.stdout.splitlines()[-1]) == {"user": [0.0, 2.0, 4.0], "tier": True}
+
+
+# NOTE: a fresh process: declarations are process-wide
+TWO_REGISTRIES = """import json
+import numpy as np, torch
+import bridge
+
+regs = {"a": bridge.Registry(), "b": bridge.Registry()}
+def declare(tag, k):
+    @bridge.op(f"tworeg_{tag}::bump", domain="tworeg", fake=lambda x: torch.empty_like(x), registry=regs[tag])
+    def bump(x: torch.Tensor) -> torch.Tensor:
+        return torch.from_numpy(x.numpy() + k)  # NOTE: no body can be derived: only a kernel runs it
+
+declare("a", 1.0)
+declare("b", 100.0)
+
+class M(torch.nn.Module):
+    def __init__(self, op):
+        super().__init__()
+        self.op = op
+
+    def forward(self, x):
+        return self.op(x)
+
+x = torch.arange(3, dtype=torch.float32)
+a = bridge.session(bridge.export(M(torch.ops.tworeg_a.bump), (x,), functions=False, registry=regs["a"]),
+                   tier="python", registry=regs["a"])
+before = a.run(None, {"x": x.numpy()})[0].tolist()
+b = bridge.session(bridge.export(M(torch.ops.tworeg_b.bump), (x,), functions=False, registry=regs["b"]),
+                   tier="python", registry=regs["b"])
+print(json.dumps({"a": before, "b": b.run(None, {"x": x.numpy()})[0].tolist(),
+                  "a_after": a.run(None, {"x": x.numpy()})[0].tolist()}))
+"""
+
+
+def test_a_live_session_keeps_its_own_registrys_kernel():
+    """Two registries give one ONNX name (tworeg::bump) two implementations: a session of registry A
+    keeps running A's kernel after registry B opens a session for its op (the tier's declarations were
+    keyed by ONNX name alone, and B's record replaced A's under A's live session)."""
+    r = subprocess.run([sys.executable, "-c", TWO_REGISTRIES], capture_output=True, text=True, timeout=600,
+                       env=dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")))
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert json.loads(r.stdout.splitlines()[-1]) == {"a": [1.0, 2.0, 3.0], "b": [100.0, 101.0, 102.0],
+                                                     "a_after": [1.0, 2.0, 3.0]}

@@ -139,3 +139,33 @@ def test_integer_mismatch_reports_absolute_differences_and_counts():
     table = str(bridge.ParityReport("m", "function", [row]))
     assert "1/3" in table and "e+30" not in table
     assert json.loads(bridge.ParityReport("m", "function", [row]).to_json())["outputs"][0]["max_rel"] is None
+
+
+def _op_file(path: Path, qualname: str, extra: str = "") -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(f"import torch, bridge\n{extra}"
+                    f"@bridge.op({qualname!r}, fake=lambda x: torch.empty_like(x))\n"
+                    "def f(x: torch.Tensor) -> torch.Tensor:\n    return x + 1\n")
+
+
+def test_ops_path_loads_exactly_that_file(tmp_path):
+    """--ops PATH.py runs that file, also when its name is taken: json.py (the standard library's json is
+    imported already) and two files both named ops.py; each registers its own op."""
+    _op_file(tmp_path / "a" / "ops.py", "shadowa::f")
+    _op_file(tmp_path / "b" / "ops.py", "shadowb::f")
+    _op_file(tmp_path / "c" / "json.py", "shadowc::f")
+    r = opbridge("--ops", "a/ops.py", "--ops", "b/ops.py", "--ops", "c/json.py", "ops", "--json", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    names = {o["op"] for o in json.loads(r.stdout)}
+    assert {"shadowa::f", "shadowb::f", "shadowc::f"} <= names, names
+
+
+def test_ops_module_that_exits_at_import_is_an_error(tmp_path):
+    """A module-level argparse that exits (a required option), in a file whose name another module holds:
+    one error line naming the exit, exit status 2, no op table."""
+    for path in (tmp_path / "b" / "ops.py", tmp_path / "c" / "json.py"):
+        _op_file(path, f"exits{path.parent.name}::f", extra="import argparse\nparser = argparse.ArgumentParser()\n"
+                 "parser.add_argument('--size', required=True)\nparser.parse_args()\n")
+        r = opbridge("--ops", str(path.relative_to(tmp_path)), "ops", cwd=tmp_path)
+        assert r.returncode == 2 and "ops registered" not in r.stdout, r.stdout + r.stderr
+        assert "exited while being imported (sys.exit(2)" in r.stderr and "--size" in r.stderr, r.stderr

@@ -15,15 +15,20 @@ Example:
 from __future__ import annotations
 
 import atexit
+import contextlib
 import dataclasses
+import errno
 import fcntl
 import functools
 import hashlib
 import importlib
+import io
+import logging
 import os
 import shutil
 import stat
 import subprocess
+import sys
 import tempfile
 import time
 import warnings
@@ -32,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from bridge.core.errors import OpBridgeError
+from bridge.core.errors import BuildError, OpBridgeError
 from bridge.core.progress import step
 
 # NOTE: the environment variables this module reads, each named once.
@@ -176,6 +181,68 @@ def compiler(purpose: str, fix: str = "") -> str:
     return found
 
 
+# NOTE: how each cause of a failed build shows, in an OSError's errno or in the compiler's own output
+_DISK_ERRNOS = {errno.ENOSPC, errno.EDQUOT}
+_DISK_TEXT = ("No space left on device", "Disk quota exceeded")
+_DENIED_TEXT = ("Permission denied", "Operation not permitted", "Read-only file system")
+_COMPILER_TEXT = ("cannot execute", "error trying to exec", "installation problem", "not found", "command not found")
+
+
+def _cause(detail: str, code: int | None) -> str:
+    """``disk``, ``permission``, ``compiler`` or ``source``: why a build failed, from an errno or its output."""
+    if code in _DISK_ERRNOS or any(t in detail for t in _DISK_TEXT):
+        return "disk"
+    if code is not None or any(t in detail for t in _DENIED_TEXT):
+        return "permission"  # NOTE: any other OSError of the build's own file work: a folder it cannot write
+    if any(t in line for line in detail.splitlines() if "fatal error" in line or "g++:" in line
+                               for t in _COMPILER_TEXT):
+        return "compiler"
+    return "source"
+
+
+def _line(detail: str, needles: Sequence[str]) -> str:
+    """The first line of ``detail`` naming one of ``needles`` (else its last line), short."""
+    lines = [line.strip() for line in detail.splitlines() if line.strip()] or ["(no output)"]
+    return next((line for line in lines if any(n in line for n in needles)), lines[-1])[:300]
+
+
+def build_failure(purpose: str, detail: str, *, code: int | None = None, exit_code: int | None = None,
+                  cause: str | None = None) -> BuildError:
+    """The error for a failed build of ``purpose``, by its cause, each with its fix: a full disk, a folder
+    it may not write, a missing or broken compiler, or the C++ source. ``detail``: the compiler's
+    output (``exit_code``: its exit status), or an OSError's text (``code``: its errno).
+
+    >>> build_failure("x", "cc1plus: fatal error: out.s: No space left on device", exit_code=1).cause
+    'disk'
+    >>> build_failure("x", "k.cc:3:1: error: expected ';' before '}' token", exit_code=1).cause
+    'source'
+    """
+    cause = cause or _cause(detail, code)
+    root = cache_root()
+    if cause == "disk":
+        message = (f"building {purpose} ran out of disk space. Got {_line(detail, _DISK_TEXT)!r}. Free space on the "
+                   f"disk of {str(root)!r} (the build cache, ${CACHE_ENV}) and of the temp folder ($TMPDIR), or "
+                   f"point ${CACHE_ENV} at a disk with room.")
+    elif cause == "permission":
+        message = (f"building {purpose} could not write its files. Got {_line(detail, _DENIED_TEXT)!r}. Make "
+                   f"{str(root)!r} (the build cache) a folder this user can write, or point ${CACHE_ENV} at one.")
+    elif cause == "compiler":
+        message = (f"building {purpose} could not run the C++ compiler. Got {_line(detail, _COMPILER_TEXT)!r}. "
+                   "Install g++ (apt-get install g++), or set CXX to a working C++ compiler.")
+    else:
+        message = (f"building {purpose} failed in the C++ source. Got exit {exit_code}:\n{detail[-3000:]}\n"
+                   "Fix the C++ source named above.")
+    return BuildError(message, cause, detail)
+
+
+def run_compiler(cmd: Sequence[str], purpose: str) -> subprocess.CompletedProcess:
+    """Run a compiler command; a compiler that cannot be started is a ``compiler`` BuildError."""
+    try:
+        return subprocess.run(list(cmd), capture_output=True, text=True)
+    except OSError as e:
+        raise build_failure(purpose, f"{cmd[0]}: {e.strerror or e}", cause="compiler") from None
+
+
 @functools.cache
 def _version_line(cxx: str) -> str:
     result = subprocess.run([cxx, "--version"], capture_output=True, text=True)
@@ -234,16 +301,21 @@ def cached_build(kind: str, key: str, filename: str, build: Callable[[Path, str]
     if verified(target):
         return target
     cxx = compiler(purpose, fix)
-    folder = private_folder(target.parent)
-    # NOTE: O_NOFOLLOW: a lock planted as a symlink is refused instead of truncating its target
-    fd = os.open(folder / "build.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)  # one build per key, even across processes
-        if not verified(target):
-            _clean_stale(folder)
-            with tempfile.TemporaryDirectory(dir=folder) as tmp:
-                built = build(Path(tmp), cxx)
-                _install(built, target)
+    try:
+        folder = private_folder(target.parent)
+        # NOTE: O_NOFOLLOW: a lock planted as a symlink is refused instead of truncating its target
+        fd = os.open(folder / "build.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+        with os.fdopen(fd, "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)  # one build per key, even across processes
+            if not verified(target):
+                _clean_stale(folder)
+                with tempfile.TemporaryDirectory(dir=folder) as tmp:
+                    built = build(Path(tmp), cxx)
+                    _install(built, target)
+    except OSError as e:  # NOTE: the build's own file work (the compiler's is in its output): disk or folder
+        where = f"{e.filename}: " if e.filename else ""
+        raise build_failure(purpose, f"{where}{e.strerror or e}",
+                            cause="disk" if e.errno in _DISK_ERRNOS else "permission") from None
     return target
 
 
@@ -258,6 +330,32 @@ def _install(built: Path, target: Path) -> None:
     os.replace(digest, target.with_name(target.name + DIGEST_SUFFIX))
 
 
+# NOTE: what torch.utils.cpp_extension says at import on a CUDA build of torch on a machine without a
+# GPU (a logger warning in torch 2.12-2.15, a print to stderr before): nothing about opbridge's build
+CUDA_PROBE_LINE = "No CUDA runtime is found"
+_CPP_EXTENSION_LOGGER = "torch.utils.cpp_extension"
+
+
+def _not_cuda_probe(record: logging.LogRecord) -> bool:
+    return CUDA_PROBE_LINE not in record.getMessage()
+
+
+@contextlib.contextmanager
+def without_cuda_probe():
+    """Around a torch extension build only: torch's CUDA-probe line left out (its logger's record, or
+    the line on stderr); everything else the build says is passed on. The user's own imports of
+    torch.utils.cpp_extension keep the line."""
+    logger, held = logging.getLogger(_CPP_EXTENSION_LOGGER), io.StringIO()
+    logger.addFilter(_not_cuda_probe)
+    try:
+        with contextlib.redirect_stderr(held):
+            yield
+    finally:
+        logger.removeFilter(_not_cuda_probe)
+        sys.stderr.write("".join(line for line in held.getvalue().splitlines(keepends=True)
+                                 if CUDA_PROBE_LINE not in line))
+
+
 def build_torch_extension(name: str, sources: Sequence[str | os.PathLike], *, purpose: str) -> Path:
     """Build (once per sources, torch version and compiler; cached and verified) and load a C++ torch
     extension library (``TORCH_LIBRARY`` ops, torchbind classes) into torch; returns its path.
@@ -266,14 +364,15 @@ def build_torch_extension(name: str, sources: Sequence[str | os.PathLike], *, pu
     OpBridgeError names g++. The build prints one progress line.
     """
     # NOTE: torch.utils.cpp_extension is imported only here, when a library is wanted: importing it
-    # probes for CUDA (a warning line on a CUDA build of torch without a GPU) and costs time.
+    # probes for CUDA (a warning line on a CUDA build of torch without a GPU, left out: without_cuda_probe)
+    # and costs time.
     h = hashlib.sha256(f"{name}\n{torch.__version__}\n".encode())
     for source in sources:
         h.update(Path(source).read_bytes())
 
     def build(tmp: Path, cxx: str) -> Path:
-        cpp_extension = importlib.import_module("torch.utils.cpp_extension")
-        with step(f"building C++ library {name} for {purpose} (once; cached)", always=True):
+        with step(f"building C++ library {name} for {purpose} (once; cached)", always=True), without_cuda_probe():
+            cpp_extension = importlib.import_module("torch.utils.cpp_extension")
             cpp_extension.load(name=name, sources=[str(s) for s in sources], build_directory=str(tmp),
                                is_python_module=False, verbose=False)
         (tmp / "build.txt").write_text(toolchain(cxx) + "\n")

@@ -19,3 +19,14 @@ class OpBridgeError(Exception):
 
 class UnsupportedInTier(OpBridgeError):
     """An op or dtype that a kernel tier does not run (e.g. float16 in the Python tier)."""
+
+
+class BuildError(OpBridgeError):
+    """A C++ build that failed; ``cause`` says why, each with its own fix: ``"disk"`` (no space left),
+    ``"permission"`` (a folder it cannot write), ``"compiler"`` (missing or broken) or ``"source"``;
+    ``detail`` holds the compiler's own output, when there is one."""
+
+    def __init__(self, message: str, cause: str, detail: str = ""):
+        super().__init__(message)
+        self.cause = cause
+        self.detail = detail

@@ -4,6 +4,8 @@ arguments: this module loads torch, onnx and onnxruntime; the parser does not.""
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import importlib
 import importlib.util
 import io
@@ -29,7 +31,7 @@ from bridge.core.progress import format_table
 from bridge.core.registry import REGISTRY
 from bridge.tools import openvino_runtime
 from bridge.tools.parity import check_parity
-from bridge.tools.sessions import check_nodes, session
+from bridge.tools.sessions import check_nodes, input_arrays, session
 from bridge.tools.testing import ModelCase, OpModule, cases
 from bridge.tools.triton import write_repository
 from exporters.bodies.opsets import onnx_opset
@@ -55,7 +57,8 @@ def _import_error(name: str, e: BaseException) -> OpBridgeError:
 
 def import_ops(name: str):
     """Import ``--ops NAME``: a module name (the current folder on sys.path, as ``python -m`` has it)
-    or a path to a ``.py`` file (its folder goes on sys.path, so its own imports work)."""
+    or a path to a ``.py`` file, loaded from exactly that file (its folder goes on sys.path, so its
+    own imports work)."""
     path = Path(name)
     if name.endswith(".py") or os.sep in name:
         if not path.is_file():
@@ -64,14 +67,42 @@ def import_ops(name: str):
         folder = str(path.resolve().parent)
         if folder not in sys.path:
             sys.path.insert(0, folder)
-        name = path.stem
-    elif "" not in sys.path and os.getcwd() not in sys.path:
+        return _import_alone(name, functools.partial(_load_file, path.resolve()))
+    if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    return _import_alone(name)
+    return _import_alone(name, functools.partial(importlib.import_module, name))
 
 
-def _import_alone(name: str):
-    """Import the user's module as if it were imported by a bare ``python``.
+def _load_file(path: Path):
+    """The module of the file ``path`` itself: under its own name when importing that name reaches this
+    file (so the user's other modules share it), else under a name of its own (``json.py`` beside
+    the standard library's json, a second ``ops.py``): never another module of the same name."""
+    name = path.stem
+    try:
+        found = importlib.util.find_spec(name) if name.isidentifier() else None
+    except (ImportError, ValueError):  # NOTE: a broken module of that name elsewhere: not this file
+        found = None
+    if found is not None and found.origin and Path(found.origin).resolve() == path:
+        if name in sys.modules:
+            return sys.modules[name]
+    else:
+        name = f"_opbridge_ops_{hashlib.sha256(str(path).encode()).hexdigest()[:12]}_{name}"
+        if name in sys.modules:
+            return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None  # NOTE: a .py file always has a spec
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules[name]
+        raise
+    return module
+
+
+def _import_alone(name: str, load):
+    """Import the user's module (``load()``) as if it were imported by a bare ``python``.
 
     NOTE: during the import ``sys.argv`` is the program name alone (an argparse at import time parses
     nothing of opbridge's), and what the module writes to stderr is held until the import ends: a
@@ -80,7 +111,7 @@ def _import_alone(name: str):
     sys.argv = argv[:1]
     try:
         with contextlib.redirect_stderr(held):
-            return importlib.import_module(name)
+            return load()
     except SystemExit as e:
         said = held.getvalue().strip().splitlines()
         held = io.StringIO()
@@ -199,8 +230,13 @@ def cmd_export(args) -> int:
     case = _load_case(args.model)
     proto = export(case.model, case.args, args.output, dynamic_shapes=case.dynamic_shapes,
                    functions=not args.no_functions, inline=args.inline, opset_version=args.opset)
-    tensors = [a.detach().numpy() for a in case.args]
-    files.save_npz(inputs_path, dict(zip((i.name for i in proto.graph.input), tensors)))
+    try:  # NOTE: the tensor arguments only: a non-tensor one is a constant of the file
+        feed = input_arrays([i.name for i in proto.graph.input], case.args)
+        files.save_npz(inputs_path, feed)
+    except BaseException:
+        with contextlib.suppress(OSError):  # NOTE: no model file without its inputs beside it
+            os.remove(args.output)
+        raise
     size = os.path.getsize(args.output)
     print(f"wrote {args.output} ({size / 1024:.1f} KiB) and {inputs_path}")
     return 0

@@ -219,8 +219,13 @@ def session(
 def ort_feed(sess, args: Sequence, kwargs: dict | None = None) -> dict[str, np.ndarray]:
     """The session feed for the model's (args, kwargs): tensor leaves in order, by input name, each as
     its own dtype (bfloat16 as ``ml_dtypes.bfloat16``; ``bridge.core.dtypes.to_numpy``)."""
+    return input_arrays([i.name for i in sess.get_inputs()], args, kwargs)
+
+
+def input_arrays(names: Sequence[str], args: Sequence, kwargs: dict | None = None) -> dict[str, np.ndarray]:
+    """The arrays of the model's ONNX inputs ``names`` from its (args, kwargs): the tensor leaves in
+    order (a non-tensor argument is a constant of the exported file, not an input), each as its dtype."""
     tensors = [x for x in pytree.tree_leaves((tuple(args), kwargs or {})) if isinstance(x, torch.Tensor)]
-    names = [i.name for i in sess.get_inputs()]
     if len(names) != len(tensors):
         raise OpBridgeError(f"the model has {len(names)} ONNX inputs {names} but the call has "
                             f"{len(tensors)} tensors. Got mismatched inputs. Pass the inputs used at export.")
