@@ -108,7 +108,8 @@ def block(r: dict) -> str:
          fmt_x(demo["vs_eager"][PYTHON]) + " eager", PYTHON_VS_EAGER_MAX,
          demo["vs_eager"][PYTHON] <= PYTHON_VS_EAGER_MAX, "<="),
         ("`bridge.export` vs plain `torch.onnx.export` of the same models (in one process; first export in a "
-         f"fresh process: up to {fmt_x(first)})", "up to " + fmt_x(ex["max_ratio"]), ex["target"],
+         f"fresh process: up to {fmt_x(first)}; `benchmarks/export_time.py`'s own run of {export['date']}, its CPU "
+         "not recorded)", "up to " + fmt_x(ex["max_ratio"]), ex["target"],
          ex["max_ratio"] <= ex["target"] and first <= ex["target"], "<="),
     ]
     lines = [f"One run of `benchmarks/` on {machine_line(b['machine'])} (onnxruntime {mach['onnxruntime']}, torch "
@@ -120,7 +121,8 @@ def block(r: dict) -> str:
         lines.append(f"| {what} | {result} | " + ("for context |" if target is None else
                                                    f"{sense} {target:g}{unit}: {fmt_ok(met)} |"))
     lines += ["", f"The first `opbridge check` on a warm cache takes {warm['median_s']['opbridge check']:.1f} s, "
-              f"{fmt_x(warm['ratios']['check_vs_plain'])} the same export, session and run written by hand. Details "
+              f"{fmt_x(warm['ratios']['check_vs_plain'])} the same export, session and run written by hand (export_time.py's "
+              "run). Details "
               "and every other figure: [docs/evidence.md](docs/evidence.md)."]
     return "\n".join(lines)
 
