@@ -202,7 +202,7 @@ def test_a_domain_served_by_both_libraries_is_refused_before_onnxruntime(mmdeplo
     """onnxruntime takes a custom domain from one library ("Domain already set in registry"): an op of
     the same domain with an opbridge C++ kernel, in one model with mmdeploy's node, is an error first."""
     @bridge.op("mmdeploy::p33b_twice", fake=lambda x: torch.empty_like(x), registry=registry,
-               native="user_ops/clip_min.cc", dtypes=(torch.float32,),
+               native="user_ops/mmdeploy_twice.cc", dtypes=(torch.float32,),
                sample_inputs=lambda dtype: [bridge.SampleInput((torch.ones(2, dtype=dtype),))])
     def twice(x: torch.Tensor) -> torch.Tensor:
         return x * 2
