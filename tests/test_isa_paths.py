@@ -16,12 +16,11 @@ import torch
 
 import bridge
 import custom_ops  # noqa: F401
-from custom_ops.bev_pool_v2 import voxel_pooling_prepare
-from custom_ops.demo import frustum_coords
 from ort_kernels import build
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
 import machine  # noqa: E402
+from bev_pool_v2 import Pool, bevdet_inputs  # noqa: E402
 
 # NOTE: a child process per path: the library decides its path once per process
 CHILD = textwrap.dedent("""
@@ -47,26 +46,13 @@ CHILD = textwrap.dedent("""
 """)
 
 
-class Pool(torch.nn.Module):
-    def __init__(self, shape):
-        super().__init__()
-        self.shape = shape
-
-    def forward(self, depth, feat, rd, rf, rb, starts, lengths):
-        return torch.ops.bev.bev_pool_v2(depth, feat, rd, rf, rb, self.shape, starts, lengths)
-
-
 @pytest.fixture(scope="module")
 def pool_file(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("isa")
-    grid, channels = (64, 64, 1), 48  # 48 channels: full vectors and a remainder on every path
-    coords = frustum_coords(1, 6, 12, 8, 22, grid, jitter=0.7, seed=3)
-    ranks = voxel_pooling_prepare(coords, grid)
-    g = torch.Generator().manual_seed(3)
-    depth = torch.rand(1, 6, 12, 8, 22, generator=g).softmax(2)
-    feat = torch.randn(1, 6, 8, 22, channels, generator=g)
-    inputs = (depth, feat, *ranks)
-    model = Pool([1, grid[2], grid[1], grid[0], channels])
+    # NOTE: 48 channels: full vectors and a remainder on every path
+    inputs, shape = bevdet_inputs(depth_bins=12, channels=48, h=8, w=22, grid=(64, 64, 1), seed=3)
+    depth, feat, *ranks = inputs
+    model = Pool(shape)
     path = tmp / "pool.onnx"
     bridge.export(model, inputs, str(path), functions=False)
     sess = bridge.session(str(path), tier="native")
