@@ -238,7 +238,7 @@ def measure(repeats: int = 40, quick: bool = False, config: dict | None = None) 
     checks["native_same_on_1_and_2_threads"] = all(
         np.array_equal(runs[0], sessions[NATIVE_1T].run(None, feed)[0]) for _ in range(2))
     checks["native_vs_float64_max_abs"] = float(np.abs(runs[0].astype(np.float64) - expected64.numpy()).max())
-    for isa in lower:  # NOTE: AVX2 and AVX-512 sum with the same FMAs; the baseline rounds mul and add apart
+    for isa in lower:  # NOTE: every path rounds each multiply and add apart, in the same order
         got = sessions[native_path(isa)].run(None, feed)[0]
         checks[f"native {isa} path bitwise equal to {best}"] = bool(np.array_equal(runs[0], got))
         checks[f"native {isa} path vs float64 max abs"] = float(np.abs(got.astype(np.float64) - expected64.numpy()).max())

@@ -62,9 +62,11 @@ def path_rows(b: dict) -> list[tuple]:
     for isa in (p for p in ("avx2", "baseline") if native_path(p) in ms):
         ratio = ratios[f"native {isa} / floor"]
         target = targets["native_avx2_vs_floor_max"] if isa == "avx2" else None
+        same = b["checks"].get(f"native {isa} path bitwise equal to {best}", False)
         rows.append((f"... the {isa} path, forced by a library built without the paths above it (this CPU's best: "
-                     f"{best}): {fmt_ms(ms[native_path(isa)])}", fmt_x(ratio) + " the memcpy", target,
-                     target is None or ratio <= target, "<="))
+                     f"{best}): {fmt_ms(ms[native_path(isa)])}; its output "
+                     f"{'bitwise equal to' if same else '**differs from**'} the {best} path's", fmt_x(ratio) + " the memcpy",
+                     target, same and (target is None or ratio <= target), "<="))
     return rows
 
 

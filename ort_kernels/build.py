@@ -43,6 +43,10 @@ LIBRARY_NAME = "libopbridge_ort.so"
 # NOTE: the one env var that switches the build to the official ONNX Runtime C headers.
 ORT_INCLUDE_ENV = "OPBRIDGE_ORT_INCLUDE_DIR"
 CXXFLAGS_ENV = "OPBRIDGE_CXXFLAGS"  # extra compiler flags, appended to the build's own
+# NOTE: -ffp-contract=off: no multiply and add is fused, so every ISA path of a kernel (baseline,
+# AVX2, AVX-512, NEON) rounds each step the same way and gives bitwise the same result on every CPU.
+CODEGEN_FLAGS = ("-std=c++17", "-O3", "-ffp-contract=off", "-fPIC", "-pthread", "-fvisibility=hidden", "-Wall",
+                 "-Wextra")
 CACHE_KIND = "native"
 NO_COMPILER_FIX = (", or use a library built elsewhere (`opbridge build -o DIR`, then native_library= or "
                    "$OPBRIDGE_NATIVE_LIBRARY)")
@@ -168,7 +172,7 @@ def cache_dir() -> Path:
 
 def source_key(entries) -> str:
     """Hash of everything the binary depends on but the compiler: sources, table, ORT version,
-    headers, ``$OPBRIDGE_CXXFLAGS``."""
+    headers, the build's own flags, ``$OPBRIDGE_CXXFLAGS``."""
     h = hashlib.sha256()
     include = _official_include()
     for path in sorted(INCLUDE_DIR.glob("*.h")) + _sources(entries) + (
@@ -177,6 +181,7 @@ def source_key(entries) -> str:
         h.update(path.read_bytes())
     h.update(generate_table(entries).encode())
     h.update(onnxruntime.__version__.encode())
+    h.update(b"\0" + " ".join(CODEGEN_FLAGS).encode())
     h.update(b"\0" + os.environ.get(CXXFLAGS_ENV, "").encode())
     return h.hexdigest()[:16]
 
@@ -296,8 +301,7 @@ def _flags() -> list[str]:
     """The compiler flags every source of the library is built with (headers, warnings, optimisation)."""
     include = _official_include()
     official = ["-DOPBRIDGE_OFFICIAL_ORT_HEADERS", f"-I{include}"] if include is not None else []
-    return [*official, "-std=c++17", "-O3", "-fPIC", "-pthread", "-fvisibility=hidden", "-Wall", "-Wextra",
-            f"-I{INCLUDE_DIR}"]
+    return [*official, *CODEGEN_FLAGS, f"-I{INCLUDE_DIR}"]
 
 
 def _extra_flags() -> list[str]:

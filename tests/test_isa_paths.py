@@ -1,8 +1,7 @@
 """The native kernels' vector ISA paths (ort_kernels/include/opbridge_kernel.h): $OPBRIDGE_ISA picks
-each path this CPU runs in one build, the library says which it took (OpbridgeIsa), the AVX2 and
-AVX-512 paths give bitwise the same bev_pool_v2 result on 1 and 2 threads, the baseline is within
-float32 rounding of a float64 evaluation, and a value naming no path is refused when the library
-registers."""
+each path this CPU runs in one build, the library says which it took (OpbridgeIsa), every path gives
+bitwise the same bev_pool_v2 result on 1 and 2 threads, within float32 rounding of a float64
+evaluation, and a value naming no path is refused when the library registers."""
 
 import json
 import os
@@ -82,8 +81,9 @@ def test_each_path_is_taken_and_agrees(pool_file, isa):
     one, two = out["results"]
     assert np.array_equal(one, two)  # a cell's sum does not depend on how the work was split
     np.testing.assert_allclose(one, expected64, rtol=1e-5, atol=1e-5)
-    if isa == "avx2" and "avx512" in machine.cpu_isa_paths():
-        assert np.array_equal(one, run_path(pool_file, "avx512")["results"][0])  # the same FMAs in the same order
+    best = machine.cpu_isa_paths()[0]
+    if isa != best:  # the same multiplies and adds in the same order, none fused (-ffp-contract=off)
+        assert np.array_equal(one, run_path(pool_file, best)["results"][0])
 
 
 def test_auto_takes_the_best_path(pool_file):

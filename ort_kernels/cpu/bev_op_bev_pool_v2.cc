@@ -26,14 +26,14 @@
 
 #include "opbridge_kernel.h"
 
-// NOTE: the hot loops are compiled twice and picked per call by the CPU they run on: an AVX2 + FMA
+// NOTE: the hot loops are compiled twice and picked per call by the CPU they run on: an AVX2
 // version (32-byte vectors) and the baseline (16-byte vectors: SSE2, or NEON elsewhere). The
 // library stays deployable on any CPU, so no -march=native. (GCC's target_clones gave the
 // baseline clone the same 32-byte vectors, which SSE2 spills to the stack: 4x slower than this.)
 // The sorted path's pooling has a third, AVX-512 version (64-byte vectors; 32-byte transposes):
-// half the loads and FMAs to issue per point, ~5% faster per call at BEVDet-R50 size on AMD Zen 4.
-// The AVX2 and AVX-512 versions sum each channel in the same order with the same fused multiply-adds:
-// their results are bitwise equal (the baseline's separate multiply and add round differently).
+// half the loads and multiply-adds to issue per point, ~5% faster per call at BEVDet-R50 size on AMD Zen 4.
+// Every version sums each channel in the same order, with a multiply and an add rounded apart (the
+// library is built with -ffp-contract=off, ort_kernels/build.py): their results are bitwise equal.
 // Both x86 versions also enable PREFETCHW (prefetch with intent to write, see pool_sorted_task),
 // not a condition of the dispatch: every x86-64 CPU with AVX2 runs it (Intel before Broadwell,
 // which lack its CPUID bit, run it as a no-op), and the baseline's write prefetch is a plain prefetch.
@@ -145,7 +145,7 @@ int64_t tile_cells_of(int64_t chunk) {
 
 // NOTE: the sums are held in GCC/Clang vector types of W bytes (32: AVX2 registers, 16: SSE/NEON):
 // the auto-vectorizer keeps an array of per-channel sums in memory and does not vectorize it across
-// channels, while vector types compile to FMA (AVX2 version) or mul/add (baseline).
+// channels, while vector types compile to one vector multiply and add per W bytes of channels.
 #if defined(__GNUC__)
 #define OPBRIDGE_VECTOR 1
 template <typename A, int W> struct Vec {  // W bytes
