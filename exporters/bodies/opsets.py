@@ -117,11 +117,10 @@ def _constant_ints(name: str, ctx: _Context) -> onnx.AttributeProto | None:
     """The ints a Constant node produces as ``name``, as an attribute to reuse (may be a reference
     to a function attribute), or None when ``name`` is not a constant of this body."""
     producer = ctx.producers.get(name)
-    if producer is None or producer.op_type != "Constant" or not is_onnx(producer.domain):
+    if (producer is None or producer.op_type != "Constant" or not is_onnx(producer.domain)
+            or len(producer.attribute) != 1):
         return None
-    attr = producer.attribute[0] if len(producer.attribute) == 1 else None
-    if attr is None:
-        return None
+    attr = producer.attribute[0]
     if attr.ref_attr_name or attr.name == "value_ints":
         return attr
     if attr.name == "value_int":
@@ -354,8 +353,7 @@ def _convert_nodes(nodes: Nodes, source: int, ctx: _Context) -> Nodes:
         for since in (crossings if ctx.target > source else reversed(crossings)):
             up, down = ADAPTERS.get((converted.op_type, since)) or _generic(converted.op_type, since)
             step = up if ctx.target > source else down
-            head, last = replaced[:-1], replaced[-1]
-            replaced = [*head, *step(last, ctx)]
+            replaced[-1:] = step(replaced[-1], ctx)
         out.extend(replaced)
     return out
 
