@@ -101,13 +101,3 @@ def save_atomic(model: onnx.ModelProto, path: str | os.PathLike) -> None:
                             f"file. Got {os.fspath(path)!r}. Keep the non-inlined file with external data for "
                             "this model.")
     files.save_model(model, path, external=False)
-
-
-def inline_file(src: str | os.PathLike, dst: str | os.PathLike,
-                registry: Registry | None = None) -> tuple[onnx.ModelProto, onnx.ModelProto]:
-    """Inline the ONNX file ``src`` into ``dst`` (written atomically); return (original, inlined)."""
-    files.check_writable(dst, what="model")
-    original = files.load_model(src)  # external tensors too: the inlined file is written whole
-    inlined = inline_functions(original, registry)
-    save_atomic(inlined, dst)
-    return original, inlined

@@ -3,14 +3,13 @@ public torch or this.
 
 Each wrapper says what it does and the torch releases it is tested on (the torch matrix in
 ``benchmarks/torch_matrix.py`` runs the suite on each); where a release differs, the branch is here.
-``TESTED`` is the range that matrix covers.
 
 Example:
     >>> import torch
     >>> str(schema_of(torch.ops.aten.relu.default))
     'aten::relu(Tensor self) -> Tensor'
-    >>> has_kernel("aten::relu", "CompositeImplicitAutograd"), is_overload(torch.ops.aten.relu.default)
-    (False, True)
+    >>> has_kernel("aten::relu", "CompositeImplicitAutograd")
+    False
 """
 
 from __future__ import annotations
@@ -39,7 +38,6 @@ try:  # NOTE: torch.onnx's exporter pieces (2.12-2.15), to build its op registry
 except ImportError:  # pragma: no cover  another torch: callers use the public torch.onnx.export
     _EXPORTER = False
 
-TESTED = ("2.12", "2.13", "2.14", "2.15")
 # NOTE: the logger torch.onnx's dynamo exporter warns through while it builds its op registry
 ONNX_REGISTRY_LOGGER = "torch.onnx._internal.exporter._registration"
 
@@ -47,11 +45,6 @@ ONNX_REGISTRY_LOGGER = "torch.onnx._internal.exporter._registration"
 OpOverload = torch._ops.OpOverload
 OpOverloadPacket = torch._ops.OpOverloadPacket
 HigherOrderOperator = torch._ops.HigherOrderOperator
-
-
-def is_overload(value: Any) -> bool:
-    """Whether ``value`` is one overload of a torch op (``torch.ops.ns.name.default``)."""
-    return isinstance(value, OpOverload)
 
 
 def schema_of(op: Any) -> torch.FunctionSchema:

@@ -11,6 +11,12 @@ the op (an op ONNX deprecated, like GroupNormalization-18, counts as absent). Ne
 (``ScatterElements`` reduction max/min, ``Pad`` mode wrap, ...) are refused below the opset that
 introduced them. ``onnx.checker`` (full) checks the result's types.
 
+NOTE: hand-written because no library converts function bodies exactly (measured with onnx 1.23.2,
+onnxscript 0.7.2): ``onnx.version_converter`` has no adapter down for Pad-18, Split-18 or
+GridSample-20, fails on Reduce axes given by ``Constant(value_ints=...)``, and turns an attribute
+reference (``ref_attr_name``, common in bodies) into an empty tensor, a silent wrong answer;
+onnxscript's converter goes up only, from opset 18, and refuses any node with an attribute reference.
+
 Example:
     >>> import bridge, custom_ops
     >>> body = bridge.REGISTRY.get("opbridge::crop").function.to_function_proto()
@@ -22,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import onnx
@@ -30,7 +37,7 @@ from onnx import defs, helper
 
 from bridge.core.domains import is_onnx
 from bridge.core.errors import OpBridgeError
-from bridge.core.graphs import FreshNames, subgraphs, tensor_constants, walk
+from bridge.core.graphs import FreshNames, subgraphs, tensor_constants, value_names, walk
 
 Nodes = list[onnx.NodeProto]
 
@@ -57,26 +64,16 @@ def _since_versions(op_type: str) -> list[int]:
 class _Context:
     """Fresh value names and producers inside one body being converted."""
 
-    def __init__(self, nodes: Nodes, where: str, target: int):
-        self.where, self.target = where, target
-        self.producers: dict[str, onnx.NodeProto] = {}
-        self.names = FreshNames()
-        for node in walk(nodes):
-            self.names.taken.update(node.input)
-            self.names.taken.update(node.output)
-            for out in node.output:
-                self.producers[out] = node
+    def __init__(self, function: onnx.FunctionProto, target: int):
+        self.where, self.target = f"function {function.domain}::{function.name}", target
+        self.producers = {out: node for node in walk(function.node) for out in node.output}
+        self.names = FreshNames(value_names(function))
 
-    def fresh(self, base: str) -> str:
-        return self.names(f"{base}_opset{self.target}")
-
-    def node(self, op_type: str, inputs: list[str], base: str, **attrs) -> tuple[onnx.NodeProto, str]:
-        out = self.fresh(base)
-        return helper.make_node(op_type, inputs, [out], **attrs), out
-
-    def const(self, value: list[int] | int, base: str) -> tuple[onnx.NodeProto, str]:
-        key = "value_ints" if isinstance(value, list) else "value_int"
-        return self.node("Constant", [], base, **{key: value})
+    def add(self, made: Nodes, op_type: str, inputs: list[str], base: str, **attrs) -> str:
+        """Append a new node to ``made``; return its (fresh) output name."""
+        out = self.names(f"{base}_opset{self.target}")
+        made.append(helper.make_node(op_type, inputs, [out], **attrs))
+        return out
 
     def error(self, node: onnx.NodeProto, why: str, fix: str) -> OpBridgeError:
         return OpBridgeError(f"{self.where}: cannot convert node {node.name or node.op_type!r} ({node.op_type}) "
@@ -93,17 +90,24 @@ def _drop_attr(node: onnx.NodeProto, name: str) -> None:
     node.attribute.extend(keep)
 
 
+def _ints_attr(attr: onnx.AttributeProto, name: str) -> onnx.AttributeProto:
+    """A copy of ``attr`` (ints, or a reference to a function attribute) named ``name``."""
+    copy = onnx.AttributeProto()
+    copy.CopyFrom(attr)
+    copy.name, copy.type = name, onnx.AttributeProto.INTS
+    return copy
+
+
 def _input(node: onnx.NodeProto, index: int) -> str:
     return node.input[index] if len(node.input) > index else ""
 
 
-def _trim_inputs(node: onnx.NodeProto, count: int) -> None:
-    """Keep the first ``count`` inputs, then drop trailing empty (absent) ones."""
-    keep = list(node.input[:count])
-    while keep and not keep[-1]:
-        keep.pop()
+def _set_inputs(node: onnx.NodeProto, inputs: list[str]) -> None:
+    """``inputs`` as the node's inputs, trailing empty (absent) ones dropped."""
+    while inputs and not inputs[-1]:
+        inputs = inputs[:-1]
     del node.input[:]
-    node.input.extend(keep)
+    node.input.extend(inputs)
 
 
 # --- adapters: (node, ctx) -> the nodes replacing it (helpers first) --------------------------
@@ -113,11 +117,10 @@ def _constant_ints(name: str, ctx: _Context) -> onnx.AttributeProto | None:
     """The ints a Constant node produces as ``name``, as an attribute to reuse (may be a reference
     to a function attribute), or None when ``name`` is not a constant of this body."""
     producer = ctx.producers.get(name)
-    if producer is None or producer.op_type != "Constant" or not is_onnx(producer.domain):
+    if (producer is None or producer.op_type != "Constant" or not is_onnx(producer.domain)
+            or len(producer.attribute) != 1):
         return None
-    attr = producer.attribute[0] if len(producer.attribute) == 1 else None
-    if attr is None:
-        return None
+    attr = producer.attribute[0]
     if attr.ref_attr_name or attr.name == "value_ints":
         return attr
     if attr.name == "value_int":
@@ -134,17 +137,12 @@ def _axes_input_up(attr_name: str) -> Callable:
         attr = _attr(node, attr_name)
         if attr is None:
             return [node]
-        if attr.ref_attr_name:
-            const, out = ctx.node("Constant", [], attr_name)
-            const.attribute.append(helper.make_attribute_ref("value_ints", onnx.AttributeProto.INTS,
-                                                             ref_attr_name=attr.ref_attr_name))
-        else:
-            const, out = ctx.const(list(attr.ints), attr_name)
+        made: Nodes = []
+        out = ctx.add(made, "Constant", [], attr_name)
+        made[0].attribute.append(_ints_attr(attr, "value_ints"))
         _drop_attr(node, attr_name)
-        inputs = [node.input[0], out, *node.input[2:]]
-        del node.input[:]
-        node.input.extend(inputs)
-        return [const, node]
+        _set_inputs(node, [node.input[0], out, *node.input[2:]])
+        return [*made, node]
 
     return up
 
@@ -172,15 +170,8 @@ def _axes_input_down(attr_name: str, noop_attr: str | None = None) -> Callable:
                             f"Produce {attr_name} with a Constant node in the body, or keep the model's opset.")
         if noop is not None and noop.i and not value.ref_attr_name and not value.ints:
             return [helper.make_node("Identity", [node.input[0]], list(node.output), name=node.name)]
-        attr = onnx.AttributeProto()
-        attr.CopyFrom(value)
-        attr.name = attr_name
-        attr.type = onnx.AttributeProto.INTS
-        node.attribute.append(attr)
-        inputs = [node.input[0], *node.input[2:]]
-        del node.input[:]
-        node.input.extend(inputs)
-        _trim_inputs(node, len(inputs))
+        node.attribute.append(_ints_attr(value, attr_name))
+        _set_inputs(node, [node.input[0], *node.input[2:]])
         return [node]
 
     return down
@@ -190,15 +181,11 @@ def _pad_axes_down(node: onnx.NodeProto, ctx: _Context) -> Nodes:
     """Pad@18 ``axes`` input -> Pad@13 pads over every axis (zeros elsewhere), computed in the graph."""
     axes = _input(node, 3)
     if not axes:
-        _trim_inputs(node, 3)
+        _set_inputs(node, list(node.input[:3]))
         return [node]
     data, pads = node.input[0], node.input[1]
-    made = []
-
-    def add(op_type, inputs, base, **attrs):
-        n, out = ctx.node(op_type, inputs, base, **attrs)
-        made.append(n)
-        return out
+    made: Nodes = []
+    add = functools.partial(ctx.add, made)
 
     rank = add("Size", [add("Shape", [data], "pad_shape")], "pad_rank")
     axes64 = add("Cast", [axes], "pad_axes", to=onnx.TensorProto.INT64)
@@ -212,10 +199,7 @@ def _pad_axes_down(node: onnx.NodeProto, ctx: _Context) -> Nodes:
     zeros = add("ConstantOfShape", [count], "pad_zeros",
                 value=helper.make_tensor("", onnx.TensorProto.INT64, [1], [0]))
     full = add("ScatterElements", [zeros, where, pads], "pad_full", axis=0)
-    inputs = [data, full, _input(node, 2)]
-    del node.input[:]
-    node.input.extend(inputs)
-    _trim_inputs(node, 3)
+    _set_inputs(node, [data, full, _input(node, 2)])
     return [*made, node]
 
 
@@ -239,12 +223,8 @@ def _split_down(node: onnx.NodeProto, ctx: _Context) -> Nodes:
         return [node]
     axis = _attr(node, "axis")
     n = num.i
-    made = []
-
-    def add(op_type, inputs, base, **attrs):
-        made_node, out = ctx.node(op_type, inputs, base, **attrs)
-        made.append(made_node)
-        return out
+    made: Nodes = []
+    add = functools.partial(ctx.add, made)
 
     dim = add("Gather", [add("Shape", [node.input[0]], "split_shape"),
                          add("Constant", [], "split_axis", value_ints=[axis.i if axis else 0])], "split_dim")
@@ -254,9 +234,7 @@ def _split_down(node: onnx.NodeProto, ctx: _Context) -> Nodes:
                "split_last")
     sizes = add("Concat", [add("Expand", [chunk, add("Constant", [], "split_rep", value_ints=[n - 1])], "split_first"),
                            last], "split_sizes", axis=0)
-    inputs = [node.input[0], sizes]
-    del node.input[:]
-    node.input.extend(inputs)
+    _set_inputs(node, [node.input[0], sizes])
     return [*made, node]
 
 
@@ -343,7 +321,7 @@ def _generic(op_type: str, since: int) -> tuple[Callable, Callable]:
         if any(node.input[first_new_input:]):
             raise ctx.error(node, f"inputs past the first {first_new_input} exist from opset {since} on",
                             f"Leave them out, or keep the model's opset >= {since}.")
-        _trim_inputs(node, first_new_input)
+        _set_inputs(node, list(node.input[:first_new_input]))
         return [node]
 
     return (lambda node, ctx: [node]), down
@@ -365,7 +343,7 @@ def _convert_nodes(nodes: Nodes, source: int, ctx: _Context) -> Nodes:
             raise ctx.error(converted, f"{converted.op_type} is deprecated or absent at the body's opset {source}",
                             "Fix the body.")
         if _schema(converted.op_type, ctx.target) is None:
-            known = [v for v in _since_versions(converted.op_type)]
+            known = _since_versions(converted.op_type)
             raise ctx.error(converted, f"ONNX defines {converted.op_type} at opsets {known[0] if known else '?'}.. "
                                        f"(deprecated or absent at {ctx.target})",
                             f"Export at an opset where {converted.op_type} exists, or write the body without it.")
@@ -375,8 +353,7 @@ def _convert_nodes(nodes: Nodes, source: int, ctx: _Context) -> Nodes:
         for since in (crossings if ctx.target > source else reversed(crossings)):
             up, down = ADAPTERS.get((converted.op_type, since)) or _generic(converted.op_type, since)
             step = up if ctx.target > source else down
-            head, last = replaced[:-1], replaced[-1]
-            replaced = [*head, *step(last, ctx)]
+            replaced[-1:] = step(replaced[-1], ctx)
         out.extend(replaced)
     return out
 
@@ -398,8 +375,7 @@ def convert_function(function: onnx.FunctionProto, opset: int) -> onnx.FunctionP
     source = onnx_opset(function)
     if source is None or source == opset:
         return result
-    ctx = _Context(list(function.node), f"function {function.domain}::{function.name}", opset)
-    nodes = _convert_nodes(list(function.node), source, ctx)
+    nodes = _convert_nodes(list(function.node), source, _Context(function, opset))
     del result.node[:]
     result.node.extend(nodes)
     for imp in result.opset_import:

@@ -49,18 +49,11 @@ def _rename_graph(graph: onnx.GraphProto, names: _Names) -> None:
     graph.node.extend(renamed)
 
 
-def _ref(attr: str, kind: onnx.AttributeProto.AttributeType, ref: str) -> onnx.AttributeProto:
-    a = onnx.AttributeProto()
-    a.name, a.type, a.ref_attr_name = attr, kind, ref
-    return a
-
-
-
 def _attribute_constant(name: str, field: str) -> onnx.NodeProto:
     """``name = Constant <field = @name>``: the node's attribute ``name`` as a value of the body."""
     kind = onnx.AttributeProto.INT if field == "value_int" else onnx.AttributeProto.INTS
     node = helper.make_node("Constant", [], [name])
-    node.attribute.append(_ref(field, kind, name))
+    node.attribute.append(helper.make_attribute_ref(field, kind, ref_attr_name=name))
     return node
 
 
