@@ -1,6 +1,7 @@
 """User ops whose attributes carry meaning (issues #32, #34), each with a C++ kernel, in their own registry:
 an optional attribute whose None differs from its default, an attribute whose op default differs from
-the ONNX op its body calls, a keyword-only attribute and an int[] attribute that may be empty (a derived body)."""
+the ONNX op its body calls, a keyword-only attribute, an int[] attribute that may be empty (a derived body), and
+float and float[] attributes whose sign of zero changes the result."""
 
 import torch
 from onnxscript import opset20 as op
@@ -68,3 +69,24 @@ def offsets_op(x: torch.Tensor, steps: list[int]) -> torch.Tensor:
 def scale_add_op(x: torch.Tensor, *, k: int, b: float = 0.5) -> torch.Tensor:
     """x * k + b, keyword-only k and b. No written body, no C++ kernel: the function tier's body is derived."""
     return x * k + b
+
+
+@script(ATTRDEMO, default_opset=op)
+def divide(x, d: float):
+    return op.Div(x, op.CastLike(op.Constant(value_float=d), x))
+
+
+@bridge.op("attrdemo::divide", fake=lambda x, d: torch.empty_like(x), function=divide, native="attr_divide.cc",
+           sample_inputs=_samples(((2.0,), {}), ((-0.0,), {})), registry=REGISTRY)
+def divide_op(x: torch.Tensor, d: float) -> torch.Tensor:
+    """x / d: x / 0.0 and x / -0.0 are infinities of opposite signs."""
+    return x / d
+
+
+@bridge.op("attrdemo::divide_all", fake=lambda x, ds: torch.empty_like(x), native="attr_divide_all.cc",
+           sample_inputs=_samples((([2.0, -0.0],), {})), registry=REGISTRY)
+def divide_all_op(x: torch.Tensor, ds: list[float]) -> torch.Tensor:
+    """x divided by each of ds in turn. No written body: the function tier's is derived."""
+    for d in ds:
+        x = x / d
+    return x
