@@ -1,7 +1,8 @@
 """Attributes keep their meaning through export, every tier and inlined files (issues #32, #34): an
 optional attribute's None is not its default, an attribute a node omits takes the op's default (not
 the ONNX op's its body calls), keyword-only attributes export, an empty int[] attribute works, and calls
-whose float attributes differ only in the sign of a zero keep their own nodes.
+whose float attributes differ only in the sign of a zero keep their own nodes; the function tier checks each
+node against its own body overload.
 Each is checked in the function, native and python tiers and in the inlined file, against eager torch."""
 
 import importlib.util
@@ -192,3 +193,29 @@ def test_identical_calls_share_one_node(library):
     for g, e in zip(_run_all(proto, "function", x.numpy(), library), call(x), strict=True):
         np.testing.assert_array_equal(g, e.numpy())
 
+
+
+# -- 6. the function tier checks each node against its own body (overloads) --------------------------------
+class TwoScaledBiases(torch.nn.Module):
+    def __init__(self, second_has_bias: bool):
+        super().__init__()
+        self.second_has_bias = second_has_bias
+
+    def forward(self, x, bias):
+        return (torch.ops.attrdemo.scaled_bias(x, bias, 2),
+                torch.ops.attrdemo.scaled_bias(x, bias if self.second_has_bias else None, 0))
+
+
+def test_each_node_is_checked_against_its_own_overload():
+    x, bias = torch.randn(3, 5), torch.randn(3, 5)
+    valid = bridge.export(TwoScaledBiases(False), (x, bias), registry=REG)
+    assert len({f.overload for f in valid.functions if f.name == "scaled_bias"}) == 2
+    sess = bridge.session(valid, tier="function", registry=REG)
+    got = sess.run(None, {i.name: a.numpy() for i, a in zip(valid.graph.input, (x, bias))})
+    for g, e in zip(got, TwoScaledBiases(False)(x, bias), strict=True):
+        np.testing.assert_allclose(g, e.numpy(), rtol=1e-6, atol=1e-6)
+    # NOTE: k=0's body never reads bias: a node giving it would silently drop it
+    ignored = bridge.export(TwoScaledBiases(True), (x, bias), registry=REG)
+    with pytest.raises(bridge.UnsupportedInTier, match=r"attrdemo::scaled_bias ignores its input 'bias'.*Got node "
+                                                       r"'node_scaled_bias_1'"):
+        bridge.session(ignored, tier="function", registry=REG)

@@ -90,3 +90,30 @@ def divide_all_op(x: torch.Tensor, ds: list[float]) -> torch.Tensor:
     for d in ds:
         x = x / d
     return x
+
+
+def _ignoring_bias():
+    @script(ATTRDEMO, default_opset=op)
+    def scaled_bias(x, bias):  # NOTE: written for the call without bias only: it never reads `bias`
+        return op.Mul(x, op.CastLike(op.Constant(value_float=0.0), x))
+
+    return scaled_bias
+
+
+def _scaled_bias_body(k):
+    if k == 0:
+        return _ignoring_bias()
+    step = float(k)
+
+    @script(ATTRDEMO, default_opset=op)
+    def scaled_bias(x, bias):
+        return op.Add(op.Mul(x, op.CastLike(op.Constant(value_float=step), x)), bias)
+
+    return scaled_bias
+
+
+@bridge.op("attrdemo::scaled_bias", fake=lambda x, bias=None, k=1: torch.empty_like(x), function=_scaled_bias_body,
+           registry=REGISTRY)
+def scaled_bias_op(x: torch.Tensor, bias: torch.Tensor | None = None, k: int = 1) -> torch.Tensor:
+    """x * k + bias. Its body builder gives one body per k (ONNX function overloads); k == 0's never reads bias."""
+    return x * k if bias is None else x * k + bias
