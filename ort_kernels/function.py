@@ -76,9 +76,9 @@ def _check_optional_inputs(model: onnx.ModelProto, registry: Registry) -> None:
     """A body that never reads an optional input (or lacks an optional attribute) was written for
     the case where it is omitted: a node that gives it would silently lose it, so that is an error;
     a body needing an optional attribute without a default fails a node that omits it."""
-    bodies = {(f.domain, f.name): f for f in model.functions}
+    bodies = {(f.domain, f.name, f.overload): f for f in model.functions}  # NOTE: each node its own overload
     for node in model_nodes(model):
-        body = bodies.get((node.domain, node.op_type))
+        body = bodies.get((node.domain, node.op_type, node.overload))
         spec = registry.find(node.domain, node.op_type)
         if body is None or spec is None or not any(p.optional for p in spec.params):
             continue

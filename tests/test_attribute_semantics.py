@@ -1,6 +1,8 @@
 """Attributes keep their meaning through export, every tier and inlined files (issues #32, #34): an
 optional attribute's None is not its default, an attribute a node omits takes the op's default (not
-the ONNX op's its body calls), keyword-only attributes export, and an empty int[] attribute works.
+the ONNX op's its body calls), keyword-only attributes export, an empty int[] attribute works, and calls
+whose float attributes differ only in the sign of a zero keep their own nodes; the function tier checks each
+node against its own body overload.
 Each is checked in the function, native and python tiers and in the inlined file, against eager torch."""
 
 import importlib.util
@@ -42,14 +44,18 @@ class Calls(torch.nn.Module):
         return self.call(x)
 
 
-def _run(proto: onnx.ModelProto, way: str, x: np.ndarray, library: str) -> np.ndarray:
+def _run_all(proto: onnx.ModelProto, way: str, x: np.ndarray, library: str) -> list[np.ndarray]:
     if way == "inlined":
         flat = inline_functions(proto, REG)
         assert not flat.functions and {n.domain for n in flat.graph.node} == {""}
         sess = ort.InferenceSession(flat.SerializeToString(), providers=["CPUExecutionProvider"])
     else:
         sess = bridge.session(proto, tier=way, registry=REG, native_library=library if way == "native" else None)
-    return sess.run(None, {proto.graph.input[0].name: x})[0]
+    return sess.run(None, {proto.graph.input[0].name: x})
+
+
+def _run(proto: onnx.ModelProto, way: str, x: np.ndarray, library: str) -> np.ndarray:
+    return _run_all(proto, way, x, library)[0]
 
 
 def _check(call, way: str, library: str) -> onnx.ModelProto:
@@ -150,3 +156,66 @@ def test_an_empty_list_default_is_a_typed_onnx_default():
     assert explicit_attributes(OpSpec("d::f", None, params, 1, "d"), node)
     assert [(a.name, a.type) for a in node.attribute] == [("steps", onnx.AttributeProto.INTS),
                                                           ("w", onnx.AttributeProto.FLOATS)]
+
+
+# -- 5. calls that differ only in the sign of a zero keep their own nodes ---------------------------------
+_SIGNED_ZEROS = {
+    "float": lambda x: (torch.ops.attrdemo.divide(x, 0.0), torch.ops.attrdemo.divide(x, -0.0)),
+    "float[]": lambda x: (torch.ops.attrdemo.divide_all(x, [2.0, 0.0]), torch.ops.attrdemo.divide_all(x, [2.0, -0.0])),
+}
+
+
+def _attribute_signs(proto: onnx.ModelProto) -> list[list[float]]:
+    """Each custom node's float values as copysign(1, v): tells -0.0 from 0.0."""
+    values = [np.atleast_1d(helper.get_attribute_value(n.attribute[0])) for n in proto.graph.node
+              if n.domain == "attrdemo"]
+    return sorted(np.copysign(1.0, v).tolist() for v in values)
+
+
+@pytest.mark.parametrize("way", WAYS)
+@pytest.mark.parametrize("kind", list(_SIGNED_ZEROS))
+def test_calls_that_differ_in_a_zero_sign_keep_their_nodes(way, kind, library):
+    call = _SIGNED_ZEROS[kind]
+    x = torch.randn(3, 5)
+    proto = bridge.export(Calls(call), (x,), registry=REG)
+    assert _attribute_signs(proto) == ([[-1.0], [1.0]] if kind == "float" else [[1.0, -1.0], [1.0, 1.0]])
+    got = _run_all(proto, way, x.numpy(), library)
+    for g, e in zip(got, call(x), strict=True):
+        assert np.isinf(e.numpy()).all()
+        np.testing.assert_array_equal(g, e.numpy())  # NOTE: +inf and -inf, where a merged node gives one sign
+
+
+def test_identical_calls_share_one_node(library):
+    call = lambda x: (torch.ops.attrdemo.divide(x, -0.0), torch.ops.attrdemo.divide(x, -0.0))  # noqa: E731
+    x = torch.randn(3, 5)
+    proto = bridge.export(Calls(call), (x,), registry=REG)
+    assert _attribute_signs(proto) == [[-1.0]]  # NOTE: torch.onnx's optimizer still merges equal calls
+    for g, e in zip(_run_all(proto, "function", x.numpy(), library), call(x), strict=True):
+        np.testing.assert_array_equal(g, e.numpy())
+
+
+
+# -- 6. the function tier checks each node against its own body (overloads) --------------------------------
+class TwoScaledBiases(torch.nn.Module):
+    def __init__(self, second_has_bias: bool):
+        super().__init__()
+        self.second_has_bias = second_has_bias
+
+    def forward(self, x, bias):
+        return (torch.ops.attrdemo.scaled_bias(x, bias, 2),
+                torch.ops.attrdemo.scaled_bias(x, bias if self.second_has_bias else None, 0))
+
+
+def test_each_node_is_checked_against_its_own_overload():
+    x, bias = torch.randn(3, 5), torch.randn(3, 5)
+    valid = bridge.export(TwoScaledBiases(False), (x, bias), registry=REG)
+    assert len({f.overload for f in valid.functions if f.name == "scaled_bias"}) == 2
+    sess = bridge.session(valid, tier="function", registry=REG)
+    got = sess.run(None, {i.name: a.numpy() for i, a in zip(valid.graph.input, (x, bias))})
+    for g, e in zip(got, TwoScaledBiases(False)(x, bias), strict=True):
+        np.testing.assert_allclose(g, e.numpy(), rtol=1e-6, atol=1e-6)
+    # NOTE: k=0's body never reads bias: a node giving it would silently drop it
+    ignored = bridge.export(TwoScaledBiases(True), (x, bias), registry=REG)
+    with pytest.raises(bridge.UnsupportedInTier, match=r"attrdemo::scaled_bias ignores its input 'bias'.*Got node "
+                                                       r"'node_scaled_bias_1'"):
+        bridge.session(ignored, tier="function", registry=REG)

@@ -179,8 +179,9 @@ def lacks_translation(registry: Any, op: Any) -> bool:
 
 
 def onnx_export(program: Any, registry: Any, opset: int) -> Any:
-    """``torch.onnx.export(program, dynamo=True)`` with a prebuilt ``registry`` (:func:`onnx_registry`)."""
-    return _onnx_core.export(program, registry=registry, optimize=True, verify=False, opset_version=opset,
+    """``torch.onnx.export(program, dynamo=True, optimize=False)`` with a prebuilt ``registry``
+    (:func:`onnx_registry`); the caller optimizes the ONNXProgram (its public ``optimize()``)."""
+    return _onnx_core.export(program, registry=registry, optimize=False, verify=False, opset_version=opset,
                              verbose=False)
 
 

@@ -10,9 +10,11 @@ from collections.abc import Callable, Sequence
 
 import onnx
 import torch
+from onnxscript import ir
 from torch.export import Dim
 
 from bridge.core import torch_compat
+from bridge.core.domains import is_custom
 from bridge.core.registry import Registry
 from bridge.core.spec import AttrType, OpSpec, Param
 from exporters.bodies.translation import translation
@@ -133,10 +135,10 @@ def _onnx_export(program, opset: int, registry: Registry, translated: dict):
             raise Untraceable(f"its implementation calls custom op {inner.qualname}, which has no written body "
                               "(derived bodies do not nest)")
     if nested:  # NOTE: an implementation calling bridged ops: their translations, through the public entry point
-        return torch.onnx.export(program, dynamo=True, opset_version=opset, optimize=True, verify=False,
-                                 external_data=False,
-                                 custom_translation_table={**{t: translation(s) for t, s in nested.items()},
-                                                           **translated})
+        return optimize(torch.onnx.export(program, dynamo=True, opset_version=opset, optimize=False, verify=False,
+                                          external_data=False,
+                                          custom_translation_table={**{t: translation(s) for t, s in nested.items()},
+                                                                    **translated}))
     return onnx_program(program, opset, translated)
 
 
@@ -157,12 +159,44 @@ def onnx_program(program: torch.export.ExportedProgram, opset: int, table: dict)
     ops that exist when it is built (torchvision's only with torchvision installed)."""
     base = CACHE.onnx_registry(opset)
     if base is None:  # NOTE: a torch without the exporter's internals: its public entry point
-        return torch.onnx.export(program, dynamo=True, custom_translation_table=table, opset_version=opset,
-                                 optimize=True, verify=False, external_data=False)
+        return optimize(torch.onnx.export(program, dynamo=True, custom_translation_table=table, opset_version=opset,
+                                          optimize=False, verify=False, external_data=False))
     ops = {n.target for n in program_calls(program) if isinstance(n.target, torch_compat.OpOverload)}
     if any(torch_compat.lacks_translation(base, op) for op in ops):
         base = CACHE.onnx_registry(opset, fresh=True)
-    return torch_compat.onnx_export(program, torch_compat.with_translations(base, table) if table else base, opset)
+    return optimize(torch_compat.onnx_export(program, torch_compat.with_translations(base, table) if table else base,
+                                             opset))
+
+
+# NOTE: torch.onnx's optimizer merges nodes whose attributes compare equal with == (onnx_ir's
+# CommonSubexpressionEliminationPass), so op(x, 0.0) and op(x, -0.0) would become one node and one call
+# would compute the other's answer. While it runs, each custom node with float attributes carries their
+# exact values (float.hex) in this attribute too: calls merge only when their attributes are bitwise equal.
+_EXACT_FLOATS = "_opbridge_exact_floats"
+_FLOAT_TYPES = (ir.AttributeType.FLOAT, ir.AttributeType.FLOATS)
+
+
+def optimize(program):
+    """``program`` (an ONNXProgram) after torch.onnx's own optimization (``ONNXProgram.optimize()``:
+    inlining, constant folding, rewrites, common subexpressions), where two custom nodes merge only when
+    their attribute values are bitwise equal (``0.0`` and ``-0.0`` stay two calls)."""
+    ir.passes.common.InlinePass()(program.model)  # NOTE: a node from a function body gets its actual values
+    for node in _custom_nodes(program.model):
+        floats = [f"{k}={_hex(a.value)}" for k, a in sorted(node.attributes.items()) if a.type in _FLOAT_TYPES]
+        if floats:
+            node.attributes[_EXACT_FLOATS] = ir.AttrString(_EXACT_FLOATS, " ".join(floats))
+    program.optimize()
+    for node in _custom_nodes(program.model):
+        node.attributes.pop(_EXACT_FLOATS, None)
+    return program
+
+
+def _hex(value) -> str:
+    return ",".join(float(v).hex() for v in value) if isinstance(value, Sequence) else float(value).hex()
+
+
+def _custom_nodes(model: ir.Model) -> list[ir.Node]:
+    return [n for n in ir.traversal.RecursiveGraphIterator(model.graph) if is_custom(n.domain)]
 
 
 def to_onnx(program, opset: int, registry: Registry, translated: dict | None = None) -> onnx.ModelProto:

@@ -1,6 +1,7 @@
 """User ops whose attributes carry meaning (issues #32, #34), each with a C++ kernel, in their own registry:
 an optional attribute whose None differs from its default, an attribute whose op default differs from
-the ONNX op its body calls, a keyword-only attribute and an int[] attribute that may be empty (a derived body)."""
+the ONNX op its body calls, a keyword-only attribute, an int[] attribute that may be empty (a derived body), and
+float and float[] attributes whose sign of zero changes the result."""
 
 import torch
 from onnxscript import opset20 as op
@@ -68,3 +69,51 @@ def offsets_op(x: torch.Tensor, steps: list[int]) -> torch.Tensor:
 def scale_add_op(x: torch.Tensor, *, k: int, b: float = 0.5) -> torch.Tensor:
     """x * k + b, keyword-only k and b. No written body, no C++ kernel: the function tier's body is derived."""
     return x * k + b
+
+
+@script(ATTRDEMO, default_opset=op)
+def divide(x, d: float):
+    return op.Div(x, op.CastLike(op.Constant(value_float=d), x))
+
+
+@bridge.op("attrdemo::divide", fake=lambda x, d: torch.empty_like(x), function=divide, native="attr_divide.cc",
+           sample_inputs=_samples(((2.0,), {}), ((-0.0,), {})), registry=REGISTRY)
+def divide_op(x: torch.Tensor, d: float) -> torch.Tensor:
+    """x / d: x / 0.0 and x / -0.0 are infinities of opposite signs."""
+    return x / d
+
+
+@bridge.op("attrdemo::divide_all", fake=lambda x, ds: torch.empty_like(x), native="attr_divide_all.cc",
+           sample_inputs=_samples((([2.0, -0.0],), {})), registry=REGISTRY)
+def divide_all_op(x: torch.Tensor, ds: list[float]) -> torch.Tensor:
+    """x divided by each of ds in turn. No written body: the function tier's is derived."""
+    for d in ds:
+        x = x / d
+    return x
+
+
+def _ignoring_bias():
+    @script(ATTRDEMO, default_opset=op)
+    def scaled_bias(x, bias):  # NOTE: written for the call without bias only: it never reads `bias`
+        return op.Mul(x, op.CastLike(op.Constant(value_float=0.0), x))
+
+    return scaled_bias
+
+
+def _scaled_bias_body(k):
+    if k == 0:
+        return _ignoring_bias()
+    step = float(k)
+
+    @script(ATTRDEMO, default_opset=op)
+    def scaled_bias(x, bias):
+        return op.Add(op.Mul(x, op.CastLike(op.Constant(value_float=step), x)), bias)
+
+    return scaled_bias
+
+
+@bridge.op("attrdemo::scaled_bias", fake=lambda x, bias=None, k=1: torch.empty_like(x), function=_scaled_bias_body,
+           registry=REGISTRY)
+def scaled_bias_op(x: torch.Tensor, bias: torch.Tensor | None = None, k: int = 1) -> torch.Tensor:
+    """x * k + bias. Its body builder gives one body per k (ONNX function overloads); k == 0's never reads bias."""
+    return x * k if bias is None else x * k + bias
