@@ -316,6 +316,8 @@ def ordered(proto: onnx.FunctionProto) -> bool:
         >>> [n.op_type for n in out.node][-2:], ordered(out), [n.op_type for n in out.node][-3:]
         (['Gather', 'Neg'], True, ['Unsqueeze', 'Squeeze', 'Neg'])
     """
+    if proto.ByteSize() > _ORDERED_BODY_MAX:
+        return _order(proto)
     key = ProtoMemo.key(proto)
     done = _ORDERED.get(key)
     if done is None:
@@ -328,8 +330,10 @@ def ordered(proto: onnx.FunctionProto) -> bool:
 
 # NOTE: every session of the function tier orders the bodies of its file (~1 ms a body of 200 nodes);
 # one opened again on the same file (workers, reloads) takes the ordered body from here, by the
-# digest of the body as given (b"": nothing to order).
+# digest of the body as given (b"": nothing to order). Bodies past 1 MiB (large constants) are not
+# kept: the memo holds their bytes, and their ordering costs little beside hashing them.
 _ORDERED = ProtoMemo()
+_ORDERED_BODY_MAX = 1 << 20
 
 
 def _order(proto: onnx.FunctionProto) -> bool:
