@@ -361,6 +361,45 @@ def test_attr_prod_le_refuses_a_limit_an_int64_product_cannot_be_checked_against
         C.attr_prod_le("box", 2**62)
 
 
+def test_a_session_opened_again_on_a_file_checks_as_the_first(tmp_path):
+    """Sessions opened again on a file take its ordered bodies from the first (check_guards.ordered
+    keeps them by content): the same bad input fails with the same message, good input runs."""
+    class M(torch.nn.Module):
+        def forward(self, image, patch):
+            return torch.ops.opbridge.paste(image, patch, 1, 1)
+
+    lead = torch.export.Dim("lead")
+    path = tmp_path / "m.onnx"
+    bridge.export(M(), (torch.zeros(2, 5, 5), torch.ones(2, 2, 2)), path, dynamic_shapes=({0: lead}, {0: lead}))
+    messages = []
+    for _ in range(2):
+        sess = bridge.session(path, tier="function")
+        with pytest.raises(bridge.OpBridgeError) as info:
+            bridge.parity.run_ort(sess, [torch.zeros(2, 5, 5), torch.ones(3, 2, 2)])
+        messages.append(str(info.value))
+        got = bridge.parity.run_ort(sess, [torch.zeros(2, 5, 5), torch.ones(2, 2, 2)])[0]
+        assert bridge.compare("out", M()(torch.zeros(2, 5, 5), torch.ones(2, 2, 2)), got).passed
+    assert messages[0] == messages[1] and messages[0].startswith("opbridge: opbridge::paste: "), messages
+
+
+def test_ordered_bodies_are_kept_by_content():
+    """Two copies of one guarded body are ordered alike (the second from the first's result); a
+    different body gets its own ordering; a body without a guard stays as it is."""
+    body = helper.make_function("d", "f", ["x"], ["y"], [helper.make_node("Neg", ["x"], ["y"])],
+                                [helper.make_opsetid("", 20)])
+    other = helper.make_function("d", "f", ["x"], ["y"], [helper.make_node("Abs", ["x"], ["y"])],
+                                 [helper.make_opsetid("", 20)])
+    checks = C.Checks("d::f", [C.rank("x", 2)])
+    first, second, third = (C.guarded_body(b, checks, {}) for b in (body, body, other))
+    assert C.ordered(first) and C.ordered(second) and C.ordered(third)
+    assert first.SerializeToString() == second.SerializeToString()
+    assert [n.op_type for n in first.node][-3:] == ["Unsqueeze", "Squeeze", "Neg"]
+    assert [n.op_type for n in third.node][-3:] == ["Unsqueeze", "Squeeze", "Abs"]
+    plain = onnx.FunctionProto()
+    plain.CopyFrom(body)
+    assert not C.ordered(plain) and not C.ordered(plain) and plain.SerializeToString() == body.SerializeToString()
+
+
 def test_bev_pool_v2_guards_stay_lean():
     """The same 19 guarded checks in at most 120 nodes (220 with a node pair per check, 292 with
     1.17-safe reductions before the guards were first made leaner); the whole guarded body in at

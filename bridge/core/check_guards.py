@@ -30,7 +30,7 @@ from onnx import TensorProto, helper
 from bridge.core.check_vocabulary import Check, Checks, Compare, DtypeIs
 from bridge.core.domains import is_onnx
 from bridge.core.errors import OpBridgeError
-from bridge.core.graphs import FreshNames, value_names, walk
+from bridge.core.graphs import FreshNames, ProtoMemo, may_hold_subgraphs, walk
 
 GUARD_PREFIX = "opbridge_check"
 
@@ -316,38 +316,83 @@ def ordered(proto: onnx.FunctionProto) -> bool:
         >>> [n.op_type for n in out.node][-2:], ordered(out), [n.op_type for n in out.node][-3:]
         (['Gather', 'Neg'], True, ['Unsqueeze', 'Squeeze', 'Neg'])
     """
-    guard = next((n for n in proto.node if _is_guard(n)), None)
-    producers = {o: n for n in proto.node for o in n.output}
-    body = [n for n in proto.node if not all(_is_guard_value(o) for o in n.output)]
-    read = {i for node in walk(body) for i in node.input}
-    if guard is None or any(_waited(producers[v], producers, set(proto.input)) for v in read
-                            if _is_guard_value(v) and v in producers):
-        return False  # NOTE: no guard, or one whose body waits already (an earlier version's file)
-    names = FreshNames(value_names(proto))
+    if proto.ByteSize() > _ORDERED_BODY_MAX:
+        return _order(proto)
+    key = ProtoMemo.key(proto)
+    done = _ORDERED.get(key)
+    if done is None:
+        done = proto.SerializeToString() if _order(proto) else b""
+        _ORDERED.put(key, done)
+    elif done:
+        proto.ParseFromString(done)
+    return bool(done)
+
+
+# NOTE: every session of the function tier orders the bodies of its file (~1 ms a body of 200 nodes);
+# one opened again on the same file (workers, reloads) takes the ordered body from here, by the
+# digest of the body as given (b"": nothing to order). Bodies past 1 MiB (large constants) are not
+# kept: the memo holds their bytes, and their ordering costs little beside hashing them.
+_ORDERED = ProtoMemo()
+_ORDERED_BODY_MAX = 1 << 20
+
+
+def _order(proto: onnx.FunctionProto) -> bool:
+    """:func:`ordered`'s work."""
+    nodes = list(proto.node)
+    at = next((i for i, n in enumerate(nodes) if _is_guard(n)), None)
+    if at is None:
+        return False
+    producers, read, taken, body = _scan(proto, nodes)
+    if any(_waited(producers[v], producers, set(proto.input)) for v in read if _is_guard_value(v) and v in producers):
+        return False  # NOTE: a body that waits already (an earlier version's file)
+    names = FreshNames(taken)
     chain, zero = names(f"{GUARD_PREFIX}_chain"), names(f"{GUARD_PREFIX}_zero")
-    waits = [helper.make_node("ReduceMax", [guard.output[0]], [chain], keepdims=1),
+    waits = [helper.make_node("ReduceMax", [nodes[at].output[0]], [chain], keepdims=1),
              helper.make_node("Constant", [], [zero], value=helper.make_tensor("value", TensorProto.INT64, [1], [0]))]
     pairs = [(x, names(f"{x}_checked")) for x in proto.input if x in read]
     if not pairs:  # NOTE: a body that reads no input: its outputs wait instead
         pairs = [(names(f"{y}_unchecked"), y) for y in proto.output if y in producers]
+        outputs = {b: a for a, b in pairs}
         for node in body:
-            node.output[:] = [next((a for a, b in pairs if b == o), o) for o in node.output]
+            if any(o in outputs for o in node.output):
+                node.output[:] = [outputs.get(o, o) for o in node.output]
     else:
+        renames = dict(pairs)
         for node in body:
-            _rename_inputs(node, dict(pairs))
+            _rename_inputs(node, renames)
     for source, waited in pairs:
         lifted = names(f"{GUARD_PREFIX}_lifted")
         waits += [helper.make_node("Unsqueeze", [source, chain], [lifted]),
                   helper.make_node("Squeeze", [lifted, zero], [waited])]
-    nodes = list(proto.node)
-    at = next(i for i, n in enumerate(nodes) if _is_guard(n)) + 1
-    if not read & set(proto.input):
-        nodes += waits  # NOTE: output waits read the body's last values: after every node
-    else:
-        nodes[at:at] = waits
-    del proto.node[:]
-    proto.node.extend(nodes)
+    # NOTE: output waits read the body's last values: after every node; input waits right after the guard
+    at = len(nodes) if not read & set(proto.input) else at + 1
+    for k, wait in enumerate(waits):
+        proto.node.insert(at + k, wait)  # NOTE: in place: rebuilding the list copies every node (sessions pay it)
     return True
+
+
+def _scan(proto: onnx.FunctionProto, nodes: list[onnx.NodeProto]) -> tuple[dict, set[str], set[str], list]:
+    """One pass over ``proto``'s nodes (``nodes``): the top-level producer of each value, the values the
+    body (every node but the guard's) reads, subgraphs included, every value name used (what new
+    names avoid: :func:`bridge.core.graphs.value_names`), and the body's top-level nodes."""
+    producers: dict[str, onnx.NodeProto] = {}
+    read: set[str] = set()
+    taken = set(proto.input)
+    body = []
+    for node in nodes:
+        outputs = list(node.output)
+        producers.update(dict.fromkeys(outputs, node))
+        in_body = not all(_is_guard_value(o) for o in outputs)
+        if in_body:
+            body.append(node)
+        for inner in walk([node]) if may_hold_subgraphs(node) else (node,):
+            inputs = inner.input
+            taken.update(inputs)
+            taken.update(inner.output)
+            if in_body:
+                read.update(inputs)
+    taken.discard("")
+    return producers, read, taken, body
 
 
 def unguarded(proto: onnx.FunctionProto) -> onnx.FunctionProto:
@@ -404,8 +449,9 @@ def _waited(node: onnx.NodeProto, producers: dict, inputs: set[str]) -> str | No
 
 def _rename_inputs(node: onnx.NodeProto, renames: dict[str, str]) -> None:
     """Rename the values ``node`` reads, in its subgraphs too (outer-scope references)."""
-    for inner in walk([node]):
-        inner.input[:] = [renames.get(n, n) for n in inner.input]
+    for inner in walk([node]) if may_hold_subgraphs(node) else (node,):
+        if any(n in renames for n in inner.input):  # NOTE: rewriting a node's inputs costs; most keep theirs
+            inner.input[:] = [renames.get(n, n) for n in inner.input]
 
 
 def _guard(proto: onnx.FunctionProto, qualname: str, guarded: Sequence[tuple[int, Check]],

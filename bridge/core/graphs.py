@@ -17,7 +17,9 @@ Example:
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import threading
 from collections.abc import Iterable, Iterator
 
 import numpy as np
@@ -204,6 +206,52 @@ class FreshNames:
             name = f"{hint}__{i}"
         self.taken.add(name)
         return name
+
+
+def model_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:
+    """Every tensor stored in ``model``: the initializers and tensor attributes of its graph, its
+    subgraphs and its local functions (the tensors onnx's external-data helpers visit; their walk costs
+    ~5x this one, and sessions make it on every file they are given by path)."""
+    for graph in model_graphs(model, functions=True):
+        yield from graph.initializer
+    for node in model_nodes(model, functions=True):
+        for attr in node.attribute:
+            if attr.type == onnx.AttributeProto.TENSOR:
+                yield attr.t
+            elif attr.type == onnx.AttributeProto.TENSORS:
+                yield from attr.tensors
+
+
+class ProtoMemo:
+    """What was computed from a proto, kept by its content (the digest of its bytes): sessions opened
+    again on the same file (workers, threads, reloads) redo no work on its function bodies. Bounded
+    (the oldest entry goes first) and safe across threads.
+
+    >>> memo = ProtoMemo(size=1)
+    >>> f = onnx.helper.make_function("d", "f", ["x"], ["y"], [], [])
+    >>> key = ProtoMemo.key(f)
+    >>> memo.put(key, "seen"); memo.get(key), memo.get(ProtoMemo.key(onnx.FunctionProto()))
+    ('seen', None)
+    """
+
+    def __init__(self, size: int = 256):
+        self._items: dict[bytes, object] = {}
+        self._size = size
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def key(proto) -> bytes:
+        return hashlib.blake2b(proto.SerializeToString(), digest_size=16).digest()
+
+    def get(self, key: bytes):
+        with self._lock:
+            return self._items.get(key)
+
+    def put(self, key: bytes, value) -> None:
+        with self._lock:
+            if key not in self._items and len(self._items) >= self._size:
+                self._items.pop(next(iter(self._items)))
+            self._items[key] = value
 
 
 # NOTE: Constant's literal attributes -> (element type, 1-D or scalar). Tools that fold constants
