@@ -387,9 +387,10 @@ def roi_samples(dtype):
 def test_mmcv_roi_align(reg, tier):
     op = bridge.register(RoIAlignFunction, fake=roi_fake, native="user_ops/roi_align.cc", sample_inputs=roi_samples,
                          registry=reg)
+    # NOTE: the attributes in the order the TorchScript exporter writes them (by g.op keyword)
     assert [(p.name, p.attr_type.name if p.attr_type else "tensor") for p in op.spec.params] == [
-        ("input", "tensor"), ("rois", "tensor"), ("output_height", "INT"), ("output_width", "INT"),
-        ("spatial_scale", "FLOAT"), ("sampling_ratio", "INT"), ("mode", "STRING"), ("aligned", "INT")]
+        ("input", "tensor"), ("rois", "tensor"), ("aligned", "INT"), ("mode", "STRING"), ("output_height", "INT"),
+        ("output_width", "INT"), ("sampling_ratio", "INT"), ("spatial_scale", "FLOAT")]
     # NOTE: one attribute set per tier keeps the file quick; the node test below covers the other
     model = RoIModel((2, 4), 0.25, 3, aligned=False) if tier == "function" else RoIModel()
     bridge.assert_parity(model, (FEAT, rois(5, 0)), registry=reg, tier=tier, dynamic_shapes=(None, {0: K}),
@@ -429,16 +430,22 @@ def test_mmcv_node_is_what_the_torchscript_exporter_writes(reg):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(model, args, f, dynamo=False, opset_version=18)
-    legacy = next(n for n in onnx.load_from_string(f.getvalue()).graph.node if n.domain == "mmcv")
-    ours = next(n for n in bridge.export(model, args, registry=reg, opset_version=18).graph.node if n.domain == "mmcv")
+    legacy_graph = onnx.load_from_string(f.getvalue()).graph
+    ours_graph = bridge.export(model, args, registry=reg, opset_version=18).graph
+    legacy = next(n for n in legacy_graph.node if n.domain == "mmcv")
+    ours = next(n for n in ours_graph.node if n.domain == "mmcv")
 
-    def identity(node, model_inputs):
-        attrs = sorted((a.name, a.type, onnx.helper.get_attribute_value(a)) for a in node.attribute)
-        return node.domain, node.op_type, attrs, len(node.input), len(node.output)
+    def identity(node, graph):
+        """Domain, type, attributes (name, type, value) in the node's order, and where each input comes from."""
+        sources = [i.name for i in graph.input]
+        attrs = [(a.name, a.type, onnx.helper.get_attribute_value(a)) for a in node.attribute]
+        return (node.domain, node.op_type, attrs, [sources.index(i) if i in sources else i for i in node.input],
+                len(node.output))
 
-    assert identity(ours, None) == identity(legacy, None)
-    assert [a.name for a in sorted(ours.attribute, key=lambda a: a.name)] == [a.name for a in legacy.attribute]
-    assert list(ours.input) == ["x", "rois"] and len(legacy.input) == 2
+    assert identity(ours, ours_graph) == identity(legacy, legacy_graph)
+    assert identity(ours, ours_graph)[2][:2] == [("aligned", onnx.AttributeProto.INT, 0),
+                                                 ("mode", onnx.AttributeProto.STRING, b"avg")]
+    assert list(ours.input) == ["x", "rois"]
 
 
 @pytest.mark.parametrize("tier", ["python", "function", "native"])
