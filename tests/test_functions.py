@@ -104,12 +104,50 @@ def quick_cumsum_samples(dtype):
     return [bridge.SampleInput((depth, feat, rd, rf, rb, tuple(shape[i] for i in (0, 1, 2, 3, 4)), starts, lengths))]
 
 
+def bev_pool_samples(dtype):
+    depth, feat, *ranks = bev_frame(0)
+    return [bridge.SampleInput((depth.to(dtype), feat.to(dtype), *ranks, OUT_H, OUT_W))]
+
+
+# NOTE: one C++ file holds the kernels of both nodes (mmdeploy::bev_pool_v2, bevdet::QuickCumsum): one algorithm
+BEV_KERNELS = "user_ops/bevdet_pool.cc"
+
+
 # -- mmcv-style RoIAlign (mmcv/ops/roi_align.py), its extension stood in by plain torch ---------------------
+def _bilinear_weights(v, size, offsets, bin_size):
+    """[K, A, size] weights of torchvision's/mmcv's roi_align bilinear interpolation along one axis, at the
+    sample points ``v[:, None] + offsets * bin_size[:, None]`` (0 outside [-1, size])."""
+    v = v[:, None] + offsets * bin_size[:, None]
+    inside = (v >= -1) & (v <= size)
+    v = v.clamp(min=0)
+    low = v.floor()
+    top = low >= size - 1
+    low = torch.where(top, float(size - 1), low)
+    v = torch.where(top, low, v)
+    frac = (v - low) * inside
+    cells = torch.arange(size, dtype=v.dtype, device=v.device)
+    high = torch.where(top, low, low + 1)
+    return ((cells == low[..., None]) * ((1 - frac) * inside)[..., None]
+            + (cells == high[..., None]) * frac[..., None])
+
+
 def roi_align_torch(input, rois, out_h, out_w, spatial_scale, sampling_ratio, aligned):
-    """Stands in for mmcv's compiled roi_align_forward: cheap, and every argument changes the result."""
-    pooled = torch.nn.functional.adaptive_avg_pool2d(input[rois[:, 0].long()], (out_h, out_w))
-    boxes = rois[:, 1:].sum(1).reshape(-1, 1, 1, 1) * (0.5 if aligned else 0.25)
-    return pooled * spatial_scale + boxes / sampling_ratio
+    """Stands in for mmcv's compiled roi_align_forward in mode "avg" with sampling_ratio > 0: each bin is the
+    mean of sampling_ratio x sampling_ratio bilinear samples (tests/user_ops/roi_align.cc, the native kernel,
+    is mmcv's and torchvision's CPU loop); vectorized, so its ONNX body is derived."""
+    offset = 0.5 if aligned else 0.0
+    x1, y1, x2, y2 = (rois[:, i] * spatial_scale - offset for i in range(1, 5))
+    roi_w, roi_h = x2 - x1, y2 - y1
+    if not aligned:
+        roi_w, roi_h = roi_w.clamp(min=1.0), roi_h.clamp(min=1.0)
+    grid = (torch.arange(sampling_ratio, dtype=input.dtype, device=input.device) + 0.5) / sampling_ratio
+    rows = (torch.arange(out_h, dtype=input.dtype, device=input.device)[:, None] + grid).reshape(-1)
+    cols = (torch.arange(out_w, dtype=input.dtype, device=input.device)[:, None] + grid).reshape(-1)
+    wy = _bilinear_weights(y1, input.shape[2], rows, roi_h / out_h)  # [K, out_h * S, H]
+    wx = _bilinear_weights(x1, input.shape[3], cols, roi_w / out_w)  # [K, out_w * S, W]
+    samples = torch.einsum("kah,kchw,kbw->kcab", wy, input[rois[:, 0].long()], wx)
+    k, c = samples.shape[:2]
+    return samples.reshape(k, c, out_h, sampling_ratio, out_w, sampling_ratio).mean((3, 5))
 
 
 class RoIAlignFunction(torch.autograd.Function):
@@ -233,11 +271,11 @@ def reg():
 def _register_bev(reg, inner: bool):
     if inner:
         bridge.register(QuickCumsumCuda, name="bevdet::QuickCumsum", sample_inputs=quick_cumsum_samples,
-                        registry=reg)
-    return bridge.register(TRTBEVPoolv2, registry=reg)
+                        native=BEV_KERNELS, registry=reg)
+    return bridge.register(TRTBEVPoolv2, native=BEV_KERNELS, sample_inputs=bev_pool_samples, registry=reg)
 
 
-@pytest.mark.parametrize("tier", ["python", "function"])
+@pytest.mark.parametrize("tier", ["python", "function", "native"])
 @pytest.mark.parametrize("inner", [False, True], ids=["outer", "both"])
 def test_bevdet_trt_bev_pool(reg, tier, inner):
     op = _register_bev(reg, inner)
@@ -258,7 +296,8 @@ def test_bevdet_trt_bev_pool(reg, tier, inner):
 
 def test_bevdet_inner_function_alone(reg):
     """QuickCumsumCuda called by the model itself (BEVDet's training-time path) is its own node."""
-    bridge.register(QuickCumsumCuda, name="bevdet::QuickCumsum", sample_inputs=quick_cumsum_samples, registry=reg)
+    bridge.register(QuickCumsumCuda, name="bevdet::QuickCumsum", sample_inputs=quick_cumsum_samples,
+                    native=BEV_KERNELS, registry=reg)
 
     class M(torch.nn.Module):
         def forward(self, depth, feat, rd, rf, rb, starts, lengths):
@@ -269,9 +308,56 @@ def test_bevdet_inner_function_alone(reg):
     node = next(n for n in proto.graph.node if n.domain == "bevdet")
     assert node.op_type == "QuickCumsum"
     assert onnx.helper.get_attribute_value(node.attribute[0]) == [1, 1, OUT_H, OUT_W, 6]
-    for tier in ("python", "function"):
+    for tier in ("python", "function", "native"):
         bridge.assert_parity(M(), bev_frame(0), registry=reg, tier=tier, dynamic_shapes=BEV_DYNAMIC,
                              extra_args=[bev_frame(3, keep=0.4)])
+
+
+def _bad(args, index, edit):
+    args = [a.clone() for a in args]
+    edit(args[index])
+    return tuple(args)
+
+
+def _set(position, value):
+    def edit(t):
+        t[position] = value
+    return edit
+
+
+# (model, registration, good inputs, bad input: argument index, edit, the native kernel's message)
+# NOTE: the stand-in extension ignores the intervals (BEVDet's CUDA one reads past the points), so eager
+# refuses no interval: the native kernel does
+BAD_INPUTS = {
+    "ranks_bev": (BevModel, "bev", bev_frame(0), 4, _set(0, 10**6),
+                  r"mmdeploy::bev_pool_v2: input 'ranks_bev' has value 1000000 at position 0, outside \[0, 20\)"),
+    "ranks_feat": (BevModel, "bev", bev_frame(0), 3, _set(-1, 30),
+                   r"mmdeploy::bev_pool_v2: input 'ranks_feat' has value 30 at position \d+, outside \[0, 30\)"),
+    "interval": (BevModel, "bev", bev_frame(0), 6, _set(-1, 10**6),
+                 r"mmdeploy::bev_pool_v2: interval \d+ \(start \d+, length 1000000\) is not within the \d+ points"),
+    "batch index": (lambda: RoIModel(), "roi", (FEAT, rois(3, 0)), 1, _set((1, 0), 2.0),
+                    r"mmcv::MMCVRoiAlign: input 'rois' has batch index 2 in row 1, outside \[0, 2\)"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS)
+def test_native_kernels_refuse_what_eager_refuses(reg, case):
+    """An index out of range: eager raises, and the native kernel names the input (never reads out of bounds)."""
+    factory, which, args, index, edit, message = BAD_INPUTS[case]
+    if which == "bev":
+        _register_bev(reg, inner=False)
+    else:
+        bridge.register(RoIAlignFunction, fake=roi_fake, native="user_ops/roi_align.cc", sample_inputs=roi_samples,
+                        registry=reg)
+    bad = _bad(args, index, edit)
+    if case != "interval":
+        with pytest.raises((IndexError, RuntimeError)):
+            factory()(*bad)
+    sess = bridge.session(bridge.export(factory(), args, registry=reg).SerializeToString(), tier="native",
+                          registry=reg)
+    np.testing.assert_allclose(bridge.parity.run_ort(sess, args)[0], factory()(*args).numpy(), rtol=1e-5, atol=1e-5)
+    with pytest.raises(bridge.OpBridgeError, match=message):
+        bridge.parity.run_ort(sess, bad)
 
 
 def test_bevdet_eager_and_gradients_unchanged(reg):
@@ -293,14 +379,20 @@ def test_bevdet_eager_and_gradients_unchanged(reg):
     assert "forward" in QuickCumsumCuda.__dict__ and QuickCumsumCuda.__dict__["forward"].__func__.__name__ == "forward"
 
 
-@pytest.mark.parametrize("tier", ["python", "function"])
+def roi_samples(dtype):
+    return [bridge.SampleInput((FEAT.to(dtype), rois(3, 0).to(dtype), (3, 2), 0.5, 2, "avg", True))]
+
+
+@pytest.mark.parametrize("tier", ["python", "function", "native"])
 def test_mmcv_roi_align(reg, tier):
-    op = bridge.register(RoIAlignFunction, fake=roi_fake, registry=reg)
+    op = bridge.register(RoIAlignFunction, fake=roi_fake, native="user_ops/roi_align.cc", sample_inputs=roi_samples,
+                         registry=reg)
+    # NOTE: the attributes in the order the TorchScript exporter writes them (by g.op keyword)
     assert [(p.name, p.attr_type.name if p.attr_type else "tensor") for p in op.spec.params] == [
-        ("input", "tensor"), ("rois", "tensor"), ("output_height", "INT"), ("output_width", "INT"),
-        ("spatial_scale", "FLOAT"), ("sampling_ratio", "INT"), ("mode", "STRING"), ("aligned", "INT")]
+        ("input", "tensor"), ("rois", "tensor"), ("aligned", "INT"), ("mode", "STRING"), ("output_height", "INT"),
+        ("output_width", "INT"), ("sampling_ratio", "INT"), ("spatial_scale", "FLOAT")]
     # NOTE: one attribute set per tier keeps the file quick; the node test below covers the other
-    model = RoIModel() if tier == "python" else RoIModel((2, 4), 0.25, 3, aligned=False)
+    model = RoIModel((2, 4), 0.25, 3, aligned=False) if tier == "function" else RoIModel()
     bridge.assert_parity(model, (FEAT, rois(5, 0)), registry=reg, tier=tier, dynamic_shapes=(None, {0: K}),
                          extra_args=[(FEAT, rois(9, 1)), (FEAT, rois(1, 2))])
 
@@ -331,23 +423,33 @@ def test_mmcv_roi_align_forward_gets_original_arguments(reg):
 
 
 def test_mmcv_node_is_what_the_torchscript_exporter_writes(reg):
-    """The node of bridge.export equals the node torch.onnx.export(dynamo=False) writes from symbolic."""
+    """The node of bridge.export equals the node torch.onnx.export(dynamo=False) writes from symbolic, at that
+    exporter's default opset (17); the file's derived body, converted to opset 17, runs in the function tier."""
     bridge.register(RoIAlignFunction, fake=roi_fake, registry=reg)
     model, args = RoIModel((2, 4), 0.25, 3, aligned=False), (FEAT, rois(5, 0))
     f = io.BytesIO()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(model, args, f, dynamo=False, opset_version=18)
-    legacy = next(n for n in onnx.load_from_string(f.getvalue()).graph.node if n.domain == "mmcv")
-    ours = next(n for n in bridge.export(model, args, registry=reg, opset_version=18).graph.node if n.domain == "mmcv")
+        torch.onnx.export(model, args, f, dynamo=False, opset_version=17)
+    legacy_graph = onnx.load_from_string(f.getvalue()).graph
+    proto = bridge.export(model, args, registry=reg, opset_version=17)
+    ours_graph = proto.graph
+    legacy = next(n for n in legacy_graph.node if n.domain == "mmcv")
+    ours = next(n for n in ours_graph.node if n.domain == "mmcv")
 
-    def identity(node, model_inputs):
-        attrs = sorted((a.name, a.type, onnx.helper.get_attribute_value(a)) for a in node.attribute)
-        return node.domain, node.op_type, attrs, len(node.input), len(node.output)
+    def identity(node, graph):
+        """Domain, type, attributes (name, type, value) in the node's order, and where each input comes from."""
+        sources = [i.name for i in graph.input]
+        attrs = [(a.name, a.type, onnx.helper.get_attribute_value(a)) for a in node.attribute]
+        return (node.domain, node.op_type, attrs, [sources.index(i) if i in sources else i for i in node.input],
+                len(node.output))
 
-    assert identity(ours, None) == identity(legacy, None)
-    assert [a.name for a in sorted(ours.attribute, key=lambda a: a.name)] == [a.name for a in legacy.attribute]
-    assert list(ours.input) == ["x", "rois"] and len(legacy.input) == 2
+    assert identity(ours, ours_graph) == identity(legacy, legacy_graph)
+    assert identity(ours, ours_graph)[2][:2] == [("aligned", onnx.AttributeProto.INT, 0),
+                                                 ("mode", onnx.AttributeProto.STRING, b"avg")]
+    assert list(ours.input) == ["x", "rois"]
+    sess = bridge.session(proto.SerializeToString(), tier="function", registry=reg)
+    np.testing.assert_allclose(bridge.parity.run_ort(sess, args)[0], model(*args).numpy(), rtol=1e-5, atol=1e-5)
 
 
 @pytest.mark.parametrize("tier", ["python", "function", "native"])
@@ -380,9 +482,11 @@ def test_fake_quant_gradient_unchanged(reg):
     assert torch.equal(before, torch.ones(5))
 
 
-@pytest.mark.parametrize("tier", ["python", "function"])
+@pytest.mark.parametrize("tier", ["python", "function", "native"])
 def test_function_without_symbolic(reg, tier):
-    op = bridge.register(ScaledShift, name="mine::scaled_shift", registry=reg)
+    op = bridge.register(ScaledShift, name="mine::scaled_shift", native="user_ops/scaled_shift.cc", registry=reg,
+                         sample_inputs=lambda dtype: [bridge.SampleInput((torch.randn(4, 3, dtype=dtype),
+                                                                          torch.randn(3, dtype=dtype), 0.5, (1,), True))])
     assert [(p.name, p.attr_type.name if p.attr_type else "tensor") for p in op.spec.params] == [
         ("x", "tensor"), ("bias", "tensor"), ("alpha", "FLOAT"), ("dims", "INTS"), ("squash", "INT")]
     n = torch.export.Dim("n")

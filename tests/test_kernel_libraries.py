@@ -1,7 +1,8 @@
 """A user's existing kernel library in the native tier (``native_library=``, ``--native-library``):
-mmdeploy 1.3.1's ``libmmdeploy_onnxruntime_ops.so`` runs the ``mmdeploy::grid_sampler`` nodes a
-bridge op writes, checked against eager ``F.grid_sample``; which library serves which op; the
-errors for a path that is no library.
+mmdeploy 1.3.1's ``libmmdeploy_onnxruntime_ops.so`` runs the ``mmdeploy::grid_sampler`` nodes that a
+torch.autograd.Function's ``symbolic`` writes as mmdeploy writes them (``bridge.register(GridSampler)``),
+checked against eager ``F.grid_sample``; which library serves which op; the errors for a path that is
+no library.
 
 The mmdeploy library comes from its PyPI wheel through tests/scripts/fetch_mmdeploy.py (.ci/run
 runs it); without it those tests skip, naming the command. mmdeploy's op is registered in
@@ -50,11 +51,17 @@ def mmdeploy_library() -> str:
 # NOTE: one subprocess for every combination: it registers mmdeploy::grid_sampler, exports each
 # model (dynamic batch), opens it through the library and through check_parity, and prints a line each.
 PARITY = """
-import json, sys
-import torch, bridge, custom_ops
+import io, json, sys, warnings
+import onnx, torch, bridge, custom_ops
 sys.path.insert(0, {ops_dir!r})
 import mmdeploy_ops
 library, tmp = {library!r}, {tmp!r}
+
+def written(proto):
+    node = next(n for n in proto.graph.node if n.domain == "mmdeploy")
+    return [node.op_type, len(node.input), [(a.name, a.type, onnx.helper.get_attribute_value(a))
+                                            for a in node.attribute]]
+
 for modes in {combos!r}:
     case = mmdeploy_ops.case(*modes)
     path = f"{{tmp}}/warp_{{'_'.join(map(str, modes))}}.onnx"
@@ -62,7 +69,12 @@ for modes in {combos!r}:
                                  extra_args=case.extra_args, tier="native", native_library=library,
                                  rtol={tol}, atol={tol})
     sess = bridge.session(path, tier="native", native_library=library)
+    legacy = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(case.model, case.args, legacy, dynamo=False, opset_version=18)
     print(json.dumps({{"modes": modes, "kernels": sess.kernels, "passed": report.passed,
+                      "node": written(onnx.load(path)), "legacy": written(onnx.load_from_string(legacy.getvalue())),
                       "outputs": [(o.shape, o.max_abs, o.passed) for o in report.outputs],
                       "report_kernels": report.kernels, "table": str(report)}}))
 
@@ -90,6 +102,11 @@ def parity_runs(mmdeploy_library, tmp_path_factory) -> dict:
 @pytest.mark.parametrize("modes", COMBOS, ids=lambda m: "mode{}_pad{}_align{}".format(*m))
 def test_mmdeploy_library_runs_grid_sampler_nodes_like_eager(parity_runs, mmdeploy_library, modes):
     run = parity_runs[modes]
+    # the node mmdeploy's symbolic writes, as torch.onnx.export(dynamo=False) writes it (attributes by keyword)
+    mode, padding, align = modes
+    ints = [["align_corners", align], ["interpolation_mode", mode], ["padding_mode", padding]]
+    assert run["node"] == ["grid_sampler", 2, [[n, onnx.AttributeProto.INT, v] for n, v in ints]]
+    assert run["node"] == run["legacy"]
     # every grid_sampler node ran mmdeploy's kernel, not the op's function body (the file carries one)
     assert run["kernels"] == {"mmdeploy::grid_sampler": mmdeploy_library}
     assert run["report_kernels"] == run["kernels"]

@@ -126,7 +126,9 @@ class GraphContext:
         domain, _, op_type = opname.rpartition("::")
         domain = "" if domain == "onnx" else domain
         parsed = {}
-        for key, value in attrs.items():
+        # NOTE: sorted by keyword (name and suffix), as the TorchScript exporter adds them (its jit_utils
+        # _create_node): the node's attributes come in the order torch.onnx.export(dynamo=False) writes
+        for key, value in sorted(attrs.items()):
             m = _ATTR.match(key)
             if m is None:
                 raise _Unsupported(f"g.op({opname!r}, {key}=...): an attribute name without a type suffix "

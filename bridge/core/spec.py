@@ -378,7 +378,8 @@ class Written:
 def explicit_attributes(spec: OpSpec, node: onnx.NodeProto) -> bool:
     """Write into ``node`` (a node of ``spec``'s op) each attribute it omits that has an ONNX default
     (:attr:`Param.onnx_default`, the op's torch default), so every tier and every function body reads
-    the op's value, not a default of its own; returns whether the node changed.
+    the op's value, not a default of its own; returns whether an attribute was added. The node's
+    attributes then come in the op's order (:attr:`OpSpec.attributes`; others after them, as they were).
 
     Example:
         >>> from onnx import helper
@@ -387,10 +388,25 @@ def explicit_attributes(spec: OpSpec, node: onnx.NodeProto) -> bool:
         >>> node = helper.make_node("f", ["x"], ["y"], domain="d")
         >>> explicit_attributes(spec, node), round(node.attribute[0].f, 6), explicit_attributes(spec, node)
         (True, 0.1, False)
+        >>> k = Param("k", False, attr_type=AttrType.INT, annotation=int)
+        >>> node = helper.make_node("g", ["x"], ["y"], domain="d", k=2, slope=0.5)  # written sorted by name
+        >>> explicit_attributes(OpSpec("d::g", None, (Param("x", True), p, k), 1, "d"), node)
+        False
+        >>> [a.name for a in node.attribute]
+        ['slope', 'k']
     """
     given = {a.name for a in node.attribute}
     filled = [d for d in (p.onnx_default for p in spec.attributes if p.name not in given) if d is not None]
     node.attribute.extend(filled)
+    # NOTE: a translation's node takes its attribute order from an OpSchema, whose C++ map loses the op's order
+    rank = {p.name: i for i, p in enumerate(spec.attributes)}
+    ordered = sorted(node.attribute, key=lambda a: rank.get(a.name, len(rank)))
+    if [a.name for a in ordered] != [a.name for a in node.attribute]:
+        copies = [onnx.AttributeProto() for _ in ordered]
+        for copy, a in zip(copies, ordered):
+            copy.CopyFrom(a)
+        del node.attribute[:]
+        node.attribute.extend(copies)
     return bool(filled)
 
 

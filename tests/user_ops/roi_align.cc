@@ -1,9 +1,13 @@
-// torchvision::roi_align: RoIAlign as torchvision's CPU kernel computes it. input [B, C, H, W], rois [K, 5]
-// (batch index, x1, y1, x2, y2) -> [K, C, pooled_height, pooled_width]: each bin is the average of
-// bilinear samples on a grid (sampling_ratio per side, or ceil(roi size / pooled size) when it is <= 0);
-// `aligned` shifts the box by half a pixel and lets it be smaller than one pixel.
+// RoIAlign as torchvision's CPU kernel computes it (mmcv's, in mode "avg", is the same algorithm), for two
+// nodes: torchvision::roi_align (attributes pooled_height, pooled_width, spatial_scale, sampling_ratio,
+// aligned) and mmcv::MMCVRoiAlign (what mmcv's RoIAlignFunction.symbolic writes: output_height,
+// output_width, spatial_scale, sampling_ratio, mode, aligned; tests/test_functions.py).
+// input [B, C, H, W], rois [K, 5] (batch index, x1, y1, x2, y2) -> [K, C, pooled_height, pooled_width]: each
+// bin is the average of bilinear samples on a grid (sampling_ratio per side, or ceil(roi size / pooled size)
+// when it is <= 0); `aligned` shifts the box by half a pixel and lets it be smaller than one pixel.
 #include <algorithm>
 #include <cmath>
+#include <string>
 
 #include "opbridge_kernel.h"
 
@@ -12,7 +16,8 @@ namespace {
 
 template <typename T>
 T bilinear(const T* plane, int64_t height, int64_t width, T y, T x) {
-  if (y < T(-1) || y > T(height) || x < T(-1) || x > T(width)) return T(0);
+  // NOTE: written as a negated range test so that NaN coordinates read nothing (return 0 too)
+  if (!(y >= T(-1) && y <= T(height) && x >= T(-1) && x <= T(width))) return T(0);
   y = std::max(y, T(0));
   x = std::max(x, T(0));
   int64_t y_low = static_cast<int64_t>(y), x_low = static_cast<int64_t>(x), y_high, x_high;
@@ -38,14 +43,18 @@ struct RoiAlign {
   int64_t pooled_height = 0, pooled_width = 0, sampling_ratio = 0, aligned = 0;
 
   static Status Read(const Attributes& attrs, RoiAlign* self) {
-    OPBRIDGE_RETURN_IF_ERROR(attrs.get("spatial_scale", &self->spatial_scale));
-    OPBRIDGE_RETURN_IF_ERROR(attrs.get("pooled_height", &self->pooled_height));
-    OPBRIDGE_RETURN_IF_ERROR(attrs.get("pooled_width", &self->pooled_width));
-    OPBRIDGE_RETURN_IF_ERROR(attrs.get("sampling_ratio", &self->sampling_ratio));
-    OPBRIDGE_RETURN_IF_ERROR(attrs.get("aligned", &self->aligned));
-    if (self->pooled_height <= 0 || self->pooled_width <= 0)
-      return Fail("attributes 'pooled_height' and 'pooled_width' must be > 0, got ", self->pooled_height, " and ",
-                  self->pooled_width);
+    return self->ReadNamed(attrs, "pooled_height", "pooled_width");
+  }
+
+  Status ReadNamed(const Attributes& attrs, const char* height_name, const char* width_name) {
+    OPBRIDGE_RETURN_IF_ERROR(attrs.get("spatial_scale", &spatial_scale));
+    OPBRIDGE_RETURN_IF_ERROR(attrs.get(height_name, &pooled_height));
+    OPBRIDGE_RETURN_IF_ERROR(attrs.get(width_name, &pooled_width));
+    OPBRIDGE_RETURN_IF_ERROR(attrs.get("sampling_ratio", &sampling_ratio));
+    OPBRIDGE_RETURN_IF_ERROR(attrs.get("aligned", &aligned));
+    if (pooled_height <= 0 || pooled_width <= 0)
+      return Fail("attributes '", height_name, "' and '", width_name, "' must be > 0, got ", pooled_height, " and ",
+                  pooled_width);
     return Status::OK();
   }
 
@@ -58,6 +67,8 @@ struct RoiAlign {
       const T b = r[5 * k];
       if (!(b >= T(0) && b < T(batch)) || b != std::floor(b))
         return Fail("input 'rois' has batch index ", b, " in row ", k, ", outside [0, ", batch, ")");
+      for (int j = 1; j < 5; ++j)  // NOTE: a NaN or infinite box would size the sampling grid from garbage
+        if (!std::isfinite(r[5 * k + j])) return Fail("input 'rois' has coordinate ", r[5 * k + j], " in row ", k);
     }
     Span<T> out;
     OPBRIDGE_RETURN_IF_ERROR(ctx.output(0, {count, channels, pooled_height, pooled_width}, &out));
@@ -112,8 +123,18 @@ struct RoiAlign {
   }
 };
 
+struct MmcvRoiAlign : RoiAlign {
+  static Status Read(const Attributes& attrs, MmcvRoiAlign* self) {
+    std::string mode;
+    OPBRIDGE_RETURN_IF_ERROR(attrs.get("mode", &mode));
+    if (mode != "avg") return Fail("attribute 'mode' must be \"avg\" (this kernel averages), got \"", mode, "\"");
+    return self->ReadNamed(attrs, "output_height", "output_width");
+  }
+};
+
 }  // namespace
 
 extern const KernelDef kernel_torchvision_op_roi_align = make_kernel<RoiAlign>();
+extern const KernelDef kernel_mmcv_op_MMCVRoiAlign = make_kernel<MmcvRoiAlign>();
 
 }  // namespace opbridge
