@@ -3,6 +3,8 @@
 import sys
 from pathlib import Path
 
+import pytest
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 
 
@@ -74,6 +76,7 @@ def test_round_robin_times_lone_calls_once_after_idle(monkeypatch):
     assert sleeps == [bev_pool_v2.LONE_IDLE_S] * 2
 
 
+@pytest.mark.long
 def test_benchmark_suite_quick_run(tmp_path):
     import doc_markers
     import readme_table

@@ -123,6 +123,7 @@ def test_import_compiles_nothing_and_without_a_compiler_the_cpp_op_names_gpp(tmp
     assert not list(cache.glob("torch_ext/*/*.so")) and not list(cache.glob("native/*/*.so"))
 
 
+@pytest.mark.long
 def test_a_truncated_torch_extension_is_rebuilt_not_loaded(tmp_path):
     library = _seeded_torch_ext(tmp_path)
     good = library.read_bytes()
@@ -157,6 +158,7 @@ def test_a_planted_torch_extension_with_a_wrong_digest_is_not_loaded(tmp_path):
     assert not marker.exists()  # the planted constructor never ran
 
 
+@pytest.mark.long
 def test_a_truncated_native_library_is_rebuilt_not_loaded_in_a_fresh_process(tmp_path):
     r = _run("""
         import bridge, custom_ops, onnxruntime
@@ -177,6 +179,7 @@ def test_a_truncated_native_library_is_rebuilt_not_loaded_in_a_fresh_process(tmp
     assert r.stdout.split() == ["True", "True", "True"]
 
 
+@pytest.mark.long
 def test_a_planted_native_library_is_not_loaded_without_a_compiler(tmp_path):
     planted, marker = _planted_library(tmp_path)
     code = """

@@ -51,6 +51,7 @@ def _user_lines(code: str) -> list[str]:
     return [line for line in code.splitlines() if line.strip() and not line.strip().startswith("#")]
 
 
+@pytest.mark.long
 def test_readme_bridges_a_packages_custom_op(tmp_path):
     code = _readme_block("# bridge_swish.py")
     assert len(_user_lines(code)) <= 15
@@ -63,6 +64,7 @@ def test_readme_bridges_a_packages_custom_op(tmp_path):
     assert "| PASS" in r.stdout
 
 
+@pytest.mark.long
 def test_readme_bridges_a_cpp_torch_library_op(tmp_path):
     from vendor import cpp_ops
 
@@ -96,6 +98,7 @@ def _scatter_readme(tmp_path, stand_in: bool) -> subprocess.CompletedProcess:
                           cwd=tmp_path, timeout=600)
 
 
+@pytest.mark.long
 def test_readme_bridges_a_torch_scatter_style_op(tmp_path):
     r = _scatter_readme(tmp_path, stand_in=True)
     assert r.returncode == 0, r.stderr[-3000:]

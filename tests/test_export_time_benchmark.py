@@ -43,6 +43,7 @@ def test_export_time_block_is_the_committed_result():
     assert result["export"]["max_ratio"] == max(r["ratio"] for r in result["export"]["cases"].values())
 
 
+@pytest.mark.long
 def test_export_time_quick_run(tmp_path):
     out = tmp_path / "e.json"
     # NOTE: a process of its own: the benchmark defines ops (torchvision::roi_align, a derived-body op) once

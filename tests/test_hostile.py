@@ -130,6 +130,7 @@ def test_a_failed_export_leaves_the_existing_file_whole(tmp_path, monkeypatch):
     assert path.read_bytes() == good and sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
 
 
+@pytest.mark.long
 def test_many_sessions_keep_memory_bounded():
     code = f"""
 import gc, psutil, torch, bridge, custom_ops

@@ -99,6 +99,7 @@ def parity_runs(mmdeploy_library, tmp_path_factory) -> dict:
     return {tuple(run["modes"]) if isinstance(run["modes"], list) else run["modes"]: run for run in runs}
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("modes", COMBOS, ids=lambda m: "mode{}_pad{}_align{}".format(*m))
 def test_mmdeploy_library_runs_grid_sampler_nodes_like_eager(parity_runs, mmdeploy_library, modes):
     run = parity_runs[modes]
@@ -117,6 +118,7 @@ def test_mmdeploy_library_runs_grid_sampler_nodes_like_eager(parity_runs, mmdepl
     assert all(err <= TOLERANCE for _, err, _ in run["outputs"]), run["table"]
 
 
+@pytest.mark.long
 def test_opbridge_library_serves_its_ops_beside_a_user_library(parity_runs, mmdeploy_library):
     run = parity_runs["both"]
     assert run["passed"], run["table"]
@@ -131,6 +133,7 @@ def test_the_pages_op_module_is_the_tests():
     assert doc_block("# mmdeploy_ops.py").code == OPS.read_text()
 
 
+@pytest.mark.long
 def test_the_pages_blocks_run_on_the_fetched_library(mmdeploy_library, tmp_path):
     """docs/kernel_libraries.md as written, from the extraction on, with the wheel already fetched."""
     wheels = LIBRARY.parent / "wheels"

@@ -102,6 +102,7 @@ def test_missing_kernel_library(matrix):
     assert "no native kernel library at" in matrix[("native", "missing_kernel_library")]
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("tier", TIERS)
 def test_soak_rss_bounded(tier):
     (result,) = script("soak.py", tier, SOAK_RUNS)
@@ -110,6 +111,7 @@ def test_soak_rss_bounded(tier):
     assert growth < RSS_BOUND, f"RSS grew {growth / 2**20:.1f} MiB over {SOAK_RUNS} runs ({tier})"
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("tier", TIERS)
 def test_sessions_do_not_grow_rss(tier):
     """Opening sessions one after another, each dropped: RSS stays flat after a warm-up, in every tier
