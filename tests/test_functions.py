@@ -6,6 +6,10 @@ eager outputs and gradients are the same with and without the registration."""
 
 import importlib
 import io
+import json
+import subprocess
+import sys
+import textwrap
 import warnings
 from pathlib import Path
 
@@ -497,6 +501,50 @@ def test_function_without_symbolic(reg, tier):
         {"alpha": 0.5, "dims": [1], "squash": 1}, {"alpha": 2.0, "dims": [0, 1], "squash": 0}]
     bridge.assert_parity(ShiftModel(), args, registry=reg, tier=tier, dynamic_shapes=({0: n}, None),
                          extra_args=[(torch.randn(9, 3), torch.randn(3))])
+
+
+OPS_MODULE = textwrap.dedent("""
+    import torch
+    import bridge
+
+    class Scale(torch.autograd.Function):
+        @staticmethod
+        def symbolic(g, x, factor):
+            return g.op("fndemo::Scale", x, factor_f=factor)
+
+        @staticmethod
+        def forward(ctx, x, factor):
+            return x * factor
+
+        @staticmethod
+        def backward(ctx, grad):
+            return grad * 2, None
+
+    class NoGrad(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x: torch.Tensor):
+            return x + 1
+
+    bridge.register(Scale)
+    bridge.register(NoGrad, name="fndemo::NoGrad")
+""")
+
+
+def test_opbridge_ops_lists_registered_functions(tmp_path):
+    """``opbridge ops`` shows each registered Function as its node, names the class, and says whether
+    the Function has its own backward."""
+    (tmp_path / "fnmod.py").write_text(OPS_MODULE)
+    r = subprocess.run([sys.executable, "-m", "bridge", "--ops", "fnmod.py", "ops", "--json"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    rows = {row["op"]: row for row in json.loads(r.stdout)}
+    assert rows["fndemo::Scale"]["function_class"] == "fnmod.Scale"
+    assert rows["fndemo::Scale"]["attributes"] == {"factor": "FLOAT"}
+    assert rows["fndemo::Scale"]["autograd"] is True and rows["fndemo::NoGrad"]["autograd"] is False
+    assert rows["opbridge::crop"]["function_class"] is None
+    text = subprocess.run([sys.executable, "-m", "bridge", "--ops", "fnmod.py", "ops"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300).stdout
+    assert "note: fndemo::Scale is the node of torch.autograd.Function fnmod.Scale (bridge.register)" in text
 
 
 def test_unregistered_function_with_symbolic_warns_once(reg):

@@ -213,6 +213,11 @@ class FunctionBridge:
         return f"{ns}::{self.op_type}"
 
     @property
+    def has_backward(self) -> bool:
+        """Does the Function define its own ``backward`` (gradients through ``apply``)?"""
+        return getattr(self.cls, "backward", None) is not torch.autograd.Function.backward
+
+    @property
     def schema(self) -> str:
         """The node's signature in torch schema syntax (the proxy op's)."""
         args = [f"Tensor{'?' if opt else ''} {name}" for name, opt in self.inputs]

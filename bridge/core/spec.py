@@ -213,6 +213,9 @@ class OpSpec:
 
     @property
     def has_autograd(self) -> bool:
+        backward = getattr(self.proxy_for, "has_backward", None)  # NOTE: a torch.autograd.Function's own
+        if backward is not None:
+            return backward
         if hasattr(self.custom_op, "_backward_fn"):
             return self.custom_op._backward_fn is not None
         return any(torch_compat.has_kernel(self.overload.name(), key)

@@ -25,6 +25,7 @@ import torch
 
 from bridge.core import cppbuild, files
 from bridge.core.errors import OpBridgeError
+from bridge.core.functions import FunctionBridge, class_name
 from bridge.core.graphs import nonstandard_ops
 from bridge.core.progress import enable as enable_progress
 from bridge.core.progress import format_table
@@ -178,6 +179,7 @@ def _op_row(spec, thorough: bool) -> dict:
                            if runs[name] and (why := tier.why_not(onnx_spec, d, thorough=thorough))}
                     for name, tier in TIERS.items()},
         "missing": REGISTRY.missing(spec),
+        "function_class": class_name(spec.proxy_for.cls) if isinstance(spec.proxy_for, FunctionBridge) else None,
     }
 
 
@@ -187,6 +189,8 @@ def _op_notes(r: dict) -> Iterator[str]:
         for why in sorted(set(dtypes.values())):
             names = ", ".join(d for d, w in dtypes.items() if w == why)
             yield f"tier {tier_name} skips {r['op']} {names}: {why}"
+    if r["function_class"]:
+        yield f"note: {r['op']} is the node of torch.autograd.Function {r['function_class']} (bridge.register)"
     for method in r["torchbind"]:
         yield f"note: {r['op']} also stands for torchbind {method} (object state -> attributes)"
     for gap in r["missing"]:
