@@ -345,6 +345,7 @@ def test_cli_shows_body_kind_and_the_body():
     onnx.parser.parse_function(r.stdout.split("\n", 1)[1])  # the onnx.printer text parses back
 
 
+@pytest.mark.long
 def test_cli_names_the_op_without_portable_body_and_why(tmp_path):
     (tmp_path / "np_ops.py").write_text(
         "import dataclasses, torch, bridge\n"

@@ -162,6 +162,7 @@ int main() {
     assert same.all(), floats[~same][:5]
 
 
+@pytest.mark.long
 def test_official_header_switch(tmp_path, monkeypatch):
     monkeypatch.setenv(build.ORT_INCLUDE_ENV, str(tmp_path / "nowhere"))
     with pytest.raises(bridge.OpBridgeError, match="must point at a folder holding onnxruntime_c_api.h"):
@@ -222,6 +223,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.long
 def test_a_broken_user_kernel_fails_only_the_sessions_that_use_its_op(tmp_path):
     """One user op whose C++ file does not compile: a native session of a model with only identity_conv
     still runs (the library is built without the broken kernel); a session of the broken op's model

@@ -39,6 +39,7 @@ def _load_in_subprocess(path: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.long
 def test_a_damaged_or_planted_library_is_rebuilt_not_loaded(cache, small):
     good = build.library_path(small)
     assert cppbuild.verified(good)

@@ -64,6 +64,7 @@ def test_user_op_by_path_from_another_folder(user_folder, tmp_path):
     assert r.returncode == 0 and "1 passed, 0 failed" in r.stdout, r.stdout + r.stderr
 
 
+@pytest.mark.long
 def test_user_library_is_deployable_with_a_manifest(user_folder, tmp_path):
     r = opbridge("--ops", "my_ops", "build", "-o", str(tmp_path / "dist"), cwd=user_folder)
     assert r.returncode == 0, r.stderr
