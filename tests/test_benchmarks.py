@@ -122,6 +122,18 @@ def test_body_size_benchmark_runs(tmp_path):
     assert (tmp_path / "b.json").exists()
 
 
+@pytest.mark.long
+def test_bound_benchmark_runs(tmp_path):
+    import bound
+    import machine
+
+    result = bound.main(["--quick", "--json", str(tmp_path / "bound.json")])
+    assert list(result["paths"]) == machine.cpu_isa_paths()  # every path this CPU runs, best first
+    for p in result["paths"].values():
+        assert p["real_ms"] > 0 and p["l1_ms"] > 0
+    assert (tmp_path / "bound.json").exists()
+
+
 def test_readme_performance_block_is_the_committed_results():
     """README's performance block is what benchmarks/readme_perf.py makes of the committed JSON (no
     hand-typed figure), and it renders a fresh quick run of the suite too."""
