@@ -55,10 +55,16 @@ def test_check_one_op(tmp_path):
 
 
 @pytest.mark.parametrize("args,needle", [
-    (("run", "missing.onnx", "--inputs", "x.npz"), "no inputs for missing.onnx"),
+    (("run", "missing.onnx", "--inputs", "x.npz"), "no ONNX file at 'missing.onnx'"),
+    (("run", "missing.onnx"), "no ONNX file at 'missing.onnx'"),  # the model first, not its inputs
     (("check", "--model", "nomodule"), "--model must be MODULE:FACTORY"),
+    (("check", "--model", "no_such_module:build"), "cannot import module 'no_such_module'. Got "
+                                                   "ModuleNotFoundError: No module named 'no_such_module'. Fix the "
+                                                   "module, or pass a module name importable from here or a path to "
+                                                   "a .py file to --model."),
     (("check", "--op", "bev::bev_pool"), "Did you mean bev::bev_pool_v2"),
-    (("--ops", "no_such_module", "ops"), "cannot import op module 'no_such_module'"),
+    (("--ops", "no_such_module", "ops"), "cannot import op module 'no_such_module'. Got ModuleNotFoundError: "
+                                         "No module named 'no_such_module'. Fix"),  # no location inside opbridge
 ])
 def test_errors_are_messages_not_tracebacks(args, needle, tmp_path):
     r = run(*args, cwd=tmp_path)
@@ -258,7 +264,7 @@ def test_cache_shows_and_cleans_only_what_opbridge_made(tmp_path):
     r = subprocess.run([sys.executable, "-m", "bridge", "cache"], capture_output=True, text=True, cwd=ROOT,
                        env=env, timeout=300)
     assert r.returncode == 0, r.stderr
-    assert "native" in r.stdout and "k1" in r.stdout and "1 entries" in r.stdout and "not-ours" not in r.stdout
+    assert "native" in r.stdout and "k1" in r.stdout and "1 entry," in r.stdout and "not-ours" not in r.stdout
     r = subprocess.run([sys.executable, "-m", "bridge", "cache", "clean"], capture_output=True, text=True,
                        cwd=ROOT, env=env, timeout=300)
     assert r.returncode == 0 and "removed 1 cache folders" in r.stdout, r.stdout + r.stderr

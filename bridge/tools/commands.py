@@ -48,15 +48,21 @@ from ort_kernels.tiers import TIERS
 DEFAULT_MODEL = "custom_ops.demo:build"
 
 
-def _import_error(name: str, e: BaseException) -> OpBridgeError:
+# NOTE: an import error's location is shown only where it is the user's code, never opbridge's own
+_OWN_PACKAGE = str(Path(__file__).resolve().parents[1]) + os.sep
+
+
+def _import_error(name: str, e: BaseException, option: str = "--ops") -> OpBridgeError:
     """The module's own error, its last frame inside the module, not a traceback of the CLI."""
-    frames = [f for f in traceback.extract_tb(e.__traceback__) if "importlib" not in f.filename]
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if "importlib" not in f.filename and not f.filename.startswith(_OWN_PACKAGE)]
     where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
-    return OpBridgeError(f"cannot import op module {name!r}. Got {type(e).__name__}: {e}{where}. Fix the module, "
-                         "or pass a module name importable from here or a path to a .py file to --ops.")
+    what = "op module" if option == "--ops" else "module"
+    return OpBridgeError(f"cannot import {what} {name!r}. Got {type(e).__name__}: {e}{where}. Fix the module, "
+                         f"or pass a module name importable from here or a path to a .py file to {option}.")
 
 
-def import_ops(name: str):
+def import_ops(name: str, option: str = "--ops"):
     """Import ``--ops NAME``: a module name (the current folder on sys.path, as ``python -m`` has it)
     or a path to a ``.py`` file, loaded from exactly that file (its folder goes on sys.path, so its
     own imports work)."""
@@ -68,10 +74,10 @@ def import_ops(name: str):
         folder = str(path.resolve().parent)
         if folder not in sys.path:
             sys.path.insert(0, folder)
-        return _import_alone(name, functools.partial(_load_file, path.resolve()))
+        return _import_alone(name, functools.partial(_load_file, path.resolve()), option)
     if "" not in sys.path and os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())
-    return _import_alone(name, functools.partial(importlib.import_module, name))
+    return _import_alone(name, functools.partial(importlib.import_module, name), option)
 
 
 def _load_file(path: Path):
@@ -102,7 +108,7 @@ def _load_file(path: Path):
     return module
 
 
-def _import_alone(name: str, load):
+def _import_alone(name: str, load, option: str = "--ops"):
     """Import the user's module (``load()``) as if it were imported by a bare ``python``.
 
     NOTE: during the import ``sys.argv`` is the program name alone (an argparse at import time parses
@@ -121,7 +127,7 @@ def _import_alone(name: str, load):
                             "SystemExit. Keep its script part under `if __name__ == \"__main__\":` so importing it "
                             "only registers ops.") from None
     except Exception as e:  # noqa: BLE001  any error of the user's module becomes one line
-        raise _import_error(name, e) from None
+        raise _import_error(name, e, option) from None
     finally:
         sys.argv = argv
         sys.stderr.write(held.getvalue())
@@ -141,7 +147,7 @@ def _load_case(spec: str):
     if not attr:
         raise OpBridgeError(f"--model must be MODULE:FACTORY. Got {spec!r}. Use e.g. {DEFAULT_MODEL}.")
     try:
-        factory = getattr(import_ops(module_name), attr)
+        factory = getattr(import_ops(module_name, "--model"), attr)
     except AttributeError as e:
         raise OpBridgeError(f"cannot load model factory {spec!r}. Got {e}. "
                             "Pass MODULE:FACTORY of a function returning bridge.tools.testing.ModelCase.") from None
@@ -284,6 +290,8 @@ def _summary(value) -> str:
 
 def cmd_run(args) -> int:
     inputs_path = args.inputs or _inputs_path(args.model_file)
+    if not os.path.isfile(args.model_file):
+        files.load_model(args.model_file)  # NOTE: its error says what the path is (missing, a folder)
     if not os.path.isfile(inputs_path):
         raise OpBridgeError(f"no inputs for {args.model_file}. Got no file {inputs_path!r}. "
                             "Pass --inputs FILE.npz (arrays keyed by input name), or export with `opbridge export`.")
@@ -525,7 +533,8 @@ def cmd_cache(args) -> int:
     if entries:
         print(format_table([("kind", "key", "size", "age")] + [
             (e.kind, e.key, f"{e.size / 2**20:.1f} MiB", _age(e.age_s)) for e in entries]))
-    print(f"{len(entries)} entries, {sum(e.size for e in entries) / 2**20:.1f} MiB")
+    noun = "entry" if len(entries) == 1 else "entries"
+    print(f"{len(entries)} {noun}, {sum(e.size for e in entries) / 2**20:.1f} MiB")
     return 0
 
 

@@ -69,7 +69,8 @@ class Case:
 
     @property
     def id(self) -> str:
-        return f"{self.spec.qualname}-{str(self.dtype).replace('torch.', '')}-{self.sample.name}"
+        parts = (self.spec.qualname, str(self.dtype).replace("torch.", ""), self.sample.name)
+        return "-".join(p for p in parts if p)  # NOTE: an unnamed sample adds no empty part
 
 
 def cases(registry, dtypes=None) -> list[Case]:
