@@ -403,13 +403,7 @@ def explicit_attributes(spec: OpSpec, node: onnx.NodeProto) -> bool:
     node.attribute.extend(filled)
     # NOTE: a translation's node takes its attribute order from an OpSchema, whose C++ map loses the op's order
     rank = {p.name: i for i, p in enumerate(spec.attributes)}
-    ordered = sorted(node.attribute, key=lambda a: rank.get(a.name, len(rank)))
-    if [a.name for a in ordered] != [a.name for a in node.attribute]:
-        copies = [onnx.AttributeProto() for _ in ordered]
-        for copy, a in zip(copies, ordered):
-            copy.CopyFrom(a)
-        del node.attribute[:]
-        node.attribute.extend(copies)
+    node.attribute.sort(key=lambda a: rank.get(a.name, len(rank)))  # NOTE: stable: others keep their order
     return bool(filled)
 
 
