@@ -3,7 +3,7 @@ call (``rank``, ``dim_eq``, ...), and an op's check list (:class:`Checks`).
 
 Each kind states, in one class, what must hold (``what``/``static``), its eager violation
 (``violation``), its ONNX guard (``guard``, over a builder from ``bridge.core.check_guards``),
-the message of a failure (``message``, ``explain``) and whether it reads tensor values
+the message of a failure (``message``) and whether it reads tensor values
 (``reads_values``). A new kind is a subclass here plus a constructor.
 
 Example:
@@ -288,11 +288,6 @@ class Check:
     def message(self, qualname: str, env: dict, got: str) -> str:
         """The eager message of a failure."""
         return f"opbridge: {qualname}: {self.what(env)}. Got {got}. {self.fix}"
-
-    def explain(self, qualname: str, node: str) -> str:
-        """The message of a failed guard ``node`` when no input values are known."""
-        return (f"opbridge: {qualname}: {self.static}. Got a value that fails it inside the model "
-                f"(onnxruntime stopped at guard node '{node}'). {self.fix}")
 
 
 class _Worded:
