@@ -135,21 +135,25 @@ def _why(registry: Registry, domain: str, name: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class _Call:
-    """A checked custom node: its op, the value each tensor parameter reads ("" when omitted) and
-    its attribute values."""
+    """A custom node of an op with checks: the op, the value each tensor parameter reads ("" when
+    omitted) and its attribute values."""
 
     spec: OpSpec
     inputs: dict[str, str]
     attrs: dict
 
-    def env(self, values: dict) -> dict | None:
-        """The op's arguments, its inputs from ``values`` (arrays by value name); None when one is unknown."""
+    def failure(self, values: dict) -> str | None:
+        """The eager message of the first check of the op that fails on the node's inputs in
+        ``values`` (arrays by value name); None when all hold, or when an input is not known."""
         env = dict(self.attrs)
         for param, name in self.inputs.items():
             if name and not isinstance(values.get(name), np.ndarray):
                 return None
             env[param] = torch.from_numpy(np.array(values[name])) if name else None
-        return env
+        try:
+            return self.spec.checks.first_failure(env)
+        except Exception:  # noqa: BLE001  values a check cannot read (a sequence, an odd dtype) explain nothing
+            return None
 
 
 def _checked_calls(model: onnx.ModelProto, registry: Registry) -> tuple[_Call, ...]:
@@ -194,25 +198,16 @@ def _explain(calls: tuple[_Call, ...], guards: dict[str, Checks], error: BaseExc
     qualnames = {guards[name].qualname for name in stopped}
     values = dict(feed)
     for call in calls:
-        checks = call.spec.checks
-        if checks is None or checks.qualname not in qualnames:
+        if call.spec.checks.qualname not in qualnames:
             continue
         missing = [name for name in call.inputs.values() if name and name not in values]
         if missing:
             computed = _computed(model, missing, feed)
             values.update({name: computed.get(name) for name in missing})  # NOTE: None: unknown, not asked again
-        env = call.env(values)
-        message = _first_failure(checks, env) if env is not None else None
+        message = call.failure(values)
         if message is not None:
             return message
     return guard_failure(guards[node], node)
-
-
-def _first_failure(checks: Checks, env: dict) -> str | None:
-    try:
-        return checks.first_failure(env)
-    except Exception:  # noqa: BLE001  values a check cannot read (a sequence, an odd dtype) explain nothing
-        return None
 
 
 def _computed(model: bytes | str, names: list[str], feed: dict) -> dict:

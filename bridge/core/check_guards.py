@@ -63,9 +63,9 @@ def guard_failure(checks: Checks, node: str) -> str:
     parts = node.removeprefix(f"{GUARD_PREFIX}/{checks.qualname}/").split("+")
     stated = [c for i, c in enumerate(checks) if _part(i, c) in parts]
     if len(stated) == 1:
-        what, fails, fix = stated[0].static, "fails it", stated[0].fix
+        what, fails, fix = stated[0].what(), "fails it", stated[0].fix
     else:
-        what = "its inputs must pass each check its guard states: " + "; ".join(c.static for c in stated)
+        what = "its inputs must pass each check its guard states: " + "; ".join(c.what() for c in stated)
         fails, fix = "fails one of them", "Run the op eagerly on the same inputs to see which check fails."
     return (f"opbridge: {checks.qualname}: {what}. Got a value that {fails} inside the model (onnxruntime stopped "
             f"at guard node '{node}'). {fix}")
@@ -476,17 +476,6 @@ def _rename_inputs(node: onnx.NodeProto, renames: dict[str, str]) -> None:
             inner.input[:] = [renames.get(n, n) for n in inner.input]
 
 
-def _guard(proto: onnx.FunctionProto, qualname: str, guarded: Sequence[tuple[int, Check]],
-           attr_types: dict[str, int], integers: frozenset[str]) -> onnx.FunctionProto:
-    b = GuardBuilder(proto, attr_types, integers)
-    _guard_node(b, qualname, guarded)
-    out = onnx.FunctionProto()
-    out.CopyFrom(proto)
-    del out.node[:]
-    out.node.extend(_shared_constants([*b.nodes, *proto.node], set(proto.output)))
-    return out
-
-
 def _shared_constants(nodes: list[onnx.NodeProto], outputs: set[str]) -> list[onnx.NodeProto]:
     """``nodes`` with their Constant nodes first and each distinct constant made once (the guards
     and the body share their [0], [1], attribute reads, ...); other nodes keep their order.
@@ -525,9 +514,17 @@ def guarded_body(proto: onnx.FunctionProto, checks: Checks, attr_types: dict[str
         ['opbridge_check/d::f/x/0.rank']
     """
     guarded = [(i, c) for i, c in enumerate(checks) if c.guarded and i not in skip]
+    if not guarded:
+        return proto
     integers = frozenset(c.input for c in checks if isinstance(c, DtypeIs)
                          and not any(d.is_floating_point or d.is_complex for d in c.dtypes))
-    return _guard(proto, checks.qualname, guarded, attr_types, integers) if guarded else proto
+    b = GuardBuilder(proto, attr_types, integers)
+    _guard_node(b, checks.qualname, guarded)
+    out = onnx.FunctionProto()
+    out.CopyFrom(proto)
+    del out.node[:]
+    out.node.extend(_shared_constants([*b.nodes, *proto.node], set(proto.output)))
+    return out
 
 
 def unreadable(proto: onnx.FunctionProto, checks: Checks, attr_types: dict[str, int]) -> dict[int, str]:

@@ -30,39 +30,14 @@ Example:
 
 from __future__ import annotations
 
-from bridge.core.check_guards import (
-    GUARD_PREFIX,
-    GuardBuilder,
-    guard_failure,
-    guarded_body,
-    is_guard,
-    ordered,
-    unguarded,
-    unreadable,
-)
+from bridge.core.check_guards import GUARD_PREFIX, guard_failure, guarded_body, is_guard, ordered, unguarded, unreadable
 from bridge.core.check_vocabulary import (
     PRODUCT_LIMIT_MAX,
-    Attr,
-    AttrGe,
-    AttrLe,
-    AttrLen,
-    AttrProdLe,
     Check,
     CheckError,
     Checks,
-    Const,
-    Dim,
     DimEq,
-    DtypeIs,
     Expr,
-    IntervalsWithin,
-    Numel,
-    Rank,
-    SameDtype,
-    SameLen,
-    SameShape,
-    ValuesGe,
-    ValuesIn,
     attr,
     attr_ge,
     attr_le,
@@ -82,10 +57,8 @@ from bridge.core.check_vocabulary import (
 )
 
 __all__ = [
-    "GUARD_PREFIX", "PRODUCT_LIMIT_MAX", "Attr", "AttrGe", "AttrLe", "AttrLen", "AttrProdLe", "Check", "CheckError",
-    "Checks", "Const", "Dim", "DimEq", "DtypeIs", "Expr", "GuardBuilder", "IntervalsWithin",
-    "Numel", "Rank", "SameDtype", "SameLen", "SameShape", "ValuesGe", "ValuesIn", "attr", "attr_ge", "attr_le",
-    "attr_len", "attr_prod_le", "dim", "dim_eq", "dtype_is", "guard_failure", "guarded_body",
-    "intervals_within", "is_guard", "numel", "ordered", "rank", "same_dtype", "same_len",
-    "same_shape", "unguarded", "unreadable", "values_ge", "values_in",
+    "GUARD_PREFIX", "PRODUCT_LIMIT_MAX", "Check", "CheckError", "Checks", "DimEq", "Expr", "attr", "attr_ge",
+    "attr_le", "attr_len", "attr_prod_le", "dim", "dim_eq", "dtype_is", "guard_failure", "guarded_body",
+    "intervals_within", "is_guard", "numel", "ordered", "rank", "same_dtype", "same_len", "same_shape",
+    "unguarded", "unreadable", "values_ge", "values_in",
 ]
