@@ -316,6 +316,20 @@ def test_a_failed_guard_inside_a_branch_gets_the_ops_message():
         sess.run(None, {"cond": np.array(True), "x": np.ones((4, 4))})
 
 
+def test_a_failed_guard_inside_a_branch_on_a_computed_value_gets_eagers_message():
+    """The node in the If branch reads a value the main graph computes (Neg(x)): the session
+    computes it and gives eager's exact message."""
+    model = crop_in_a_branch([0, 0, 1, 1], x_shape=None)
+    model.graph.node.insert(0, helper.make_node("Neg", ["x"], ["negated"]))
+    (then,) = [a.g for a in model.graph.node[1].attribute if a.name == "then_branch"]
+    then.node[0].input[0] = "negated"
+    sess = bridge.session(model, tier="function")
+    x = np.ones(4, np.float32)
+    with pytest.raises(bridge.OpBridgeError) as info:
+        sess.run(None, {"cond": np.array(True), "x": x})
+    assert str(info.value) == _eager_error(lambda: torch.ops.opbridge.crop(-torch.from_numpy(x), [0, 0, 1, 1]))
+
+
 @pytest.mark.parametrize("entry", OPS, ids=[e.qualname for e in OPS])
 def test_table_bad_inputs_follow_the_spec(entry):
     """Every bad input of the table fails the op's own check list with a message that names the
