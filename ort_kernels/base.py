@@ -28,9 +28,10 @@ from bridge.core.spec import OpSpec
 # One custom-op library path, or several (``bridge.session(native_library=...)``).
 Paths = str | os.PathLike | Sequence[str | os.PathLike]
 
-# An explainer: (the exception a run raised, the feed as arrays by input name) -> the OpBridgeError
-# message for it, or None when it is not about what this explainer knows.
-Explain = Callable[[BaseException, dict], "str | None"]
+# An explainer: (the exception a run raised, the feed as arrays by input name, the model onnxruntime
+# runs: its bytes or path) -> the OpBridgeError message for it, or None when it is not about what
+# this explainer knows.
+Explain = Callable[[BaseException, dict, "bytes | str"], "str | None"]
 
 
 @dataclasses.dataclass
@@ -64,6 +65,7 @@ class Session(ort.InferenceSession):
         self._explainers = tuple(explain)
         self.kernels = dict(kernels or {})  # NOTE: Prepared.kernels: what runs each custom op
         self._guard = guard
+        self._content = content  # NOTE: the bytes onnxruntime keeps too (no copy), for explainers
         super().__init__(content, options, providers=list(providers))
 
     def run(self, output_names, input_feed, run_options=None):
@@ -104,7 +106,8 @@ class Session(ort.InferenceSession):
                 raise
             except Exception as e:
                 arrays = _arrays(feed)
-                message = next((m for m in (explain(e, arrays) for explain in self._explainers) if m), None)
+                messages = (explain(e, arrays, self._content) for explain in self._explainers)
+                message = next((m for m in messages if m), None)
                 if message is None:
                     raise
                 raise OpBridgeError(message) from e

@@ -4,18 +4,19 @@ The body is the op's written one, or one derived from its PyTorch implementation
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import torch
-from onnx import external_data_helper, numpy_helper
 
-from bridge.core.checks import explain_failure, failed_guard, guard_node, ordered
+from bridge.core.checks import Checks, guard_failure, is_guard, ordered
 from bridge.core.domains import is_custom
 from bridge.core.errors import OpBridgeError, UnsupportedInTier
-from bridge.core.graphs import custom_nodes, model_nodes, subgraphs, walk
+from bridge.core.files import load_model
+from bridge.core.graphs import custom_nodes, model_nodes, subgraphs, value_types, walk
 from bridge.core.registry import Registry
 from bridge.core.spec import BodyBuilder, OpSpec
 from exporters.derive import body_status, last_failure
@@ -53,13 +54,13 @@ class FunctionTier(Tier):
                 "tier='native' or 'python'."
             )
         _check_optional_inputs(model, registry)
-        calls = _checked_calls(model, registry)
-        for spec, _, attrs, _ in calls:
+        calls, guards = _checked_calls(model, registry), _guard_nodes(model, registry)
+        for call in calls:
             # NOTE: a bad attribute can fail onnxruntime's load (shape inference of the body) before
             # any guard runs: the attribute checks run here, with the same message.
-            if len(attrs) < len(spec.attributes):
+            if len(call.attrs) < len(call.spec.attributes):
                 continue  # NOTE: a missing attribute is check_nodes' error (sessions), not a check's
-            message = spec.checks.attribute_failure(attrs)
+            message = call.spec.checks.attribute_failure(call.attrs)
             if message is not None:
                 raise OpBridgeError(message)
         # NOTE: options that carry a custom-op library (reused from a native or python session) would
@@ -69,7 +70,7 @@ class FunctionTier(Tier):
         # session's copy makes every body wait for its guard, so a bad input fails there first
         waits = [ordered(f) for f in model.functions]
         return Prepared(options, changed=bool(added) or private or any(waits),
-                        explain=(functools.partial(_explain, calls),))
+                        explain=(functools.partial(_explain, calls, guards),))
 
 
 def _check_optional_inputs(model: onnx.ModelProto, registry: Registry) -> None:
@@ -132,42 +133,33 @@ def _why(registry: Registry, domain: str, name: str) -> str:
     return last_failure(spec.qualname) or "no body"
 
 
-def _explain(calls: tuple, error: BaseException, feed: dict) -> str | None:
-    """The function tier's explainer: a failed check guard (an op's input check, in its function
-    body) as the op's own eager message, naming op and input; None for any other error."""
-    guard = failed_guard(error)
-    if guard is None:
-        return None
-    qualname, _, index = guard
-    envs, checks = [], None
-    for spec, inputs, attrs, known in calls:
-        if spec.checks is None or spec.checks.qualname != qualname:
-            continue
-        checks = spec.checks
-        env = dict(attrs)
-        for param, name in inputs.items():
-            value = feed.get(name, known.get(name)) if name else None
-            if name and not isinstance(value, np.ndarray):
-                break
-            env[param] = None if value is None else torch.from_numpy(np.array(value))
-        else:
-            envs.append(env)
-    node = guard_node(error)
-    if checks is None:
-        return (f"opbridge: {qualname}: an input check failed (onnxruntime stopped at guard node '{node}'). "
-                "Got inputs that fail it. Run the op eagerly on them to see which.")
-    return explain_failure(checks, index, envs, node)
+@dataclasses.dataclass(frozen=True)
+class _Call:
+    """A custom node of an op with checks: the op, the value each tensor parameter reads ("" when
+    omitted) and its attribute values."""
+
+    spec: OpSpec
+    inputs: dict[str, str]
+    attrs: dict
+
+    def failure(self, values: dict) -> str | None:
+        """The eager message of the first check of the op that fails on the node's inputs in
+        ``values`` (arrays by value name); None when all hold, or when an input is not known."""
+        env = dict(self.attrs)
+        for param, name in self.inputs.items():
+            if name and not isinstance(values.get(name), np.ndarray):
+                return None
+            env[param] = torch.from_numpy(np.array(values[name])) if name else None
+        try:
+            return self.spec.checks.first_failure(env)
+        except Exception:  # noqa: BLE001  values a check cannot read (a sequence, an odd dtype) explain nothing
+            return None
 
 
-def _checked_calls(model: onnx.ModelProto, registry: Registry) -> tuple:
-    """``model``'s checked custom nodes: (spec, {param: input value name}, {attribute: value},
-    {name: initializer}), what the explainer needs to re-run the eager checks on a failure."""
-    # NOTE: only what the messages need is kept, not the model (its weights may be large).
-    initializers = {t.name: t for t in model.graph.initializer}
+def _checked_calls(model: onnx.ModelProto, registry: Registry) -> tuple[_Call, ...]:
+    """``model``'s checked custom nodes, in the order they run (the nodes of an If/Loop/Scan body
+    where the node holding it runs): what a failed guard is explained from."""
     calls = []
-    # NOTE: the nodes in If/Loop/Scan bodies too: their attributes are checked before a session opens
-    # like the main graph's (a bad one in a branch was a vague run-time failure), and their inputs,
-    # where they are the model's, explain a failed guard
     for node in custom_nodes(model):
         spec = registry.find(node.domain, node.op_type)
         if spec is None or spec.checks is None:
@@ -176,10 +168,77 @@ def _checked_calls(model: onnx.ModelProto, registry: Registry) -> tuple:
         given = {a.name: a for a in node.attribute}
         attrs = {p.name: p.from_onnx_value(onnx.helper.get_attribute_value(given[p.name])) if p.name in given
                  else p.absent for p in spec.attributes if p.name in given or p.has_default}
-        # NOTE: tensors stored as external data are not loaded here (nor read from a path
-        # relative to the working folder): their checks' messages go without values
-        known = {n: numpy_helper.to_array(initializers[n]) for n in inputs.values()
-                 if n in initializers and initializers[n].ByteSize() < 2**24
-                 and not external_data_helper.uses_external_data(initializers[n])}
-        calls.append((spec, inputs, attrs, known))
+        calls.append(_Call(spec, inputs, attrs))
     return tuple(calls)
+
+
+def _guard_nodes(model: onnx.ModelProto, registry: Registry) -> dict[str, Checks]:
+    """The name of each guard node in ``model``'s function bodies -> the checks of its op."""
+    guards = {}
+    for function in model.functions:
+        spec = registry.find(function.domain, function.name)
+        if spec is not None and spec.checks is not None:
+            guards.update({n.name: spec.checks for n in function.node if is_guard(n)})
+    return guards
+
+
+def _explain(calls: tuple[_Call, ...], guards: dict[str, Checks], error: BaseException, feed: dict,
+             model: bytes | str) -> str | None:
+    """The function tier's explainer: a failed guard (an op's input checks, in its function body)
+    as the op's eager message, from its own checks run on the values its nodes were given, in the
+    order the nodes run; None for an error that is no guard's.
+
+    NOTE: which guard stopped is read from the error by the guard nodes' own names, nothing of
+    onnxruntime's wording; which check failed, only from the values."""
+    text = str(error)
+    stopped = [name for name in guards if name in text]
+    if not stopped:
+        return None
+    node = max(stopped, key=len)  # NOTE: one guard node's name may begin another's
+    qualnames = {guards[name].qualname for name in stopped}
+    values = dict(feed)
+    for call in calls:
+        if call.spec.checks.qualname not in qualnames:
+            continue
+        missing = [name for name in call.inputs.values() if name and name not in values]
+        if missing:
+            computed = _computed(model, missing, feed)
+            values.update({name: computed.get(name) for name in missing})  # NOTE: None: unknown, not asked again
+        message = call.failure(values)
+        if message is not None:
+            return message
+    return guard_failure(guards[node], node)
+
+
+def _computed(model: bytes | str, names: list[str], feed: dict) -> dict:
+    """The values ``names`` of the main graph of ``model`` (its bytes or path) on ``feed``: a copy
+    cut to the nodes they depend on, with them as its outputs, run once; {} where that fails (a
+    value of a subgraph, a feed that could not be read, a run that fails)."""
+    try:
+        proto = load_model(model)
+        graph = proto.graph
+        nodes = _cone(graph.node, names)
+        types = value_types(graph)
+        del graph.node[:], graph.output[:]
+        graph.node.extend(nodes)
+        graph.output.extend(onnx.helper.make_value_info(name, types[name]) if name in types
+                            else onnx.helper.make_empty_tensor_value_info(name) for name in names)
+        options = ort.SessionOptions()
+        options.log_severity_level = 4  # NOTE: the failure it looks into was reported already
+        session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        return dict(zip(names, session.run(names, feed)))
+    except Exception:  # noqa: BLE001  what cannot be computed stays unknown
+        return {}
+
+
+def _cone(nodes, names: list[str]) -> list[onnx.NodeProto]:
+    """The ``nodes`` (of one graph, in order) the values ``names`` depend on.
+
+    NOTE: onnxruntime runs every node of a graph, read or not: the copy keeps only these."""
+    wanted = set(names)
+    kept = []
+    for node in reversed(nodes):
+        if wanted.intersection(node.output):
+            kept.append(node)
+            wanted.update(name for inner in walk([node]) for name in inner.input)
+    return kept[::-1]

@@ -4,16 +4,16 @@ Each check kind builds its condition (``Check.guard``) with the :class:`GuardBui
 makes each shared value once (one Shape, Size, min and max per input, whatever the checks reading
 it); :func:`guarded_body` gathers the conditions into one guard node that makes onnxruntime fail
 when a check fails. The node is named after every check it states,
-``opbridge_check/<qualname>/<input>/<index>.<kind>+<input>/<index>.<kind>...``, and onnxruntime's
-error gives the first failing check as ``idx=<index + 1>`` (:func:`guard_name` is one check's part).
+``opbridge_check/<qualname>/<input>/<index>.<kind>+<input>/<index>.<kind>...``, and plain
+onnxruntime's error gives the first failing check as ``idx=<index + 1>``. A session words a failure
+by running the checks themselves on the op's inputs (``ort_kernels.function``); where it cannot read
+them, :func:`guard_failure` words it from the node's name.
 
 NOTE: guard nodes use only (op, type) pairs every supported onnxruntime (1.17 on) implements on
 CPU; tests/test_ort_kernels_coverage.py holds every registered op's body to that table.
 
 Example:
     >>> from bridge.core.check_vocabulary import Checks, rank
-    >>> guard_name("d::f", 2, rank("x", 1))
-    'opbridge_check/d::f/x/2.rank'
     >>> guards_node_name("d::f", [(0, rank("x", 1)), (2, rank("y", 2))])
     'opbridge_check/d::f/x/0.rank+y/2.rank'
 """
@@ -35,14 +35,40 @@ from bridge.core.graphs import FreshNames, ProtoMemo, may_hold_subgraphs, walk
 GUARD_PREFIX = "opbridge_check"
 
 
-def guard_name(qualname: str, index: int, check: Check) -> str:
-    """The name of the guard of check ``index`` of ``qualname``'s list."""
-    return f"{GUARD_PREFIX}/{qualname}/{check.input}/{index}.{check.kind}"
+def _part(index: int, check: Check) -> str:
+    """Check ``index``'s part of a guard node's name."""
+    return f"{check.input}/{index}.{check.kind}"
 
 
 def guards_node_name(qualname: str, guarded: Sequence[tuple[int, Check]]) -> str:
     """The name of the one guard node of ``guarded`` ((index, check) pairs): each check's part, joined by '+'."""
-    return f"{GUARD_PREFIX}/{qualname}/" + "+".join(f"{c.input}/{i}.{c.kind}" for i, c in guarded)
+    return f"{GUARD_PREFIX}/{qualname}/" + "+".join(_part(i, c) for i, c in guarded)
+
+
+def is_guard(node: onnx.NodeProto) -> bool:
+    return node.name.startswith(GUARD_PREFIX + "/")
+
+
+def guard_failure(checks: Checks, node: str) -> str:
+    """The message of guard node ``node`` of ``checks``'s op failing on values no one can read back:
+    what the checks it states require, without values.
+
+    Example:
+        >>> from bridge.core.check_vocabulary import rank
+        >>> checks = Checks("d::f", [rank("x", 2)])
+        >>> guard_failure(checks, "opbridge_check/d::f/x/0.rank")  # doctest: +NORMALIZE_WHITESPACE
+        "opbridge: d::f: input 'x' must have 2 dims. Got a value that fails it inside the model
+        (onnxruntime stopped at guard node 'opbridge_check/d::f/x/0.rank'). Pass a 2-D x."
+    """
+    parts = node.removeprefix(f"{GUARD_PREFIX}/{checks.qualname}/").split("+")
+    stated = [c for i, c in enumerate(checks) if _part(i, c) in parts]
+    if len(stated) == 1:
+        what, fails, fix = stated[0].what(), "fails it", stated[0].fix
+    else:
+        what = "its inputs must pass each check its guard states: " + "; ".join(c.what() for c in stated)
+        fails, fix = "fails one of them", "Run the op eagerly on the same inputs to see which check fails."
+    return (f"opbridge: {checks.qualname}: {what}. Got a value that {fails} inside the model (onnxruntime stopped "
+            f"at guard node '{node}'). {fix}")
 
 
 def _pad(n: int) -> int:
@@ -287,10 +313,6 @@ def _guard_node(b: GuardBuilder, qualname: str, guarded: Sequence[tuple[int, Che
     return b.node("Gather", [b.const([0]), codes_if_failing], name=guards_node_name(qualname, guarded))
 
 
-def _is_guard(node: onnx.NodeProto) -> bool:
-    return node.name.startswith(GUARD_PREFIX + "/")
-
-
 def _is_guard_value(name: str) -> bool:
     return name.startswith(GUARD_PREFIX)
 
@@ -339,7 +361,7 @@ _ORDERED_BODY_MAX = 1 << 20
 def _order(proto: onnx.FunctionProto) -> bool:
     """:func:`ordered`'s work."""
     nodes = list(proto.node)
-    at = next((i for i, n in enumerate(nodes) if _is_guard(n)), None)
+    at = next((i for i, n in enumerate(nodes) if is_guard(n)), None)
     if at is None:
         return False
     producers, read, taken, body = _scan(proto, nodes)
@@ -409,7 +431,7 @@ def unguarded(proto: onnx.FunctionProto) -> onnx.FunctionProto:
         >>> [(n.op_type, list(n.input)) for n in unguarded(guarded_body(body, Checks("d::f", [rank("x", 2)]), {})).node]
         [('Neg', ['x'])]
     """
-    if not any(_is_guard(n) for n in proto.node):
+    if not any(is_guard(n) for n in proto.node):
         return proto
     out = onnx.FunctionProto()
     out.CopyFrom(proto)
@@ -454,17 +476,6 @@ def _rename_inputs(node: onnx.NodeProto, renames: dict[str, str]) -> None:
             inner.input[:] = [renames.get(n, n) for n in inner.input]
 
 
-def _guard(proto: onnx.FunctionProto, qualname: str, guarded: Sequence[tuple[int, Check]],
-           attr_types: dict[str, int], integers: frozenset[str]) -> onnx.FunctionProto:
-    b = GuardBuilder(proto, attr_types, integers)
-    _guard_node(b, qualname, guarded)
-    out = onnx.FunctionProto()
-    out.CopyFrom(proto)
-    del out.node[:]
-    out.node.extend(_shared_constants([*b.nodes, *proto.node], set(proto.output)))
-    return out
-
-
 def _shared_constants(nodes: list[onnx.NodeProto], outputs: set[str]) -> list[onnx.NodeProto]:
     """``nodes`` with their Constant nodes first and each distinct constant made once (the guards
     and the body share their [0], [1], attribute reads, ...); other nodes keep their order.
@@ -503,9 +514,17 @@ def guarded_body(proto: onnx.FunctionProto, checks: Checks, attr_types: dict[str
         ['opbridge_check/d::f/x/0.rank']
     """
     guarded = [(i, c) for i, c in enumerate(checks) if c.guarded and i not in skip]
+    if not guarded:
+        return proto
     integers = frozenset(c.input for c in checks if isinstance(c, DtypeIs)
                          and not any(d.is_floating_point or d.is_complex for d in c.dtypes))
-    return _guard(proto, checks.qualname, guarded, attr_types, integers) if guarded else proto
+    b = GuardBuilder(proto, attr_types, integers)
+    _guard_node(b, checks.qualname, guarded)
+    out = onnx.FunctionProto()
+    out.CopyFrom(proto)
+    del out.node[:]
+    out.node.extend(_shared_constants([*b.nodes, *proto.node], set(proto.output)))
+    return out
 
 
 def unreadable(proto: onnx.FunctionProto, checks: Checks, attr_types: dict[str, int]) -> dict[int, str]:

@@ -1,9 +1,9 @@
 """The check vocabulary: sizes (:class:`Expr`), one class per check kind, the constructors users
 call (``rank``, ``dim_eq``, ...), and an op's check list (:class:`Checks`).
 
-Each kind states, in one class, what must hold (``what``/``static``), its eager violation
+Each kind states, in one class, what must hold (``what``), its eager violation
 (``violation``), its ONNX guard (``guard``, over a builder from ``bridge.core.check_guards``),
-the message of a failure (``message``, ``explain``) and whether it reads tensor values
+the message of a failure (``message``) and whether it reads tensor values
 (``reads_values``). A new kind is a subclass here plus a constructor.
 
 Example:
@@ -249,6 +249,11 @@ def _shape(t: torch.Tensor) -> str:
     return str(tuple(t.shape))
 
 
+def _value(size: Expr, env: dict | None) -> int | Expr:
+    """``size``'s value in ``env``; itself (its text) without one."""
+    return size if env is None else size.eval(env)
+
+
 @dataclasses.dataclass(frozen=True)
 class Check:
     """One condition on one input (or attribute) ``input``; ``fix`` is the advice of its message.
@@ -267,14 +272,10 @@ class Check:
         super().__init_subclass__(**kwargs)
         cls.kind = re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).lower()
 
-    @property
-    def static(self) -> str:
-        """What must hold, without the call's values (for messages where they are unknown)."""
+    def what(self, env: dict | None = None) -> str:
+        """What must hold, with the call's values (``env``) filled in; without ``env``, in words
+        (for messages where the values are unknown)."""
         raise NotImplementedError
-
-    def what(self, env: dict) -> str:
-        """What must hold, with the call's values (``env``) filled in."""
-        return self.static
 
     def violation(self, env: dict) -> str | None:
         """The ``Got`` text of a failure on ``env`` ({param name: value}), None when it holds."""
@@ -289,19 +290,13 @@ class Check:
         """The eager message of a failure."""
         return f"opbridge: {qualname}: {self.what(env)}. Got {got}. {self.fix}"
 
-    def explain(self, qualname: str, node: str) -> str:
-        """The message of a failed guard ``node`` when no input values are known."""
-        return (f"opbridge: {qualname}: {self.static}. Got a value that fails it inside the model "
-                f"(onnxruntime stopped at guard node '{node}'). {self.fix}")
-
 
 class _Worded:
     """A check whose message was worded when it was made (its ``text`` field)."""
 
     text: str
 
-    @property
-    def static(self) -> str:
+    def what(self, env: dict | None = None) -> str:
         return self.text
 
 
@@ -328,15 +323,8 @@ class DimEq(Check):
     size: Expr
     template: str  # may use {input}, {axis}, {size} (its text) and {value} (its value)
 
-    def _text(self, value) -> str:
-        return self.template.format(input=self.input, axis=self.axis, size=self.size, value=value)
-
-    @property
-    def static(self):
-        return self._text(str(self.size))
-
-    def what(self, env):
-        return self._text(self.size.eval(env))
+    def what(self, env=None):
+        return self.template.format(input=self.input, axis=self.axis, size=self.size, value=_value(self.size, env))
 
     def violation(self, env):
         bad = Dim(self.input, self.axis).eval(env) != self.size.eval(env)
@@ -389,12 +377,8 @@ class ValuesIn(Check):
     high: Expr
     reads_values: ClassVar[bool] = True
 
-    @property
-    def static(self):
-        return f"input '{self.input}' values must lie in [{self.low}, {self.high})"
-
-    def what(self, env):
-        return f"input '{self.input}' values must lie in [{self.low.eval(env)}, {self.high.eval(env)})"
+    def what(self, env=None):
+        return f"input '{self.input}' values must lie in [{_value(self.low, env)}, {_value(self.high, env)})"
 
     def violation(self, env):
         t = env[self.input]
@@ -499,15 +483,9 @@ class IntervalsWithin(Check):
     points: Expr
     reads_values: ClassVar[bool] = True
 
-    def _text(self, points) -> str:
-        return f"intervals [{self.input}, {self.input} + {self.lengths}) must lie in [0, {points}] points"
-
-    @property
-    def static(self):
-        return self._text(self.points)
-
-    def what(self, env):
-        return self._text(self.points.eval(env))
+    def what(self, env=None):
+        return (f"intervals [{self.input}, {self.input} + {self.lengths}) must lie in "
+                f"[0, {_value(self.points, env)}] points")
 
     def violation(self, env):
         n = min(env[self.input].numel(), env[self.lengths].numel())

@@ -10,14 +10,13 @@ the bridge derives:
   ``opbridge: <qualname>: <what is wrong>. Got <actual>. <fix>``;
 - the function-body guards (:func:`guarded_body`): ONNX nodes put before the op's function body,
   one guard node for all its checks, that make onnxruntime fail on a violation at the node named
-  ``opbridge_check/<qualname>/<input>/<index>.<kind>+...`` (every check it states), giving the first
-  failing check as ``idx=<index + 1>``; :func:`explain_failure` turns that failure back into the
-  eager message (the function tier's session does this);
+  ``opbridge_check/<qualname>/<input>/<index>.<kind>+...`` (every check it states); the function
+  tier's session then runs the checks themselves on the values the op was given, for eager's
+  message (:func:`guard_failure` words it where those values cannot be read back);
 - the text the native kernels' messages are held to (tests/op_db.py's bad inputs).
 
-Three modules hold it, one per seam: ``check_vocabulary`` (the kinds, one class each, their
-constructors and the op's list), ``check_guards`` (guard nodes) and ``check_explanation`` (a failed
-guard's message).
+Two modules hold it: ``check_vocabulary`` (the kinds, one class each, their constructors and the
+op's list) and ``check_guards`` (guard nodes).
 
 Example:
     >>> import torch
@@ -31,39 +30,14 @@ Example:
 
 from __future__ import annotations
 
-from bridge.core.check_explanation import explain_failure, failed_guard, guard_node
-from bridge.core.check_guards import (
-    GUARD_PREFIX,
-    GuardBuilder,
-    guard_name,
-    guarded_body,
-    ordered,
-    unguarded,
-    unreadable,
-)
+from bridge.core.check_guards import GUARD_PREFIX, guard_failure, guarded_body, is_guard, ordered, unguarded, unreadable
 from bridge.core.check_vocabulary import (
     PRODUCT_LIMIT_MAX,
-    Attr,
-    AttrGe,
-    AttrLe,
-    AttrLen,
-    AttrProdLe,
     Check,
     CheckError,
     Checks,
-    Const,
-    Dim,
     DimEq,
-    DtypeIs,
     Expr,
-    IntervalsWithin,
-    Numel,
-    Rank,
-    SameDtype,
-    SameLen,
-    SameShape,
-    ValuesGe,
-    ValuesIn,
     attr,
     attr_ge,
     attr_le,
@@ -83,10 +57,8 @@ from bridge.core.check_vocabulary import (
 )
 
 __all__ = [
-    "GUARD_PREFIX", "PRODUCT_LIMIT_MAX", "Attr", "AttrGe", "AttrLe", "AttrLen", "AttrProdLe", "Check", "CheckError",
-    "Checks", "Const", "Dim", "DimEq", "DtypeIs", "Expr", "GuardBuilder", "IntervalsWithin",
-    "Numel", "Rank", "SameDtype", "SameLen", "SameShape", "ValuesGe", "ValuesIn", "attr", "attr_ge", "attr_le",
-    "attr_len", "attr_prod_le", "dim", "dim_eq", "dtype_is", "explain_failure", "failed_guard", "guard_name",
-    "guard_node", "guarded_body", "intervals_within", "numel", "ordered", "rank", "same_dtype", "same_len",
-    "same_shape", "unguarded", "unreadable", "values_ge", "values_in",
+    "GUARD_PREFIX", "PRODUCT_LIMIT_MAX", "Check", "CheckError", "Checks", "DimEq", "Expr", "attr", "attr_ge",
+    "attr_le", "attr_len", "attr_prod_le", "dim", "dim_eq", "dtype_is", "guard_failure", "guarded_body",
+    "intervals_within", "is_guard", "numel", "ordered", "rank", "same_dtype", "same_len", "same_shape",
+    "unguarded", "unreadable", "values_ge", "values_in",
 ]

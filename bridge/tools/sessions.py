@@ -5,7 +5,7 @@ from __future__ import annotations
 import ctypes
 import math
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from itertools import chain
 
 import ml_dtypes
@@ -24,7 +24,7 @@ from bridge.core.progress import step
 from bridge.core.registry import REGISTRY, Registry, fill_attributes
 from bridge.core.torch_compat import pytree
 from ort_kernels import tiers
-from ort_kernels.base import Paths, Session
+from ort_kernels.base import Explain, Paths, Session
 
 
 def load_model(model: str | os.PathLike | onnx.ModelProto | bytes) -> onnx.ModelProto:
@@ -118,13 +118,13 @@ def _ort_type(elem_type: int) -> str:
     return f"tensor({onnx.TensorProto.DataType.Name(elem_type).lower()})"
 
 
-def _wrong_type(readers: dict, inputs: Sequence[onnx.ValueInfoProto]) -> Callable[[BaseException, dict], str | None]:
+def _wrong_type(readers: dict, inputs: Sequence[onnx.ValueInfoProto]) -> Explain:
     """The explainer of a fed value whose element type onnxruntime refuses (its message names no
     input): the message names the input and the custom op that reads it (``readers``: graph input
     -> (qualname, the op's parameter it feeds))."""
     expected_types = {v.name: v.type.tensor_type.elem_type for v in inputs if v.type.HasField("tensor_type")}
 
-    def explain(error: BaseException, feed: dict) -> str | None:
+    def explain(error: BaseException, feed: dict, _model: bytes | str) -> str | None:
         for name, expected in expected_types.items():
             value = feed.get(name)
             if not isinstance(value, np.ndarray) or expected == onnx.TensorProto.UNDEFINED:
