@@ -233,8 +233,8 @@ class _Resolver:
         overloads = {_content(f): f.overload for f in functions.values() if (f.domain, f.name) == op}
         # NOTE: made bodies compare by the bytes they were made with; against the op's functions
         # already there, by what onnx-ir writes of each (both sides written alike)
-        made = dict.fromkeys(body for _, body in pairs)
-        contents = {body: _content(body.function) if overloads else body.data for body in made}
+        bodies = dict.fromkeys(body for _, body in pairs)  # NOTE: nodes of one key share one body
+        contents = {body: _content(body.function) if overloads else body.data for body in bodies}
         new = {data: body for body, data in contents.items() if data not in overloads}
         for data, body in new.items():
             # NOTE: one body keeps the plain name; several are told apart as ONNX function overloads
