@@ -25,6 +25,7 @@ from collections.abc import Iterable, Iterator
 import numpy as np
 import onnx
 import onnx.numpy_helper
+import onnx_ir as ir
 
 from bridge.core.domains import ONNX_DOMAINS, STANDARD_DOMAINS, is_custom
 
@@ -113,6 +114,26 @@ def custom_nodes(model: onnx.ModelProto, *, functions: bool = False) -> Iterator
         bodies = [f for f in model.functions if any(is_custom(o.domain) for o in f.opset_import)]
         nodes = itertools.chain(nodes, *(walk(f.node) for f in bodies))
     return (n for n in nodes if is_custom(n.domain))
+
+
+def ir_custom_nodes(model: ir.Model) -> list[ir.Node]:
+    """:func:`custom_nodes` of an onnx-ir model, its local functions included (those that import a
+    custom domain), walked by onnx-ir's ``RecursiveGraphIterator``; a list, so the caller may edit
+    the model's functions while it goes through them.
+
+    Example:
+        >>> from onnx import helper
+        >>> calls = helper.make_function("d", "f", ["a"], ["b"], [helper.make_node("g", ["a"], ["b"], domain="d")],
+        ...                              [helper.make_opsetid("", 18), helper.make_opsetid("d", 1)])
+        >>> graph = helper.make_graph([helper.make_node("f", ["x"], ["y"], domain="d")], "g", [], [])
+        >>> model = ir.serde.deserialize_model(helper.make_model(graph, functions=[calls]))
+        >>> [n.op_type for n in ir_custom_nodes(model)]
+        ['f', 'g']
+    """
+    bodies = [f for f in model.functions.values() if any(is_custom(d) for d in f.opset_imports)]
+    nodes = itertools.chain(ir.traversal.RecursiveGraphIterator(model.graph),
+                            *(ir.traversal.RecursiveGraphIterator(f) for f in bodies))
+    return [n for n in nodes if is_custom(n.domain)]
 
 
 def custom_ops(model: onnx.ModelProto, *, functions: bool = False) -> list[tuple[str, str]]:

@@ -1,0 +1,157 @@
+"""The body resolver on onnx-ir (exporters/resolve.py, issue #32): a model whose custom nodes all have
+their bodies is neither converted nor touched, and a model needing written, built and derived bodies
+gets, node by node, the body each producer makes from protos (grouped by bytes, overloads named by them)."""
+
+import hashlib
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import onnxscript
+import pytest
+import torch
+from onnxscript import opset20 as op
+
+import bridge
+from bridge.core.graphs import custom_nodes, model_value_types
+from bridge.core.spec import BodyBuilder, Written, node_attributes
+from exporters import resolve
+from exporters.bodies.opsets import convert_function, onnx_opset, portable_constants
+from exporters.derive.derivation import derive
+from exporters.derive.sites import site_of
+
+
+class _Calls(torch.nn.Module):
+    def __init__(self, double, shift, scale):
+        super().__init__()
+        self.double, self.shift, self.scale = double, shift, scale
+
+    def forward(self, x):
+        y = self.double(x)
+        y = self.shift(y, 3, True) + self.shift(x, 3, True) + self.shift(y, -1, False)
+        return self.scale(y, 2.0) + self.scale(x, -0.5)
+
+
+@pytest.fixture
+def three_kinds(registry, fresh_name):
+    """A model (bare: no bodies) calling a written body (double), a built one (shift, at two sets of
+    attribute values, one of them twice) and a derived one (scale, no body given, two sites)."""
+    double_name, shift_name, scale_name = fresh_name("double"), fresh_name("shift"), fresh_name("scale")
+
+    @onnxscript.script(onnxscript.values.Opset(double_name.split("::")[0], 1), default_opset=op)
+    def double(x):
+        return op.Add(x, x)
+
+    @bridge.op(double_name, fake=lambda x: torch.empty_like(x), function=double, registry=registry)
+    def double_op(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    ns = shift_name.split("::")[0]
+
+    @torch.library.custom_op(shift_name, mutates_args=())
+    def shift(x: torch.Tensor, k: int, twice: bool) -> torch.Tensor:
+        return x + (2 * k if twice else k)
+
+    shift.register_fake(lambda x, k, twice: torch.empty_like(x))
+
+    def shift_body(k, twice):
+        step = onnx.helper.make_tensor("step", onnx.TensorProto.FLOAT, [], [2 * k if twice else k])
+
+        @onnxscript.script(onnxscript.values.Opset(ns, 1), default_opset=op)
+        def shift(x):
+            return op.Add(x, op.CastLike(op.Constant(value=step), x))
+        return shift
+
+    bridge.register(shift_name, function=shift_body, registry=registry)
+
+    @bridge.op(scale_name, fake=lambda x, k: torch.empty_like(x), registry=registry)
+    def scale(x: torch.Tensor, k: float) -> torch.Tensor:
+        return x * k + 1
+
+    model, x = _Calls(double_op, shift, scale), torch.randn(1, 3, 4, 4)
+    return registry, model, x, bridge.export(model, (x,), functions=False, registry=registry)
+
+
+def _copy(model: onnx.ModelProto) -> onnx.ModelProto:
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    return copy
+
+
+def test_a_complete_model_is_neither_converted_nor_touched(three_kinds, monkeypatch):
+    registry, model, x, _ = three_kinds
+    full = bridge.export(model, (x,), registry=registry)
+    before = full.SerializeToString()
+
+    def refuse(proto):
+        raise AssertionError("a complete model was converted to onnx-ir")
+
+    monkeypatch.setattr(resolve.ir.serde, "deserialize_model", refuse)
+    assert resolve.attach_functions(full, registry) == []
+    assert full.SerializeToString() == before
+    session = bridge.session(full, registry=registry)  # NOTE: the function tier resolves too
+    assert session.run(None, {full.graph.input[0].name: x.numpy()})[0].shape == (1, 3, 4, 4)
+
+
+def _expected_bodies(bare: onnx.ModelProto, registry) -> dict[str, tuple[str, onnx.FunctionProto]]:
+    """Per custom node (by name): (kind, body) as the producers make it, protos only, at the model's opset."""
+    opset, types = onnx_opset(bare), model_value_types(onnx.shape_inference.infer_shapes(bare))
+    expected = {}
+    for node in custom_nodes(bare):
+        spec = registry.find(node.domain, node.op_type)
+        if isinstance(spec.function, Written):
+            expected[node.name] = ("written", resolve.written_body(spec, opset))
+            continue
+        if isinstance(spec.function, BodyBuilder):
+            kind, raw = "built", resolve.built_body(spec, node_attributes(spec, node))
+        else:
+            kind, raw = "derived", derive(spec, site_of(spec, node, types), opset, registry).proto
+        expected[node.name] = (kind, portable_constants(convert_function(resolve.guarded_copy(raw, spec), opset)))
+    return expected
+
+
+def _text(function: onnx.FunctionProto) -> str:
+    copy = onnx.FunctionProto()
+    copy.CopyFrom(function)
+    copy.ClearField("overload")
+    return onnx.printer.to_text(copy)
+
+
+def test_written_built_and_derived_bodies_are_the_protobuf_producers_bodies(three_kinds):
+    registry, model, x, bare = three_kinds
+    expected = _expected_bodies(bare, registry)
+    attached = _copy(bare)
+    ops = resolve.attach_functions(attached, registry)
+    assert sorted(ops) == sorted({f"{n.domain}::{n.op_type}" for n in custom_nodes(bare)})
+    functions = {(f.domain, f.name, f.overload): f for f in attached.functions}
+    kinds = {}
+    for node in custom_nodes(attached):
+        kind, body = expected[node.name]
+        kinds.setdefault((node.domain, node.op_type), {})[body.SerializeToString()] = kind
+        function = functions[(node.domain, node.op_type, node.overload)]
+        assert _text(function) == _text(body)
+    # NOTE: one function per distinct body of an op: the plain name when it has one, else overloads
+    # named by kind and the body's bytes
+    for (domain, name), bodies in kinds.items():
+        overloads = sorted(f.overload for f in attached.functions if (f.domain, f.name) == (domain, name))
+        want = [""] if len(bodies) == 1 else sorted(
+            f"{kind}_{hashlib.sha1(data).hexdigest()[:10]}" for data, kind in bodies.items())
+        assert overloads == want
+    assert {len(b) for b in kinds.values()} == {1, 2}  # NOTE: the model has one body and several per op
+    assert {n.overload for n in custom_nodes(attached)} > {""}
+    onnx.checker.check_model(attached, full_check=True)
+    got = ort.InferenceSession(attached.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {attached.graph.input[0].name: x.numpy()})[0]
+    np.testing.assert_allclose(got, model(x).numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_the_ir_entry_gives_an_onnx_ir_model_its_bodies(three_kinds):
+    registry, _, _, bare = three_kinds
+    through_proto = _copy(bare)
+    resolve.attach_functions(through_proto, registry)
+    model = resolve.ir.serde.deserialize_model(bare)
+    assert sorted(resolve.attach_functions_ir(model, registry)) == sorted(resolve.attach_functions(_copy(bare),
+                                                                                                   registry))
+    assert list(model.functions) == [(f.domain, f.name, f.overload) for f in through_proto.functions]
+    assert [(n.op_type, n.overload) for n in model.graph] == [(n.op_type, n.overload)
+                                                              for n in through_proto.graph.node]
