@@ -314,8 +314,7 @@ def _predeclare(registry: Registry, tier) -> None:
 def _node_types(node, spec, types: dict) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The node's (input types, output types): the model's own, else (outputs) from the op's samples.
     Raises UnsupportedInTier naming the op and the true reason when neither types it."""
-    ins = tuple(types.get(n, 0) if n else T.FLOAT for n in node.input)
-    ins = _padded(spec, ins)
+    ins = _padded(spec, [types.get(n, 0) if n else T.FLOAT for n in node.input])
     outs = tuple(types.get(n, 0) for n in node.output)
     qual = f"{node.domain}::{node.op_type}"
     if 0 in outs or 0 in ins:

@@ -332,7 +332,7 @@ def _lineage(node: onnx.NodeProto, i: int, producer: dict, results: dict, depend
     """The compared values ``node`` depends on, and the uncompared nodes between them and it."""
     ancestors, segment = set(), {i}
     for name in node.input:
-        if not name or name not in producer:
+        if name not in producer:
             continue  # graph input, initializer, omitted optional: exact on both sides
         if name in results:
             ancestors.add(name)
@@ -362,11 +362,10 @@ def _walk(graph: onnx.GraphProto, results: dict, targets: dict[str, str], bodies
         fx = _fx_name(node) or next(o for o in node.output if o in results)
         via = [f"{graph.node[j].name} ({graph.node[j].op_type})" for j in sorted(segment)
                if graph.node[j].op_type != "Constant"]
-        domain = node.domain or ""
         nodes.append(NodeParity(
-            index=i, node=node.name or f"#{i}", onnx_op=f"{domain}::{node.op_type}",
+            index=i, node=node.name or f"#{i}", onnx_op=f"{node.domain}::{node.op_type}",
             torch_op=targets.get(fx, ""), fx_node=fx,
             outputs=compared, inputs=sorted(ancestors, key=producer.__getitem__),
             inputs_ok=all(results[a].passed for a in ancestors),
-            via=via, body=bodies.get((domain, node.op_type), []) if is_custom(domain) else []))
+            via=via, body=bodies.get((node.domain, node.op_type), []) if is_custom(node.domain) else []))
     return nodes, uncompared

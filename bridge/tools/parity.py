@@ -124,8 +124,7 @@ def compare(name: str, expected: torch.Tensor, actual: np.ndarray, *, rtol=None,
     # NOTE: a difference over an expected 0 is inf relative error (overflow), not a warning
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         rel = np.where(diff == 0, 0.0, diff / np.maximum(np.abs(e64), np.finfo(np.float64).tiny))
-    max_abs = float(diff[finite].max()) if finite.any() else 0.0
-    max_rel = float(rel[finite].max()) if finite.any() else 0.0
+    max_abs, max_rel = (float(diff[finite].max()), float(rel[finite].max())) if finite.any() else (0.0, 0.0)
     n_bad, nonfinite = int(bad.sum()), int((bad & ~finite).sum())
     if nonfinite:
         note = f"{nonfinite} NaN/inf mismatch{'es' if nonfinite > 1 else ''}; max abs/rel over finite pairs"
