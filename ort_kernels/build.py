@@ -165,7 +165,7 @@ def source_key(entries) -> str:
     include = _official_include()
     for path in sorted(INCLUDE_DIR.glob("*.h")) + _sources(entries) + (
             [include / "onnxruntime_c_api.h"] if include else []):
-        h.update(str(path.name).encode())
+        h.update(path.name.encode())
         h.update(path.read_bytes())
     h.update(generate_table(entries).encode())
     h.update(onnxruntime.__version__.encode())
