@@ -36,17 +36,15 @@ Explain = Callable[[BaseException, dict, "bytes | str"], "str | None"]
 
 @dataclasses.dataclass
 class Prepared:
-    """A tier's answer: the options to open the session with, whether the model proto was changed
-    (else the file goes to onnxruntime by path), the explainers of its run errors, and ``guard``,
-    a context manager every run enters (the python tier's: one run at a time, its kernels' errors
-    raised), and ``kernels``: which library (its path) or ``FUNCTION_BODY`` runs each custom op,
-    by ``domain::op_type``, where the tier says."""
+    """A tier's answer: what to open the session with."""
 
     options: ort.SessionOptions | None
-    changed: bool
-    explain: tuple[Explain, ...] = ()
+    changed: bool  # whether the model proto was changed (else the file goes to onnxruntime by path)
+    explain: tuple[Explain, ...] = ()  # the explainers of its run errors
+    # entered by every run (the python tier's: one run at a time, its kernels' errors raised)
     guard: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
-    kernels: dict[str, str] = dataclasses.field(default_factory=dict)  # op -> the library (path) or FUNCTION_BODY
+    # by domain::op_type, where the tier says: the library (its path) or FUNCTION_BODY that runs the op
+    kernels: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 # NOTE: what ``Prepared.kernels`` says of a custom op that runs its model-local function body.
@@ -55,9 +53,8 @@ FUNCTION_BODY = "function body"
 
 class Session(ort.InferenceSession):
     """The one session class of every tier: an ``onnxruntime.InferenceSession`` whose run methods
-    (``run``, ``run_with_ort_values``, ``run_with_iobinding``, ``run_with_ortvaluevector``,
-    ``run_async``) enter the tier's guard and turn an error an explainer recognises into
-    OpBridgeError. NOTE: explainers look only after a failure: a run that works pays nothing."""
+    enter the tier's guard and turn an error an explainer recognises into OpBridgeError.
+    NOTE: explainers look only after a failure: a run that works pays nothing."""
 
     def __init__(self, content, options, *, providers, explain: Sequence[Explain] = (),
                  guard: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
@@ -209,16 +206,10 @@ def private_domains(model: onnx.ModelProto, prefix: str) -> bool:
     >>> private_domains(m, "p."), m.graph.node[0].domain, m.opset_import[0].domain
     (True, 'p.d', 'p.d')
     """
-    renamed = False
-    nodes = list(model_nodes(model, functions=True))
-    for node in nodes:
-        if is_custom(node.domain):
-            node.domain, renamed = prefix + node.domain, True
-    for f in model.functions:
-        if is_custom(f.domain):
-            f.domain = prefix + f.domain
-    for imports in [model.opset_import, *(f.opset_import for f in model.functions)]:
-        for entry in imports:
-            if is_custom(entry.domain):
-                entry.domain = prefix + entry.domain
-    return renamed
+    nodes = [n for n in model_nodes(model, functions=True) if is_custom(n.domain)]
+    # functions, opset imports and nodes all name their domain in a field ``domain``
+    imports = [*model.opset_import, *(entry for f in model.functions for entry in f.opset_import)]
+    for item in [*nodes, *model.functions, *imports]:
+        if is_custom(item.domain):
+            item.domain = prefix + item.domain
+    return bool(nodes)

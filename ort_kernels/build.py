@@ -17,17 +17,7 @@ from pathlib import Path
 import onnxruntime
 import torch
 
-from bridge.core.cppbuild import (
-    build_failure,
-    cache_folder,
-    cached_build,
-    cached_path,
-    compiler,
-    full_key,
-    run_compiler,
-    toolchain,
-    verified,
-)
+from bridge.core import cppbuild
 from bridge.core.dtypes import TORCH_TO_ONNX
 from bridge.core.errors import BuildError, OpBridgeError
 from bridge.core.opnames import op_names, spec_names
@@ -51,6 +41,7 @@ CACHE_KIND = "native"
 NO_COMPILER_FIX = (", or use a library built elsewhere (`opbridge build -o DIR`, then native_library= or "
                    "$OPBRIDGE_NATIVE_LIBRARY)")
 MAX_INPUTS, MAX_OUTPUTS = 16, 8  # sizes of the type arrays in the generated table
+_MISSING_SYMBOL = re.compile(r"undefined reference to `opbridge::(kernel_\w+)'")  # a link error's kernel entry
 
 
 @dataclasses.dataclass(frozen=True)
@@ -74,12 +65,9 @@ def native_source(spec) -> Path | None:
 
 def io_types(spec, dtype: torch.dtype) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """ONNX element types of ``spec``'s inputs and outputs at ``dtype``, from its samples through its
-    fake kernel (run with a shape environment, so an output whose size depends on input values is
-    typed too)."""
-    # NOTE: element types per dtype come from the op's own sample inputs run through its fake
-    # kernel: the torch schema says "Tensor", the samples say which tensors are int32.
-    # An optional input omitted in the first sample takes its type from a sample that gives it
-    # (else the sample dtype).
+    fake kernel."""
+    # NOTE: the torch schema says "Tensor", the samples say which tensors are int32. An optional input
+    # omitted in the first sample takes its type from a sample that gives it (else the sample dtype).
     samples = spec.sample_inputs(dtype) if spec.sample_inputs else []
     if not samples:
         raise OpBridgeError(f"{spec.qualname}: a native kernel needs sample inputs to derive its types. "
@@ -167,7 +155,7 @@ def _sources(entries) -> list[Path]:
 
 def cache_dir() -> Path:
     """Where built libraries live: ``native/`` under the one cache root (``bridge.core.cppbuild``)."""
-    return cache_folder(CACHE_KIND)
+    return cppbuild.cache_folder(CACHE_KIND)
 
 
 def source_key(entries) -> str:
@@ -177,7 +165,7 @@ def source_key(entries) -> str:
     include = _official_include()
     for path in sorted(INCLUDE_DIR.glob("*.h")) + _sources(entries) + (
             [include / "onnxruntime_c_api.h"] if include else []):
-        h.update(str(path.name).encode())
+        h.update(path.name.encode())
         h.update(path.read_bytes())
     h.update(generate_table(entries).encode())
     h.update(onnxruntime.__version__.encode())
@@ -190,7 +178,7 @@ def build_key(entries) -> str:
     """The cache folder's name: :func:`source_key` joined with the compiler's identity (``$CXX`` and
     its version line). A machine without a compiler loads a library built earlier from the same
     sources and flags, by whichever compiler (``build.txt`` beside it records which)."""
-    return full_key(source_key(entries))
+    return cppbuild.full_key(source_key(entries))
 
 
 def library_path(registry=None, *, build: bool = True) -> Path:
@@ -208,13 +196,13 @@ def library_path(registry=None, *, build: bool = True) -> Path:
     """
     entries = cached_entries(REGISTRY if registry is None else registry)
     if not build:
-        return cached_path(CACHE_KIND, source_key(entries), LIBRARY_NAME)
+        return cppbuild.cached_path(CACHE_KIND, source_key(entries), LIBRARY_NAME)
     return _build(entries)
 
 
 def _build(entries) -> Path:
-    return cached_build(CACHE_KIND, source_key(entries), LIBRARY_NAME, functools.partial(_compile, entries),
-                        purpose="the native kernel library", fix=NO_COMPILER_FIX)
+    return cppbuild.cached_build(CACHE_KIND, source_key(entries), LIBRARY_NAME, functools.partial(_compile, entries),
+                                 purpose="the native kernel library", fix=NO_COMPILER_FIX)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -236,7 +224,7 @@ def native_library(registry=None) -> NativeLibrary:
     is raised as it is)."""
     entries = cached_entries(REGISTRY if registry is None else registry)
     key = source_key(entries)
-    if key in _partial and verified(_partial[key].path):
+    if key in _partial and cppbuild.verified(_partial[key].path):
         return _partial[key]
     try:
         return NativeLibrary(_build(entries), {})
@@ -262,13 +250,13 @@ def _broken_kernels(entries, failure: BuildError) -> dict[tuple[str, str], Build
             by_source[path].append(e.spec)
     errors = {path: lines for path in by_source if (lines := _said_about(path, failure.detail))}
     if not errors:
-        cxx = compiler("the native kernel library", NO_COMPILER_FIX)
+        cxx = cppbuild.compiler("the native kernel library", NO_COMPILER_FIX)
         for path in by_source:
-            result = run_compiler([cxx, *_flags(), "-fsyntax-only", str(path), *_extra_flags()],
-                                  "the native kernel library")
+            result = cppbuild.run_compiler([cxx, *_flags(), "-fsyntax-only", str(path), *_extra_flags()],
+                                           "the native kernel library")
             if result.returncode != 0:
                 errors[path] = result.stderr.splitlines()
-    missing = set(re.findall(r"undefined reference to `opbridge::(kernel_\w+)'", failure.detail))
+    missing = set(_MISSING_SYMBOL.findall(failure.detail))
     broken: dict[tuple[str, str], BuildError] = {}
     for path, specs in by_source.items():
         for spec in specs:
@@ -318,17 +306,17 @@ def _compile(entries, tmp: Path, cxx: str) -> Path:
     cmd = [cxx, *_flags(), "-shared", "-Wl,--no-undefined", *map(str, _sources(entries)), str(table), "-o", str(out),
            *_extra_flags()]
     with step(f"building native kernels ({len(entries)} typed kernels)"):
-        result = run_compiler(cmd, "the native kernel library")
+        result = cppbuild.run_compiler(cmd, "the native kernel library")
     if result.returncode != 0:
         raise _build_error(entries, result)
-    (tmp / "build.txt").write_text(" ".join(cmd) + "\n" + toolchain(cxx) + "\n")
+    (tmp / "build.txt").write_text(" ".join(cmd) + "\n" + cppbuild.toolchain(cxx) + "\n")
     return out
 
 
 def _build_error(entries, result) -> BuildError:
     """The build failure, by its cause (``bridge.core.cppbuild.build_failure``), with a missing kernel
     entry named plainly."""
-    missing = sorted(set(re.findall(r"undefined reference to `opbridge::(kernel_\w+)'", result.stderr)))
+    missing = sorted(set(_MISSING_SYMBOL.findall(result.stderr)))
     if missing:
         by_symbol = {spec_names(e.spec).symbol: e.spec for e in entries}
         lines = [f"{native_source(by_symbol[s])} must define `{spec_names(by_symbol[s]).definition}` in "
@@ -337,4 +325,4 @@ def _build_error(entries, result) -> BuildError:
                           + "; ".join(lines) + ". Name the entry kernel_<mangled domain>_op_<op type> as "
                           "bridge.core.opnames derives it (see ort_kernels/include/opbridge_kernel.h and "
                           f"ort_kernels/{op_names('opbridge::identity_conv').source_file}).", "source", result.stderr)
-    return build_failure("the native kernel library", result.stderr, exit_code=result.returncode)
+    return cppbuild.build_failure("the native kernel library", result.stderr, exit_code=result.returncode)

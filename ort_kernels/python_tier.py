@@ -1,40 +1,31 @@
 """Python kernel tier: run any registered op in ONNX Runtime through onnxruntime-extensions.
 
-Each op's kernel is the op's own eager implementation, so prototyping needs no extra code. It runs
-every dtype the model gives the op's nodes. onnxruntime-extensions' PyOp has sharp edges, each
-guarded here (measured on onnxruntime-extensions 0.15.2):
+Each op's kernel is its own eager implementation (prototyping needs no extra code), at every dtype
+the model gives its nodes. onnxruntime-extensions' PyOp has sharp edges, each guarded here
+(measured on onnxruntime-extensions 0.15.2):
 
-- PyOp declares one element type per input and output: the tier declares one PyOp per (op, type
-  signature), the signature read off the node in the model (its own value types, inferred), else
-  from the op's samples through its fake kernel run with a shape environment (so an output whose
-  size depends on values, ``new_dynamic_size()``, is typed too);
-- its stock call hook returns outputs as Python lists (``tolist()``, then a list -> array cast in
-  C++: most of a call's cost on large outputs) and aborts on float16 outputs: the tier installs its
-  own hook (``PyCustomOpDef.install_hooker``) that hands each output over as one contiguous numpy
-  array (one memcpy into ORT's buffer). Inputs arrive as fresh numpy arrays, used as torch tensors
-  without a copy (``torch.from_numpy``);
-- a float16 (or bfloat16) input aborts the process inside onnxruntime-extensions: the session's copy
-  of the model casts such inputs to float32 before the node (exact), and the kernel casts them back,
-  so the op runs in float16 and its results equal eager float16 exactly. float16 outputs travel as
-  they are; bfloat16 outputs (numpy has no bfloat16) travel as float32 and are cast back after the
-  node (exact);
+- PyOp declares one element type per input and output: one PyOp per (op, type signature), read off
+  the node's value types in the model (inferred), else from the op's samples through its fake
+  kernel with a shape environment (an output of value-dependent size, ``new_dynamic_size()``, too);
+- its stock call hook returns outputs as Python lists (most of a call's cost on large outputs) and
+  aborts on float16 outputs: the tier's own hook (``PyCustomOpDef.install_hooker``) hands each
+  output over as one contiguous numpy array. Inputs arrive as fresh numpy arrays, used as torch
+  tensors without a copy (``torch.from_numpy``);
+- a float16 (or bfloat16) input aborts the process: the session's copy of the model casts such
+  inputs to float32 before the node and the kernel casts them back (exact), so results equal eager
+  float16 exactly. bfloat16 outputs (numpy has none) travel as float32, cast back after the node;
 - an exception inside a kernel aborts the process: kernels catch everything, hand ORT an empty
-  placeholder of the declared type, and every run method of the session raises the recorded error
-  as OpBridgeError (the tier's run guard, ``_kernel_errors``); an output of another dtype than the
-  model declares is such an error (it would abort too);
-- INTS/FLOATS attributes are unsupported: the session's copy of the model carries them as
-  comma-separated STRING attributes, parsed back once per node (cached by value); every declared
-  attribute must be present, so defaults are written into the nodes, optional scalars (``int?``)
-  travel as STRING, and an omitted optional one gets a placeholder and is named in
-  ``opbridge_absent_attributes`` (the kernel passes None; a given ``str?`` of "" stays "");
-- adding a PyOp to a domain already registered with a session options object crashes later
-  sessions (the domain's op table is reallocated under ORT): declarations go in generations, each
-  with its own private domains (``opbridge.python.<generation>.<domain>``); once a generation is
-  registered, new declarations open the next one. Options keep the generations registered into
-  them: a model that needs a later one through the same options is refused, naming the fix;
-- each registration into options keeps its domains and one factory per declared PyOp until the
-  process ends: sessions opened without options share one options object (new ones only when a
-  later generation is needed), so a session costs no lasting memory;
+  placeholder of the declared type, and every run of the session raises the recorded error as
+  OpBridgeError (the run guard, ``_kernel_errors``); so does an output dtype the model does not declare;
+- INTS/FLOATS attributes are unsupported and every declared attribute must be present: lists and
+  optional scalars (``int?``) travel as comma-separated STRING attributes (parsed once per node's
+  values), defaults are written into the nodes, and an omitted optional one gets a placeholder and
+  is named in ``opbridge_absent_attributes`` (the kernel passes None; a given ``str?`` of "" stays "");
+- adding a PyOp to a domain already registered with session options crashes later sessions:
+  declarations go in generations, each with private domains (``opbridge.python.<generation>.<domain>``);
+  options that got an earlier generation than a model needs are refused, naming the fix;
+- each registration into options keeps its domains and one factory per PyOp until the process ends:
+  sessions opened without options share one options object (new ones only for a later generation);
 - two registries may give one ONNX name two ops: a PyOp belongs to one registry and one op (its
   private name carries the registry's number), so a live session keeps running its own.
 """
@@ -63,21 +54,20 @@ from ort_kernels.base import Paths, Prepared, Tier, helper_functions, libraries,
 from ort_kernels.build import io_types
 
 _lock = threading.Lock()
-# NOTE: the Python kernels are declared in private domains ("opbridge.python.<generation>.<domain>"),
-# not the op's: options reused across tiers may carry the native library, whose kernels take the
-# op's own domain
+# NOTE: private domains, not the op's: options reused across tiers may carry the native library,
+# whose kernels take the op's own domain
 PYTHON_DOMAIN = "opbridge.python."
-# NOTE: PyOp inputs are all required: an omitted optional input is fed an empty placeholder and
-# named in this attribute, so the kernel passes None for it.
+# NOTE: PyOp inputs and attributes are all required: an omitted optional input (attribute) gets an
+# empty placeholder and is named in ABSENT_ATTR (ABSENT_ATTRS), so the kernel passes None for it.
 ABSENT_ATTR = "opbridge_absent"
-# NOTE: likewise every declared attribute must be present: an omitted optional one gets a placeholder
-# value and is named in this attribute, so the kernel passes None for it (a given "" stays "").
 ABSENT_ATTRS = "opbridge_absent_attributes"
+_ABSENT_INPUT = "opbridge_absent_float"  # the empty placeholder an omitted optional input is fed
 # the generations registered into a SessionOptions object (recorded in the options themselves)
 _KNOWN_KEY = "opbridge.python_tier.generations"
 _errors: list[str] = []  # kernel exceptions of the current run (ORT calls kernels synchronously)
 
 T = onnx.TensorProto
+_AT = onnx.defs.OpSchema.AttrType
 # element type in the model -> element type carried across onnxruntime-extensions, for inputs and
 # outputs; a type absent here is refused. NOTE: float16/bfloat16 inputs abort inside
 # onnxruntime-extensions (and numpy has no bfloat16): they cross as float32, exactly.
@@ -91,7 +81,6 @@ class _Declared:
     """One PyOp: an op at one type signature, in one generation's private domain."""
 
     spec: OpSpec  # NOTE: updated to the registry's current record at each prepare
-    in_types: tuple[int, ...]  # the model's element types (an omitted optional input: FLOAT)
     out_types: tuple[int, ...]
     generation: int
     domain: str  # private
@@ -109,19 +98,14 @@ class _Declared:
         spec = self.spec
         try:
             key = tuple(raw.items())
-            parsed = self.parsed.get(key)
-            if parsed is None:
-                parsed = self.parsed[key] = _parse_attributes(spec, raw)
-            attrs, absent = parsed
+            if key not in self.parsed:
+                self.parsed[key] = _parse_attributes(spec, raw)
+            attrs, absent = self.parsed[key]
             tensors: dict[str, torch.Tensor | None] = {}
             for i, (p, a) in enumerate(zip(spec.tensors, feed)):
-                if i in absent:
-                    tensors[p.name] = None
-                    continue
-                if not a.flags.writeable:  # NOTE: never so from onnxruntime-extensions (fresh arrays)
-                    a = a.copy()
-                t = torch.from_numpy(a)
-                tensors[p.name] = t.to(self.restore[i]) if i in self.restore else t
+                # NOTE: never read-only from onnxruntime-extensions (fresh arrays)
+                t = torch.from_numpy(a if a.flags.writeable else a.copy())
+                tensors[p.name] = None if i in absent else t.to(self.restore.get(i, t.dtype))
             args = [tensors[p.name] if p.is_tensor else attrs[p.name] for p in spec.params]
             if spec.checks is not None:  # NOTE: the op's checks, also for an eager kernel that has its own
                 spec.checks.run(**{p.name: a for p, a in zip(spec.params, args)})
@@ -183,13 +167,17 @@ def _invoke(k_id: int, feed: list, attributes: dict) -> tuple:
     return tuple(res)
 
 
+# the number type of each attribute kind that may travel as text (lists, optional scalars)
+_NUMBERS = {_AT.INT: int, _AT.INTS: int, _AT.FLOAT: float, _AT.FLOATS: float}
+
+
 def _list_attr(p) -> bool:
-    return p.attr_type in (onnx.defs.OpSchema.AttrType.INTS, onnx.defs.OpSchema.AttrType.FLOATS)
+    return p.attr_type in (_AT.INTS, _AT.FLOATS)
 
 
 def _as_text(p) -> bool:
     """Whether the attribute travels as a STRING in the session's copy (lists, optional scalars)."""
-    return _list_attr(p) or (p.optional and p.attr_type != onnx.defs.OpSchema.AttrType.STRING)
+    return _list_attr(p) or (p.optional and p.attr_type != _AT.STRING)
 
 
 def _text(value) -> str:
@@ -197,16 +185,12 @@ def _text(value) -> str:
 
 
 def _parse_attr(p, value):
-    kind = p.attr_type
-    text = _text(value)
+    number = _NUMBERS.get(p.attr_type)
+    if number is None:
+        return p.from_onnx_value(value)
     if _list_attr(p):
-        items = [x for x in text.split(",") if x]
-        return p.from_onnx_value([int(x) if kind == onnx.defs.OpSchema.AttrType.INTS else float(x) for x in items])
-    if kind == onnx.defs.OpSchema.AttrType.INT:
-        return p.from_onnx_value(int(text))
-    if kind == onnx.defs.OpSchema.AttrType.FLOAT:
-        return p.from_onnx_value(float(text))
-    return p.from_onnx_value(value)
+        return p.from_onnx_value([number(x) for x in _text(value).split(",") if x])
+    return p.from_onnx_value(number(_text(value)))
 
 
 def _parse_attributes(spec, raw: dict) -> tuple[dict, set[int]]:
@@ -284,9 +268,8 @@ def _declare(registry: Registry, spec: OpSpec, in_types: tuple[int, ...], out_ty
     if not _hooked:
         PyCustomOpDef.install_hooker(_invoke)
         _hooked = True
-    attr_types: dict[Any, int] = {onnx.defs.OpSchema.AttrType.INT: PyCustomOpDef.dt_int64,
-                  onnx.defs.OpSchema.AttrType.FLOAT: PyCustomOpDef.dt_float,
-                  onnx.defs.OpSchema.AttrType.STRING: PyCustomOpDef.dt_string}
+    attr_types: dict[Any, int] = {_AT.INT: PyCustomOpDef.dt_int64, _AT.FLOAT: PyCustomOpDef.dt_float,
+                                  _AT.STRING: PyCustomOpDef.dt_string}
     odd = [p.name for p in spec.attributes if not _as_text(p) and p.attr_type not in attr_types]
     if odd:
         raise UnsupportedInTier(f"tier 'python' cannot declare {spec.qualname}: onnxruntime-extensions' PyOp takes "
@@ -299,13 +282,12 @@ def _declare(registry: Registry, spec: OpSpec, in_types: tuple[int, ...], out_ty
         attrs[ABSENT_ATTRS] = PyCustomOpDef.dt_string
     carried_in = [_CARRIED_IN[t] for t in in_types]
     carried_out = [_CARRIED_OUT[t] for t in out_types]
-    out_dtypes = tuple(ONNX_TO_TORCH[t] for t in out_types)
     declared = _Declared(
-        spec=spec, in_types=in_types, out_types=out_types, generation=_generation,
+        spec=spec, out_types=out_types, generation=_generation,
         domain=f"{PYTHON_DOMAIN}{_generation}.{spec.domain}",
         op_type=f"{spec.name}__r{number}__{_signature(in_types)}__{_signature(out_types)}",
         restore={i: ONNX_TO_TORCH[t] for i, (t, c) in enumerate(zip(in_types, carried_in)) if t != c},
-        out_dtypes=out_dtypes,
+        out_dtypes=tuple(ONNX_TO_TORCH[t] for t in out_types),
         out_carry=tuple(ONNX_TO_TORCH[c] if c != t else None for t, c in zip(out_types, carried_out)),
         placeholders=tuple(np.zeros((0,), numpy_dtype(ONNX_TO_TORCH[c])) for c in carried_out))
     opdef = onnx_op(op_type=f"{declared.domain}::{declared.op_type}", inputs=carried_in, outputs=carried_out,
@@ -332,8 +314,7 @@ def _predeclare(registry: Registry, tier) -> None:
 def _node_types(node, spec, types: dict) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """The node's (input types, output types): the model's own, else (outputs) from the op's samples.
     Raises UnsupportedInTier naming the op and the true reason when neither types it."""
-    ins = tuple(types.get(n, 0) if n else T.FLOAT for n in node.input)
-    ins = _padded(spec, ins)
+    ins = _padded(spec, [types.get(n, 0) if n else T.FLOAT for n in node.input])
     outs = tuple(types.get(n, 0) for n in node.output)
     qual = f"{node.domain}::{node.op_type}"
     if 0 in outs or 0 in ins:
@@ -341,8 +322,8 @@ def _node_types(node, spec, types: dict) -> tuple[tuple[int, ...], tuple[int, ..
         if 0 not in ins and ins in by_samples:
             outs = tuple(o if o else s for o, s in zip(outs, by_samples[ins]))
         else:
-            why = (f"the model gives no element type for {'input' if 0 in ins else 'output'} "
-                   f"'{(node.input if 0 in ins else node.output)[(ins if 0 in ins else outs).index(0)]}'")
+            kind, names, typed = ("input", node.input, ins) if 0 in ins else ("output", node.output, outs)
+            why = f"the model gives no element type for {kind} '{names[typed.index(0)]}'"
             why += (f", and {failure}" if failure else
                     ", and its samples do not cover these input types" if spec.sample_inputs is not None else
                     ", and the op has no sample inputs")
@@ -357,11 +338,6 @@ def _node_types(node, spec, types: dict) -> tuple[tuple[int, ...], tuple[int, ..
     return ins, outs
 
 
-def _value_types(inferred: onnx.ModelProto) -> dict[str, int]:
-    """Element type by value name, over the graph and its subgraphs (0: not known)."""
-    return {name: t.tensor_type.elem_type for name, t in model_value_types(inferred).items()}
-
-
 def _infer_types(model: onnx.ModelProto) -> onnx.ModelProto:
     """``model`` with inferred value types: the tier needs element types only. A fake kernel that
     refuses symbolic dims (a channel check on a dim_param) gets another pass over a copy without
@@ -373,10 +349,11 @@ def _infer_types(model: onnx.ModelProto) -> onnx.ModelProto:
         return onnx.shape_inference.infer_shapes(model, strict_mode=False)
     except Exception as e:  # noqa: BLE001  a fake kernel refusing the node's shapes or attributes
         error = e
-    if _has_symbolic_dims(model):
-        shapeless = onnx.ModelProto()
-        shapeless.CopyFrom(model)
-        for v in [*shapeless.graph.input, *shapeless.graph.output, *shapeless.graph.value_info]:
+    shapeless = onnx.ModelProto()
+    shapeless.CopyFrom(model)
+    values = [*shapeless.graph.input, *shapeless.graph.output, *shapeless.graph.value_info]
+    if any(not d.HasField("dim_value") for v in values for d in v.type.tensor_type.shape.dim):
+        for v in values:
             if v.type.HasField("tensor_type"):
                 v.type.tensor_type.ClearField("shape")
         try:
@@ -388,12 +365,7 @@ def _infer_types(model: onnx.ModelProto) -> onnx.ModelProto:
                         "with opbridge).") from None
 
 
-def _has_symbolic_dims(model: onnx.ModelProto) -> bool:
-    values = [*model.graph.input, *model.graph.output, *model.graph.value_info]
-    return any(not d.HasField("dim_value") for v in values for d in v.type.tensor_type.shape.dim)
-
-
-def _rewrite_attributes(node: onnx.NodeProto, declared: _Declared, placeholders: dict, model) -> None:
+def _rewrite_attributes(node: onnx.NodeProto, declared: _Declared) -> None:
     """Lists -> comma-separated strings; defaults written in (PyOp needs every declared attribute);
     omitted optional inputs fed an empty placeholder and listed in ``opbridge_absent``; omitted optional
     attributes given a placeholder and listed in ``opbridge_absent_attributes``."""
@@ -403,13 +375,8 @@ def _rewrite_attributes(node: onnx.NodeProto, declared: _Declared, placeholders:
     if any(p.optional for p in spec.tensors):
         names = list(node.input) + [""] * (len(spec.tensors) - len(node.input))
         absent = [i for i, n in enumerate(names) if not n]
-        for i in absent:
-            if "" not in placeholders:
-                placeholders[""] = "opbridge_absent_float"
-                model.graph.initializer.append(onnx.helper.make_tensor(placeholders[""], T.FLOAT, [0], []))
-            names[i] = placeholders[""]
         del node.input[:]
-        node.input.extend(names)
+        node.input.extend(n or _ABSENT_INPUT for n in names)
         new.append(onnx.helper.make_attribute(ABSENT_ATTR, ",".join(map(str, absent))))
     omitted = []
     for p in spec.attributes:
@@ -501,15 +468,16 @@ def _known_generations(options: ort.SessionOptions | None, path: str) -> int | N
 def _route(model: onnx.ModelProto, plan: list, helpers: set) -> None:
     """Point each planned node at its private PyOp; the Python kernels, not function bodies, run the
     custom nodes (helper functions stay)."""
-    placeholders: dict = {}
     versions = {o.domain: o.version for o in model.opset_import}
     for node, declared in plan:
-        _rewrite_attributes(node, declared, placeholders, model)
+        _rewrite_attributes(node, declared)
         version = versions.get(node.domain, 1)
         node.domain, node.op_type = declared.domain, declared.op_type
         if node.domain not in versions:
             versions[node.domain] = version
             model.opset_import.append(onnx.helper.make_opsetid(node.domain, version))
+    if any(_ABSENT_INPUT in node.input for node, _ in plan):
+        model.graph.initializer.append(onnx.helper.make_tensor(_ABSENT_INPUT, T.FLOAT, [0], []))
     _bridge(model, FreshNames(value_names(model.graph)))
     keep = [f for f in model.functions if (f.domain, f.name) in helpers]
     del model.functions[:]
@@ -549,8 +517,8 @@ class PythonTier(Tier):
             from onnxruntime_extensions import get_library_path
         except ImportError:
             raise UnsupportedInTier(_NO_EXTENSIONS) from None
-        inferred = _infer_types(model)
-        types = _value_types(inferred)
+        # element type by value name, over the graph and its subgraphs (0: not known)
+        types = {name: t.tensor_type.elem_type for name, t in model_value_types(_infer_types(model)).items()}
         helpers = helper_functions(model, registry)
         served = [n for n in custom_nodes(model) if (n.domain, n.op_type) not in helpers]
         missing = sorted({f"{n.domain}::{n.op_type}" for n in served if registry.find(n.domain, n.op_type) is None})

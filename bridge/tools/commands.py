@@ -42,8 +42,6 @@ from exporters.inline import inline_functions, save_atomic
 from exporters.portable import relativize_paths, required_ir_version
 from exporters.resolve import attach_functions
 from ort_kernels import build, tiers
-from ort_kernels.tiers import NAMES as TIER_NAMES
-from ort_kernels.tiers import TIERS
 
 DEFAULT_MODEL = "custom_ops.demo:build"
 
@@ -89,13 +87,10 @@ def _load_file(path: Path):
         found = importlib.util.find_spec(name) if name.isidentifier() else None
     except (ImportError, ValueError):  # NOTE: a broken module of that name elsewhere: not this file
         found = None
-    if found is not None and found.origin and Path(found.origin).resolve() == path:
-        if name in sys.modules:
-            return sys.modules[name]
-    else:
+    if found is None or not found.origin or Path(found.origin).resolve() != path:
         name = f"_opbridge_ops_{hashlib.sha256(str(path).encode()).hexdigest()[:12]}_{name}"
-        if name in sys.modules:
-            return sys.modules[name]
+    if name in sys.modules:
+        return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, path)
     assert spec is not None and spec.loader is not None  # NOTE: a .py file always has a spec
     module = importlib.util.module_from_spec(spec)
@@ -159,8 +154,7 @@ def _load_case(spec: str):
 
 
 def _inputs_path(onnx_path: str) -> str:
-    root, _ = os.path.splitext(onnx_path)
-    return root + ".inputs.npz"
+    return os.path.splitext(onnx_path)[0] + ".inputs.npz"
 
 
 def _dtype_name(dtype) -> str:
@@ -171,7 +165,7 @@ def _op_row(spec, thorough: bool) -> dict:
     """One op as ``opbridge ops --json`` shows it (``thorough``: derive bodies to see they work)."""
     onnx_spec = REGISTRY.functional(spec)
     body, body_note = body_status(onnx_spec, opset=DEFAULT_OPSET, try_it=thorough)
-    runs = {name: tier.why_not(onnx_spec, thorough=thorough) is None for name, tier in TIERS.items()}
+    runs = {name: tier.why_not(onnx_spec, thorough=thorough) is None for name, tier in tiers.TIERS.items()}
     return {
         "op": spec.qualname, "onnx": f"{spec.domain}::{spec.name} v{spec.version}",
         "inputs": [p.name for p in spec.tensors],
@@ -183,7 +177,7 @@ def _op_row(spec, thorough: bool) -> dict:
         "tiers": runs,
         "skipped": {name: {_dtype_name(d): why for d in spec.dtypes
                            if runs[name] and (why := tier.why_not(onnx_spec, d, thorough=thorough))}
-                    for name, tier in TIERS.items()},
+                    for name, tier in tiers.TIERS.items()},
         "missing": REGISTRY.missing(spec),
         "function_class": class_name(spec.proxy_for.cls) if isinstance(spec.proxy_for, FunctionBridge) else None,
     }
@@ -209,11 +203,11 @@ def _op_notes(r: dict) -> Iterator[str]:
 
 def _ops_table(rows: list[dict]) -> str:
     mark = {True: "yes", False: "-"}
-    head = ("op", "onnx node", "attributes", "fake", "autograd", "ref", "samples", "body", *TIER_NAMES)
+    head = ("op", "onnx node", "attributes", "fake", "autograd", "ref", "samples", "body", *tiers.NAMES)
     return format_table([head] + [
         (r["op"], r["onnx"], ",".join(f"{k}:{v}" for k, v in r["attributes"].items()) or "-",
          mark[r["fake"]], mark[r["autograd"]], mark[r["reference"]], mark[r["samples"]], r["body"],
-         *(mark[r["tiers"][t]] for t in TIER_NAMES)) for r in rows])
+         *(mark[r["tiers"][t]] for t in tiers.NAMES)) for r in rows])
 
 
 def cmd_ops(args) -> int:
@@ -241,14 +235,12 @@ def cmd_export(args) -> int:
     proto = export(case.model, case.args, args.output, dynamic_shapes=case.dynamic_shapes,
                    functions=not args.no_functions, inline=args.inline, opset_version=args.opset)
     try:  # NOTE: the tensor arguments only: a non-tensor one is a constant of the file
-        feed = input_arrays([i.name for i in proto.graph.input], case.args)
-        files.save_npz(inputs_path, feed)
+        files.save_npz(inputs_path, input_arrays([i.name for i in proto.graph.input], case.args))
     except BaseException:
         with contextlib.suppress(OSError):  # NOTE: no model file without its inputs beside it
             os.remove(args.output)
         raise
-    size = os.path.getsize(args.output)
-    print(f"wrote {args.output} ({size / 1024:.1f} KiB) and {inputs_path}")
+    print(f"wrote {args.output} ({os.path.getsize(args.output) / 1024:.1f} KiB) and {inputs_path}")
     return 0
 
 
@@ -280,12 +272,12 @@ def _summary(value) -> str:
     if not isinstance(value, np.ndarray):
         return type(value).__name__
     kind = "string" if value.dtype.kind in "OUS" else str(value.dtype)
+    head = f"shape {list(value.shape)} {kind}"
     if value.size == 0:
-        return f"shape {list(value.shape)} {kind} empty"
+        return f"{head} empty"
     if kind == "string":
-        return f"shape {list(value.shape)} {kind}"
-    return (f"shape {list(value.shape)} {kind} min {value.min():.4g} max {value.max():.4g} "
-            f"mean {value.mean():.4g}")
+        return head
+    return f"{head} min {value.min():.4g} max {value.max():.4g} mean {value.mean():.4g}"
 
 
 def cmd_run(args) -> int:
@@ -335,7 +327,7 @@ def _nothing_checked(spec, args, run: list, skipped: list[str]) -> OpBridgeError
 def _op_reports(args) -> tuple[list, list[str]]:
     """``check --op``: one report per dtype and sample the tier runs, and the dtypes it skips."""
     spec = REGISTRY.get(args.op)
-    tier, onnx_spec = TIERS[args.tier], REGISTRY.functional(spec)
+    tier, onnx_spec = tiers.TIERS[args.tier], REGISTRY.functional(spec)
     # NOTE: a library of the user's own may serve an op opbridge has no C++ kernel for: its session says
     why = None if args.native_library else tier.why_not(onnx_spec)
     if why is not None and not args.inline:
@@ -436,14 +428,13 @@ def cmd_doctor(args) -> int:
     print(f"native library: {path}")
     print(f"built: {'yes' if built else 'no (run `opbridge doctor --build`; a native session builds it too)'}")
     if built:
-        options = onnxruntime.SessionOptions()
         try:
-            options.register_custom_ops_library(str(path))
+            onnxruntime.SessionOptions().register_custom_ops_library(str(path))
             print("loads in onnxruntime: yes")
         except Exception as e:
             print(f"loads in onnxruntime: NO ({e})")
             return 1
-    for name, tier in TIERS.items():
+    for name, tier in tiers.TIERS.items():
         print(f"tier {name}: {tier.summary}")
         for line in tier.report(REGISTRY):
             print(f"  {line}")

@@ -160,9 +160,8 @@ class Localization:
             if d.body:
                 lines.append(f"  its model-local function body (not compared inside): {', '.join(d.body)}")
             lines.append(f"  worst elements of {d.worst_output.name}:")
-            for w in d.worst:
-                lines.append(f"    at {tuple(w['index'])}: eager {w['eager']:.6g}  ort {w['ort']:.6g}  "
-                             f"abs err {w['abs_err']:.3g}")
+            lines += [f"    at {tuple(w['index'])}: eager {w['eager']:.6g}  ort {w['ort']:.6g}  "
+                      f"abs err {w['abs_err']:.3g}" for w in d.worst]
         lines.append(self.table())
         return "\n".join(lines)
 
@@ -198,14 +197,13 @@ def _program_inputs(program: torch.export.ExportedProgram, args: Sequence, kwarg
         raise OpBridgeError(f"the exported program takes {n_user} inputs but the call has {len(user)}. "
                             "Got mismatched inputs. Pass the inputs used at export.")
     user_it = iter(user)
+    lifted = {**program.constants, **program.state_dict}
     flat = []
     for spec in program.graph_signature.input_specs:
         if spec.kind == InputKind.USER_INPUT:
             flat.append(next(user_it))
-        elif spec.target in program.state_dict:
-            flat.append(program.state_dict[spec.target])
-        elif spec.target in program.constants:
-            flat.append(program.constants[spec.target])
+        elif spec.target in lifted:
+            flat.append(lifted[spec.target])
         else:
             raise OpBridgeError(f"the exported program's input {spec.arg} ({spec.kind.name}) has no value. "
                                 f"Got target {spec.target!r}. Export the model again.")
@@ -278,20 +276,9 @@ def wanted(mode: bool | str, *, passed: bool) -> bool:
     return mode == "always" or (mode is True and not passed)
 
 
-def localize(
-    program: torch.export.ExportedProgram,
-    model,
-    args: Sequence,
-    kwargs: dict | None = None,
-    *,
-    compare: Callable,
-    tier: str = FunctionTier.name,
-    registry=None,
-    rtol=None,
-    atol=None,
-    run: int = 1,
-    native_library=None,
-) -> Localization:
+def localize(program: torch.export.ExportedProgram, model, args: Sequence, kwargs: dict | None = None, *,
+             compare: Callable, tier: str = FunctionTier.name, registry=None, rtol=None, atol=None, run: int = 1,
+             native_library=None) -> Localization:
     """Compare every intermediate value of ``model`` (an ONNX path or proto exported from ``program``)
     in onnxruntime (``tier``) against eager, and find the first node that diverges.
 
@@ -333,26 +320,19 @@ def localize(
                                 "contract (the check itself ran them).") from e
     results = {n: compare(n, eager[n], values[n], rtol=rtol, atol=atol) for n in names}
     # NOTE: only the function tier runs the bodies; the other tiers drop the ones they serve
-    bodies = _bodies(proto) if tier == FunctionTier.name else {}
-    nodes, uncompared = _walk(graph, results, _fx_targets(program), bodies)
+    bodies = {(f.domain, f.name): [n.op_type for n in f.node] for f in proto.functions if tier == FunctionTier.name}
+    targets = {n.name: str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+    nodes, uncompared = _walk(graph, results, targets, bodies)
     first = next((n for n in nodes if not n.passed and n.inputs_ok), None) or \
         next((n for n in nodes if not n.passed), None)
     return Localization(tier, run, nodes, first, uncompared, time.perf_counter() - start)
-
-
-def _fx_targets(program: torch.export.ExportedProgram) -> dict[str, str]:
-    return {n.name: str(n.target) for n in program.graph.nodes if n.op == "call_function"}
-
-
-def _bodies(proto: onnx.ModelProto) -> dict[tuple[str, str], list[str]]:
-    return {(f.domain, f.name): [n.op_type for n in f.node] for f in proto.functions}
 
 
 def _lineage(node: onnx.NodeProto, i: int, producer: dict, results: dict, depends: dict) -> tuple[set, set]:
     """The compared values ``node`` depends on, and the uncompared nodes between them and it."""
     ancestors, segment = set(), {i}
     for name in node.input:
-        if not name or name not in producer:
+        if name not in producer:
             continue  # graph input, initializer, omitted optional: exact on both sides
         if name in results:
             ancestors.add(name)
@@ -382,11 +362,10 @@ def _walk(graph: onnx.GraphProto, results: dict, targets: dict[str, str], bodies
         fx = _fx_name(node) or next(o for o in node.output if o in results)
         via = [f"{graph.node[j].name} ({graph.node[j].op_type})" for j in sorted(segment)
                if graph.node[j].op_type != "Constant"]
-        domain = node.domain or ""
         nodes.append(NodeParity(
-            index=i, node=node.name or f"#{i}", onnx_op=f"{domain}::{node.op_type}",
+            index=i, node=node.name or f"#{i}", onnx_op=f"{node.domain}::{node.op_type}",
             torch_op=targets.get(fx, ""), fx_node=fx,
             outputs=compared, inputs=sorted(ancestors, key=producer.__getitem__),
             inputs_ok=all(results[a].passed for a in ancestors),
-            via=via, body=bodies.get((domain, node.op_type), []) if is_custom(domain) else []))
+            via=via, body=bodies.get((node.domain, node.op_type), []) if is_custom(node.domain) else []))
     return nodes, uncompared

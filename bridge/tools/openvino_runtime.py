@@ -38,15 +38,13 @@ from bridge.core.errors import OpBridgeError
 from bridge.core.files import load_model
 from bridge.core.graphs import nonstandard_ops
 
-INSTALL = "pip install openvino"
+_NO_OPENVINO = ("running a model in OpenVINO needs the openvino package. Got {}. "
+                "Run `pip install openvino` (or pip install 'opbridge[openvino]').")
 
 
 def missing() -> str | None:
     """What running a file in OpenVINO lacks here (the package), as an error message; None when nothing."""
-    if importlib.util.find_spec("openvino") is None:
-        return (f"running a model in OpenVINO needs the openvino package. Got no such package. "
-                f"Run `{INSTALL}` (or pip install 'opbridge[openvino]').")
-    return None
+    return _NO_OPENVINO.format("no such package") if importlib.util.find_spec("openvino") is None else None
 
 
 def import_openvino():
@@ -54,8 +52,7 @@ def import_openvino():
     try:
         import openvino
     except ImportError as e:
-        raise OpBridgeError(f"running a model in OpenVINO needs the openvino package. Got {e}. "
-                            f"Run `{INSTALL}` (or pip install 'opbridge[openvino]').") from None
+        raise OpBridgeError(_NO_OPENVINO.format(e)) from None
     return openvino
 
 
@@ -99,11 +96,9 @@ def _onnx_zero_size(model: onnx.ModelProto) -> list[str]:
 
 
 def _zero_size_error(empty: list[str]) -> OpBridgeError:
-    return OpBridgeError(
-        "the model has zero-size tensors, which OpenVINO 2026.4 mishandles (compiling one "
-        f"killed the process with SIGFPE). Got {empty[:5]}. Run models with empty tensors in "
-        "onnxruntime (runtime='onnxruntime')."
-    )
+    return OpBridgeError(f"the model has zero-size tensors, which OpenVINO 2026.4 mishandles (compiling one killed "
+                         f"the process with SIGFPE). Got {empty[:5]}. Run models with empty tensors in onnxruntime "
+                         "(runtime='onnxruntime').")
 
 
 class OpenVINOSession:
@@ -124,19 +119,17 @@ class OpenVINOSession:
             proto, source = load_model(path, external_data=False), (path,)
         custom = [f"{domain}::{op}" for domain, op in nonstandard_ops(proto)]  # subgraphs' nodes too
         if custom:
-            raise OpBridgeError(
-                f"OpenVINO has no conversion rule for custom nodes, and does not expand model-local "
-                f"functions. Got custom ops {custom}. Inline the file first: `opbridge inline IN.onnx "
-                "-o OUT.onnx`, bridge.export(..., inline=True) or check_parity(..., inline=True)."
-            )
+            raise OpBridgeError(f"OpenVINO has no conversion rule for custom nodes, and does not expand model-local "
+                                f"functions. Got custom ops {custom}. Inline the file first: `opbridge inline IN.onnx "
+                                "-o OUT.onnx`, bridge.export(..., inline=True) or check_parity(..., inline=True).")
         ov = import_openvino()
         core = ov.Core()
         try:
             ov_model = core.read_model(*source)
         except Exception as e:
             # NOTE: static zero-size shapes can fail OpenVINO's own shape validation while reading
-            if _onnx_zero_size(proto):
-                raise _zero_size_error(_onnx_zero_size(proto)) from None
+            if empty := _onnx_zero_size(proto):
+                raise _zero_size_error(empty) from None
             raise OpBridgeError(f"OpenVINO could not read the model. Got {type(e).__name__}: "
                                 f"{str(e)[:600]}. Check that the file is standard ONNX.") from None
         empty = _zero_size(ov_model)

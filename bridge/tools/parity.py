@@ -39,15 +39,13 @@ TOLERANCES: dict[torch.dtype, tuple[float, float]] = {
 
 def tolerance(dtype: torch.dtype, rtol=None, atol=None) -> tuple[float, float]:
     """(rtol, atol) for ``dtype``: overrides win (a float, or a {dtype: float} map); exact for ints."""
-    base_r, base_a = TOLERANCES.get(dtype, (0.0, 0.0))
 
     def pick(override, base):
         if override is None:
             return base
-        if isinstance(override, Mapping):
-            return override.get(dtype, base)
-        return float(override)
+        return override.get(dtype, base) if isinstance(override, Mapping) else float(override)
 
+    base_r, base_a = TOLERANCES.get(dtype, (0.0, 0.0))
     return pick(rtol, base_r), pick(atol, base_a)
 
 
@@ -80,21 +78,13 @@ TOP_K = 5
 def _worst(diff: np.ndarray, expected: np.ndarray, actual: np.ndarray, k: int = TOP_K) -> list[dict]:
     """The k largest errors: index tuple, eager value, ORT value, abs error (largest first); Python
     ints where ``diff`` is an unsigned integer array (an integer output's exact errors)."""
-    flat = diff.reshape(-1)
-    if flat.size == 0 or not np.any(flat > 0):
-        return []
+    flat, eager, ort = diff.reshape(-1), expected.reshape(-1), actual.reshape(-1)
     exact = flat.dtype.kind == "u"
     # NOTE: ~ orders uint64 descending without rounding; ties (NaN/inf mismatches: inf) in index order
     top = np.argsort(~flat if exact else -flat, kind="stable")[:k]
     value = int if exact else float
-    rows = []
-    for i in top:
-        if flat[i] <= 0:
-            break
-        index = tuple(int(j) for j in np.unravel_index(int(i), diff.shape))
-        rows.append({"index": list(index), "eager": value(expected.reshape(-1)[i]),
-                     "ort": value(actual.reshape(-1)[i]), "abs_err": value(flat[i])})
-    return rows
+    return [{"index": [int(j) for j in np.unravel_index(int(i), diff.shape)], "eager": value(eager[i]),
+             "ort": value(ort[i]), "abs_err": value(flat[i])} for i in top if flat[i] > 0]
 
 
 def compare(name: str, expected: torch.Tensor, actual: np.ndarray, *, rtol=None, atol=None) -> OutputParity:
@@ -120,9 +110,8 @@ def compare(name: str, expected: torch.Tensor, actual: np.ndarray, *, rtol=None,
     note = ""
     if tuple(actual.shape) != shape:
         note = f"shape {tuple(actual.shape)} != eager {shape}"
-    elif expected.dtype in TORCH_TO_ONNX and actual.dtype != numpy_dtype(expected.dtype):
-        note = f"dtype {actual.dtype} != eager {dtype}"
-    elif exact and actual.dtype.kind not in "biu":
+    elif ((expected.dtype in TORCH_TO_ONNX and actual.dtype != numpy_dtype(expected.dtype))
+          or (exact and actual.dtype.kind not in "biu")):
         note = f"dtype {actual.dtype} != eager {dtype}"
     if note:
         return OutputParity(name, shape, dtype, math.inf, math.inf, expected.numel(), expected.numel(),
@@ -135,8 +124,7 @@ def compare(name: str, expected: torch.Tensor, actual: np.ndarray, *, rtol=None,
     # NOTE: a difference over an expected 0 is inf relative error (overflow), not a warning
     with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
         rel = np.where(diff == 0, 0.0, diff / np.maximum(np.abs(e64), np.finfo(np.float64).tiny))
-    max_abs = float(diff[finite].max()) if finite.any() else 0.0
-    max_rel = math.nan if exact else (float(rel[finite].max()) if finite.any() else 0.0)
+    max_abs, max_rel = (float(diff[finite].max()), float(rel[finite].max())) if finite.any() else (0.0, 0.0)
     n_bad, nonfinite = int(bad.sum()), int((bad & ~finite).sum())
     if nonfinite:
         note = f"{nonfinite} NaN/inf mismatch{'es' if nonfinite > 1 else ''}; max abs/rel over finite pairs"
@@ -211,16 +199,15 @@ class ParityReport:
                 "kernels": dict(self.kernels)}
 
     def to_json(self, **kwargs) -> str:
-        def clean(v):  # JSON has no inf nor NaN: statistics become null
-            return None if isinstance(v, float) and not math.isfinite(v) else v
+        def clean(k, v):  # JSON has no inf nor NaN: statistics become null, an element's own value "nan", "inf"
+            if not isinstance(v, float) or math.isfinite(v):
+                return v
+            return repr(v) if k in ("eager", "ort") else None
 
-        def value(v):  # an element's own value stays readable: "nan", "inf", "-inf"
-            return repr(v) if isinstance(v, float) and not math.isfinite(v) else v
         d = self.to_dict()
-        d["outputs"] = [{k: clean(v) for k, v in o.items()} for o in d["outputs"]]
+        d["outputs"] = [{k: clean(k, v) for k, v in o.items()} for o in d["outputs"]]
         for o in d["outputs"]:
-            o["worst"] = [{k: (value(v) if k in ("eager", "ort") else clean(v)) for k, v in w.items()}
-                          for w in o["worst"]]
+            o["worst"] = [{k: clean(k, v) for k, v in w.items()} for w in o["worst"]]
         return json.dumps(d, allow_nan=False, **kwargs)
 
     def plot(self, path: str | os.PathLike) -> str:
@@ -241,12 +228,11 @@ class ParityReport:
             err = o.errors.reshape(-1)
             finite = err[np.isfinite(err)]
             exact = int((finite == 0).sum())
-            logs = np.log10(finite[finite > 0]) if np.any(finite > 0) else np.array([])
-            ax.hist(logs, bins=40, alpha=0.6, label=f"{o.name} ({exact}/{err.size} exact, tol atol={o.atol:g})")
+            ax.hist(np.log10(finite[finite > 0]), bins=40, alpha=0.6,
+                    label=f"{o.name} ({exact}/{err.size} exact, tol atol={o.atol:g})")
         ax.set_xlabel("log10 |ORT - eager| (exact matches not shown)")
         ax.set_ylabel("elements")
-        tolerances = sorted({o.atol for o in self.outputs if o.atol > 0})
-        for atol in tolerances:
+        for atol in sorted({o.atol for o in self.outputs if o.atol > 0}):
             ax.axvline(np.log10(atol), color="red", linestyle="--", linewidth=1)
         ax.set_title(f"{self.model}\nORT tier {self.tier} vs eager; dashed: atol", fontsize=8)
         ax.legend(fontsize=7)
@@ -271,12 +257,10 @@ class ParityReport:
                  f"{'PASS' if self.passed else 'FAIL'}", format_table(rows)]
         lines += [f"kernel of {op}: {where}" for op, where in self.kernels.items()]
         for o in self.outputs:
-            if o.passed or not o.worst:
-                continue
-            lines.append(f"worst elements of {o.name}:")
-            for w in o.worst:
-                lines.append(f"  at {tuple(w['index'])}: eager {_number(w['eager'], '.6g')}  "
-                             f"ort {_number(w['ort'], '.6g')}  abs err {_number(w['abs_err'], '.3g')}")
+            if not o.passed and o.worst:
+                lines.append(f"worst elements of {o.name}:")
+                lines += [f"  at {tuple(w['index'])}: eager {_number(w['eager'], '.6g')}  "
+                          f"ort {_number(w['ort'], '.6g')}  abs err {_number(w['abs_err'], '.3g')}" for w in o.worst]
         if self.localization is not None:
             lines.append(str(self.localization))
         return "\n".join(lines)
@@ -326,24 +310,11 @@ def run_ort(sess, args: Sequence, kwargs: dict | None = None) -> list[np.ndarray
                             f"{str(e)[:600]}. Check the inputs against the kernel's contract.") from e
 
 
-def check_parity(
-    model: torch.nn.Module,
-    args: Sequence,
-    *,
-    kwargs: dict | None = None,
-    dynamic_shapes=None,
-    tier: str = "function",
-    rtol=None,
-    atol=None,
-    path: str | os.PathLike | None = None,
-    extra_args: Sequence[Sequence] = (),
-    registry=None,
-    name: str | None = None,
-    inline: bool = False,
-    runtime: str = "onnxruntime",
-    localize: bool | str = False,
-    native_library: Paths | None = None,
-) -> ParityReport:
+def check_parity(model: torch.nn.Module, args: Sequence, *, kwargs: dict | None = None, dynamic_shapes=None,
+                 tier: str = "function", rtol=None, atol=None, path: str | os.PathLike | None = None,
+                 extra_args: Sequence[Sequence] = (), registry=None, name: str | None = None, inline: bool = False,
+                 runtime: str = "onnxruntime", localize: bool | str = False,
+                 native_library: Paths | None = None) -> ParityReport:
     """Export ``model``, run eager and ORT on ``args`` (and each of ``extra_args``), compare outputs.
 
     Tolerances default per dtype (see ``TOLERANCES``); ``rtol``/``atol`` override with a float
@@ -365,7 +336,6 @@ def check_parity(
         >>> report.passed, report.outputs[0].max_abs
         (True, 0.0)
     """
-    label = name or type(model).__name__
     if runtime not in RUNTIMES:
         raise OpBridgeError(f"unknown runtime. Got {runtime!r}. Use one of {RUNTIMES}.")
     if inline and tier != "function":
@@ -376,10 +346,8 @@ def check_parity(
         exported = export_with_program(model, args, onnx_path, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
                                        registry=registry, inline=inline)
         refuse_random(exported.proto)
-        if runtime == "openvino":
-            sess = openvino_session(onnx_path)
-        else:
-            sess = session(onnx_path, tier=tier, registry=registry, native_library=native_library)
+        sess = (openvino_session(onnx_path) if runtime == "openvino"
+                else session(onnx_path, tier=tier, registry=registry, native_library=native_library))
         rows: list[OutputParity] = []
         localization = None
         for run, run_args in enumerate([tuple(args), *map(tuple, extra_args)]):
@@ -400,8 +368,9 @@ def check_parity(
                 localization = localize_run(exported.program, exported.proto, run_args, kwargs, compare=compare,
                                             tier=tier, registry=registry, rtol=rtol, atol=atol, run=run + 1,
                                             native_library=native_library)
-    return ParityReport(label, "inlined" if inline else tier, rows, onnx_path if path is not None else None,
-                        runtime, localization=localization, kernels=dict(getattr(sess, "kernels", {})))
+    return ParityReport(name or type(model).__name__, "inlined" if inline else tier, rows,
+                        onnx_path if path is not None else None, runtime, localization=localization,
+                        kernels=dict(getattr(sess, "kernels", {})))
 
 
 def assert_parity(model: torch.nn.Module, args: Sequence, **kwargs) -> ParityReport:

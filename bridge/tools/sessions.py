@@ -16,7 +16,6 @@ import torch
 from onnx import external_data_helper
 
 from bridge.core import files
-from bridge.core.domains import is_custom
 from bridge.core.dtypes import to_numpy
 from bridge.core.errors import OpBridgeError
 from bridge.core.graphs import ProtoMemo, custom_nodes, model_nodes, model_tensors
@@ -63,20 +62,16 @@ def _readable(model: onnx.ModelProto, what: str) -> onnx.ModelProto:
 def check_nodes(model: onnx.ModelProto, registry: Registry) -> None:
     """Custom nodes against their registered ops: domain version, attributes, input count."""
     imported = {o.domain: o.version for o in model.opset_import}
-    for node in model_nodes(model):
-        if not is_custom(node.domain):
-            continue
+    for node in custom_nodes(model):
         spec = registry.find(node.domain, node.op_type)
         if spec is None:
             continue  # the tier reports ops it cannot run
         where = f"node {node.name or node.op_type!r} ({node.domain}::{node.op_type})"
         version = imported.get(node.domain)
         if version != spec.version:
-            raise OpBridgeError(
-                f"{where} is imported at domain version {version}, but the registered op is version "
-                f"{spec.version}. Got opset_import {node.domain}={version}. Export the model again with this "
-                f"registry, or register the op with version={version}."
-            )
+            raise OpBridgeError(f"{where} is imported at domain version {version}, but the registered op is version "
+                                f"{spec.version}. Got opset_import {node.domain}={version}. Export the model again "
+                                f"with this registry, or register the op with version={version}.")
         attrs = {a.name: a for a in node.attribute}
         for p in spec.attributes:
             # NOTE: ignore: onnx's stub lacks the AttrType enum's .name, and every attribute has an attr_type
@@ -87,10 +82,8 @@ def check_nodes(model: onnx.ModelProto, registry: Registry) -> None:
                                         f"Got attributes {sorted(attrs)}. Export the model again with opbridge.")
             elif attrs[p.name].type != p.attr_type:
                 got = onnx.AttributeProto.AttributeType.Name(attrs[p.name].type)
-                raise OpBridgeError(
-                    f"{where} has attribute '{p.name}' of type {got}"
-                    f", the op declares {declared}. Got a type mismatch. Export the model again with opbridge."
-                )
+                raise OpBridgeError(f"{where} has attribute '{p.name}' of type {got}, the op declares {declared}. "
+                                    "Got a type mismatch. Export the model again with opbridge.")
         required = sum(1 for p in spec.tensors if not p.optional)
         if not required <= len(node.input) <= len(spec.tensors):
             raise OpBridgeError(f"{where} has {len(node.input)} inputs; the op takes {required} to "
@@ -113,11 +106,6 @@ def _serialised(proto: onnx.ModelProto, model) -> bytes:
     return content
 
 
-def _ort_type(elem_type: int) -> str:
-    """onnxruntime's spelling of a tensor type ('tensor(float)'), for messages about fed values."""
-    return f"tensor({onnx.TensorProto.DataType.Name(elem_type).lower()})"
-
-
 def _wrong_type(readers: dict, inputs: Sequence[onnx.ValueInfoProto]) -> Explain:
     """The explainer of a fed value whose element type onnxruntime refuses (its message names no
     input): the message names the input and the custom op that reads it (``readers``: graph input
@@ -136,10 +124,11 @@ def _wrong_type(readers: dict, inputs: Sequence[onnx.ValueInfoProto]) -> Explain
             if actual == expected:
                 continue
             want = onnx.helper.tensor_dtype_to_np_dtype(expected)
+            ort_type = f"tensor({onnx.TensorProto.DataType.Name(expected).lower()})"  # onnxruntime's spelling
             qualname, param = readers.get(name, (None, None))
             where = f"{qualname}: input '{param}'" if qualname else f"model input '{name}'"
             fed = "" if param in (None, name) else f" (model input '{name}')"
-            return (f"opbridge: {where}{fed} must be {want.name} ({_ort_type(expected)}). Got {value.dtype.name}. "
+            return (f"opbridge: {where}{fed} must be {want.name} ({ort_type}). Got {value.dtype.name}. "
                     f"Pass {name} as {want.name} (e.g. array.astype(np.{want.name})).")
         return None
 
@@ -160,15 +149,9 @@ def _input_readers(model: onnx.ModelProto, registry: Registry) -> dict:
     return readers
 
 
-def session(
-    model: str | os.PathLike | onnx.ModelProto | bytes,
-    *,
-    tier: str = "function",
-    registry: Registry | None = None,
-    providers: Sequence[str] = ("CPUExecutionProvider",),
-    sess_options: ort.SessionOptions | None = None,
-    native_library: Paths | None = None,
-) -> Session:
+def session(model: str | os.PathLike | onnx.ModelProto | bytes, *, tier: str = "function",
+            registry: Registry | None = None, providers: Sequence[str] = ("CPUExecutionProvider",),
+            sess_options: ort.SessionOptions | None = None, native_library: Paths | None = None) -> Session:
     """An ``onnxruntime.InferenceSession`` (``ort_kernels.base.Session``) for ``model`` whose custom
     ops all have kernels; every run method reports a tier's known failures as OpBridgeError.
 

@@ -23,7 +23,7 @@ from google.protobuf import text_encoding
 
 from bridge.core import files
 from bridge.core.errors import OpBridgeError
-from bridge.core.graphs import custom_ops
+from bridge.core.graphs import custom_ops, model_tensors
 from bridge.core.registry import REGISTRY
 from bridge.tools.sessions import load_model
 from ort_kernels import build
@@ -33,24 +33,12 @@ MODEL_NAME = "model.onnx"
 VERSION = "1"
 PLATFORM = "onnxruntime_onnx"
 
-# NOTE: the one table of ONNX element type -> Triton DataType (model_config.proto's enum names);
-# ONNX types absent here (complex, float8, int4, ...) have no Triton type.
-TRITON_TYPES: dict[int, str] = {
-    onnx.TensorProto.BOOL: "TYPE_BOOL",
-    onnx.TensorProto.UINT8: "TYPE_UINT8",
-    onnx.TensorProto.UINT16: "TYPE_UINT16",
-    onnx.TensorProto.UINT32: "TYPE_UINT32",
-    onnx.TensorProto.UINT64: "TYPE_UINT64",
-    onnx.TensorProto.INT8: "TYPE_INT8",
-    onnx.TensorProto.INT16: "TYPE_INT16",
-    onnx.TensorProto.INT32: "TYPE_INT32",
-    onnx.TensorProto.INT64: "TYPE_INT64",
-    onnx.TensorProto.FLOAT16: "TYPE_FP16",
-    onnx.TensorProto.FLOAT: "TYPE_FP32",
-    onnx.TensorProto.DOUBLE: "TYPE_FP64",
-    onnx.TensorProto.STRING: "TYPE_STRING",
-    onnx.TensorProto.BFLOAT16: "TYPE_BF16",
-}
+# NOTE: the one table of ONNX element type -> Triton DataType (model_config.proto's enum names: the
+# ONNX name, floats by width); ONNX types absent here (complex, float8, int4, ...) have no Triton type.
+_SAME_NAME = ("BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32", "INT64", "STRING")
+TRITON_TYPES: dict[int, str] = {getattr(onnx.TensorProto, name): f"TYPE_{name}" for name in _SAME_NAME} | {
+    onnx.TensorProto.FLOAT16: "TYPE_FP16", onnx.TensorProto.FLOAT: "TYPE_FP32", onnx.TensorProto.DOUBLE: "TYPE_FP64",
+    onnx.TensorProto.BFLOAT16: "TYPE_BF16"}
 
 
 def triton_type(value: onnx.ValueInfoProto) -> str:
@@ -158,8 +146,7 @@ def config_text(model: onnx.ModelProto, name: str, *, max_batch_size: int = 0,
 
 def _external_files(model: onnx.ModelProto, model_path: Path) -> list[str]:
     """Relative locations of the file's external-data tensors, each checked to lie beside the model."""
-    tensors = [*model.graph.initializer, *(a.t for n in model.graph.node for a in n.attribute if a.HasField("t"))]
-    locations = {e.value for t in tensors if t.data_location == onnx.TensorProto.EXTERNAL
+    locations = {e.value for t in model_tensors(model) if t.data_location == onnx.TensorProto.EXTERNAL
                  for e in t.external_data if e.key == "location"}
     folder = model_path.resolve().parent
     for location in sorted(locations):
