@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import bridge
+from bridge.tools.localize import Localization, NodeParity
 from bridge.tools.parity import ParityReport, compare, tolerance
 
 
@@ -92,6 +93,16 @@ def test_worst_elements_are_listed_with_indices():
     text = str(ParityReport("M", "function", [r]))
     assert "worst elements of y:" in text and "at (2, 1): eager 0  ort 0.5  abs err 0.5" in text
     assert json.loads(ParityReport("M", "function", [r]).to_json())["outputs"][0]["worst"][1]["index"] == [0, 3]
+
+
+def test_a_localized_nan_mismatch_is_strict_json():
+    # a node whose output is NaN where eager is finite: its worst elements hold NaN and inf
+    r = compare("y", torch.tensor([1.0, 2.0]), np.array([np.nan, 2.0], np.float32))
+    node = NodeParity(0, "n", "Relu", "aten.relu", "relu", [r], [], True)
+    local = Localization("function", 1, [node], node, 0, 0.1)
+    data = json.loads(ParityReport("M", "function", [r], localization=local).to_json())
+    for worst in (data["outputs"][0]["worst"], data["localization"]["first_divergence"]["outputs"][0]["worst"]):
+        assert worst[0] == {"index": [0], "eager": 1.0, "ort": "nan", "abs_err": None}
 
 
 def test_exact_outputs_list_no_worst_elements():

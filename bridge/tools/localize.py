@@ -94,11 +94,25 @@ class NodeParity:
         return {"index": self.index, "node": self.node, "op": self.op, "onnx_op": self.onnx_op,
                 "torch_op": self.torch_op, "fx_node": self.fx_node, "passed": self.passed,
                 "inputs": self.inputs, "inputs_ok": self.inputs_ok, "via": self.via, "body": self.body,
-                "outputs": [_json_safe(o.to_dict()) for o in self.outputs]}
+                "outputs": [json_safe(o.to_dict()) for o in self.outputs]}
 
 
-def _json_safe(d: dict) -> dict:
-    return {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in d.items()}
+def json_safe(output: dict) -> dict:
+    """One output's comparison (``OutputParity.to_dict()``) as strict JSON holds it: JSON has no
+    inf nor NaN, so a statistic becomes null and an element's own value "nan", "inf" or "-inf".
+
+    Example:
+        >>> json_safe({"max_abs": float("inf"), "worst": [{"eager": float("nan"), "abs_err": float("inf")}]})
+        {'max_abs': None, 'worst': [{'eager': 'nan', 'abs_err': None}]}
+    """
+    def clean(key: str, value):
+        if not isinstance(value, float) or math.isfinite(value):
+            return value
+        return repr(value) if key in ("eager", "ort") else None
+
+    safe = {k: clean(k, v) for k, v in output.items()}
+    safe["worst"] = [{k: clean(k, v) for k, v in w.items()} for w in output.get("worst", [])]
+    return safe
 
 
 @dataclasses.dataclass

@@ -19,7 +19,7 @@ from bridge.core.files import write_bytes
 from bridge.core.graphs import random_nodes
 from bridge.core.progress import format_table, step
 from bridge.core.torch_compat import pytree
-from bridge.tools.localize import Localization, wanted
+from bridge.tools.localize import Localization, json_safe, wanted
 from bridge.tools.localize import localize as localize_run
 from bridge.tools.openvino_runtime import session as openvino_session
 from bridge.tools.sessions import ort_feed, run_feed, session
@@ -199,15 +199,8 @@ class ParityReport:
                 "kernels": dict(self.kernels)}
 
     def to_json(self, **kwargs) -> str:
-        def clean(k, v):  # JSON has no inf nor NaN: statistics become null, an element's own value "nan", "inf"
-            if not isinstance(v, float) or math.isfinite(v):
-                return v
-            return repr(v) if k in ("eager", "ort") else None
-
-        d = self.to_dict()
-        d["outputs"] = [{k: clean(k, v) for k, v in o.items()} for o in d["outputs"]]
-        for o in d["outputs"]:
-            o["worst"] = [{k: clean(k, v) for k, v in w.items()} for w in o["worst"]]
+        d = self.to_dict()  # NOTE: the localization's outputs are JSON-safe already
+        d["outputs"] = [json_safe(o) for o in d["outputs"]]
         return json.dumps(d, allow_nan=False, **kwargs)
 
     def plot(self, path: str | os.PathLike) -> str:
