@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import keyword
+import operator
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
@@ -51,7 +53,7 @@ from bridge.core.proxy import PROXY_NAMESPACE
 SYMBOLIC_OPSET = 17
 # NOTE: the attribute suffixes of the TorchScript exporter's g.op; a custom node carries the first five
 _ATTR = re.compile(r"^(.+)_(i|f|s|t|is|fs|ss|ts|g|gs)$")
-_SCHEMA_TYPES = {"i": "int", "f": "float", "s": "str", "is": "int[]", "fs": "float[]"}
+_SCHEMA_TYPES = {"i": "int", "f": "float", "s": "str", "is": "int[]", "fs": "float[]", "b": "bool"}
 _NO_DEFAULT = inspect.Parameter.empty
 
 
@@ -164,18 +166,15 @@ def class_name(cls: type) -> str:
 _SWAPPED: dict[type, Callable] = {}  # class -> its own forward, while swap_forwards replaces it
 
 
+def _static(cls: type, name: str) -> Callable | None:
+    """The Function's staticmethod ``name`` as a plain function, if it has one."""
+    fn = inspect.getattr_static(cls, name, None)
+    return fn.__func__ if isinstance(fn, staticmethod) else fn
+
+
 def original_forward(cls: type) -> Callable | None:
     """The Function's own ``forward`` (a plain function), also while :func:`swap_forwards` replaces it."""
-    if cls in _SWAPPED:
-        return _SWAPPED[cls]
-    forward = inspect.getattr_static(cls, "forward", None)
-    return forward.__func__ if isinstance(forward, staticmethod) else forward
-
-
-def symbolic_of(cls: type) -> Callable | None:
-    """The Function's ``symbolic`` staticmethod, if it has one."""
-    fn = inspect.getattr_static(cls, "symbolic", None)
-    return fn.__func__ if isinstance(fn, staticmethod) else fn
+    return _SWAPPED.get(cls) or _static(cls, "forward")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,6 +187,12 @@ class Attr:
     source: str | None
     path: tuple[int, ...] = ()
     value: Any = None
+
+    def of(self, values: Mapping[str, Any]) -> Any:
+        """The attribute's value for ``forward``'s arguments ``values``."""
+        if self.source is None:
+            return self.value
+        return _as_kind(functools.reduce(operator.getitem, self.path, values[self.source]), self.kind)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -221,8 +226,8 @@ class FunctionBridge:
     def schema(self) -> str:
         """The node's signature in torch schema syntax (the proxy op's)."""
         args = [f"Tensor{'?' if opt else ''} {name}" for name, opt in self.inputs]
-        args += [f"{_SCHEMA_TYPES[a.kind] if a.kind != 'b' else 'bool'} {a.name}" for a in self.attrs]
-        ret = "Tensor" if self.num_outputs == 1 else "(" + ", ".join(["Tensor"] * self.num_outputs) + ")"
+        args += [f"{_SCHEMA_TYPES[a.kind]} {a.name}" for a in self.attrs]
+        ret = "Tensor" if self.num_outputs == 1 else f"({', '.join(['Tensor'] * self.num_outputs)})"
         return f"({', '.join(args)}) -> {ret}"
 
     def bind(self, args: Sequence, kwargs: Mapping) -> dict[str, Any]:
@@ -237,61 +242,31 @@ class FunctionBridge:
         return dict(bound.arguments)
 
     def to_node(self, values: Mapping[str, Any]) -> list:
-        """The node's arguments (inputs, then attributes) for ``forward``'s arguments ``values``."""
-        self.check_unmapped(values)
-        out = [values[name] for name, _ in self.inputs]
-        for a in self.attrs:
-            if a.source is None:
-                out.append(a.value)
-                continue
-            v = values[a.source]
-            for i in a.path:
-                v = v[i]
-            out.append(_as_kind(v, a.kind))
-        return out
-
-    def to_apply(self, node_args: Sequence) -> list:
-        """``forward``'s arguments rebuilt from the node's (inputs, then attributes)."""
-        values: dict[str, Any] = {}
-        n = len(self.inputs)
-        for (name, _), v in zip(self.inputs, node_args[:n]):
-            values[name] = v
-        parts: dict[str, dict[tuple, Any]] = {}
-        for a, v in zip(self.attrs, node_args[n:]):
-            if a.source is not None:
-                parts.setdefault(a.source, {})[a.path] = v
-        containers = dict(self.containers)
-        for name, got in parts.items():
-            if () in got:
-                values[name] = _as_param(got[()], self._param(name), containers.get(name))
-            else:
-                values[name] = _rebuild(got, containers.get(name, tuple))
-        out = []
+        """The node's arguments (inputs, then attributes) for ``forward``'s arguments ``values``. An
+        argument that never reaches the node must have its default (tiers call ``forward`` with it)."""
+        mapped = {n for n, _ in self.inputs} | {a.source for a in self.attrs}
         for p in self.params:
-            if p.name in values:
-                out.append(values[p.name])
-            else:
-                out.append(p.default)
-        return out
-
-    def _param(self, name: str) -> inspect.Parameter:
-        return next(p for p in self.params if p.name == name)
-
-    def mapped(self) -> set[str]:
-        return {n for n, _ in self.inputs} | {a.source for a in self.attrs if a.source is not None}
-
-    def check_unmapped(self, values: Mapping[str, Any]) -> None:
-        """An argument that never reaches the node must have its default at the call (tiers call
-        ``forward`` with that default)."""
-        for p in self.params:
-            if p.name in self.mapped():
-                continue
             v = values[p.name]
-            if not _same(v, p.default):
+            if p.name not in mapped and not _same(v, p.default):
                 raise OpBridgeError(
                     f"{class_name(self.cls)}: argument '{p.name}' of forward does not reach the ONNX node its symbolic "
                     f"writes, so the kernel tiers call forward with its default {p.default!r}. Got {p.name}={v!r}. "
                     "Call apply with the default, or pass the value through symbolic's g.op.")
+        return [values[name] for name, _ in self.inputs] + [a.of(values) for a in self.attrs]
+
+    def to_apply(self, node_args: Sequence) -> list:
+        """``forward``'s arguments rebuilt from the node's (inputs, then attributes)."""
+        values = {name: v for (name, _), v in zip(self.inputs, node_args)}
+        parts: dict[str, dict[tuple, Any]] = {}
+        for a, v in zip(self.attrs, node_args[len(self.inputs):]):
+            if a.source is not None:
+                parts.setdefault(a.source, {})[a.path] = v
+        containers, defaults = dict(self.containers), {p.name: p.default for p in self.params}
+        for name, got in parts.items():
+            container = containers.get(name)
+            values[name] = (_as_param(got[()], defaults[name], container) if () in got
+                            else _rebuild(got, container or tuple))
+        return [values.get(p.name, p.default) for p in self.params]
 
     def call_forward(self, args: Sequence):
         """The original ``forward`` on ``args`` (no autograd; a fresh ctx where it takes one)."""
@@ -311,20 +286,20 @@ def _same(a, b) -> bool:
 
 
 def _as_kind(v, kind: str):
+    if kind in ("is", "fs"):
+        vals = list(v) if isinstance(v, (list, tuple)) else [v]
+        return [float(x) for x in vals] if kind == "fs" else [_as_kind(x, "i") for x in vals]
     if kind == "b":
         return bool(v)
-    if kind == "i":
-        return int(v) if isinstance(v, bool) else v
-    if kind == "f":
-        return float(v) if isinstance(v, (bool, int)) and not isinstance(v, torch.SymInt) else v
-    if kind in ("is", "fs"):
-        vals = [v] if not isinstance(v, (list, tuple)) else list(v)
-        return [int(x) if isinstance(x, bool) else x for x in vals] if kind == "is" else [float(x) for x in vals]
+    if kind == "i" and isinstance(v, bool):
+        return int(v)
+    if kind == "f" and isinstance(v, int):  # NOTE: a SymInt is not an int: it stays symbolic
+        return float(v)
     return v
 
 
-def _as_param(v, p: inspect.Parameter, container: type | None):
-    if isinstance(p.default, bool) and isinstance(v, int):
+def _as_param(v, default: Any, container: type | None):
+    if isinstance(default, bool) and isinstance(v, int):
         return bool(v)
     if container is not None and isinstance(v, (list, tuple)):
         return container(v)
@@ -387,7 +362,7 @@ def describe(cls: type, *, name: str | None = None, use_symbolic: bool = True,
         raise OpBridgeError(f"{class_name(cls)}.forward takes *args/**kwargs ({bad}); a node needs named arguments. "
                             "Got a variadic forward. Name each argument.")
     base: dict[str, Any] = dict(cls=cls, forward=forward, setup_style=setup_style, params=tuple(params))
-    symbolic = symbolic_of(cls) if use_symbolic else None
+    symbolic = _static(cls, "symbolic") if use_symbolic else None
     if symbolic is not None:
         found = _from_symbolic(cls, symbolic, params, sample)
         if found is not None:
@@ -399,27 +374,29 @@ def describe(cls: type, *, name: str | None = None, use_symbolic: bool = True,
     return _plain(cls, base, name, params, sample, symbolic, fake)
 
 
+def _read(cls, symbolic, args: list, what: str, passes: tuple = ()) -> tuple[GraphContext, list[Value]]:
+    """:func:`_run_symbolic`, the user's errors (but ``passes``) named as symbolic ``what``."""
+    try:
+        return _run_symbolic(cls, symbolic, args)
+    except (OpBridgeError, *passes):
+        raise
+    except Exception as e:  # noqa: BLE001  the user's symbolic, named
+        raise _symbolic_error(cls, what, f"{type(e).__name__}: {e}") from None
+
+
 def _from_symbolic(cls, symbolic, params, sample) -> dict[str, Any] | None:
     """The custom node symbolic writes (a dict of FunctionBridge fields), or None where it writes
     standard ops only."""
+    fails = "fails on opbridge's graph context"
     try:
-        g, outs = _run_symbolic(cls, symbolic, [_Arg(p.name) for p in params])
+        g, outs = _read(cls, symbolic, [_Arg(p.name) for p in params], f"{fails} (it may use more than g.op)",
+                        (_NeedsValue,))
     except _NeedsValue as e:
-        try:
-            g, outs = _run_symbolic(cls, symbolic, _known_values(params, sample))
-        except OpBridgeError:
-            raise
-        except Exception as e2:  # noqa: BLE001  the user's symbolic, named
-            raise _symbolic_error(cls, "fails on opbridge's graph context", f"{type(e2).__name__}: {e2}") from None
+        g, _ = _read(cls, symbolic, _known_values(params, sample), fails)
         if any(is_custom(n.domain) for n in g.nodes):
             raise _symbolic_error(cls, "computes a custom node's attributes from an argument's value",
                                   f"a use of {e}") from None
         return None
-    except OpBridgeError:
-        raise
-    except Exception as e:  # noqa: BLE001  the user's symbolic, named
-        raise _symbolic_error(cls, "fails on opbridge's graph context (it may use more than g.op)",
-                              f"{type(e).__name__}: {e}") from None
     custom = [n for n in g.nodes if is_custom(n.domain)]
     if not custom:
         return None
@@ -476,35 +453,36 @@ def _check_paths(cls, attrs: list[Attr]) -> None:
                                   f"indices {sorted(paths)}")
 
 
+def _given(params, sample) -> dict[str, Any]:
+    """``forward``'s arguments that ``sample`` (an ``apply`` call's args and kwargs) passes, by name."""
+    if sample is None:
+        return {}
+    return dict(inspect.Signature(list(params)).bind_partial(*sample[0], **sample[1]).arguments)
+
+
 def _known_values(params, sample) -> list:
     """Values to run symbolic with: tensors stay placeholders, other arguments from ``sample`` or
     their defaults; None where one has neither."""
-    given: dict[str, Any] = {}
-    if sample is not None:
-        given = dict(inspect.Signature(list(params)).bind_partial(*sample[0], **sample[1]).arguments)
+    given = _given(params, sample)
     out: list[Any] = []
     for p in params:
         v = given.get(p.name, p.default)
-        if isinstance(v, torch.Tensor) or v is _NO_DEFAULT or (v is None and p.name not in given):
-            out.append(_Arg(p.name))  # NOTE: a tensor, or an argument symbolic must pass through as it is
-        else:
-            out.append(v)
+        # NOTE: a tensor, or an argument symbolic must pass through as it is, stays a placeholder
+        placeholder = isinstance(v, torch.Tensor) or v is _NO_DEFAULT or (v is None and p.name not in given)
+        out.append(_Arg(p.name) if placeholder else v)
     return out
 
 
 # -- a node from forward's arguments (no symbolic, or standard ops only) ------------------
 
-_ANNOTATIONS = {int: "i", float: "f", str: "s", bool: "b"}
+_ANNOTATIONS = {torch.Tensor: "tensor", bool: "b", int: "i", float: "f", str: "s"}  # NOTE: bool before int
 
 
 def _kind_of_value(v) -> str | None:
     """'tensor', an attribute suffix, or None where ``v`` says nothing."""
-    if isinstance(v, torch.Tensor):
-        return "tensor"
-    if isinstance(v, bool):
-        return "b"
-    if isinstance(v, (int, float, str)):
-        return _ANNOTATIONS[type(v)]
+    kind = next((k for t, k in _ANNOTATIONS.items() if isinstance(v, t)), None)
+    if kind is not None:
+        return kind
     if isinstance(v, (list, tuple)) and v and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
         return "is" if all(isinstance(x, int) for x in v) else "fs"
     return None
@@ -514,8 +492,6 @@ def _kind_of_annotation(ann) -> str | None:
     if isinstance(ann, str):
         ann = {"int": int, "float": float, "str": str, "bool": bool, "Tensor": torch.Tensor,
                "torch.Tensor": torch.Tensor}.get(ann, ann)
-    if ann is torch.Tensor:
-        return "tensor"
     if ann in _ANNOTATIONS:
         return _ANNOTATIONS[ann]
     args = getattr(ann, "__args__", None) or ()
@@ -552,9 +528,7 @@ def _plain(cls, base: dict, name: str | None, params, sample, symbolic, fake) ->
         raise OpBridgeError(f"{class_name(cls)}: {why}, so its ONNX node needs a name. Got name=None. Pass "
                             f"name='ns::{cls.__name__}' to bridge.register.")
     domain, _, op_type = name.partition("::")
-    given: dict[str, Any] = {}
-    if sample is not None:
-        given = dict(inspect.Signature(list(params)).bind_partial(*sample[0], **sample[1]).arguments)
+    given = _given(params, sample)
     usage = _usage(cls, symbolic, params, sample)
     inputs, attrs, containers = [], [], []
     for p in params:
@@ -654,11 +628,11 @@ def _outputs(fb: FunctionBridge, out, what: str):
 
 
 def define_proxy(fb: FunctionBridge, fake: Callable | None) -> Any:
-    """The proxy op (a ``torch.library.custom_op``) the export records for ``fb``'s node: its kernel
-    rebuilds ``forward``'s arguments and runs the original forward; its fake is ``fake`` (called with
-    ``apply``'s arguments) or that forward on fake tensors. Redefined only when the signature changes."""
+    """The proxy op (a ``torch.library.custom_op``, whose Python kernel derivation traces) the export
+    records for ``fb``'s node: its kernel rebuilds ``forward``'s arguments and runs the original forward;
+    its fake is ``fake`` (called with ``apply``'s arguments) or that forward on fake tensors. Redefined
+    only when the signature changes."""
     name = "fn__" + re.sub(r"\W", "_", f"{fb.domain}__{fb.op_type}")
-    who = class_name(fb.cls)
 
     def kernel(*node_args):
         return _outputs(fb, fb.call_forward(fb.to_apply(node_args)), "forward")
@@ -673,7 +647,7 @@ def define_proxy(fb: FunctionBridge, fake: Callable | None) -> Any:
         except Exception as e:  # noqa: BLE001  the forward's own error, named once
             line = (str(e).strip().splitlines() or [""])[0][:200]
             raise OpBridgeError(
-                f"{who}: its forward does not run on fake tensors, which export needs for the node's output shapes. "
+                f"{class_name(fb.cls)}: its forward does not run on fake tensors, which export needs for the node's output shapes. "
                 f"Got {type(e).__name__}: {line}. Pass fake= to bridge.register({fb.cls.__name__}, fake=...) (a "
                 "function of apply's arguments returning empty outputs), or register the Functions its forward "
                 "calls.") from None
@@ -685,11 +659,8 @@ def define_proxy(fb: FunctionBridge, fake: Callable | None) -> Any:
         return defined[0]
     if defined is not None:
         torch_compat.destroy_custom_op(defined[0])
-
-    def run(*args):
-        return _KERNELS[name](*args)
-
-    op = torch.library.custom_op(f"{PROXY_NAMESPACE}::{name}", run, mutates_args=(), schema=fb.schema)
+    op = torch.library.custom_op(f"{PROXY_NAMESPACE}::{name}", lambda *args: _KERNELS[name](*args),
+                                 mutates_args=(), schema=fb.schema)
     op.register_fake(lambda *args: _FAKES[name](*args))
     _PROXIES[name] = (op, fb.schema)
     return op
@@ -715,7 +686,7 @@ def function_classes() -> list[type]:
             continue
         seen.add(cls)
         todo.extend(cls.__subclasses__())
-        if symbolic_of(cls) is not None:
+        if _static(cls, "symbolic") is not None:
             out.append(cls)
     return sorted(out, key=class_name)
 
