@@ -647,10 +647,10 @@ def define_proxy(fb: FunctionBridge, fake: Callable | None) -> Any:
         except Exception as e:  # noqa: BLE001  the forward's own error, named once
             line = (str(e).strip().splitlines() or [""])[0][:200]
             raise OpBridgeError(
-                f"{class_name(fb.cls)}: its forward does not run on fake tensors, which export needs for the node's output shapes. "
-                f"Got {type(e).__name__}: {line}. Pass fake= to bridge.register({fb.cls.__name__}, fake=...) (a "
-                "function of apply's arguments returning empty outputs), or register the Functions its forward "
-                "calls.") from None
+                f"{class_name(fb.cls)}: its forward does not run on fake tensors, which export needs for the node's "
+                f"output shapes. Got {type(e).__name__}: {line}. Pass fake= to bridge.register({fb.cls.__name__}, "
+                "fake=...) (a function of apply's arguments returning empty outputs), or register the Functions its "
+                "forward calls.") from None
         return _outputs(fb, out, "forward")
 
     _KERNELS[name], _FAKES[name] = kernel, traced_fake
