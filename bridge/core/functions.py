@@ -35,7 +35,7 @@ import inspect
 import keyword
 import operator
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -163,7 +163,7 @@ def class_name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-_SWAPPED: dict[type, Callable] = {}  # class -> its own forward, while swap_forwards replaces it
+_SWAPPED: dict[type, Callable | None] = {}  # class -> its own forward, while swap_forwards replaces it
 
 
 def _static(cls: type, name: str) -> Callable | None:
@@ -335,7 +335,7 @@ def _symbolic_error(cls: type, what: str, cause: str) -> OpBridgeError:
 
 
 def describe(cls: type, *, name: str | None = None, use_symbolic: bool = True,
-             sample: tuple[tuple, dict] | None = None, fake: Callable | None = None) -> FunctionBridge:
+             sample: tuple[tuple, dict] | None = None) -> FunctionBridge:
     """Read ``cls`` (a Function): its node (from ``symbolic``, or ``name=`` and ``forward``'s arguments)
     and the way from the node back to ``forward``'s arguments. ``sample`` (an ``apply`` call's args and
     kwargs) gives argument kinds where neither symbolic, annotations nor defaults do.
@@ -363,15 +363,15 @@ def describe(cls: type, *, name: str | None = None, use_symbolic: bool = True,
                             "Got a variadic forward. Name each argument.")
     base: dict[str, Any] = dict(cls=cls, forward=forward, setup_style=setup_style, params=tuple(params))
     symbolic = _static(cls, "symbolic") if use_symbolic else None
-    if symbolic is not None:
-        found = _from_symbolic(cls, symbolic, params, sample)
-        if found is not None:
-            if name is not None:
-                raise OpBridgeError(f"{class_name(cls)}: its symbolic names the node "
-                                    f"{found['domain']}::{found['op_type']}. Got name={name!r} as well. Drop name=, or "
-                                    "pass symbolic=False to name the node yourself.")
-            return FunctionBridge(**base, **found)
-    return _plain(cls, base, name, params, sample, symbolic, fake)
+    read = None if symbolic is None else _read_symbolic(cls, symbolic, params, sample)
+    if read is not None and any(is_custom(n.domain) for n in read[0].nodes):
+        found = _from_symbolic(cls, *read, params)
+        if name is not None:
+            raise OpBridgeError(f"{class_name(cls)}: its symbolic names the node "
+                                f"{found['domain']}::{found['op_type']}. Got name={name!r} as well. Drop name=, or "
+                                "pass symbolic=False to name the node yourself.")
+        return FunctionBridge(**base, **found)
+    return _plain(cls, base, name, params, sample, symbolic, read)
 
 
 def _read(cls, symbolic, args: list, what: str, passes: tuple = ()) -> tuple[GraphContext, list[Value]]:
@@ -384,23 +384,24 @@ def _read(cls, symbolic, args: list, what: str, passes: tuple = ()) -> tuple[Gra
         raise _symbolic_error(cls, what, f"{type(e).__name__}: {e}") from None
 
 
-def _from_symbolic(cls, symbolic, params, sample) -> dict[str, Any] | None:
-    """The custom node symbolic writes (a dict of FunctionBridge fields), or None where it writes
-    standard ops only."""
+def _read_symbolic(cls, symbolic, params, sample) -> tuple[GraphContext, list[Value]]:
+    """symbolic run with a placeholder per argument, or where it computes with one, with the values
+    known (then it may write standard ops only)."""
     fails = "fails on opbridge's graph context"
     try:
-        g, outs = _read(cls, symbolic, [_Arg(p.name) for p in params], f"{fails} (it may use more than g.op)",
-                        (_NeedsValue,))
+        return _read(cls, symbolic, [_Arg(p.name) for p in params], f"{fails} (it may use more than g.op)",
+                     (_NeedsValue,))
     except _NeedsValue as e:
-        g, _ = _read(cls, symbolic, _known_values(params, sample), fails)
+        g, outs = _read(cls, symbolic, _known_values(params, sample), fails)
         if any(is_custom(n.domain) for n in g.nodes):
             raise _symbolic_error(cls, "computes a custom node's attributes from an argument's value",
                                   f"a use of {e}") from None
-        return None
-    custom = [n for n in g.nodes if is_custom(n.domain)]
-    if not custom:
-        return None
-    node = custom[0]
+        return g, outs
+
+
+def _from_symbolic(cls, g: GraphContext, outs: list[Value], params) -> dict[str, Any]:
+    """The custom node symbolic writes (a dict of FunctionBridge fields)."""
+    node = next(n for n in g.nodes if is_custom(n.domain))
     if len(g.nodes) != 1 or outs != node.outputs:
         raise _symbolic_error(cls, "writes a custom node together with other nodes",
                               f"{[f'{n.domain}::{n.op_type}' if n.domain else n.op_type for n in g.nodes]}")
@@ -500,17 +501,8 @@ def _kind_of_annotation(ann) -> str | None:
     return None
 
 
-def _usage(cls, symbolic, params, sample) -> dict[str, str]:
-    """What a placeholder run of a standard-op symbolic tells of each argument's kind."""
-    if symbolic is None:
-        return {}
-    try:
-        g, _ = _run_symbolic(cls, symbolic, [_Arg(p.name) for p in params])
-    except Exception:  # noqa: BLE001  symbolic computes with values: run it with the values known
-        try:
-            g, _ = _run_symbolic(cls, symbolic, _known_values(params, sample))
-        except Exception:  # noqa: BLE001  kinds come from elsewhere
-            return {}
+def _usage(g: GraphContext) -> dict[str, str]:
+    """What a run of a standard-op symbolic tells of each argument's kind."""
     kinds: dict[str, str] = {}
     for n in g.nodes:
         for x in n.inputs:
@@ -522,14 +514,15 @@ def _usage(cls, symbolic, params, sample) -> dict[str, str]:
     return kinds
 
 
-def _plain(cls, base: dict, name: str | None, params, sample, symbolic, fake) -> FunctionBridge:
+def _plain(cls, base: dict, name: str | None, params, sample, symbolic, read) -> FunctionBridge:
+    """The node of a Function without symbolic, or whose symbolic (``read``: its run) writes standard ops."""
     if name is None:
         why = "its symbolic writes standard ONNX ops only" if symbolic is not None else "it has no symbolic"
         raise OpBridgeError(f"{class_name(cls)}: {why}, so its ONNX node needs a name. Got name=None. Pass "
                             f"name='ns::{cls.__name__}' to bridge.register.")
     domain, _, op_type = name.partition("::")
     given = _given(params, sample)
-    usage = _usage(cls, symbolic, params, sample)
+    usage = {} if read is None else _usage(read[0])
     inputs, attrs, containers = [], [], []
     for p in params:
         kind = (usage.get(p.name) or _kind_of_annotation(p.annotation)
@@ -547,15 +540,10 @@ def _plain(cls, base: dict, name: str | None, params, sample, symbolic, fake) ->
         value = given.get(p.name, p.default)
         if isinstance(value, (tuple, list)):
             containers.append((p.name, type(value)))
-    n_out = 1  # NOTE: without symbolic, one output (limit: a Function without symbolic returns one tensor)
-    if symbolic is not None:
-        with contextlib.suppress(Exception):
-            n_out = len(_run_symbolic(cls, symbolic, _known_values(params, sample))[1])
+    # NOTE: without symbolic, one output (limit: a Function without symbolic returns one tensor)
     fb = FunctionBridge(**base, domain=domain, op_type=op_type, inputs=tuple(inputs), attrs=tuple(attrs),
-                        num_outputs=n_out, containers=tuple(containers))
-    if symbolic is not None:
-        fb = dataclasses.replace(fb, body=_builder(fb, symbolic))
-    return fb
+                        num_outputs=1 if read is None else len(read[1]), containers=tuple(containers))
+    return fb if symbolic is None else dataclasses.replace(fb, body=_builder(fb, symbolic))
 
 
 def _builder(fb: FunctionBridge, symbolic: Callable) -> Callable:
@@ -679,16 +667,13 @@ def export_forward(fb: FunctionBridge, proxy: Any, check: Callable) -> Callable:
 
 def function_classes() -> list[type]:
     """Every ``torch.autograd.Function`` subclass loaded in this process that has a ``symbolic``."""
-    seen, todo, out = set(), list(torch.autograd.Function.__subclasses__()), []
-    while todo:
-        cls = todo.pop()
-        if cls in seen:
-            continue
-        seen.add(cls)
-        todo.extend(cls.__subclasses__())
-        if _static(cls, "symbolic") is not None:
-            out.append(cls)
-    return sorted(out, key=class_name)
+    def below(cls: type) -> Iterator[type]:
+        sub: type
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from below(sub)
+    return sorted({cls for cls in below(torch.autograd.Function) if _static(cls, "symbolic") is not None},
+                  key=class_name)
 
 
 @contextlib.contextmanager
@@ -700,9 +685,8 @@ def swap_forwards(routes: Mapping[type, Callable], watch: Callable[[type], Calla
     saved: list[tuple[type, str, Any]] = []
 
     def swap(cls: type, attr: str, value: Any) -> None:
-        own = original_forward(cls) if attr == "forward" else None
-        if own is not None:
-            _SWAPPED[cls] = own
+        if attr == "forward":
+            _SWAPPED[cls] = original_forward(cls)
         saved.append((cls, attr, cls.__dict__.get(attr, _NO_DEFAULT)))
         setattr(cls, attr, staticmethod(value))
 

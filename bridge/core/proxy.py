@@ -378,7 +378,7 @@ def specialisation_check(qualname: str, proxy: torch_compat.OpOverload) -> Calla
     """
     pairs, _ = schema_parts(torch_compat.schema_of(proxy))
     names = [a.name for a in torch_compat.schema_of(proxy).arguments]
-    ints = {i for i, (t, _) in enumerate(pairs) if t.rstrip("?") in ("int", "int[]") or t.startswith("int[")}
+    ints = {i for i, (t, _) in enumerate(pairs) if t.startswith("int")}  # NOTE: int, int?, int[], int[2]
 
     def check(args, kwargs):
         for i, name in enumerate(names):
