@@ -270,10 +270,9 @@ class FunctionBridge:
 
     def call_forward(self, args: Sequence):
         """The original ``forward`` on ``args`` (no autograd; a fresh ctx where it takes one)."""
+        ctx = () if self.setup_style else (torch.autograd.function.FunctionCtx(),)
         with torch.no_grad():
-            if self.setup_style:
-                return self.forward(*args)
-            return self.forward(torch.autograd.function.FunctionCtx(), *args)
+            return self.forward(*ctx, *args)
 
 
 def _same(a, b) -> bool:

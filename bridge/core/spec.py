@@ -12,7 +12,7 @@ import functools
 import inspect
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import onnx
 import torch
@@ -362,14 +362,11 @@ class Written:
     """
 
     source: Any
+    note: ClassVar[str | None] = None  # NOTE: what a body's kind adds to its name in reports (BodyBuilder's)
 
     def to_function_proto(self) -> onnx.FunctionProto:
         """The body as written (a fresh copy each call)."""
         return self.source.to_function_proto()
-
-    @property
-    def note(self) -> str | None:
-        return None
 
 
 def explicit_attributes(spec: OpSpec, node: onnx.NodeProto) -> bool:
@@ -407,11 +404,10 @@ def bind_attribute_defaults(spec: OpSpec, proto: onnx.FunctionProto) -> onnx.Fun
     value, not to the inner op's own default (LeakyRelu's 0.01)."""
     defaults = {p.name: p.onnx_default for p in spec.attributes if p.onnx_default is not None}
     bound = [name for name in proto.attribute if name in defaults]
-    if bound:
-        keep = [name for name in proto.attribute if name not in defaults]
-        del proto.attribute[:]
-        proto.attribute.extend(keep)
-        proto.attribute_proto.extend(defaults[name] for name in bound)
+    keep = [name for name in proto.attribute if name not in defaults]
+    del proto.attribute[:]
+    proto.attribute.extend(keep)
+    proto.attribute_proto.extend(defaults[name] for name in bound)
     return proto
 
 
