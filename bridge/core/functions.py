@@ -564,11 +564,11 @@ def _onnx_attr(name: str, kind: str, value):
     return helper.make_attribute(name, value)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
 class WrittenBody:
     """A FunctionProto handed to the registry as a written body (``to_function_proto``)."""
 
-    def __init__(self, proto: onnx.FunctionProto):
-        self.proto = proto
+    proto: onnx.FunctionProto
 
     def to_function_proto(self) -> onnx.FunctionProto:
         return self.proto

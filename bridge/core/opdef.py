@@ -575,7 +575,7 @@ def op(
                             f"replace or shadow it. Bridge the existing op instead: bridge.register({qualname!r}, "
                             "function=..., reference=..., sample_inputs=...).")
     _check_version(qualname, version)
-    if (backward is None) != (setup_context is None) and backward is None:
+    if backward is None and setup_context is not None:
         raise OpBridgeError(f"{qualname}: setup_context given without backward. Got only one. Pass both.")
     base = _caller_folder()
 

@@ -376,8 +376,8 @@ def specialisation_check(qualname: str, proxy: torch_compat.OpOverload) -> Calla
         >>> check((torch.ones(3), 0, 1), {}) is None  # plain ints pass
         True
     """
-    pairs, _ = schema_parts(torch_compat.schema_of(proxy))
-    names = [a.name for a in torch_compat.schema_of(proxy).arguments]
+    schema = torch_compat.schema_of(proxy)
+    pairs, names = schema_parts(schema)[0], [a.name for a in schema.arguments]
     ints = {i for i, (t, _) in enumerate(pairs) if t.startswith("int")}  # NOTE: int, int?, int[], int[2]
 
     def check(args, kwargs):
