@@ -577,25 +577,22 @@ class WrittenBody:
 def _body(fb: FunctionBridge, symbolic: Callable, values: Mapping[str, Any]) -> WrittenBody:
     """The node's body for attribute ``values``: symbolic's standard ops, run with those values."""
     tensors = {name for name, _ in fb.inputs}
-    node_args = [None] * len(fb.inputs) + [values[a.name] for a in fb.attrs]
-    apply_args = fb.to_apply(node_args)
+    apply_args = fb.to_apply([None] * len(fb.inputs) + [values[a.name] for a in fb.attrs])
     args = [_Arg(p.name) if p.name in tensors else v for p, v in zip(fb.params, apply_args)]
     try:
         g, outs = _run_symbolic(fb.cls, symbolic, args)
     except (_Unsupported, _NeedsValue) as e:
         raise _symbolic_error(fb.cls, "uses what it was given in a way opbridge does not follow", str(e)) from None
-    names = {id(v): v.name for n in g.nodes for v in n.outputs}
     nodes = []
     for n in g.nodes:
         if n.domain not in ONNX_DOMAINS:
             raise _symbolic_error(fb.cls, "writes a custom node together with other nodes", f"{n.domain}::{n.op_type}")
-        ins = ["" if x is None else x.name if isinstance(x, _Arg) else names[id(x)] for x in n.inputs]
-        node = helper.make_node(n.op_type, ins, [names[id(v)] for v in n.outputs], domain=n.domain)
+        ins = ["" if x is None else x.name for x in n.inputs]  # NOTE: a function input, or a value named once
+        node = helper.make_node(n.op_type, ins, [v.name for v in n.outputs], domain=n.domain)
         node.attribute.extend(_onnx_attr(k, kind, v) for k, (kind, v) in n.attrs.items())
         nodes.append(node)
-    outputs = [names[id(v)] for v in outs]
-    proto = helper.make_function(fb.domain, fb.op_type, [name for name, _ in fb.inputs], outputs, nodes,
-                                 [helper.make_opsetid("", SYMBOLIC_OPSET)])
+    proto = helper.make_function(fb.domain, fb.op_type, [name for name, _ in fb.inputs], [v.name for v in outs],
+                                 nodes, [helper.make_opsetid("", SYMBOLIC_OPSET)])
     return WrittenBody(proto)
 
 
