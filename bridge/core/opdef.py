@@ -200,11 +200,8 @@ class BridgeOp:
 
 def bind_call(spec: OpSpec, args: Sequence, kwargs: dict) -> dict:
     """{param name: value} of a call of ``spec``'s op (defaults filled in)."""
-    names = [p.name for p in spec.params]
-    env = {p.name: p.default for p in spec.params if p.has_default}
-    env.update(zip(names, args))
-    env.update(kwargs)
-    return env
+    defaults = {p.name: p.default for p in spec.params if p.has_default}
+    return {**defaults, **dict(zip((p.name for p in spec.params), args)), **kwargs}
 
 
 _WARNED: set[str] = set()  # ops whose override of torch.onnx's translation was warned about
