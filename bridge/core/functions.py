@@ -30,10 +30,12 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import inspect
 import keyword
+import operator
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -51,7 +53,7 @@ from bridge.core.proxy import PROXY_NAMESPACE
 SYMBOLIC_OPSET = 17
 # NOTE: the attribute suffixes of the TorchScript exporter's g.op; a custom node carries the first five
 _ATTR = re.compile(r"^(.+)_(i|f|s|t|is|fs|ss|ts|g|gs)$")
-_SCHEMA_TYPES = {"i": "int", "f": "float", "s": "str", "is": "int[]", "fs": "float[]"}
+_SCHEMA_TYPES = {"i": "int", "f": "float", "s": "str", "is": "int[]", "fs": "float[]", "b": "bool"}
 _NO_DEFAULT = inspect.Parameter.empty
 
 
@@ -161,21 +163,18 @@ def class_name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-_SWAPPED: dict[type, Callable] = {}  # class -> its own forward, while swap_forwards replaces it
+_SWAPPED: dict[type, Callable | None] = {}  # class -> its own forward, while swap_forwards replaces it
+
+
+def _static(cls: type, name: str) -> Callable | None:
+    """The Function's staticmethod ``name`` as a plain function, if it has one."""
+    fn = inspect.getattr_static(cls, name, None)
+    return fn.__func__ if isinstance(fn, staticmethod) else fn
 
 
 def original_forward(cls: type) -> Callable | None:
     """The Function's own ``forward`` (a plain function), also while :func:`swap_forwards` replaces it."""
-    if cls in _SWAPPED:
-        return _SWAPPED[cls]
-    forward = inspect.getattr_static(cls, "forward", None)
-    return forward.__func__ if isinstance(forward, staticmethod) else forward
-
-
-def symbolic_of(cls: type) -> Callable | None:
-    """The Function's ``symbolic`` staticmethod, if it has one."""
-    fn = inspect.getattr_static(cls, "symbolic", None)
-    return fn.__func__ if isinstance(fn, staticmethod) else fn
+    return _SWAPPED.get(cls) or _static(cls, "forward")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -188,6 +187,12 @@ class Attr:
     source: str | None
     path: tuple[int, ...] = ()
     value: Any = None
+
+    def of(self, values: Mapping[str, Any]) -> Any:
+        """The attribute's value for ``forward``'s arguments ``values``."""
+        if self.source is None:
+            return self.value
+        return _as_kind(functools.reduce(operator.getitem, self.path, values[self.source]), self.kind)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -221,8 +226,8 @@ class FunctionBridge:
     def schema(self) -> str:
         """The node's signature in torch schema syntax (the proxy op's)."""
         args = [f"Tensor{'?' if opt else ''} {name}" for name, opt in self.inputs]
-        args += [f"{_SCHEMA_TYPES[a.kind] if a.kind != 'b' else 'bool'} {a.name}" for a in self.attrs]
-        ret = "Tensor" if self.num_outputs == 1 else "(" + ", ".join(["Tensor"] * self.num_outputs) + ")"
+        args += [f"{_SCHEMA_TYPES[a.kind]} {a.name}" for a in self.attrs]
+        ret = "Tensor" if self.num_outputs == 1 else f"({', '.join(['Tensor'] * self.num_outputs)})"
         return f"({', '.join(args)}) -> {ret}"
 
     def bind(self, args: Sequence, kwargs: Mapping) -> dict[str, Any]:
@@ -237,68 +242,37 @@ class FunctionBridge:
         return dict(bound.arguments)
 
     def to_node(self, values: Mapping[str, Any]) -> list:
-        """The node's arguments (inputs, then attributes) for ``forward``'s arguments ``values``."""
-        self.check_unmapped(values)
-        out = [values[name] for name, _ in self.inputs]
-        for a in self.attrs:
-            if a.source is None:
-                out.append(a.value)
-                continue
-            v = values[a.source]
-            for i in a.path:
-                v = v[i]
-            out.append(_as_kind(v, a.kind))
-        return out
-
-    def to_apply(self, node_args: Sequence) -> list:
-        """``forward``'s arguments rebuilt from the node's (inputs, then attributes)."""
-        values: dict[str, Any] = {}
-        n = len(self.inputs)
-        for (name, _), v in zip(self.inputs, node_args[:n]):
-            values[name] = v
-        parts: dict[str, dict[tuple, Any]] = {}
-        for a, v in zip(self.attrs, node_args[n:]):
-            if a.source is not None:
-                parts.setdefault(a.source, {})[a.path] = v
-        containers = dict(self.containers)
-        for name, got in parts.items():
-            if () in got:
-                values[name] = _as_param(got[()], self._param(name), containers.get(name))
-            else:
-                values[name] = _rebuild(got, containers.get(name, tuple))
-        out = []
+        """The node's arguments (inputs, then attributes) for ``forward``'s arguments ``values``. An
+        argument that never reaches the node must have its default (tiers call ``forward`` with it)."""
+        mapped = {n for n, _ in self.inputs} | {a.source for a in self.attrs}
         for p in self.params:
-            if p.name in values:
-                out.append(values[p.name])
-            else:
-                out.append(p.default)
-        return out
-
-    def _param(self, name: str) -> inspect.Parameter:
-        return next(p for p in self.params if p.name == name)
-
-    def mapped(self) -> set[str]:
-        return {n for n, _ in self.inputs} | {a.source for a in self.attrs if a.source is not None}
-
-    def check_unmapped(self, values: Mapping[str, Any]) -> None:
-        """An argument that never reaches the node must have its default at the call (tiers call
-        ``forward`` with that default)."""
-        for p in self.params:
-            if p.name in self.mapped():
-                continue
             v = values[p.name]
-            if not _same(v, p.default):
+            if p.name not in mapped and not _same(v, p.default):
                 raise OpBridgeError(
                     f"{class_name(self.cls)}: argument '{p.name}' of forward does not reach the ONNX node its symbolic "
                     f"writes, so the kernel tiers call forward with its default {p.default!r}. Got {p.name}={v!r}. "
                     "Call apply with the default, or pass the value through symbolic's g.op.")
+        return [values[name] for name, _ in self.inputs] + [a.of(values) for a in self.attrs]
+
+    def to_apply(self, node_args: Sequence) -> list:
+        """``forward``'s arguments rebuilt from the node's (inputs, then attributes)."""
+        values = {name: v for (name, _), v in zip(self.inputs, node_args)}
+        parts: dict[str, dict[tuple, Any]] = {}
+        for a, v in zip(self.attrs, node_args[len(self.inputs):]):
+            if a.source is not None:
+                parts.setdefault(a.source, {})[a.path] = v
+        containers, defaults = dict(self.containers), {p.name: p.default for p in self.params}
+        for name, got in parts.items():
+            container = containers.get(name)
+            values[name] = (_as_param(got[()], defaults[name], container) if () in got
+                            else _rebuild(got, container or tuple))
+        return [values.get(p.name, p.default) for p in self.params]
 
     def call_forward(self, args: Sequence):
         """The original ``forward`` on ``args`` (no autograd; a fresh ctx where it takes one)."""
+        ctx = () if self.setup_style else (torch.autograd.function.FunctionCtx(),)
         with torch.no_grad():
-            if self.setup_style:
-                return self.forward(*args)
-            return self.forward(torch.autograd.function.FunctionCtx(), *args)
+            return self.forward(*ctx, *args)
 
 
 def _same(a, b) -> bool:
@@ -311,20 +285,20 @@ def _same(a, b) -> bool:
 
 
 def _as_kind(v, kind: str):
+    if kind in ("is", "fs"):
+        vals = list(v) if isinstance(v, (list, tuple)) else [v]
+        return [float(x) for x in vals] if kind == "fs" else [_as_kind(x, "i") for x in vals]
     if kind == "b":
         return bool(v)
-    if kind == "i":
-        return int(v) if isinstance(v, bool) else v
-    if kind == "f":
-        return float(v) if isinstance(v, (bool, int)) and not isinstance(v, torch.SymInt) else v
-    if kind in ("is", "fs"):
-        vals = [v] if not isinstance(v, (list, tuple)) else list(v)
-        return [int(x) if isinstance(x, bool) else x for x in vals] if kind == "is" else [float(x) for x in vals]
+    if kind == "i" and isinstance(v, bool):
+        return int(v)
+    if kind == "f" and isinstance(v, int):  # NOTE: a SymInt is not an int: it stays symbolic
+        return float(v)
     return v
 
 
-def _as_param(v, p: inspect.Parameter, container: type | None):
-    if isinstance(p.default, bool) and isinstance(v, int):
+def _as_param(v, default: Any, container: type | None):
+    if isinstance(default, bool) and isinstance(v, int):
         return bool(v)
     if container is not None and isinstance(v, (list, tuple)):
         return container(v)
@@ -360,7 +334,7 @@ def _symbolic_error(cls: type, what: str, cause: str) -> OpBridgeError:
 
 
 def describe(cls: type, *, name: str | None = None, use_symbolic: bool = True,
-             sample: tuple[tuple, dict] | None = None, fake: Callable | None = None) -> FunctionBridge:
+             sample: tuple[tuple, dict] | None = None) -> FunctionBridge:
     """Read ``cls`` (a Function): its node (from ``symbolic``, or ``name=`` and ``forward``'s arguments)
     and the way from the node back to ``forward``'s arguments. ``sample`` (an ``apply`` call's args and
     kwargs) gives argument kinds where neither symbolic, annotations nor defaults do.
@@ -387,43 +361,46 @@ def describe(cls: type, *, name: str | None = None, use_symbolic: bool = True,
         raise OpBridgeError(f"{class_name(cls)}.forward takes *args/**kwargs ({bad}); a node needs named arguments. "
                             "Got a variadic forward. Name each argument.")
     base: dict[str, Any] = dict(cls=cls, forward=forward, setup_style=setup_style, params=tuple(params))
-    symbolic = symbolic_of(cls) if use_symbolic else None
-    if symbolic is not None:
-        found = _from_symbolic(cls, symbolic, params, sample)
-        if found is not None:
-            if name is not None:
-                raise OpBridgeError(f"{class_name(cls)}: its symbolic names the node "
-                                    f"{found['domain']}::{found['op_type']}. Got name={name!r} as well. Drop name=, or "
-                                    "pass symbolic=False to name the node yourself.")
-            return FunctionBridge(**base, **found)
-    return _plain(cls, base, name, params, sample, symbolic, fake)
+    symbolic = _static(cls, "symbolic") if use_symbolic else None
+    read = None if symbolic is None else _read_symbolic(cls, symbolic, params, sample)
+    if read is not None and any(is_custom(n.domain) for n in read[0].nodes):
+        found = _from_symbolic(cls, *read, params)
+        if name is not None:
+            raise OpBridgeError(f"{class_name(cls)}: its symbolic names the node "
+                                f"{found['domain']}::{found['op_type']}. Got name={name!r} as well. Drop name=, or "
+                                "pass symbolic=False to name the node yourself.")
+        return FunctionBridge(**base, **found)
+    return _plain(cls, base, name, params, sample, symbolic, read)
 
 
-def _from_symbolic(cls, symbolic, params, sample) -> dict[str, Any] | None:
-    """The custom node symbolic writes (a dict of FunctionBridge fields), or None where it writes
-    standard ops only."""
+def _read(cls, symbolic, args: list, what: str, passes: tuple = ()) -> tuple[GraphContext, list[Value]]:
+    """:func:`_run_symbolic`, the user's errors (but ``passes``) named as symbolic ``what``."""
     try:
-        g, outs = _run_symbolic(cls, symbolic, [_Arg(p.name) for p in params])
+        return _run_symbolic(cls, symbolic, args)
+    except (OpBridgeError, *passes):
+        raise
+    except Exception as e:  # noqa: BLE001  the user's symbolic, named
+        raise _symbolic_error(cls, what, f"{type(e).__name__}: {e}") from None
+
+
+def _read_symbolic(cls, symbolic, params, sample) -> tuple[GraphContext, list[Value]]:
+    """symbolic run with a placeholder per argument, or where it computes with one, with the values
+    known (then it may write standard ops only)."""
+    fails = "fails on opbridge's graph context"
+    try:
+        return _read(cls, symbolic, [_Arg(p.name) for p in params], f"{fails} (it may use more than g.op)",
+                     (_NeedsValue,))
     except _NeedsValue as e:
-        try:
-            g, outs = _run_symbolic(cls, symbolic, _known_values(params, sample))
-        except OpBridgeError:
-            raise
-        except Exception as e2:  # noqa: BLE001  the user's symbolic, named
-            raise _symbolic_error(cls, "fails on opbridge's graph context", f"{type(e2).__name__}: {e2}") from None
+        g, outs = _read(cls, symbolic, _known_values(params, sample), fails)
         if any(is_custom(n.domain) for n in g.nodes):
             raise _symbolic_error(cls, "computes a custom node's attributes from an argument's value",
                                   f"a use of {e}") from None
-        return None
-    except OpBridgeError:
-        raise
-    except Exception as e:  # noqa: BLE001  the user's symbolic, named
-        raise _symbolic_error(cls, "fails on opbridge's graph context (it may use more than g.op)",
-                              f"{type(e).__name__}: {e}") from None
-    custom = [n for n in g.nodes if is_custom(n.domain)]
-    if not custom:
-        return None
-    node = custom[0]
+        return g, outs
+
+
+def _from_symbolic(cls, g: GraphContext, outs: list[Value], params) -> dict[str, Any]:
+    """The custom node symbolic writes (a dict of FunctionBridge fields)."""
+    node = next(n for n in g.nodes if is_custom(n.domain))
     if len(g.nodes) != 1 or outs != node.outputs:
         raise _symbolic_error(cls, "writes a custom node together with other nodes",
                               f"{[f'{n.domain}::{n.op_type}' if n.domain else n.op_type for n in g.nodes]}")
@@ -476,35 +453,36 @@ def _check_paths(cls, attrs: list[Attr]) -> None:
                                   f"indices {sorted(paths)}")
 
 
+def _given(params, sample) -> dict[str, Any]:
+    """``forward``'s arguments that ``sample`` (an ``apply`` call's args and kwargs) passes, by name."""
+    if sample is None:
+        return {}
+    return dict(inspect.Signature(list(params)).bind_partial(*sample[0], **sample[1]).arguments)
+
+
 def _known_values(params, sample) -> list:
     """Values to run symbolic with: tensors stay placeholders, other arguments from ``sample`` or
     their defaults; None where one has neither."""
-    given: dict[str, Any] = {}
-    if sample is not None:
-        given = dict(inspect.Signature(list(params)).bind_partial(*sample[0], **sample[1]).arguments)
+    given = _given(params, sample)
     out: list[Any] = []
     for p in params:
         v = given.get(p.name, p.default)
-        if isinstance(v, torch.Tensor) or v is _NO_DEFAULT or (v is None and p.name not in given):
-            out.append(_Arg(p.name))  # NOTE: a tensor, or an argument symbolic must pass through as it is
-        else:
-            out.append(v)
+        # NOTE: a tensor, or an argument symbolic must pass through as it is, stays a placeholder
+        placeholder = isinstance(v, torch.Tensor) or v is _NO_DEFAULT or (v is None and p.name not in given)
+        out.append(_Arg(p.name) if placeholder else v)
     return out
 
 
 # -- a node from forward's arguments (no symbolic, or standard ops only) ------------------
 
-_ANNOTATIONS = {int: "i", float: "f", str: "s", bool: "b"}
+_ANNOTATIONS = {torch.Tensor: "tensor", bool: "b", int: "i", float: "f", str: "s"}  # NOTE: bool before int
 
 
 def _kind_of_value(v) -> str | None:
     """'tensor', an attribute suffix, or None where ``v`` says nothing."""
-    if isinstance(v, torch.Tensor):
-        return "tensor"
-    if isinstance(v, bool):
-        return "b"
-    if isinstance(v, (int, float, str)):
-        return _ANNOTATIONS[type(v)]
+    kind = next((k for t, k in _ANNOTATIONS.items() if isinstance(v, t)), None)
+    if kind is not None:
+        return kind
     if isinstance(v, (list, tuple)) and v and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
         return "is" if all(isinstance(x, int) for x in v) else "fs"
     return None
@@ -514,8 +492,6 @@ def _kind_of_annotation(ann) -> str | None:
     if isinstance(ann, str):
         ann = {"int": int, "float": float, "str": str, "bool": bool, "Tensor": torch.Tensor,
                "torch.Tensor": torch.Tensor}.get(ann, ann)
-    if ann is torch.Tensor:
-        return "tensor"
     if ann in _ANNOTATIONS:
         return _ANNOTATIONS[ann]
     args = getattr(ann, "__args__", None) or ()
@@ -524,17 +500,8 @@ def _kind_of_annotation(ann) -> str | None:
     return None
 
 
-def _usage(cls, symbolic, params, sample) -> dict[str, str]:
-    """What a placeholder run of a standard-op symbolic tells of each argument's kind."""
-    if symbolic is None:
-        return {}
-    try:
-        g, _ = _run_symbolic(cls, symbolic, [_Arg(p.name) for p in params])
-    except Exception:  # noqa: BLE001  symbolic computes with values: run it with the values known
-        try:
-            g, _ = _run_symbolic(cls, symbolic, _known_values(params, sample))
-        except Exception:  # noqa: BLE001  kinds come from elsewhere
-            return {}
+def _usage(g: GraphContext) -> dict[str, str]:
+    """What a run of a standard-op symbolic tells of each argument's kind."""
     kinds: dict[str, str] = {}
     for n in g.nodes:
         for x in n.inputs:
@@ -546,16 +513,15 @@ def _usage(cls, symbolic, params, sample) -> dict[str, str]:
     return kinds
 
 
-def _plain(cls, base: dict, name: str | None, params, sample, symbolic, fake) -> FunctionBridge:
+def _plain(cls, base: dict, name: str | None, params, sample, symbolic, read) -> FunctionBridge:
+    """The node of a Function without symbolic, or whose symbolic (``read``: its run) writes standard ops."""
     if name is None:
         why = "its symbolic writes standard ONNX ops only" if symbolic is not None else "it has no symbolic"
         raise OpBridgeError(f"{class_name(cls)}: {why}, so its ONNX node needs a name. Got name=None. Pass "
                             f"name='ns::{cls.__name__}' to bridge.register.")
     domain, _, op_type = name.partition("::")
-    given: dict[str, Any] = {}
-    if sample is not None:
-        given = dict(inspect.Signature(list(params)).bind_partial(*sample[0], **sample[1]).arguments)
-    usage = _usage(cls, symbolic, params, sample)
+    given = _given(params, sample)
+    usage = {} if read is None else _usage(read[0])
     inputs, attrs, containers = [], [], []
     for p in params:
         kind = (usage.get(p.name) or _kind_of_annotation(p.annotation)
@@ -573,15 +539,10 @@ def _plain(cls, base: dict, name: str | None, params, sample, symbolic, fake) ->
         value = given.get(p.name, p.default)
         if isinstance(value, (tuple, list)):
             containers.append((p.name, type(value)))
-    n_out = 1  # NOTE: without symbolic, one output (limit: a Function without symbolic returns one tensor)
-    if symbolic is not None:
-        with contextlib.suppress(Exception):
-            n_out = len(_run_symbolic(cls, symbolic, _known_values(params, sample))[1])
+    # NOTE: without symbolic, one output (limit: a Function without symbolic returns one tensor)
     fb = FunctionBridge(**base, domain=domain, op_type=op_type, inputs=tuple(inputs), attrs=tuple(attrs),
-                        num_outputs=n_out, containers=tuple(containers))
-    if symbolic is not None:
-        fb = dataclasses.replace(fb, body=_builder(fb, symbolic))
-    return fb
+                        num_outputs=1 if read is None else len(read[1]), containers=tuple(containers))
+    return fb if symbolic is None else dataclasses.replace(fb, body=_builder(fb, symbolic))
 
 
 def _builder(fb: FunctionBridge, symbolic: Callable) -> Callable:
@@ -603,11 +564,11 @@ def _onnx_attr(name: str, kind: str, value):
     return helper.make_attribute(name, value)
 
 
+@dataclasses.dataclass(frozen=True, eq=False)
 class WrittenBody:
     """A FunctionProto handed to the registry as a written body (``to_function_proto``)."""
 
-    def __init__(self, proto: onnx.FunctionProto):
-        self.proto = proto
+    proto: onnx.FunctionProto
 
     def to_function_proto(self) -> onnx.FunctionProto:
         return self.proto
@@ -616,25 +577,22 @@ class WrittenBody:
 def _body(fb: FunctionBridge, symbolic: Callable, values: Mapping[str, Any]) -> WrittenBody:
     """The node's body for attribute ``values``: symbolic's standard ops, run with those values."""
     tensors = {name for name, _ in fb.inputs}
-    node_args = [None] * len(fb.inputs) + [values[a.name] for a in fb.attrs]
-    apply_args = fb.to_apply(node_args)
+    apply_args = fb.to_apply([None] * len(fb.inputs) + [values[a.name] for a in fb.attrs])
     args = [_Arg(p.name) if p.name in tensors else v for p, v in zip(fb.params, apply_args)]
     try:
         g, outs = _run_symbolic(fb.cls, symbolic, args)
     except (_Unsupported, _NeedsValue) as e:
         raise _symbolic_error(fb.cls, "uses what it was given in a way opbridge does not follow", str(e)) from None
-    names = {id(v): v.name for n in g.nodes for v in n.outputs}
     nodes = []
     for n in g.nodes:
         if n.domain not in ONNX_DOMAINS:
             raise _symbolic_error(fb.cls, "writes a custom node together with other nodes", f"{n.domain}::{n.op_type}")
-        ins = ["" if x is None else x.name if isinstance(x, _Arg) else names[id(x)] for x in n.inputs]
-        node = helper.make_node(n.op_type, ins, [names[id(v)] for v in n.outputs], domain=n.domain)
+        ins = ["" if x is None else x.name for x in n.inputs]  # NOTE: a function input, or a value named once
+        node = helper.make_node(n.op_type, ins, [v.name for v in n.outputs], domain=n.domain)
         node.attribute.extend(_onnx_attr(k, kind, v) for k, (kind, v) in n.attrs.items())
         nodes.append(node)
-    outputs = [names[id(v)] for v in outs]
-    proto = helper.make_function(fb.domain, fb.op_type, [name for name, _ in fb.inputs], outputs, nodes,
-                                 [helper.make_opsetid("", SYMBOLIC_OPSET)])
+    proto = helper.make_function(fb.domain, fb.op_type, [name for name, _ in fb.inputs], [v.name for v in outs],
+                                 nodes, [helper.make_opsetid("", SYMBOLIC_OPSET)])
     return WrittenBody(proto)
 
 
@@ -654,11 +612,11 @@ def _outputs(fb: FunctionBridge, out, what: str):
 
 
 def define_proxy(fb: FunctionBridge, fake: Callable | None) -> Any:
-    """The proxy op (a ``torch.library.custom_op``) the export records for ``fb``'s node: its kernel
-    rebuilds ``forward``'s arguments and runs the original forward; its fake is ``fake`` (called with
-    ``apply``'s arguments) or that forward on fake tensors. Redefined only when the signature changes."""
+    """The proxy op (a ``torch.library.custom_op``, whose Python kernel derivation traces) the export
+    records for ``fb``'s node: its kernel rebuilds ``forward``'s arguments and runs the original forward;
+    its fake is ``fake`` (called with ``apply``'s arguments) or that forward on fake tensors. Redefined
+    only when the signature changes."""
     name = "fn__" + re.sub(r"\W", "_", f"{fb.domain}__{fb.op_type}")
-    who = class_name(fb.cls)
 
     def kernel(*node_args):
         return _outputs(fb, fb.call_forward(fb.to_apply(node_args)), "forward")
@@ -673,10 +631,10 @@ def define_proxy(fb: FunctionBridge, fake: Callable | None) -> Any:
         except Exception as e:  # noqa: BLE001  the forward's own error, named once
             line = (str(e).strip().splitlines() or [""])[0][:200]
             raise OpBridgeError(
-                f"{who}: its forward does not run on fake tensors, which export needs for the node's output shapes. "
-                f"Got {type(e).__name__}: {line}. Pass fake= to bridge.register({fb.cls.__name__}, fake=...) (a "
-                "function of apply's arguments returning empty outputs), or register the Functions its forward "
-                "calls.") from None
+                f"{class_name(fb.cls)}: its forward does not run on fake tensors, which export needs for the node's "
+                f"output shapes. Got {type(e).__name__}: {line}. Pass fake= to bridge.register({fb.cls.__name__}, "
+                "fake=...) (a function of apply's arguments returning empty outputs), or register the Functions its "
+                "forward calls.") from None
         return _outputs(fb, out, "forward")
 
     _KERNELS[name], _FAKES[name] = kernel, traced_fake
@@ -685,11 +643,8 @@ def define_proxy(fb: FunctionBridge, fake: Callable | None) -> Any:
         return defined[0]
     if defined is not None:
         torch_compat.destroy_custom_op(defined[0])
-
-    def run(*args):
-        return _KERNELS[name](*args)
-
-    op = torch.library.custom_op(f"{PROXY_NAMESPACE}::{name}", run, mutates_args=(), schema=fb.schema)
+    op = torch.library.custom_op(f"{PROXY_NAMESPACE}::{name}", lambda *args: _KERNELS[name](*args),
+                                 mutates_args=(), schema=fb.schema)
     op.register_fake(lambda *args: _FAKES[name](*args))
     _PROXIES[name] = (op, fb.schema)
     return op
@@ -708,16 +663,13 @@ def export_forward(fb: FunctionBridge, proxy: Any, check: Callable) -> Callable:
 
 def function_classes() -> list[type]:
     """Every ``torch.autograd.Function`` subclass loaded in this process that has a ``symbolic``."""
-    seen, todo, out = set(), list(torch.autograd.Function.__subclasses__()), []
-    while todo:
-        cls = todo.pop()
-        if cls in seen:
-            continue
-        seen.add(cls)
-        todo.extend(cls.__subclasses__())
-        if symbolic_of(cls) is not None:
-            out.append(cls)
-    return sorted(out, key=class_name)
+    def below(cls: type) -> Iterator[type]:
+        sub: type
+        for sub in cls.__subclasses__():
+            yield sub
+            yield from below(sub)
+    return sorted({cls for cls in below(torch.autograd.Function) if _static(cls, "symbolic") is not None},
+                  key=class_name)
 
 
 @contextlib.contextmanager
@@ -729,9 +681,8 @@ def swap_forwards(routes: Mapping[type, Callable], watch: Callable[[type], Calla
     saved: list[tuple[type, str, Any]] = []
 
     def swap(cls: type, attr: str, value: Any) -> None:
-        own = original_forward(cls) if attr == "forward" else None
-        if own is not None:
-            _SWAPPED[cls] = own
+        if attr == "forward":
+            _SWAPPED[cls] = original_forward(cls)
         saved.append((cls, attr, cls.__dict__.get(attr, _NO_DEFAULT)))
         setattr(cls, attr, staticmethod(value))
 

@@ -44,9 +44,11 @@ from bridge.core.spec import (
 from bridge.core.torch_compat import torchlib_translation
 
 
-def resolve_native(path: str | os.PathLike, base: str | os.PathLike | None, qualname: str) -> str:
-    """An op's C++ kernel file as an absolute path: relative paths are read against ``base``
-    (the folder of the module that declares the op), never the current folder."""
+def resolve_native(path: str | os.PathLike | None, base: str | os.PathLike | None, qualname: str) -> str | None:
+    """An op's C++ kernel file as an absolute path (None for none): relative paths are read against
+    ``base`` (the folder of the module that declares the op), never the current folder."""
+    if path is None:
+        return None
     p = Path(path)
     if not p.is_absolute() and base is not None:
         p = Path(base) / p
@@ -172,25 +174,23 @@ class BridgeOp:
 
         Call form ``op.register_function(body)`` or decorator ``@op.register_function``.
         """
-        def attach(fn):
-            warn_override(self.qualname, "function=")
-            self._attach(function=fn)
-            return fn
-        return attach if function is None else attach(function)
+        warn_override(self.qualname, "function=")
+        return self._piece("function", function)
 
     def register_reference(self, reference: Callable | None = None):
         """An independent implementation (a plain loop) parity and property tests compare against."""
-        def attach(fn):
-            self._attach(reference=fn)
-            return fn
-        return attach if reference is None else attach(reference)
+        return self._piece("reference", reference)
 
     def register_samples(self, sample_inputs: Callable | None = None):
         """``sample_inputs(dtype) -> list[SampleInput]`` for opcheck, parity tables and native typing."""
+        return self._piece("sample_inputs", sample_inputs)
+
+    def _piece(self, field: str, value):
+        """Attach ``value`` as ``field`` (call form), or return the decorator that does (``value`` None)."""
         def attach(fn):
-            self._attach(sample_inputs=fn)
+            self._attach(**{field: fn})
             return fn
-        return attach if sample_inputs is None else attach(sample_inputs)
+        return attach if value is None else attach(value)
 
     def register_native(self, source: str | os.PathLike) -> None:
         """The op's C++ kernel file for the native tier; a relative path is read against the folder
@@ -200,24 +200,8 @@ class BridgeOp:
 
 def bind_call(spec: OpSpec, args: Sequence, kwargs: dict) -> dict:
     """{param name: value} of a call of ``spec``'s op (defaults filled in)."""
-    names = [p.name for p in spec.params]
-    env = {p.name: p.default for p in spec.params if p.has_default}
-    env.update(zip(names, args))
-    env.update(kwargs)
-    return env
-
-
-def _validate_checks(spec: OpSpec, attr_types: dict[str, int]) -> None:
-    """Every name a check reads is a tensor input or an int/ints attribute of ``spec`` (checked
-    over a stub body with the op's signature)."""
-    tensors = [p.name for p in spec.tensors]
-    stub = onnx.helper.make_function(spec.domain, spec.name, tensors, ["y"],
-                                     [onnx.helper.make_node("Identity", tensors[:1], ["y"])],
-                                     [onnx.helper.make_opsetid("", 20)], list(attr_types))
-    for index, why in unreadable(stub, spec.checks, attr_types).items():
-        check = spec.checks.checks[index]
-        raise OpBridgeError(f"{spec.qualname}: check {index} ({check.kind}) reads a name the op does not have: "
-                            f"{why} Fix the check list.")
+    defaults = {p.name: p.default for p in spec.params if p.has_default}
+    return {**defaults, **dict(zip((p.name for p in spec.params), args)), **kwargs}
 
 
 _WARNED: set[str] = set()  # ops whose override of torch.onnx's translation was warned about
@@ -235,25 +219,20 @@ def warn_override(qualname: str, given: str) -> None:
                   "translation as the op's body.", stacklevel=3)
 
 
-def warn_overrides(qualname: str, **given: Any) -> None:
-    """:func:`warn_override` for each of ``given`` (``function=...``, ``translation=...``) that is set."""
-    for name, value in given.items():
-        if value is not None:
-            warn_override(qualname, f"{name}=")
-
-
 def with_checks(spec: OpSpec) -> OpSpec:
-    """``spec`` once its checks are validated against the op's signature (they become guard nodes
-    where a body goes into a model: exporters.resolve)."""
-    if spec.checks is not None:
-        _validate_checks(spec, {p.name: p.onnx_attribute_type for p in spec.attributes})
+    """``spec`` once every name its checks read is a tensor input or an int/ints attribute (checked over
+    a stub body with the op's signature; they become guard nodes where a body goes into a model)."""
+    if spec.checks is None:
+        return spec
+    attr_types = {p.name: p.onnx_attribute_type for p in spec.attributes}
+    tensors = [p.name for p in spec.tensors]
+    stub = onnx.helper.make_function(spec.domain, spec.name, tensors, ["y"],
+                                     [onnx.helper.make_node("Identity", tensors[:1], ["y"])],
+                                     [onnx.helper.make_opsetid("", 20)], list(attr_types))
+    for index, why in unreadable(stub, spec.checks, attr_types).items():
+        raise OpBridgeError(f"{spec.qualname}: check {index} ({spec.checks.checks[index].kind}) reads a name the op "
+                            f"does not have: {why} Fix the check list.")
     return spec
-
-
-def _as_checks(qualname: str, checks) -> Checks | None:
-    if checks is None or isinstance(checks, Checks):
-        return checks
-    return Checks(qualname, checks)
 
 
 def torch_origin(qualname: str) -> str | None:
@@ -373,6 +352,7 @@ def register(
         (['x', 'k'], 'opbridge_proxy::vendor_doc__shift')
     """
     reg = REGISTRY if registry is None else registry
+    base = _caller_folder()
     if is_function_class(op):
         refused = {"domain": domain, "translation": translation, "names": names, "attributes": attributes,
                    "checks": checks, "torchbind": torchbind or None}
@@ -380,10 +360,9 @@ def register(
         if given:
             raise OpBridgeError(f"{class_name(op)}: {', '.join(given)} do not apply to a torch.autograd.Function. Got "
                                 f"{given}. Drop them: the node comes from its symbolic (or name=).")
-        native = None if native is None else resolve_native(native, _caller_folder(), class_name(op))
         return _register_function(op, function=function, reference=reference, sample_inputs=sample_inputs,
-                                  native=native, fake=fake, dtypes=dtypes, version=version, name=name,
-                                  use_symbolic=symbolic, registry=reg)
+                                  native=resolve_native(native, base, class_name(op)), fake=fake, dtypes=dtypes,
+                                  version=version, name=name, use_symbolic=symbolic, registry=reg)
     if name is not None or not symbolic:
         raise OpBridgeError(f"bridge.register: name= and symbolic= apply to a torch.autograd.Function. Got them for "
                             f"{op!r}. Drop them.")
@@ -394,10 +373,10 @@ def register(
         if torchbind:
             raise OpBridgeError(f"{method}: torchbind= lists methods an op stands for. Got it for a method. Drop it: "
                                 "the method's node stands for itself.")
-        native = None if native is None else resolve_native(native, _caller_folder(), method)
         return _register_method(method, function=function, reference=reference, sample_inputs=sample_inputs,
                                 fake=fake, dtypes=dtypes, domain=domain, version=version, translation=translation,
-                                names=names, attributes=attributes, native=native, checks=checks, registry=reg)
+                                names=names, attributes=attributes, native=resolve_native(native, base, method),
+                                checks=checks, registry=reg)
     overload = resolve_overload(op)
     if torch_compat.overload_name(overload) != "default":
         raise OpBridgeError(f"{overload.name()}: only the default overload can be bridged. Got overload "
@@ -407,19 +386,20 @@ def register(
     reg.check_free(qualname)
     refuse_reserved(qualname, domain)
     _check_version(qualname, version)
-    warn_overrides(qualname, function=function, translation=translation)
+    for what, value in (("function=", function), ("translation=", translation)):
+        if value is not None:
+            warn_override(qualname, what)
     if attributes is not None:
         raise OpBridgeError(f"{qualname}: attributes= names a torchbind object's state. Got it for an op. Drop it: "
                             "an op's attributes come from its schema.")
     custom = op if torch_compat.is_custom_op_def(op) else None
     target, proxy_for = _torch_side(qualname, overload, custom, fake, names)
-    params, n_out = parse_params(qualname, torch_compat.schema_of(overload if proxy_for is None else target))
-    spec = _spec(qualname, target, (params, n_out), domain=domain or overload.namespace, version=version,
-                 function=function, reference=reference, sample_inputs=sample_inputs, dtypes=dtypes,
-                 translation=translation, checks=checks, doc=f"{qualname} (existing op, bridged)",
-                 torchbind=tuple(torchbind), proxy_for=proxy_for,
-                 native_source=None if native is None else resolve_native(native, _caller_folder(), qualname))
-    reg.add(with_checks(spec))
+    signature = parse_params(qualname, torch_compat.schema_of(overload if proxy_for is None else target))
+    reg.add(_spec(qualname, target, signature, domain=domain or overload.namespace, version=version,
+                  function=function, reference=reference, sample_inputs=sample_inputs, dtypes=dtypes,
+                  translation=translation, checks=checks, doc=f"{qualname} (existing op, bridged)",
+                  torchbind=tuple(torchbind), proxy_for=proxy_for,
+                  native_source=resolve_native(native, base, qualname)))
     return BridgeOp(qualname, reg, custom)
 
 
@@ -427,12 +407,13 @@ def _spec(qualname: str, custom_op: Any, signature: tuple, *, domain: str, versi
           sample_inputs, dtypes: Sequence[torch.dtype], translation, checks, doc: str, **identity: Any) -> OpSpec:
     """The one place an ``OpSpec`` is built (``op``, ``register`` and torchbind methods): the torch
     side (``custom_op``, ``signature`` = parsed params and output count) and the op's pieces, its
-    checks validated into a ``Checks``; ``identity`` holds the optional fields (proxy, ONNX name, ...)."""
+    checks validated (:func:`with_checks`); ``identity`` holds the optional fields (proxy, ONNX name, ...)."""
     params, n_out = signature
-    return OpSpec(qualname=qualname, custom_op=custom_op, params=params, num_outputs=n_out, domain=domain,
-                  version=version, function=function, reference=reference, sample_inputs=sample_inputs,
-                  dtypes=tuple(dtypes), doc=doc, custom_translation=translation,
-                  checks=_as_checks(qualname, checks), **identity)
+    checks = checks if checks is None or isinstance(checks, Checks) else Checks(qualname, checks)
+    return with_checks(OpSpec(qualname=qualname, custom_op=custom_op, params=params, num_outputs=n_out, domain=domain,
+                              version=version, function=function, reference=reference, sample_inputs=sample_inputs,
+                              dtypes=tuple(dtypes), doc=doc, custom_translation=translation, checks=checks,
+                              **identity))
 
 
 def _torch_side(qualname: str, overload, custom, fake: Callable | None, names: dict[str, str] | None) -> tuple:
@@ -470,7 +451,7 @@ def _register_function(cls: type, *, function, reference, sample_inputs, native,
     if sample_inputs is not None:
         samples = sample_inputs(tuple(dtypes)[0])
         first = (tuple(samples[0].args), dict(samples[0].kwargs)) if samples else None
-    fb = describe(cls, name=name, use_symbolic=use_symbolic, sample=first, fake=fake)
+    fb = describe(cls, name=name, use_symbolic=use_symbolic, sample=first)
     registry.check_free(fb.qualname)
     taken = next((s for s in registry if getattr(s.proxy_for, "cls", None) is cls), None)
     if taken is not None:
@@ -479,17 +460,16 @@ def _register_function(cls: type, *, function, reference, sample_inputs, native,
     refuse_reserved(fb.qualname, fb.domain)
     _check_version(fb.qualname, version)
     proxy = define_proxy(fb, fake)
-    params, n_out = parse_params(fb.qualname, torch_compat.schema_of(torch_compat.overload_of(proxy)))
+    signature = parse_params(fb.qualname, torch_compat.schema_of(torch_compat.overload_of(proxy)))
     if fb.body is not None and function is not None:
         raise OpBridgeError(f"{class_name(cls)}: its symbolic writes standard ONNX ops, which are its body. Got "
                             "function= as well. Drop one (symbolic=False ignores the symbolic).")
-    spec = _spec(fb.qualname, proxy, (params, n_out), domain=fb.domain, version=version,
-                 function=fb.body or function, reference=None if reference is None else _via_apply(fb, reference),
-                 sample_inputs=None if sample_inputs is None else _samples_via_apply(fb, sample_inputs),
-                 dtypes=dtypes, translation=None, checks=None,
-                 doc=f"{class_name(cls)} (torch.autograd.Function, bridged)", proxy_for=fb, onnx_name=fb.op_type,
-                 native_source=native)
-    registry.add(with_checks(spec))
+    registry.add(_spec(fb.qualname, proxy, signature, domain=fb.domain, version=version,
+                       function=fb.body or function, reference=None if reference is None else _via_apply(fb, reference),
+                       sample_inputs=None if sample_inputs is None else _samples_via_apply(fb, sample_inputs),
+                       dtypes=dtypes, translation=None, checks=None,
+                       doc=f"{class_name(cls)} (torch.autograd.Function, bridged)", proxy_for=fb, onnx_name=fb.op_type,
+                       native_source=native))
     return BridgeOp(fb.qualname, registry)
 
 
@@ -532,13 +512,12 @@ def _register_method(target: str, *, function, reference, sample_inputs, fake, d
                             f"Pass fake=(tensors..., {', '.join(attributes)}) -> empty outputs.")
     proxy = define_method_proxy(target, attributes, fake, names)
     ensure_fake_class(class_name, method, proxy, attributes)
-    params, n_out = parse_params(target, torch_compat.schema_of(proxy))
     ns, _, cls_name = class_name.partition("::")
-    spec = _spec(target, proxy, (params, n_out), domain=domain or ns, version=version, function=function,
-                 reference=reference, sample_inputs=sample_inputs, dtypes=dtypes, translation=translation,
-                 checks=checks, doc=f"{target} (torchbind method, bridged)", onnx_name=f"{cls_name}_{method}",
-                 torchbind=(target,), proxy_for=target, native_source=native)
-    registry.add(with_checks(spec))
+    registry.add(_spec(target, proxy, parse_params(target, torch_compat.schema_of(proxy)), domain=domain or ns,
+                       version=version, function=function, reference=reference, sample_inputs=sample_inputs,
+                       dtypes=dtypes, translation=translation, checks=checks,
+                       doc=f"{target} (torchbind method, bridged)", onnx_name=f"{cls_name}_{method}",
+                       torchbind=(target,), proxy_for=target, native_source=native))
     return BridgeOp(target, registry)
 
 
@@ -593,27 +572,25 @@ def op(
                             f"replace or shadow it. Bridge the existing op instead: bridge.register({qualname!r}, "
                             "function=..., reference=..., sample_inputs=...).")
     _check_version(qualname, version)
-    if (backward is None) != (setup_context is None) and backward is None:
+    if backward is None and setup_context is not None:
         raise OpBridgeError(f"{qualname}: setup_context given without backward. Got only one. Pass both.")
     base = _caller_folder()
 
     def decorate(fn: Callable) -> BridgeOp:
         mutates = (mutates_args,) if isinstance(mutates_args, str) else tuple(mutates_args)
         schema_str = torch.library.infer_schema(fn, mutates_args=mutates)
-        params, n_out = parse_params(qualname, torch_compat.parse_schema(qualname + schema_str))
-        source = None if native is None else resolve_native(
-            native, _folder_of(fn.__code__.co_filename) or base, qualname)
+        signature = parse_params(qualname, torch_compat.parse_schema(qualname + schema_str))
+        source = resolve_native(native, _folder_of(fn.__code__.co_filename) or base, qualname)
         custom = torch.library.custom_op(qualname, fn, mutates_args=mutates, device_types=device_types)
         if fake is not None:
             custom.register_fake(fake)
         if backward is not None:
             custom.register_autograd(backward, setup_context=setup_context)
-        spec = _spec(qualname, custom, (params, n_out), domain=domain or ns, version=version, function=function,
-                     reference=reference, sample_inputs=sample_inputs, dtypes=dtypes, translation=translation,
-                     checks=checks, doc=(inspect.getdoc(fn) or "").split("\n\n")[0], torchbind=tuple(torchbind),
-                     native_source=source)
         try:
-            reg.add(with_checks(spec))
+            reg.add(_spec(qualname, custom, signature, domain=domain or ns, version=version, function=function,
+                          reference=reference, sample_inputs=sample_inputs, dtypes=dtypes, translation=translation,
+                          checks=checks, doc=(inspect.getdoc(fn) or "").split("\n\n")[0], torchbind=tuple(torchbind),
+                          native_source=source))
         except BaseException:  # NOTE: any failure (onnx's too): leave torch as it was, the declaration failed whole
             torch_compat.destroy_custom_op(custom)
             raise

@@ -239,13 +239,10 @@ def _state_types(class_name: str, schemas: dict) -> list[str]:
                             "attributes. Got none. Define __obj_flatten__ returning ((name, value), ...) in C++.")
     pairs = flatten.returns[0].type
     try:
-        types = [str(p.elements()[1]) for p in pairs.elements()]
-    except (AttributeError, IndexError):
-        types = None
-    if types is None or any(t not in _STATE_TYPES for t in types):
-        raise OpBridgeError(f"{class_name}.__obj_flatten__ must return a tuple of (name, value) pairs. Got "
-                            f"{pairs}. Return ((name, value), ...) with int, float, bool, str or list values.")
-    return [_STATE_TYPES[t] for t in types]
+        return [_STATE_TYPES[str(p.elements()[1])] for p in pairs.elements()]
+    except (AttributeError, IndexError, KeyError):
+        raise OpBridgeError(f"{class_name}.__obj_flatten__ must return a tuple of (name, value) pairs. Got {pairs}. "
+                            "Return ((name, value), ...) with int, float, bool, str or list values.") from None
 
 
 def method_schema(target: str) -> torch.FunctionSchema:
@@ -376,9 +373,9 @@ def specialisation_check(qualname: str, proxy: torch_compat.OpOverload) -> Calla
         >>> check((torch.ones(3), 0, 1), {}) is None  # plain ints pass
         True
     """
-    pairs, _ = schema_parts(torch_compat.schema_of(proxy))
-    names = [a.name for a in torch_compat.schema_of(proxy).arguments]
-    ints = {i for i, (t, _) in enumerate(pairs) if t.rstrip("?") in ("int", "int[]") or t.startswith("int[")}
+    schema = torch_compat.schema_of(proxy)
+    pairs, names = schema_parts(schema)[0], [a.name for a in schema.arguments]
+    ints = {i for i, (t, _) in enumerate(pairs) if t.startswith("int")}  # NOTE: int, int?, int[], int[2]
 
     def check(args, kwargs):
         for i, name in enumerate(names):

@@ -198,21 +198,15 @@ def fill_attributes(model: onnx.ModelProto, registry: Registry) -> bool:
 
 
 def _validate(spec: OpSpec) -> None:
-    _validate_translation(spec)
+    """A translation takes the op's parameters; a written body mirrors the op (a twin's, if it mutates)."""
+    if spec.custom_translation is not None:
+        got = list(inspect.signature(spec.custom_translation).parameters)
+        want = [p.name for p in spec.params]
+        if got != want:
+            raise OpBridgeError(f"{spec.qualname}: translation parameters must mirror the op schema. "
+                                f"Got {got}. Use {want}.")
     if not spec.mutated:
         _validate_function(spec)
-
-
-def _validate_translation(spec: OpSpec) -> None:
-    if spec.custom_translation is None:
-        return
-    got = list(inspect.signature(spec.custom_translation).parameters)
-    want = [p.name for p in spec.params]
-    if got != want:
-        raise OpBridgeError(
-            f"{spec.qualname}: translation parameters must mirror the op schema. "
-            f"Got {got}. Use {want}."
-        )
 
 
 def _validate_function(spec: OpSpec) -> None:

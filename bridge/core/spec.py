@@ -12,7 +12,7 @@ import functools
 import inspect
 import re
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import onnx
 import torch
@@ -105,47 +105,41 @@ class Param:
 
 def parse_params(qualname: str, schema: torch.FunctionSchema) -> tuple[tuple[Param, ...], int]:
     """Params and output count from a torch schema; unsupported types raise OpBridgeError."""
-    params = []
-    for arg in schema.arguments:
-        kind = arg.type.kind()
-        default = arg.default_value if arg.has_default_value() else NO_DEFAULT
-        mutated = bool(arg.alias_info is not None and arg.alias_info.is_write)
-        kwarg_only = bool(arg.kwarg_only)
-        if kind == "TensorType":
-            params.append(Param(arg.name, True, mutated=mutated, kwarg_only=kwarg_only))
-        elif kind == "OptionalType" and arg.type.getElementType().kind() == "TensorType":
-            params.append(Param(arg.name, True, optional=True, default=default, kwarg_only=kwarg_only))
-        elif kind == "OptionalType" and str(arg.type.getElementType()) in _SCALAR_ATTRS:
-            # NOTE: int?/float?/... : an optional ONNX attribute without an ONNX default, omitted exactly
-            # when the call passes None (``Param.absent``); a torch default other than None is written
-            # explicitly at export (C++-inferred schemas give no default: None)
-            elem = str(arg.type.getElementType())
-            attr_type, ann = _SCALAR_ATTRS[elem]
-            params.append(Param(arg.name, False, optional=True, attr_type=attr_type, annotation=ann,
-                                is_bool=elem == "bool", default=None if default is NO_DEFAULT else default,
-                                kwarg_only=kwarg_only))
-        elif kind in ("IntType", "SymIntType", "FloatType", "BoolType", "StringType"):
-            attr_type, ann = _SCALAR_ATTRS[str(arg.type)]
-            params.append(Param(arg.name, False, attr_type=attr_type, annotation=ann,
-                                is_bool=kind == "BoolType", default=default, kwarg_only=kwarg_only))
-        elif kind == "ListType" and str(arg.type.getElementType()) in _LIST_ATTRS:
-            elem = str(arg.type.getElementType())
-            attr_type, ann = _LIST_ATTRS[elem]
-            params.append(Param(arg.name, False, attr_type=attr_type, annotation=ann,
-                                is_bool=elem == "bool", default=default, kwarg_only=kwarg_only))
-        else:
-            raise OpBridgeError(
-                f"{qualname}: argument '{arg.name}' has type {arg.type}, which has no ONNX form. "
-                f"Got {arg.type}. Use Tensor, Tensor?, int, float, bool, str (each optional too) or a list of "
-                "int/float/bool."
-            )
+    params = tuple(_param(qualname, arg) for arg in schema.arguments)
     for ret in schema.returns:
         if ret.type.kind() != "TensorType":
             raise OpBridgeError(
                 f"{qualname}: return type {ret.type} has no ONNX form. Got {ret.type}. "
                 "Return a Tensor or a tuple of Tensors."
             )
-    return tuple(params), len(schema.returns)
+    return params, len(schema.returns)
+
+
+def _param(qualname: str, arg: Any) -> Param:
+    kind, kwarg_only = arg.type.kind(), bool(arg.kwarg_only)
+    default = arg.default_value if arg.has_default_value() else NO_DEFAULT
+    if kind == "TensorType":
+        mutated = bool(arg.alias_info is not None and arg.alias_info.is_write)
+        return Param(arg.name, True, mutated=mutated, kwarg_only=kwarg_only)
+    optional = kind == "OptionalType"
+    elem = str(arg.type.getElementType() if kind in ("OptionalType", "ListType") else arg.type)
+    if optional and elem == "Tensor":
+        return Param(arg.name, True, optional=True, default=default, kwarg_only=kwarg_only)
+    table = _LIST_ATTRS if kind == "ListType" else _SCALAR_ATTRS
+    if elem not in table:
+        raise OpBridgeError(
+            f"{qualname}: argument '{arg.name}' has type {arg.type}, which has no ONNX form. "
+            f"Got {arg.type}. Use Tensor, Tensor?, int, float, bool, str (each optional too) or a list of "
+            "int/float/bool."
+        )
+    if optional and default is NO_DEFAULT:
+        # NOTE: int?/float?/... : an optional ONNX attribute without an ONNX default, omitted exactly
+        # when the call passes None (``Param.absent``); a torch default other than None is written
+        # explicitly at export (C++-inferred schemas give no default: None)
+        default = None
+    attr_type, ann = table[elem]
+    return Param(arg.name, False, optional=optional, attr_type=attr_type, annotation=ann, is_bool=elem == "bool",
+                 default=default, kwarg_only=kwarg_only)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -368,14 +362,11 @@ class Written:
     """
 
     source: Any
+    note: ClassVar[str | None] = None  # NOTE: what a body's kind adds to its name in reports (BodyBuilder's)
 
     def to_function_proto(self) -> onnx.FunctionProto:
         """The body as written (a fresh copy each call)."""
         return self.source.to_function_proto()
-
-    @property
-    def note(self) -> str | None:
-        return None
 
 
 def explicit_attributes(spec: OpSpec, node: onnx.NodeProto) -> bool:
@@ -413,11 +404,10 @@ def bind_attribute_defaults(spec: OpSpec, proto: onnx.FunctionProto) -> onnx.Fun
     value, not to the inner op's own default (LeakyRelu's 0.01)."""
     defaults = {p.name: p.onnx_default for p in spec.attributes if p.onnx_default is not None}
     bound = [name for name in proto.attribute if name in defaults]
-    if bound:
-        keep = [name for name in proto.attribute if name not in defaults]
-        del proto.attribute[:]
-        proto.attribute.extend(keep)
-        proto.attribute_proto.extend(defaults[name] for name in bound)
+    keep = [name for name in proto.attribute if name not in defaults]
+    del proto.attribute[:]
+    proto.attribute.extend(keep)
+    proto.attribute_proto.extend(defaults[name] for name in bound)
     return proto
 
 
