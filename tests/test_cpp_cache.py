@@ -137,7 +137,7 @@ def test_a_truncated_torch_extension_is_rebuilt_not_loaded(tmp_path):
         """, tmp_path / "cache")
     assert r.returncode == 0, r.stderr[-3000:]
     assert r.stdout.split() == ["True", "True"]
-    assert "[opbridge] building C++ library opbridge_identity_conv" in r.stderr  # the progress line
+    assert "[opbridge] building the C++ library of opbridge::identity_conv and" in r.stderr  # the progress line
     assert cppbuild.verified(library) and library.stat().st_size > len(good) // 3
 
 

@@ -105,6 +105,17 @@ def test_a_localized_nan_mismatch_is_strict_json():
         assert worst[0] == {"index": [0], "eager": 1.0, "ort": "nan", "abs_err": None}
 
 
+def test_a_pass_with_max_rel_past_rtol_says_atol_held():
+    small = compare("y", torch.tensor([1e-7, 1.0]), np.array([2e-7, 1.0], np.float32))  # rel 1 at 1e-7, by atol
+    tight = compare("z", torch.tensor([1.0, 2.0]), np.array([1.0, 2.0], np.float32))
+    text = str(ParityReport("M", "function", [small, tight]))
+    assert small.passed and small.max_rel > small.rtol
+    assert "y: max rel 1 is past rtol 1e-05 at elements whose |eager| is small; they pass by atol 1e-05" in text
+    assert "z: max rel" not in text  # within rtol: nothing to say
+    failing = compare("w", torch.tensor([1.0]), np.array([2.0], np.float32))
+    assert "w: max rel" not in str(ParityReport("M", "function", [failing]))  # a FAIL says nothing of atol
+
+
 def test_exact_outputs_list_no_worst_elements():
     assert compare("y", torch.ones(4), np.ones(4, np.float32)).worst == []
 

@@ -371,7 +371,7 @@ def build_torch_extension(name: str, sources: Sequence[str | os.PathLike], *, pu
         h.update(Path(source).read_bytes())
 
     def build(tmp: Path, cxx: str) -> Path:
-        with step(f"building C++ library {name} for {purpose} (once; cached)", always=True), without_cuda_probe():
+        with step(f"building {purpose} ({name}.so, once; cached)", always=True), without_cuda_probe():
             cpp_extension = importlib.import_module("torch.utils.cpp_extension")
             cpp_extension.load(name=name, sources=[str(s) for s in sources], build_directory=str(tmp),
                                is_python_module=False, verbose=False)

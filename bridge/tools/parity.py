@@ -249,6 +249,10 @@ class ParityReport:
         lines = [f"parity: {self.model} | {runner} tier {self.tier} vs eager torch | "
                  f"{'PASS' if self.passed else 'FAIL'}", format_table(rows)]
         lines += [f"kernel of {op}: {where}" for op, where in self.kernels.items()]
+        # NOTE: a max rel past rtol beside PASS reads as a contradiction: say which bound held
+        lines += [f"{o.name}: max rel {o.max_rel:.3g} is past rtol {o.rtol:g} at elements whose |eager| is small; they "
+                  f"pass by atol {o.atol:g} (each element: |ort - eager| <= atol + rtol * |eager|)"
+                  for o in self.outputs if o.passed and not math.isnan(o.max_rel) and o.max_rel > o.rtol]
         for o in self.outputs:
             if not o.passed and o.worst:
                 lines.append(f"worst elements of {o.name}:")
