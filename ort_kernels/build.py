@@ -12,6 +12,7 @@ import functools
 import hashlib
 import os
 import re
+import weakref
 from pathlib import Path
 
 import onnxruntime
@@ -100,15 +101,17 @@ def native_entries(registry) -> list[NativeEntry]:
     return entries
 
 
-_entries_cache: dict = {}
+# NOTE: keyed by the registry itself, weakly: an id() key let a new registry at a dead one's address
+# (and generation) get the dead one's ops; entries also go with their registry
+_entries_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # registry -> (generation, entries)
 
 
 def cached_entries(registry) -> list[NativeEntry]:
     """``native_entries`` once per registry content: sessions ask on every creation."""
-    key = (id(registry), registry.generation)
-    if key not in _entries_cache:
-        _entries_cache[key] = native_entries(registry)
-    return _entries_cache[key]
+    cached = _entries_cache.get(registry)
+    if cached is None or cached[0] != registry.generation:
+        cached = _entries_cache[registry] = (registry.generation, native_entries(registry))
+    return cached[1]
 
 
 def served_ops(registry) -> dict[tuple[str, str], tuple[torch.dtype, ...]]:

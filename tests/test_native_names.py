@@ -77,6 +77,25 @@ def test_a_user_op_named_like_a_seed_op_does_not_get_the_seeds_kernel(registry, 
     np.testing.assert_allclose(out, (x * 3).numpy(), rtol=1e-6)
 
 
+def test_a_registry_never_gets_another_registrys_served_ops(fresh_name, tmp_path, monkeypatch):
+    # a registry made where a dead one lived has its id(); every id() is one here, so a cache keyed
+    # by id() and generation would hand the second registry the first one's ops
+    monkeypatch.setattr(build, "id", lambda _: 1, raising=False)
+    registries = [bridge.Registry(), bridge.Registry()]
+    for registry, factor in zip(registries, (2.0, 5.0)):
+        name = fresh_name(f"scale{int(factor)}")
+        source = tmp_path / f"scale_{int(factor)}.cc"
+        source.write_text(_SCALE_KERNEL.replace("FACTOR", f"{factor}f").replace("SYMBOL", op_names(name).symbol))
+        bridge.op(name, fake=lambda x: torch.empty_like(x), native=str(source), registry=registry,
+                  sample_inputs=_samples)(_numpy_scale(factor))
+    assert registries[0].generation == registries[1].generation
+    served = [set(build.served_ops(r)) for r in registries]
+    assert served == [{(s.domain, s.name) for s in r} for r in registries] and served[0] != served[1]
+    for registry in registries:
+        for spec in list(registry):
+            registry.remove(spec.qualname)
+
+
 def test_two_ops_differing_only_by_domain_each_run_their_own_kernel(registry, fresh_name, tmp_path):
     ops = []
     for factor in (2.0, 5.0):
