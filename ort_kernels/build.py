@@ -101,8 +101,8 @@ def native_entries(registry) -> list[NativeEntry]:
     return entries
 
 
-# NOTE: keyed by the registry itself, weakly: an id() key let a new registry at a dead one's address
-# (and generation) get the dead one's ops; entries also go with their registry
+# NOTE: keyed by the registry itself, weakly: a new registry can take a dead one's id() (and have its
+# generation), so an id() key would give it the dead one's ops; entries go with their registry
 _entries_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # registry -> (generation, entries)
 
 
