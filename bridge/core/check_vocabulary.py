@@ -99,6 +99,8 @@ class Const(Expr):
 
 @dataclasses.dataclass(frozen=True)
 class Dim(Expr):
+    """``input.shape[axis]`` (-1 when the input has no such axis)."""
+
     input: str
     axis: int
 
@@ -115,6 +117,8 @@ class Dim(Expr):
 
 @dataclasses.dataclass(frozen=True)
 class Numel(Expr):
+    """The number of elements of ``input``."""
+
     input: str
 
     def eval(self, env):
@@ -129,8 +133,8 @@ class Numel(Expr):
 
 @dataclasses.dataclass(frozen=True)
 class Attr(Expr):
-    """A scalar int attribute; ``attr(name)[i]`` an item of an ints attribute, ``.prod(stop)`` the
-    product of its first ``stop`` items."""
+    """An attribute's value: a scalar int attribute; ``attr(name)[i]`` an item of an ints attribute,
+    ``.prod(stop)`` the product of its first ``stop`` items."""
 
     name: str
 
@@ -228,19 +232,8 @@ class _Mul(Expr):
         return f"{self.a} * {self.b}"
 
 
-def dim(input: str, axis: int) -> Expr:
-    """``input.shape[axis]`` (-1 when the input has no such axis)."""
-    return Dim(input, axis)
-
-
-def numel(input: str) -> Expr:
-    """The number of elements of ``input``."""
-    return Numel(input)
-
-
-def attr(name: str) -> Attr:
-    """An attribute's value: an int, or (indexed, ``.prod(stop)``) items of an ints attribute."""
-    return Attr(name)
+# NOTE: the sizes users name: each class is its own constructor
+dim, numel, attr = Dim, Numel, Attr
 
 
 # -- check kinds -------------------------------------------------------------------------------------
@@ -256,26 +249,29 @@ def _value(size: Expr, env: dict | None) -> int | Expr:
 
 @dataclasses.dataclass(frozen=True)
 class Check:
-    """One condition on one input (or attribute) ``input``; ``fix`` is the advice of its message.
+    """One condition on one input (or attribute) ``input``; ``text`` says what must hold and ``fix``
+    is the advice of its message.
 
     A kind's name (``kind``, in guard names and messages) is its class name in snake case."""
 
     input: str
     fix: str
+    text: str
 
     kind: ClassVar[str] = ""
     reads_values: ClassVar[bool] = False  # reads tensor values: skipped on fake (traced) tensors
-    reads_attributes_only: ClassVar[bool] = False  # checkable from a node's attributes, before running
+    reads_attributes_only: ClassVar[bool] = False  # checkable from a node's attributes, before running: attr_*
     guarded: ClassVar[bool] = True  # has an ONNX guard (else onnxruntime's own type check does it)
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         cls.kind = re.sub(r"(?<!^)(?=[A-Z])", "_", cls.__name__).lower()
+        cls.reads_attributes_only = cls.kind.startswith("attr_")
 
     def what(self, env: dict | None = None) -> str:
         """What must hold, with the call's values (``env``) filled in; without ``env``, in words
         (for messages where the values are unknown)."""
-        raise NotImplementedError
+        return self.text
 
     def violation(self, env: dict) -> str | None:
         """The ``Got`` text of a failure on ``env`` ({param name: value}), None when it holds."""
@@ -291,20 +287,10 @@ class Check:
         return f"opbridge: {qualname}: {self.what(env)}. Got {got}. {self.fix}"
 
 
-class _Worded:
-    """A check whose message was worded when it was made (its ``text`` field)."""
-
-    text: str
-
-    def what(self, env: dict | None = None) -> str:
-        return self.text
-
-
 @dataclasses.dataclass(frozen=True)
-class Rank(_Worded, Check):
+class Rank(Check):
     n: int
     at_least: bool
-    text: str
 
     def violation(self, env):
         t = env[self.input]
@@ -321,10 +307,10 @@ class Rank(_Worded, Check):
 class DimEq(Check):
     axis: int
     size: Expr
-    template: str  # may use {input}, {axis}, {size} (its text) and {value} (its value)
 
     def what(self, env=None):
-        return self.template.format(input=self.input, axis=self.axis, size=self.size, value=_value(self.size, env))
+        # NOTE: ``text`` may use {input}, {axis}, {size} (its text) and {value} (its value)
+        return self.text.format(input=self.input, axis=self.axis, size=self.size, value=_value(self.size, env))
 
     def violation(self, env):
         bad = Dim(self.input, self.axis).eval(env) != self.size.eval(env)
@@ -335,9 +321,8 @@ class DimEq(Check):
 
 
 @dataclasses.dataclass(frozen=True)
-class SameLen(_Worded, Check):
+class SameLen(Check):
     other: str
-    text: str
 
     def violation(self, env):
         a, b = env[self.other].numel(), env[self.input].numel()
@@ -348,10 +333,9 @@ class SameLen(_Worded, Check):
 
 
 @dataclasses.dataclass(frozen=True)
-class SameShape(_Worded, Check):
+class SameShape(Check):
     other: str
     drop_last: int
-    text: str
 
     def _key(self, t):
         return t.dim(), tuple(t.shape[:t.dim() - self.drop_last]) if t.dim() >= self.drop_last else None
@@ -378,7 +362,7 @@ class ValuesIn(Check):
     reads_values: ClassVar[bool] = True
 
     def what(self, env=None):
-        return f"input '{self.input}' values must lie in [{_value(self.low, env)}, {_value(self.high, env)})"
+        return self.text.format(low=_value(self.low, env), high=_value(self.high, env))
 
     def violation(self, env):
         t = env[self.input]
@@ -394,9 +378,8 @@ class ValuesIn(Check):
 
 
 @dataclasses.dataclass(frozen=True)
-class ValuesGe(_Worded, Check):
+class ValuesGe(Check):
     low: int
-    text: str
     reads_values: ClassVar[bool] = True
 
     def violation(self, env):
@@ -408,10 +391,8 @@ class ValuesGe(_Worded, Check):
 
 
 @dataclasses.dataclass(frozen=True)
-class AttrLen(_Worded, Check):
+class AttrLen(Check):
     n: int
-    text: str
-    reads_attributes_only: ClassVar[bool] = True
 
     def violation(self, env):
         return str(list(env[self.input])) if len(env[self.input]) != self.n else None
@@ -421,10 +402,8 @@ class AttrLen(_Worded, Check):
 
 
 @dataclasses.dataclass(frozen=True)
-class AttrLe(_Worded, Check):
+class AttrLe(Check):
     pairs: tuple[tuple[int, int], ...]
-    text: str
-    reads_attributes_only: ClassVar[bool] = True
 
     def violation(self, env):
         items = [attr(self.input)[k].eval(env) for pair in self.pairs for k in pair]
@@ -435,10 +414,8 @@ class AttrLe(_Worded, Check):
 
 
 @dataclasses.dataclass(frozen=True)
-class AttrGe(_Worded, Check):
+class AttrGe(Check):
     low: int
-    text: str
-    reads_attributes_only: ClassVar[bool] = True
 
     def violation(self, env):
         return str(list(env[self.input])) if any(v < self.low for v in env[self.input]) else None
@@ -449,7 +426,7 @@ class AttrGe(_Worded, Check):
 
 
 @dataclasses.dataclass(frozen=True)
-class AttrProdLe(_Worded, Check):
+class AttrProdLe(Check):
     """NOTE: the guard is exact without a float64 product (onnxruntime 1.17 has no float64
     ReduceProd): a float32 product, within a factor 2 of the true one (for fewer than 2**22
     items), tells whether the int64 product can wrap (above 2**62); where it cannot, the int64
@@ -457,8 +434,6 @@ class AttrProdLe(_Worded, Check):
     which no allowed ``limit`` admits."""
 
     limit: int
-    text: str
-    reads_attributes_only: ClassVar[bool] = True
 
     def violation(self, env):
         items = list(env[self.input])
@@ -484,8 +459,7 @@ class IntervalsWithin(Check):
     reads_values: ClassVar[bool] = True
 
     def what(self, env=None):
-        return (f"intervals [{self.input}, {self.input} + {self.lengths}) must lie in "
-                f"[0, {_value(self.points, env)}] points")
+        return self.text.format(points=_value(self.points, env))
 
     def violation(self, env):
         n = min(env[self.input].numel(), env[self.lengths].numel())
@@ -511,9 +485,8 @@ class IntervalsWithin(Check):
 
 
 @dataclasses.dataclass(frozen=True)
-class DtypeIs(_Worded, Check):
+class DtypeIs(Check):
     dtypes: tuple[torch.dtype, ...]
-    text: str
     guarded: ClassVar[bool] = False
 
     def violation(self, env):
@@ -521,10 +494,9 @@ class DtypeIs(_Worded, Check):
 
 
 @dataclasses.dataclass(frozen=True)
-class SameDtype(_Worded, Check):
+class SameDtype(Check):
     other: str
     floating: bool
-    text: str
     guarded: ClassVar[bool] = False
 
     def violation(self, env):
@@ -537,52 +509,53 @@ class SameDtype(_Worded, Check):
 def rank(input: str, n: int, *, at_least: bool = False, what: str | None = None, fix: str | None = None) -> Check:
     """``input`` has ``n`` dims (``at_least``: n or more)."""
     text = what or f"input '{input}' must have {'at least ' if at_least else ''}{n} dim{'' if n == 1 else 's'}"
-    return Rank(input, fix or f"Pass a {n}-D {input}.", n, at_least, text)
+    return Rank(input, fix or f"Pass a {n}-D {input}.", text, n, at_least)
 
 
 def dim_eq(input: str, axis: int, size: Expr | int, *, what: str | None = None, fix: str | None = None) -> Check:
     """``input.shape[axis] == size``; ``what`` may use ``{value}`` (the size) and ``{size}`` (its text)."""
-    return DimEq(input, fix or "Pass matching sizes.", axis, _expr(size),
-                 what or "input '{input}' must have {input}.shape[{axis}] == {size} = {value}")
+    text = what or "input '{input}' must have {input}.shape[{axis}] == {size} = {value}"
+    return DimEq(input, fix or "Pass matching sizes.", text, axis, _expr(size))
 
 
 def same_len(input: str, other: str, *, what: str | None = None, fix: str | None = None) -> Check:
     """1-D ``input`` has as many entries as ``other``."""
-    return SameLen(input, fix or f"Pass one {input} entry per {other} entry.", other,
-                   what or f"inputs '{other}' and '{input}' must have equal length")
+    return SameLen(input, fix or f"Pass one {input} entry per {other} entry.",
+                   what or f"inputs '{other}' and '{input}' must have equal length", other)
 
 
 def same_shape(input: str, other: str, *, drop_last: int = 0, what: str | None = None,
                fix: str | None = None) -> Check:
     """``input`` has the rank of ``other`` and its shape (``drop_last``: but for the last dims)."""
-    return SameShape(input, fix or f"Pass {input} shaped like {other}.", other, drop_last,
-                     what or f"input '{input}' must have the shape of '{other}'")
+    return SameShape(input, fix or f"Pass {input} shaped like {other}.",
+                     what or f"input '{input}' must have the shape of '{other}'", other, drop_last)
 
 
 def values_in(input: str, low: Expr | int, high: Expr | int, *, fix: str | None = None) -> Check:
     """Every value of ``input`` lies in ``[low, high)`` (an empty input passes)."""
-    return ValuesIn(input, fix or f"Check {input} against the sizes it indexes.", _expr(low), _expr(high))
+    return ValuesIn(input, fix or f"Check {input} against the sizes it indexes.",
+                    f"input '{input}' values must lie in [{{low}}, {{high}})", _expr(low), _expr(high))
 
 
 def values_ge(input: str, low: int, *, fix: str | None = None) -> Check:
     """Every value of ``input`` is ``>= low`` (compared as :func:`values_in` does)."""
-    return ValuesGe(input, fix or f"Pass {input} >= {low}.", low, f"input '{input}' values must be >= {low}")
+    return ValuesGe(input, fix or f"Pass {input} >= {low}.", f"input '{input}' values must be >= {low}", low)
 
 
 def attr_len(name: str, n: int, *, what: str | None = None, fix: str | None = None) -> Check:
     """Ints attribute ``name`` has ``n`` items."""
-    return AttrLen(name, fix or f"Pass {n} values.", n, what or f"attribute '{name}' must have {n} items")
+    return AttrLen(name, fix or f"Pass {n} values.", what or f"attribute '{name}' must have {n} items", n)
 
 
 def attr_le(name: str, pairs: Sequence[tuple[int, int]], *, what: str, fix: str) -> Check:
     """``name[i] <= name[j]`` for each ``(i, j)`` of ``pairs`` (an ints attribute)."""
-    return AttrLe(name, fix, tuple((int(i), int(j)) for i, j in pairs), what)
+    return AttrLe(name, fix, what, tuple((int(i), int(j)) for i, j in pairs))
 
 
 def attr_ge(name: str, low: int, *, what: str | None = None, fix: str | None = None) -> Check:
     """Every item of ints attribute ``name`` is ``>= low``."""
-    return AttrGe(name, fix or f"Pass {name} items >= {low}.", low,
-                  what or f"attribute '{name}' items must be >= {low}")
+    return AttrGe(name, fix or f"Pass {name} items >= {low}.", what or f"attribute '{name}' items must be >= {low}",
+                  low)
 
 
 def attr_prod_le(name: str, limit: int, *, what: str | None = None, fix: str | None = None) -> Check:
@@ -592,26 +565,27 @@ def attr_prod_le(name: str, limit: int, *, what: str | None = None, fix: str | N
     if not 1 <= limit <= PRODUCT_LIMIT_MAX:
         raise OpBridgeError(f"attr_prod_le('{name}') bounds a product by {limit}. Got a limit outside "
                             f"[1, 2**61]. Pass a limit from 1 to {PRODUCT_LIMIT_MAX}.")
-    return AttrProdLe(name, fix or f"Pass smaller {name} sizes.", limit,
-                      what or f"attribute '{name}' must describe at most {limit} elements")
+    return AttrProdLe(name, fix or f"Pass smaller {name} sizes.",
+                      what or f"attribute '{name}' must describe at most {limit} elements", limit)
 
 
 def intervals_within(starts: str, lengths: str, points: Expr | int, *, fix: str | None = None) -> Check:
     """Every interval ``[starts[i], starts[i] + lengths[i])`` lies in ``[0, points]`` (the
     lengths' sign and count are separate checks)."""
-    return IntervalsWithin(starts, fix or f"Fix {starts}/{lengths}.", lengths, _expr(points))
+    text = f"intervals [{starts}, {starts} + {lengths}) must lie in [0, {{points}}] points"
+    return IntervalsWithin(starts, fix or f"Fix {starts}/{lengths}.", text, lengths, _expr(points))
 
 
 def dtype_is(input: str, dtypes: Sequence[torch.dtype], *, fix: str | None = None) -> Check:
     """``input``'s dtype is one of ``dtypes`` (no guard: onnxruntime checks types before running)."""
     text = f"input '{input}' must be {' or '.join(str(d).replace('torch.', '') for d in dtypes)}"
-    return DtypeIs(input, fix or f"Cast {input}.", tuple(dtypes), text)
+    return DtypeIs(input, fix or f"Cast {input}.", text, tuple(dtypes))
 
 
 def same_dtype(input: str, other: str, *, floating: bool = False, fix: str | None = None) -> Check:
     """``input`` has ``other``'s dtype (``floating``: a floating one); no guard (onnxruntime's type check)."""
-    return SameDtype(input, fix or f"Cast {input} to {other}'s dtype.", other, floating,
-                     f"inputs '{other}' and '{input}' must share one {'floating ' if floating else ''}dtype")
+    text = f"inputs '{other}' and '{input}' must share one {'floating ' if floating else ''}dtype"
+    return SameDtype(input, fix or f"Cast {input} to {other}'s dtype.", text, other, floating)
 
 
 # -- the op's check list ---------------------------------------------------------------------------
