@@ -30,7 +30,7 @@ from onnx import TensorProto, helper
 from bridge.core.check_vocabulary import Check, Checks, Compare, DtypeIs
 from bridge.core.domains import is_onnx
 from bridge.core.errors import OpBridgeError
-from bridge.core.graphs import FreshNames, ProtoMemo, may_hold_subgraphs, walk
+from bridge.core.graphs import FreshNames, ProtoMemo, drop_unread, value_names, walk
 
 GUARD_PREFIX = "opbridge_check"
 
@@ -88,7 +88,7 @@ class GuardBuilder:
         self.nodes: list[onnx.NodeProto] = []
         self.memo: dict[tuple, str] = {}
         self.count = 0
-        self.used = {n for node in proto.node for n in (*node.input, *node.output)} | set(proto.input)
+        self.used = value_names(proto)
         self.inputs = set(proto.input)
 
     def fresh(self) -> str:
@@ -146,20 +146,16 @@ class GuardBuilder:
         """``[1, *shape]`` of input ``name``: never zero-size, even for a scalar."""
         return self.node("Shape", [self.node("Unsqueeze", [self.input(name), self.const([0])])])
 
-    def numel(self, value: str) -> str:
-        """The element count of ``value`` as an int64 scalar (compared with a [1] value, it gives [1])."""
-        return self.node("Size", [value])
-
     def numel1(self, value: str) -> str:
         """The element count of ``value`` as int64 [1] (of an input: the product of its shape,
         which shares the input's one Shape with its rank and dims)."""
         if value in self.inputs:
             return self.node("ReduceProd", [self.shape1(value)], keepdims=1)
-        return self.node("Reshape", [self.numel(value), self.const([1])])
+        return self.node("Reshape", [self.node("Size", [value]), self.const([1])])
 
     def rank(self, name: str) -> str:
         """The rank of input ``name`` as int64 [1]."""
-        return self.node("Sub", [self.numel(self.shape1(name)), self.const([1])])
+        return self.node("Sub", [self.node("Size", [self.shape1(name)]), self.const([1])])
 
     def _padded_shape(self, name: str, axis: int) -> str:
         """``[1, *shape, -1, -1, ...]``: a missing dim past the end reads -1."""
@@ -189,16 +185,13 @@ class GuardBuilder:
         padded = self.node("Concat", [self.attr(name), self.const([missing] * _pad(index + 1))], axis=0)
         return self.node("Slice", [padded, self.const([index]), self.const([index + 1])])
 
-    def double(self, value: str) -> str:
-        return self.node("Cast", [value], to=TensorProto.DOUBLE)
-
     def double_const(self, value: float) -> str:
         """A float64 [1] constant."""
         return self.node("Constant", [], value=helper.make_tensor("value", TensorProto.DOUBLE, [1], [float(value)]))
 
     def flat_double(self, value: str) -> str:
         """``value`` flattened, as float64."""
-        return self.double(self.node("Reshape", [value, self.const([-1])]))
+        return self.node("Cast", [self.node("Reshape", [value, self.const([-1])])], to=TensorProto.DOUBLE)
 
     def least(self, value: str, flat_double: bool = False, sources: Sequence[str] = ()) -> str:
         """The least element of ``value`` as float64 [1] (exact for int32 and float values); +inf when
@@ -210,20 +203,20 @@ class GuardBuilder:
         more (no emptiness test, no Pad, shared by every check reading ``value``). Its ReduceMin
         skips a NaN after the first element: NaNs are made -inf first, unless every source is an
         input a dtype check holds to integers."""
-        flat = self._no_nan(value if flat_double else self.flat_double(value), value, sources, -math.inf)
-        return self.node("ReduceMin", [self.node("Concat", [flat, self.double_const(math.inf)], axis=0)], keepdims=1)
+        return self._extreme("ReduceMin", value, flat_double, sources, math.inf)
 
     def most(self, value: str, flat_double: bool = False, sources: Sequence[str] = ()) -> str:
         """The greatest element of ``value`` as float64 [1]; -inf when it is empty, +inf when it holds
         a NaN (as :meth:`least`)."""
-        flat = self._no_nan(value if flat_double else self.flat_double(value), value, sources, math.inf)
-        return self.node("ReduceMax", [self.node("Concat", [flat, self.double_const(-math.inf)], axis=0)], keepdims=1)
+        return self._extreme("ReduceMax", value, flat_double, sources, -math.inf)
 
-    def _no_nan(self, flat: str, value: str, sources: Sequence[str], fill: float) -> str:
-        """``flat`` (float64) with each NaN replaced by ``fill`` (NaN != NaN), unless no NaN can be there."""
-        if all(s in self.integers for s in (sources or [value])):
-            return flat
-        return self.node("Where", [self.node("Equal", [flat, flat]), flat, self.double_const(fill)])
+    def _extreme(self, reduce: str, value: str, flat_double: bool, sources: Sequence[str], empty: float) -> str:
+        """``reduce`` over ``value`` (float64, flat) and ``empty``; each NaN made ``-empty`` first (NaN !=
+        NaN), unless no NaN can be there."""
+        flat = value if flat_double else self.flat_double(value)
+        if not all(s in self.integers for s in (sources or [value])):
+            flat = self.node("Where", [self.node("Equal", [flat, flat]), flat, self.double_const(-empty)])
+        return self.node(reduce, [self.node("Concat", [flat, self.double_const(empty)], axis=0)], keepdims=1)
 
     def shape_key(self, name: str, drop_last: int) -> str:
         """The shape of input ``name`` with its last ``drop_last`` dims masked, then its rank, as one
@@ -364,10 +357,12 @@ def _order(proto: onnx.FunctionProto) -> bool:
     at = next((i for i, n in enumerate(nodes) if is_guard(n)), None)
     if at is None:
         return False
-    producers, read, taken, body = _scan(proto, nodes)
+    producers = {o: n for n in nodes for o in n.output}  # NOTE: top-level: what the waits read
+    body = [n for n in nodes if not all(_is_guard_value(o) for o in n.output)]
+    read = {i for n in walk(body) for i in n.input}  # NOTE: what the body (every node but the guard's) reads
     if any(_waited(producers[v], producers, set(proto.input)) for v in read if _is_guard_value(v) and v in producers):
         return False  # NOTE: a body that waits already (an earlier version's file)
-    names = FreshNames(taken)
+    names = FreshNames(value_names(proto))
     chain, zero = names(f"{GUARD_PREFIX}_chain"), names(f"{GUARD_PREFIX}_zero")
     waits = [helper.make_node("ReduceMax", [nodes[at].output[0]], [chain], keepdims=1),
              helper.make_node("Constant", [], [zero], value=helper.make_tensor("value", TensorProto.INT64, [1], [0]))]
@@ -391,30 +386,6 @@ def _order(proto: onnx.FunctionProto) -> bool:
     for k, wait in enumerate(waits):
         proto.node.insert(at + k, wait)  # NOTE: in place: rebuilding the list copies every node (sessions pay it)
     return True
-
-
-def _scan(proto: onnx.FunctionProto, nodes: list[onnx.NodeProto]) -> tuple[dict, set[str], set[str], list]:
-    """One pass over ``proto``'s nodes (``nodes``): the top-level producer of each value, the values the
-    body (every node but the guard's) reads, subgraphs included, every value name used (what new
-    names avoid: :func:`bridge.core.graphs.value_names`), and the body's top-level nodes."""
-    producers: dict[str, onnx.NodeProto] = {}
-    read: set[str] = set()
-    taken = set(proto.input)
-    body = []
-    for node in nodes:
-        outputs = list(node.output)
-        producers.update(dict.fromkeys(outputs, node))
-        in_body = not all(_is_guard_value(o) for o in outputs)
-        if in_body:
-            body.append(node)
-        for inner in walk([node]) if may_hold_subgraphs(node) else (node,):
-            inputs = inner.input
-            taken.update(inputs)
-            taken.update(inner.output)
-            if in_body:
-                read.update(inputs)
-    taken.discard("")
-    return producers, read, taken, body
 
 
 def unguarded(proto: onnx.FunctionProto) -> onnx.FunctionProto:
@@ -446,14 +417,9 @@ def unguarded(proto: onnx.FunctionProto) -> onnx.FunctionProto:
             renames[node.output[0]] = source
     for node in kept:
         _rename_inputs(node, renames)
-    while True:
-        read = set(out.output) | {n for node in walk(kept) for n in node.input}
-        live = [n for n in kept if not all(_is_guard_value(o) and o not in read for o in n.output)]
-        if len(live) == len(kept):
-            break
-        kept = live
     del out.node[:]
     out.node.extend(kept)
+    drop_unread(out, [n for n in out.node if all(_is_guard_value(o) for o in n.output)])
     return out
 
 
@@ -471,7 +437,7 @@ def _waited(node: onnx.NodeProto, producers: dict, inputs: set[str]) -> str | No
 
 def _rename_inputs(node: onnx.NodeProto, renames: dict[str, str]) -> None:
     """Rename the values ``node`` reads, in its subgraphs too (outer-scope references)."""
-    for inner in walk([node]) if may_hold_subgraphs(node) else (node,):
+    for inner in walk([node]):
         if any(n in renames for n in inner.input):  # NOTE: rewriting a node's inputs costs; most keep theirs
             inner.input[:] = [renames.get(n, n) for n in inner.input]
 

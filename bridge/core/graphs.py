@@ -423,7 +423,7 @@ def _fold_probes(graph: onnx.GraphProto | onnx.FunctionProto, types: dict[str, o
         folded += 1
     del graph.node[:]
     graph.node.extend(nodes)
-    _drop_unread(graph, probes)
+    drop_unread(graph, probes)
     return folded
 
 
@@ -439,7 +439,7 @@ def _hoisted(branch: onnx.GraphProto, outputs: list[str]) -> list[onnx.NodeProto
     return nodes + [onnx.helper.make_node("Identity", [b], [o]) for b, o in renames.items() if b not in made]
 
 
-def _drop_unread(graph: onnx.GraphProto | onnx.FunctionProto, candidates: list[onnx.NodeProto]) -> None:
+def drop_unread(graph: onnx.GraphProto | onnx.FunctionProto, candidates: list[onnx.NodeProto]) -> None:
     """Remove the nodes writing ``candidates``' outputs that nothing reads any more (repeated: a
     chain goes whole)."""
     doomed = {o for n in candidates for o in n.output}
