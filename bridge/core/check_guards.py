@@ -110,11 +110,13 @@ class GuardBuilder:
             self.memo[key] = out
         return out
 
-    def const(self, values, scalar: bool = False) -> str:
-        """An int64 constant (a tensor: ``value=``, the form every tool reads): a scalar, or 1-D."""
-        items = [int(values)] if scalar else [int(v) for v in values]
-        return self.node("Constant", [], value=helper.make_tensor("value", TensorProto.INT64,
-                                                                  [] if scalar else [len(items)], items))
+    def const(self, values, scalar: bool = False, dtype: int = TensorProto.INT64) -> str:
+        """A constant of element type ``dtype`` (int64, or a float type) as a tensor (``value=``, the
+        form every tool reads): a scalar, or 1-D."""
+        number = int if dtype == TensorProto.INT64 else float
+        items = [number(values)] if scalar else [number(v) for v in values]
+        tensor = helper.make_tensor("value", dtype, [] if scalar else [len(items)], items)
+        return self.node("Constant", [], value=tensor)
 
     def input(self, name: str) -> str:
         if name not in self.inputs:
@@ -185,10 +187,6 @@ class GuardBuilder:
         padded = self.node("Concat", [self.attr(name), self.const([missing] * _pad(index + 1))], axis=0)
         return self.node("Slice", [padded, self.const([index]), self.const([index + 1])])
 
-    def double_const(self, value: float) -> str:
-        """A float64 [1] constant."""
-        return self.node("Constant", [], value=helper.make_tensor("value", TensorProto.DOUBLE, [1], [float(value)]))
-
     def flat_double(self, value: str) -> str:
         """``value`` flattened, as float64."""
         return self.node("Cast", [self.node("Reshape", [value, self.const([-1])])], to=TensorProto.DOUBLE)
@@ -215,8 +213,10 @@ class GuardBuilder:
         NaN), unless no NaN can be there."""
         flat = value if flat_double else self.flat_double(value)
         if not all(s in self.integers for s in (sources or [value])):
-            flat = self.node("Where", [self.node("Equal", [flat, flat]), flat, self.double_const(-empty)])
-        return self.node(reduce, [self.node("Concat", [flat, self.double_const(empty)], axis=0)], keepdims=1)
+            number = self.node("Equal", [flat, flat])
+            flat = self.node("Where", [number, flat, self.const([-empty], dtype=TensorProto.DOUBLE)])
+        padded = self.node("Concat", [flat, self.const([empty], dtype=TensorProto.DOUBLE)], axis=0)
+        return self.node(reduce, [padded], keepdims=1)
 
     def shape_key(self, name: str, drop_last: int) -> str:
         """The shape of input ``name`` with its last ``drop_last`` dims masked, then its rank, as one
@@ -273,9 +273,7 @@ def _holds(b: GuardBuilder, items: Sequence[str | Compare]) -> str:
         compares = [cast(Compare, items[k]) for k in members]
         op_type, dtype, rhs_type = key
         if rhs_type == "number":
-            numbers = [c.rhs for c in compares]
-            rhs = b.const(numbers) if dtype == TensorProto.INT64 else b.node(
-                "Constant", [], value=helper.make_tensor("value", dtype, [len(numbers)], [float(v) for v in numbers]))
+            rhs = b.const([c.rhs for c in compares], dtype=dtype)
         else:
             rhs = vector([cast(str, c.rhs) for c in compares])
             rhs = rhs if rhs_type == dtype else b.node("Cast", [rhs], to=dtype)

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from typing import Any, ClassVar
 
 import torch
-from onnx import TensorProto, helper
+from onnx import TensorProto
 
 from bridge.core.errors import OpBridgeError
 from bridge.core.torch_compat import is_fake
@@ -445,7 +445,7 @@ class AttrProdLe(Check):
         items = b.node("Max", [b.attr(self.input), b.const([1])])  # NOTE: zeros count as 1
         padded = b.node("Concat", [items, b.const([1])], axis=0)  # NOTE: an empty list passes
         approx = b.node("ReduceProd", [b.node("Cast", [padded], to=TensorProto.FLOAT)], keepdims=1)
-        wrap = b.node("Constant", [], value=helper.make_tensor("value", TensorProto.FLOAT, [1], [2.0**62]))
+        wrap = b.const([2.0**62], dtype=TensorProto.FLOAT)
         no_wrap = b.node("LessOrEqual", [approx, wrap])
         # NOTE: where the product could wrap, it is not taken at all (signed overflow)
         exact = b.node("ReduceProd", [b.node("Where", [no_wrap, padded, b.const([1])])], keepdims=1)
