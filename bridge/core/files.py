@@ -33,7 +33,7 @@ import shutil
 import stat
 import tempfile
 import zipfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import BinaryIO
 
 import numpy as np
@@ -181,12 +181,8 @@ def check_folder(path: str | os.PathLike) -> str:
 def make_folder(path: str | os.PathLike) -> str:
     """``check_folder``, then create the folder and its parents where missing; return the path."""
     shown = check_folder(path)
-    try:
+    with _translated(os.path.join(shown, ".")):
         os.makedirs(shown, exist_ok=True)
-    except OSError as e:
-        if (translated := _translate(e, os.path.join(shown, "."))) is not e:
-            raise translated from None
-        raise
     return shown
 
 
@@ -225,6 +221,17 @@ def _translate(e: OSError, path: str) -> OSError | OpBridgeError:
     return e
 
 
+@contextlib.contextmanager
+def _translated(path: str) -> Iterator[None]:
+    """An OSError inside as :func:`_translate` gives it for a write of ``path``."""
+    try:
+        yield
+    except OSError as e:
+        if (translated := _translate(e, path)) is not e:
+            raise translated from None
+        raise
+
+
 def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], *, executable: bool = False,
                  keep_mode: bool = False) -> str:
     """Write ``path`` whole or not at all with ``write(binary_file)``; return the path.
@@ -253,27 +260,26 @@ def _replace_with(path: str | os.PathLike, fill: Callable[[str], object], *, exe
     folder = os.path.dirname(target) or "."
     previous = os.stat(target) if keep_mode and os.path.isfile(target) else None
     tmp, created = os.path.join(folder, f".{os.path.basename(target)}.{secrets.token_hex(8)}.tmp"), False
-    try:
-        # NOTE: os.open applies the umask itself, as for any new file; O_EXCL never reuses a file
-        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                         0o777 if executable else 0o666))
-        created = True
-        fill(tmp)
-        fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    with _translated(target):
         try:
-            os.fsync(fd)
-            if previous is not None:
-                _keep(fd, previous)
-        finally:
-            os.close(fd)
-        os.replace(tmp, target)
-    except BaseException as e:
-        if created:  # NOTE: only the temp file this call made
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-        if isinstance(e, OSError) and (translated := _translate(e, target)) is not e:
-            raise translated from None
-        raise
+            # NOTE: os.open applies the umask itself, as for any new file; O_EXCL never reuses a file
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                             0o777 if executable else 0o666))
+            created = True
+            fill(tmp)
+            fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            try:
+                os.fsync(fd)
+                if previous is not None:
+                    _keep(fd, previous)
+            finally:
+                os.close(fd)
+            os.replace(tmp, target)
+        except BaseException:
+            if created:  # NOTE: only the temp file this call made
+                with contextlib.suppress(OSError):
+                    os.unlink(tmp)
+            raise
     _sync_folder(folder)
     return target
 
@@ -355,27 +361,15 @@ def save_model(proto: onnx.ModelProto, path: str | os.PathLike, *, external: boo
     folder, name = os.path.split(os.path.abspath(target))
     # NOTE: onnx writes the model and its .data file into a private folder beside the target; each file
     # is then written through write_atomic, so modes and failures follow the one rule
-    staging = _staging_folder(folder, target)
-    try:
-        onnx.save_model(proto, os.path.join(staging, name), save_as_external_data=True,
-                        all_tensors_to_one_file=True, location=name + ".data", size_threshold=0)
-        copy_file(os.path.join(staging, name + ".data"), target + ".data")
-        return write_atomic(target, _copier(os.path.join(staging, name)), keep_mode=keep_mode)
-    except OSError as e:
-        if (translated := _translate(e, target)) is not e:
-            raise translated from None
-        raise
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-def _staging_folder(folder: str, target: str) -> str:
-    try:
-        return tempfile.mkdtemp(prefix=".opbridge-", dir=folder)
-    except OSError as e:
-        if (translated := _translate(e, target)) is not e:
-            raise translated from None
-        raise
+    with _translated(target):
+        staging = tempfile.mkdtemp(prefix=".opbridge-", dir=folder)
+        try:
+            onnx.save_model(proto, os.path.join(staging, name), save_as_external_data=True,
+                            all_tensors_to_one_file=True, location=name + ".data", size_threshold=0)
+            copy_file(os.path.join(staging, name + ".data"), target + ".data")
+            return write_atomic(target, _copier(os.path.join(staging, name)), keep_mode=keep_mode)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
 
 
 def _copier(src: str | os.PathLike) -> Callable[[BinaryIO], None]:
