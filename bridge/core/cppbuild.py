@@ -254,14 +254,10 @@ def toolchain(cxx: str) -> str:
     return f"{cxx}\n{_version_line(cxx)}"
 
 
-def _toolchain_key(cxx: str) -> str:
-    return hashlib.sha256(toolchain(cxx).encode()).hexdigest()[:8]
-
-
-def full_key(key: str, cxx: str | None = None) -> str:
-    """The cache folder name for ``key`` built with ``cxx`` (default: the machine's compiler)."""
-    cxx = cxx or find_compiler()
-    return f"{key}-{_toolchain_key(cxx) if cxx else 'nocompiler'}"
+def full_key(key: str) -> str:
+    """The cache folder name for ``key`` built with the machine's compiler."""
+    cxx = find_compiler()
+    return f"{key}-{hashlib.sha256(toolchain(cxx).encode()).hexdigest()[:8] if cxx else 'nocompiler'}"
 
 
 def _prebuilt(folder: Path, key: str, filename: str) -> Path | None:

@@ -26,6 +26,7 @@ import numpy as np
 import onnx
 import onnx.numpy_helper
 import onnx_ir as ir
+from onnx.helper import get_node_attr_value
 
 from bridge.core.domains import ONNX_DOMAINS, STANDARD_DOMAINS, is_custom
 
@@ -322,15 +323,11 @@ def model_tensor_constants(model: onnx.ModelProto) -> int:
 # NOTE: the ops a type probe's condition is made of: each evaluated with numpy from constants and
 # from the element type (never the values) of a value that is CastLike's second input
 _PROBE_OPS = {
-    "Cast": lambda node, a: a[0].astype(onnx.helper.tensor_dtype_to_np_dtype(_int_attr(node, "to"))),
+    "Cast": lambda node, a: a[0].astype(onnx.helper.tensor_dtype_to_np_dtype(get_node_attr_value(node, "to"))),
     "CastLike": lambda node, a: a[0].astype(a[1].dtype),
     "Not": lambda node, a: np.logical_not(a[0]),
     "Identity": lambda node, a: a[0],
 }
-
-
-def _int_attr(node: onnx.NodeProto, name: str) -> int:
-    return next(a.i for a in node.attribute if a.name == name)
 
 
 def _probe_value(name: str, producers: dict, types: dict, cone: list) -> np.ndarray | None:
