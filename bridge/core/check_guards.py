@@ -238,11 +238,9 @@ class GuardBuilder:
         """True [1] when int64 vectors x and y are equal (total: unequal lengths are unequal)."""
         nx, ny = self.numel1(x), self.numel1(y)
         n = self.node("Max", [nx, ny])
-        # NOTE: both padded with a value no dim or rank key takes to the longer length
-        px = self.node("Pad", [x, self.node("Concat", [self.const([0]), self.node("Sub", [n, nx])], axis=0),
-                               self.const(-7, scalar=True)])
-        py = self.node("Pad", [y, self.node("Concat", [self.const([0]), self.node("Sub", [n, ny])], axis=0),
-                               self.const(-9, scalar=True)])
+        # NOTE: each padded with a value no dim or rank key takes (-7, -9) to the longer length
+        px, py = (self.node("Pad", [v, self.node("Concat", [self.const([0]), self.node("Sub", [n, nv])], axis=0),
+                                    self.const(fill, scalar=True)]) for v, nv, fill in ((x, nx, -7), (y, ny, -9)))
         same = self.node("Cast", [self.node("Equal", [px, py])], to=TensorProto.INT64)
         return self.node("Cast", [self.node("ReduceMin", [same], keepdims=1)], to=TensorProto.BOOL)
 

@@ -1,9 +1,9 @@
 """The check vocabulary: sizes (:class:`Expr`), one class per check kind, the constructors users
 call (``rank``, ``dim_eq``, ...), and an op's check list (:class:`Checks`).
 
-Each kind states, in one class, what must hold (``what``), its eager violation
-(``violation``), its ONNX guard (``guard``, over a builder from ``bridge.core.check_guards``),
-the message of a failure (``message``) and whether it reads tensor values
+Each kind states, in one class, what must hold (``what``; a failure's message is ``opbridge:
+<qualname>: <what>. Got <violation>. <fix>``), its eager violation (``violation``), its ONNX guard
+(``guard``, over a builder from ``bridge.core.check_guards``) and whether it reads tensor values
 (``reads_values``). A new kind is a subclass here plus a constructor.
 
 Example:
@@ -281,10 +281,6 @@ class Check:
         """What must hold in ONNX (built with ``b``, a ``check_guards`` builder): a bool [1] value,
         or a list of bool [1] values and :class:`Compare` that must all hold."""
         raise NotImplementedError
-
-    def message(self, qualname: str, env: dict, got: str) -> str:
-        """The eager message of a failure."""
-        return f"opbridge: {qualname}: {self.what(env)}. Got {got}. {self.fix}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -627,7 +623,7 @@ class Checks:
                     continue  # NOTE: a check over an omitted optional input does not apply
                 raise
             if got is not None:
-                return check.message(self.qualname, env, got)
+                return f"opbridge: {self.qualname}: {check.what(env)}. Got {got}. {check.fix}"
         return None
 
     def run(self, **env) -> None:

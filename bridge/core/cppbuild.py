@@ -277,11 +277,9 @@ def cached_path(kind: str, key: str, filename: str) -> Path:
 
 def _clean_stale(folder: Path) -> None:
     for tmp in folder.glob("tmp*"):
-        try:
+        with contextlib.suppress(OSError):
             if tmp.is_dir() and not tmp.is_symlink() and time.time() - tmp.lstat().st_mtime > _STALE_S:
                 shutil.rmtree(tmp, ignore_errors=True)
-        except OSError:
-            pass
 
 
 def cached_build(kind: str, key: str, filename: str, build: Callable[[Path, str], Path], *, purpose: str,

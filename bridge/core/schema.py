@@ -103,10 +103,7 @@ def infer_from_fake(spec, ctx) -> None:
             args.append(_fake_input(mode, tp, _HINT_BASE + 8 * index, symbols, hints))
         else:
             attr = ctx.get_attribute(p.name)
-            if attr is None:
-                args.append(p.absent)
-            else:
-                args.append(p.from_onnx_value(helper.get_attribute_value(attr)))
+            args.append(p.absent if attr is None else p.from_onnx_value(helper.get_attribute_value(attr)))
     positional, keywords = spec.call_args(args)
     try:
         with mode:
