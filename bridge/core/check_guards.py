@@ -353,18 +353,16 @@ def _order(proto: onnx.FunctionProto) -> bool:
     at = next((i for i, n in enumerate(nodes) if is_guard(n)), None)
     if at is None:
         return False
-    producers = {o: n for n in nodes for o in n.output}  # NOTE: top-level: what the waits read
+    produced = {o for n in nodes for o in n.output}  # NOTE: top-level: the outputs that may wait
     body = [n for n in nodes if not all(_is_guard_value(o) for o in n.output)]
     read = {i for n in walk(body) for i in n.input}  # NOTE: what the body (every node but the guard's) reads
-    if any(_waited(producers[v], producers, set(proto.input)) for v in read if _is_guard_value(v) and v in producers):
-        return False  # NOTE: a body that waits already (an earlier version's file)
     names = FreshNames(value_names(proto))
     chain, zero = names(f"{GUARD_PREFIX}_chain"), names(f"{GUARD_PREFIX}_zero")
     waits = [helper.make_node("ReduceMax", [nodes[at].output[0]], [chain], keepdims=1),
              helper.make_node("Constant", [], [zero], value=helper.make_tensor("value", TensorProto.INT64, [1], [0]))]
     pairs = [(x, names(f"{x}_checked")) for x in proto.input if x in read]
     if not pairs:  # NOTE: a body that reads no input: its outputs wait instead
-        pairs = [(names(f"{y}_unchecked"), y) for y in proto.output if y in producers]
+        pairs = [(names(f"{y}_unchecked"), y) for y in proto.output if y in produced]
         outputs = {b: a for a, b in pairs}
         for node in body:
             if any(o in outputs for o in node.output):
@@ -386,9 +384,7 @@ def _order(proto: onnx.FunctionProto) -> bool:
 
 def unguarded(proto: onnx.FunctionProto) -> onnx.FunctionProto:
     """``proto`` without its guard (what a file written for deployment carries): every guard value
-    nothing but the guard reads removed. The waits of an earlier version's file (``Reshape``/
-    ``Squeeze`` of an input through the guard) are undone first. A body without a guard comes back
-    as it is.
+    nothing but the guard reads removed. A body without a guard comes back as it is.
 
     Example:
         >>> import onnx
@@ -402,33 +398,8 @@ def unguarded(proto: onnx.FunctionProto) -> onnx.FunctionProto:
         return proto
     out = onnx.FunctionProto()
     out.CopyFrom(proto)
-    renames: dict[str, str] = {}
-    producers = {o: n for n in out.node for o in n.output}
-    kept = []
-    for node in out.node:
-        source = _waited(node, producers, set(out.input))
-        if source is None:
-            kept.append(node)
-        else:
-            renames[node.output[0]] = source
-    for node in kept:
-        _rename_inputs(node, renames)
-    del out.node[:]
-    out.node.extend(kept)
     drop_unread(out, [n for n in out.node if all(_is_guard_value(o) for o in n.output)])
     return out
-
-
-def _waited(node: onnx.NodeProto, producers: dict, inputs: set[str]) -> str | None:
-    """The input a wait node of an earlier version's file passes on (None: ``node`` is no wait): a
-    Reshape/Squeeze of an input (through an Unsqueeze) into a guard value."""
-    if node.op_type not in ("Reshape", "Squeeze") or not node.output[0].startswith(GUARD_PREFIX):
-        return None
-    source = node.input[0]
-    lifted = producers.get(source)
-    if lifted is not None and lifted.op_type == "Unsqueeze" and source.startswith(GUARD_PREFIX):
-        source = lifted.input[0]
-    return source if source in inputs else None
 
 
 def _rename_inputs(node: onnx.NodeProto, renames: dict[str, str]) -> None:
