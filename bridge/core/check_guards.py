@@ -294,8 +294,7 @@ def _guard_node(b: GuardBuilder, qualname: str, guarded: Sequence[tuple[int, Che
     items: list[str | Compare] = []
     codes: list[int] = []
     for index, check in guarded:
-        got = check.guard(b)
-        conditions = got if isinstance(got, list) else [got]
+        conditions = check.guard(b)
         items += conditions
         codes += [index + 1] * len(conditions)
     codes_if_failing = b.node("Where", [_holds(b, items), b.const([0]), b.const(codes)])  # NOTE: [0] broadcasts

@@ -277,9 +277,9 @@ class Check:
         """The ``Got`` text of a failure on ``env`` ({param name: value}), None when it holds."""
         raise NotImplementedError
 
-    def guard(self, b: Any) -> str | list[str | Compare]:
-        """What must hold in ONNX (built with ``b``, a ``check_guards`` builder): a bool [1] value,
-        or a list of bool [1] values and :class:`Compare` that must all hold."""
+    def guard(self, b: Any) -> list[str | Compare]:
+        """What must hold in ONNX (built with ``b``, a ``check_guards`` builder): bool [1] values and
+        :class:`Compare` that must all hold."""
         raise NotImplementedError
 
 
@@ -344,8 +344,8 @@ class SameShape(Check):
     def guard(self, b):
         same = b.equal_vectors(b.shape_key(self.input, self.drop_last), b.shape_key(self.other, self.drop_last))
         if not self.drop_last:
-            return same  # NOTE: every rank is >= 0
-        return b.node("And", [same, b.node("GreaterOrEqual", [b.rank(self.input), b.const([self.drop_last])])])
+            return [same]  # NOTE: every rank is >= 0
+        return [b.node("And", [same, b.node("GreaterOrEqual", [b.rank(self.input), b.const([self.drop_last])])])]
 
 
 @dataclasses.dataclass(frozen=True)
