@@ -182,9 +182,9 @@ class GuardBuilder:
         return self.node("ReduceProd", [self.node("Slice", [padded, self.const([start + 1]), self.const([stop + 1])])],
                          keepdims=1)
 
-    def attr_item(self, name: str, index: int, missing: int = -1) -> str:
-        """Item ``index`` of ints attribute ``name`` as int64 [1]; ``missing`` when it has no such item."""
-        padded = self.node("Concat", [self.attr(name), self.const([missing] * _pad(index + 1))], axis=0)
+    def attr_item(self, name: str, index: int) -> str:
+        """Item ``index`` of ints attribute ``name`` as int64 [1]; -1 when it has no such item."""
+        padded = self.node("Concat", [self.attr(name), self.const([-1] * _pad(index + 1))], axis=0)
         return self.node("Slice", [padded, self.const([index]), self.const([index + 1])])
 
     def flat_double(self, value: str) -> str:
