@@ -46,7 +46,7 @@ from onnx import helper, numpy_helper
 from bridge.core import torch_compat
 from bridge.core.domains import ONNX_DOMAINS, is_custom
 from bridge.core.errors import OpBridgeError
-from bridge.core.proxy import PROXY_NAMESPACE
+from bridge.core.proxy import define_proxy_op
 
 # NOTE: the opset a symbolic function's standard ops are read at (torch.onnx's TorchScript exporter
 # default); bodies are converted to the model's opset as they are attached.
@@ -598,11 +598,6 @@ def _body(fb: FunctionBridge, symbolic: Callable, values: Mapping[str, Any]) -> 
 
 # -- the torch side: proxy op, export-time swap ------------------------------------------------
 
-_PROXIES: dict[str, tuple[Any, str]] = {}  # proxy name -> (CustomOpDef, schema)
-_KERNELS: dict[str, Callable] = {}
-_FAKES: dict[str, Callable] = {}
-
-
 def _outputs(fb: FunctionBridge, out, what: str):
     outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
     if len(outs) != fb.num_outputs or not all(isinstance(o, torch.Tensor) for o in outs):
@@ -612,10 +607,10 @@ def _outputs(fb: FunctionBridge, out, what: str):
 
 
 def define_proxy(fb: FunctionBridge, fake: Callable | None) -> Any:
-    """The proxy op (a ``torch.library.custom_op``, whose Python kernel derivation traces) the export
-    records for ``fb``'s node: its kernel rebuilds ``forward``'s arguments and runs the original forward;
-    its fake is ``fake`` (called with ``apply``'s arguments) or that forward on fake tensors. Redefined
-    only when the signature changes."""
+    """The proxy op (``bridge.core.proxy.define_proxy_op``, traced: derivation traces its Python kernel) the
+    export records for ``fb``'s node: its kernel rebuilds ``forward``'s arguments and runs the original
+    forward; its fake is ``fake`` (called with ``apply``'s arguments) or that forward on fake tensors.
+    Redefined only when the signature changes."""
     name = "fn__" + re.sub(r"\W", "_", f"{fb.domain}__{fb.op_type}")
 
     def kernel(*node_args):
@@ -637,17 +632,7 @@ def define_proxy(fb: FunctionBridge, fake: Callable | None) -> Any:
                 "forward calls.") from None
         return _outputs(fb, out, "forward")
 
-    _KERNELS[name], _FAKES[name] = kernel, traced_fake
-    defined = _PROXIES.get(name)
-    if defined is not None and defined[1] == fb.schema:
-        return defined[0]
-    if defined is not None:
-        torch_compat.destroy_custom_op(defined[0])
-    op = torch.library.custom_op(f"{PROXY_NAMESPACE}::{name}", lambda *args: _KERNELS[name](*args),
-                                 mutates_args=(), schema=fb.schema)
-    op.register_fake(lambda *args: _FAKES[name](*args))
-    _PROXIES[name] = (op, fb.schema)
-    return op
+    return define_proxy_op(name, fb.schema, kernel, traced_fake, traced=True)
 
 
 def export_forward(fb: FunctionBridge, proxy: Any, check: Callable) -> Callable:

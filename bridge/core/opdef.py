@@ -159,13 +159,13 @@ class BridgeOp:
         naming the op and the input. No checks registered: nothing to do."""
         spec = self.spec
         if spec.checks is not None:
-            spec.checks.run(**bind_call(spec, args, kwargs))
+            spec.checks.run(**spec.bind(*args, **kwargs))
 
     def check_shapes(self, *args, **kwargs) -> None:
         """:meth:`check` without the checks that read tensor values (for fake kernels)."""
         spec = self.spec
         if spec.checks is not None:
-            spec.checks.run_shapes(**bind_call(spec, args, kwargs))
+            spec.checks.run_shapes(**spec.bind(*args, **kwargs))
 
     def register_function(self, function=None):
         """The model-local ONNX function body (an onnxscript function named like the op, in its domain),
@@ -196,12 +196,6 @@ class BridgeOp:
         """The op's C++ kernel file for the native tier; a relative path is read against the folder
         of the calling module."""
         self._attach(native_source=resolve_native(source, _caller_folder(), self.qualname))
-
-
-def bind_call(spec: OpSpec, args: Sequence, kwargs: dict) -> dict:
-    """{param name: value} of a call of ``spec``'s op (defaults filled in)."""
-    defaults = {p.name: p.default for p in spec.params if p.has_default}
-    return {**defaults, **dict(zip((p.name for p in spec.params), args)), **kwargs}
 
 
 _WARNED: set[str] = set()  # ops whose override of torch.onnx's translation was warned about
@@ -460,7 +454,7 @@ def _register_function(cls: type, *, function, reference, sample_inputs, native,
     refuse_reserved(fb.qualname, fb.domain)
     _check_version(fb.qualname, version)
     proxy = define_proxy(fb, fake)
-    signature = parse_params(fb.qualname, torch_compat.schema_of(torch_compat.overload_of(proxy)))
+    signature = parse_params(fb.qualname, torch_compat.schema_of(proxy))
     if fb.body is not None and function is not None:
         raise OpBridgeError(f"{class_name(cls)}: its symbolic writes standard ONNX ops, which are its body. Got "
                             "function= as well. Drop one (symbolic=False ignores the symbolic).")

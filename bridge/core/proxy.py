@@ -17,6 +17,7 @@ Proxies live in the ``opbridge_proxy`` torch namespace; ONNX nodes keep the orig
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -35,13 +36,13 @@ _STATE_TYPES = {"int": "int", "float": "float", "bool": "bool", "str": "str", "L
                 "List[float]": "float[]", "List[bool]": "bool[]"}
 _TENSOR_ARG = re.compile(r"^Tensor\??$")
 
-# NOTE: torch ops cannot be undefined; a proxy's library is kept per name. An op's proxy keeps the
+# NOTE: torch ops cannot be undefined; a proxy's definition is kept per name. An op's proxy keeps the
 # argument names it was first defined with (a registration with other names= is refused: redefining
-# it would leave earlier registries' specs naming arguments torch no longer has); a method's proxy is
-# redefined when its schema changes. The fake and the kernel are looked up here at call time, so a
-# later bridge.register of the same op (another registry) swaps them without redefining the op: the
-# latest fake= serves every registry holding the op.
-_LIBS: dict[str, tuple[torch.library.Library, str]] = {}
+# it would leave earlier registries' specs naming arguments torch no longer has); a method's and a
+# Function's proxy is redefined when its schema changes. The fake and the kernel are looked up here
+# at call time, so a later bridge.register of the same op (another registry) swaps them without
+# redefining the op: the latest fake= serves every registry holding the op.
+_DEFINED: dict[str, tuple[str, Callable[[], None]]] = {}  # proxy name -> (schema, how to undefine it)
 _FAKES: dict[str, Callable] = {}
 _KERNELS: dict[str, Callable] = {}
 
@@ -87,20 +88,30 @@ def readable_names(qualname: str, given: Iterable[str], names: Mapping[str, str]
     return out
 
 
-def _define(name: str, schema: str, kernel: Callable, fake: Callable) -> torch_compat.OpOverload:
-    """Define (or reuse) ``opbridge_proxy::name`` with ``schema``; kernel and fake are swapped in."""
+def define_proxy_op(name: str, schema: str, kernel: Callable, fake: Callable,
+                    traced: bool = False) -> torch_compat.OpOverload:
+    """Define (or reuse) ``opbridge_proxy::name`` with ``schema``; kernel and fake are swapped in.
+    ``traced``: a ``torch.library.custom_op``, whose Python kernel derivation traces (a Function's
+    proxy); else the kernel stays opaque to derivation too (it runs C++ code or a torchbind method)."""
     _KERNELS[name], _FAKES[name] = kernel, fake
-    lib, old = _LIBS.get(name, (None, None))
+    old, undefine = _DEFINED.get(name, (None, None))
     if old != schema:
-        if lib is not None:
-            lib._destroy()
-        lib = torch.library.Library(PROXY_NAMESPACE, "FRAGMENT")
-        lib.define(f"{name}{schema}")
-        # NOTE: CompositeExplicitAutograd: the kernel runs for every backend, and export keeps the
-        # call one node (it never traces into it).
-        lib.impl(name, lambda *args: _KERNELS[name](*args), "CompositeExplicitAutograd")
-        torch.library.register_fake(f"{PROXY_NAMESPACE}::{name}", lambda *args: _FAKES[name](*args), lib=lib)
-        _LIBS[name] = (lib, schema)
+        if undefine is not None:
+            undefine()
+        qualname, lib = f"{PROXY_NAMESPACE}::{name}", None
+        if traced:
+            op = torch.library.custom_op(qualname, lambda *args: _KERNELS[name](*args), mutates_args=(),
+                                         schema=schema)
+            undefine = functools.partial(torch_compat.destroy_custom_op, op)
+        else:
+            lib = torch.library.Library(PROXY_NAMESPACE, "FRAGMENT")
+            lib.define(f"{name}{schema}")
+            # NOTE: CompositeExplicitAutograd: the kernel runs for every backend, and export keeps the
+            # call one node (it never traces into it).
+            lib.impl(name, lambda *args: _KERNELS[name](*args), "CompositeExplicitAutograd")
+            undefine = lib._destroy
+        torch.library.register_fake(qualname, lambda *args: _FAKES[name](*args), lib=lib)
+        _DEFINED[name] = (schema, undefine)
     return getattr(getattr(torch.ops, PROXY_NAMESPACE), name).default
 
 
@@ -202,14 +213,14 @@ def define_op_proxy(overload: torch_compat.OpOverload, fake: Callable,
     pairs, returns = schema_parts(schema)
     signature = _signature(pairs, renamed, returns)
     name = _proxy_name(qualname)
-    if name in _LIBS and _LIBS[name][1] != signature:
+    if name in _DEFINED and _DEFINED[name][0] != signature:
         had = [a.name for a in
                torch_compat.schema_of(getattr(getattr(torch.ops, PROXY_NAMESPACE), name).default).arguments]
         raise OpBridgeError(f"{qualname} is already bridged through a proxy with names {_renames(original, had)}. "
                             f"Got names {_renames(original, renamed)}. Use the same names= (torch ops cannot be "
                             "undefined, so a proxy keeps its argument names for the whole process), or bridge the "
                             "op in one registry and share it.")
-    return _define(name, signature, _as_original(schema, overload), _as_original(schema, fake))
+    return define_proxy_op(name, signature, _as_original(schema, overload), _as_original(schema, fake))
 
 
 def _fqn(class_name: str) -> str:
@@ -311,7 +322,7 @@ def define_method_proxy(target: str, attributes: list[str], fake: Callable,
             objects[state] = getattr(getattr(torch.classes, ns), cls)(*state)
         return getattr(objects[state], method)(*values[:n_tensors])
 
-    return _define(_proxy_name(class_name, method), signature, kernel, fake)
+    return define_proxy_op(_proxy_name(class_name, method), signature, kernel, fake)
 
 
 def user_fake_class(class_name: str) -> Any | None:
