@@ -46,7 +46,7 @@ from onnx import helper, numpy_helper
 from bridge.core import torch_compat
 from bridge.core.domains import ONNX_DOMAINS, is_custom
 from bridge.core.errors import OpBridgeError
-from bridge.core.proxy import define_proxy_op
+from bridge.core.proxy import define_proxy_op, proxy_name, schema_text
 
 # NOTE: the opset a symbolic function's standard ops are read at (torch.onnx's TorchScript exporter
 # default); bodies are converted to the model's opset as they are attached.
@@ -225,10 +225,9 @@ class FunctionBridge:
     @property
     def schema(self) -> str:
         """The node's signature in torch schema syntax (the proxy op's)."""
-        args = [f"Tensor{'?' if opt else ''} {name}" for name, opt in self.inputs]
-        args += [f"{_SCHEMA_TYPES[a.kind]} {a.name}" for a in self.attrs]
-        ret = "Tensor" if self.num_outputs == 1 else f"({', '.join(['Tensor'] * self.num_outputs)})"
-        return f"({', '.join(args)}) -> {ret}"
+        types = [f"Tensor{'?' if opt else ''}" for _, opt in self.inputs] + [_SCHEMA_TYPES[a.kind] for a in self.attrs]
+        names = [name for name, _ in self.inputs] + [a.name for a in self.attrs]
+        return schema_text([(t, "") for t in types], names, ["Tensor"] * self.num_outputs)
 
     def bind(self, args: Sequence, kwargs: Mapping) -> dict[str, Any]:
         """``forward``'s arguments of an ``apply`` call by name, defaults filled."""
@@ -611,7 +610,6 @@ def define_proxy(fb: FunctionBridge, fake: Callable | None) -> Any:
     export records for ``fb``'s node: its kernel rebuilds ``forward``'s arguments and runs the original
     forward; its fake is ``fake`` (called with ``apply``'s arguments) or that forward on fake tensors.
     Redefined only when the signature changes."""
-    name = "fn__" + re.sub(r"\W", "_", f"{fb.domain}__{fb.op_type}")
 
     def kernel(*node_args):
         return _outputs(fb, fb.call_forward(fb.to_apply(node_args)), "forward")
@@ -632,7 +630,7 @@ def define_proxy(fb: FunctionBridge, fake: Callable | None) -> Any:
                 "forward calls.") from None
         return _outputs(fb, out, "forward")
 
-    return define_proxy_op(name, fb.schema, kernel, traced_fake, traced=True)
+    return define_proxy_op(proxy_name("fn", fb.domain, fb.op_type), fb.schema, kernel, traced_fake, traced=True)
 
 
 def export_forward(fb: FunctionBridge, proxy: Any, check: Callable) -> Callable:

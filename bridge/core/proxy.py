@@ -1,6 +1,6 @@
 """Proxy ops: a torch op of the bridge's own that stands for a call torch cannot keep opaque itself.
 
-Two such calls exist:
+Three such calls exist (the third's proxy is defined in ``bridge.core.functions``):
 
 - an op whose only kernel is CompositeImplicitAutograd (C++ libraries registered with the old
   ``torch::RegisterOperators().op(name, &fn)`` API, e.g. torch-scatter): torch.export traces into its
@@ -10,8 +10,11 @@ Two such calls exist:
 - a method of a torchbind class that no op stands for: its proxy takes the method's tensors and
   the object's flattened state (``__obj_flatten__``) as attributes; its kernel rebuilds the object
   from that state with the class constructor and calls the method.
+- a ``torch.autograd.Function``: its proxy's schema is its ONNX node's signature and its kernel the
+  Function's forward, a ``torch.library.custom_op`` whose Python kernel derivation traces.
 
-Proxies live in the ``opbridge_proxy`` torch namespace; ONNX nodes keep the original's domain and name.
+Each is defined by :func:`define_proxy_op`, in the ``opbridge_proxy`` torch namespace; ONNX nodes keep
+the original's domain and name.
 """
 
 from __future__ import annotations
@@ -62,8 +65,10 @@ def is_composite_only(overload: torch_compat.OpOverload) -> bool:
             and torch_compat.fake_impl(name) is None)
 
 
-def _proxy_name(*parts: str) -> str:
-    return "__".join(p.replace("::", "__").replace(".", "__") for p in parts)
+def proxy_name(*parts: str) -> str:
+    """A proxy's name: ``parts`` (``ns::op``, a domain, ...) joined by ``__``, each character a torch op
+    name cannot hold as ``_``."""
+    return "__".join(re.sub(r"\W", "_", p) for p in parts)
 
 
 def readable_names(qualname: str, given: Iterable[str], names: Mapping[str, str] | None) -> list[str]:
@@ -155,7 +160,9 @@ def schema_parts(schema: torch.FunctionSchema) -> tuple[list[tuple[str, str]], l
     return args, [r.split(" ")[0] for r in rets]
 
 
-def _signature(pairs: list[tuple[str, str]], names: list[str], returns: list[str]) -> str:
+def schema_text(pairs: list[tuple[str, str]], names: list[str], returns: list[str]) -> str:
+    """A proxy's schema text ``(type name=default, ...) -> returns`` from ``(type, "=default" or "")``
+    pairs, argument names and return types, all in schema syntax."""
     rendered = ", ".join(f"{t} {n}{d}" for (t, d), n in zip(pairs, names))
     return f"({rendered}) -> " + (returns[0] if len(returns) == 1 else f"({', '.join(returns)})")
 
@@ -211,16 +218,16 @@ def define_op_proxy(overload: torch_compat.OpOverload, fake: Callable,
     original = [a.name for a in schema.arguments]
     renamed = readable_names(qualname, original, names)
     pairs, returns = schema_parts(schema)
-    signature = _signature(pairs, renamed, returns)
-    name = _proxy_name(qualname)
-    if name in _DEFINED and _DEFINED[name][0] != signature:
+    text = schema_text(pairs, renamed, returns)
+    name = proxy_name(qualname)
+    if name in _DEFINED and _DEFINED[name][0] != text:
         had = [a.name for a in
                torch_compat.schema_of(getattr(getattr(torch.ops, PROXY_NAMESPACE), name).default).arguments]
         raise OpBridgeError(f"{qualname} is already bridged through a proxy with names {_renames(original, had)}. "
                             f"Got names {_renames(original, renamed)}. Use the same names= (torch ops cannot be "
                             "undefined, so a proxy keeps its argument names for the whole process), or bridge the "
                             "op in one registry and share it.")
-    return define_proxy_op(name, signature, _as_original(schema, overload), _as_original(schema, fake))
+    return define_proxy_op(name, text, _as_original(schema, overload), _as_original(schema, fake))
 
 
 def _fqn(class_name: str) -> str:
@@ -305,7 +312,7 @@ def define_method_proxy(target: str, attributes: list[str], fake: Callable,
                             f"{class_name}.__obj_flatten__ ({types}), in order. Got {list(attributes)}. "
                             "Pass attributes=[...] with the names __obj_flatten__ gives.")
     renamed = readable_names(target, [a.name for a in args], names)
-    signature = _signature(pairs[1:] + [(t, "") for t in types], renamed + list(attributes), returns)
+    text = schema_text(pairs[1:] + [(t, "") for t in types], renamed + list(attributes), returns)
     init = schemas.get("__init__")
     init_types = [_STATE_TYPES.get(str(a.type)) for a in init.arguments[1:]] if init is not None else None
     ns, _, cls = class_name.partition("::")
@@ -322,7 +329,7 @@ def define_method_proxy(target: str, attributes: list[str], fake: Callable,
             objects[state] = getattr(getattr(torch.classes, ns), cls)(*state)
         return getattr(objects[state], method)(*values[:n_tensors])
 
-    return define_proxy_op(_proxy_name(class_name, method), signature, kernel, fake)
+    return define_proxy_op(proxy_name(class_name, method), text, kernel, fake)
 
 
 def user_fake_class(class_name: str) -> Any | None:
