@@ -39,7 +39,6 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import onnx
 import torch
 from onnx import helper, numpy_helper
 
@@ -47,6 +46,7 @@ from bridge.core import torch_compat
 from bridge.core.domains import ONNX_DOMAINS, is_custom
 from bridge.core.errors import OpBridgeError
 from bridge.core.proxy import define_proxy_op, proxy_name, schema_text
+from bridge.core.spec import Written
 
 # NOTE: the opset a symbolic function's standard ops are read at (torch.onnx's TorchScript exporter
 # default); bodies are converted to the model's opset as they are attached.
@@ -563,17 +563,7 @@ def _onnx_attr(name: str, kind: str, value):
     return helper.make_attribute(name, value)
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class WrittenBody:
-    """A FunctionProto handed to the registry as a written body (``to_function_proto``)."""
-
-    proto: onnx.FunctionProto
-
-    def to_function_proto(self) -> onnx.FunctionProto:
-        return self.proto
-
-
-def _body(fb: FunctionBridge, symbolic: Callable, values: Mapping[str, Any]) -> WrittenBody:
+def _body(fb: FunctionBridge, symbolic: Callable, values: Mapping[str, Any]) -> Written:
     """The node's body for attribute ``values``: symbolic's standard ops, run with those values."""
     tensors = {name for name, _ in fb.inputs}
     apply_args = fb.to_apply([None] * len(fb.inputs) + [values[a.name] for a in fb.attrs])
@@ -592,7 +582,7 @@ def _body(fb: FunctionBridge, symbolic: Callable, values: Mapping[str, Any]) -> 
         nodes.append(node)
     proto = helper.make_function(fb.domain, fb.op_type, [name for name, _ in fb.inputs], [v.name for v in outs],
                                  nodes, [helper.make_opsetid("", SYMBOLIC_OPSET)])
-    return WrittenBody(proto)
+    return Written(proto)
 
 
 # -- the torch side: proxy op, export-time swap ------------------------------------------------
