@@ -479,12 +479,9 @@ _ANNOTATIONS = {torch.Tensor: "tensor", bool: "b", int: "i", float: "f", str: "s
 
 def _kind_of_value(v) -> str | None:
     """'tensor', an attribute suffix, or None where ``v`` says nothing."""
-    kind = next((k for t, k in _ANNOTATIONS.items() if isinstance(v, t)), None)
-    if kind is not None:
-        return kind
     if isinstance(v, (list, tuple)) and v and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
         return "is" if all(isinstance(x, int) for x in v) else "fs"
-    return None
+    return next((k for t, k in _ANNOTATIONS.items() if isinstance(v, t)), None)
 
 
 def _kind_of_annotation(ann) -> str | None:

@@ -414,15 +414,15 @@ def _torch_side(qualname: str, overload, custom, fake: Callable | None, names: d
     """(the op export records, the original when that is a proxy): the fake registered or checked,
     a proxy op defined where torch cannot keep the op opaque or ``names=`` renames it."""
     target = custom if custom is not None else overload
-    proxy_for = None
-    if custom is None and fake is not None and is_composite_only(overload):
+    composite = custom is None and is_composite_only(overload)
+    if composite and fake is not None:
         # NOTE: torch refuses a fake for a composite-only op and export traces into its (C++)
         # code; a proxy op carries the fake and export records the call through it.
-        proxy_for, target = overload, define_op_proxy(overload, fake, names)
-    elif is_composite_only(overload) and custom is None and names:
+        return define_op_proxy(overload, fake, names), overload
+    if composite and names:
         raise OpBridgeError(f"{qualname}: names= renames through a proxy op, which a composite-only op gets with its "
                             "fake. Got names= without fake=. Pass fake= as well.")
-    elif fake is not None:
+    if fake is not None:
         if has_fake_kernel(target):
             raise OpBridgeError(f"{qualname} already has a fake (meta) kernel. Got fake= as well. Drop fake=: "
                                 "the op's own one is used.")
@@ -430,10 +430,10 @@ def _torch_side(qualname: str, overload, custom, fake: Callable | None, names: d
     elif not has_fake_kernel(target):
         raise OpBridgeError(f"{qualname} has no fake (meta) kernel, which export and shape inference need. Got "
                             f"none. Pass fake= to bridge.register, or call torch.library.register_fake({qualname!r}).")
-    if names and proxy_for is None:
+    if names:
         # NOTE: readable names for an op with kernels of its own: a proxy whose fake is the op's own
-        proxy_for, target = overload, define_op_proxy(overload, overload, names)
-    return target, proxy_for
+        return define_op_proxy(overload, overload, names), overload
+    return target, None
 
 
 def _register_function(cls: type, *, function, reference, sample_inputs, native, fake, dtypes, version, name,

@@ -32,12 +32,10 @@ from bridge.core import torch_compat
 from bridge.core.errors import OpBridgeError
 
 PROXY_NAMESPACE = "opbridge_proxy"
-_COMPOSITE = "CompositeImplicitAutograd"
 _OWN_KERNEL_KEYS = ("Meta", "CPU", "CUDA", "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional")
 # NOTE: torch renders the types inside a tuple type the Python way; a proxy schema needs schema syntax.
 _STATE_TYPES = {"int": "int", "float": "float", "bool": "bool", "str": "str", "List[int]": "int[]",
                 "List[float]": "float[]", "List[bool]": "bool[]"}
-_TENSOR_ARG = re.compile(r"^Tensor\??$")
 
 # NOTE: torch ops cannot be undefined; a proxy's definition is kept per name. An op's proxy keeps the
 # argument names it was first defined with (a registration with other names= is refused: redefining
@@ -61,7 +59,7 @@ def is_composite_only(overload: torch_compat.OpOverload) -> bool:
     """
     name = overload.name()
     has = torch_compat.has_kernel
-    return (has(name, _COMPOSITE) and not any(has(name, k) for k in _OWN_KERNEL_KEYS)
+    return (has(name, "CompositeImplicitAutograd") and not any(has(name, k) for k in _OWN_KERNEL_KEYS)
             and torch_compat.fake_impl(name) is None)
 
 
@@ -302,7 +300,7 @@ def define_method_proxy(target: str, attributes: list[str], fake: Callable,
     schema = method_schema(target)
     args = schema.arguments[1:]
     pairs, returns = schema_parts(schema)
-    bad = [f"{a.name}: {t}" for a, (t, _) in zip(args, pairs[1:]) if not _TENSOR_ARG.match(t)]
+    bad = [f"{a.name}: {t}" for a, (t, _) in zip(args, pairs[1:]) if t not in ("Tensor", "Tensor?")]
     if bad:
         raise OpBridgeError(f"{target}: only tensor arguments can be bridged for a method (state becomes "
                             f"attributes). Got {bad}. Move the other values into the object's state.")
