@@ -39,14 +39,14 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import numpy as np
-import onnx
 import torch
 from onnx import helper, numpy_helper
 
 from bridge.core import torch_compat
 from bridge.core.domains import ONNX_DOMAINS, is_custom
 from bridge.core.errors import OpBridgeError
-from bridge.core.proxy import PROXY_NAMESPACE
+from bridge.core.proxy import define_proxy_op, proxy_name, schema_text
+from bridge.core.spec import Written
 
 # NOTE: the opset a symbolic function's standard ops are read at (torch.onnx's TorchScript exporter
 # default); bodies are converted to the model's opset as they are attached.
@@ -225,10 +225,9 @@ class FunctionBridge:
     @property
     def schema(self) -> str:
         """The node's signature in torch schema syntax (the proxy op's)."""
-        args = [f"Tensor{'?' if opt else ''} {name}" for name, opt in self.inputs]
-        args += [f"{_SCHEMA_TYPES[a.kind]} {a.name}" for a in self.attrs]
-        ret = "Tensor" if self.num_outputs == 1 else f"({', '.join(['Tensor'] * self.num_outputs)})"
-        return f"({', '.join(args)}) -> {ret}"
+        types = [f"Tensor{'?' if opt else ''}" for _, opt in self.inputs] + [_SCHEMA_TYPES[a.kind] for a in self.attrs]
+        names = [name for name, _ in self.inputs] + [a.name for a in self.attrs]
+        return schema_text([(t, "") for t in types], names, ["Tensor"] * self.num_outputs)
 
     def bind(self, args: Sequence, kwargs: Mapping) -> dict[str, Any]:
         """``forward``'s arguments of an ``apply`` call by name, defaults filled."""
@@ -480,12 +479,9 @@ _ANNOTATIONS = {torch.Tensor: "tensor", bool: "b", int: "i", float: "f", str: "s
 
 def _kind_of_value(v) -> str | None:
     """'tensor', an attribute suffix, or None where ``v`` says nothing."""
-    kind = next((k for t, k in _ANNOTATIONS.items() if isinstance(v, t)), None)
-    if kind is not None:
-        return kind
     if isinstance(v, (list, tuple)) and v and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
         return "is" if all(isinstance(x, int) for x in v) else "fs"
-    return None
+    return next((k for t, k in _ANNOTATIONS.items() if isinstance(v, t)), None)
 
 
 def _kind_of_annotation(ann) -> str | None:
@@ -564,17 +560,7 @@ def _onnx_attr(name: str, kind: str, value):
     return helper.make_attribute(name, value)
 
 
-@dataclasses.dataclass(frozen=True, eq=False)
-class WrittenBody:
-    """A FunctionProto handed to the registry as a written body (``to_function_proto``)."""
-
-    proto: onnx.FunctionProto
-
-    def to_function_proto(self) -> onnx.FunctionProto:
-        return self.proto
-
-
-def _body(fb: FunctionBridge, symbolic: Callable, values: Mapping[str, Any]) -> WrittenBody:
+def _body(fb: FunctionBridge, symbolic: Callable, values: Mapping[str, Any]) -> Written:
     """The node's body for attribute ``values``: symbolic's standard ops, run with those values."""
     tensors = {name for name, _ in fb.inputs}
     apply_args = fb.to_apply([None] * len(fb.inputs) + [values[a.name] for a in fb.attrs])
@@ -593,15 +579,10 @@ def _body(fb: FunctionBridge, symbolic: Callable, values: Mapping[str, Any]) -> 
         nodes.append(node)
     proto = helper.make_function(fb.domain, fb.op_type, [name for name, _ in fb.inputs], [v.name for v in outs],
                                  nodes, [helper.make_opsetid("", SYMBOLIC_OPSET)])
-    return WrittenBody(proto)
+    return Written(proto)
 
 
 # -- the torch side: proxy op, export-time swap ------------------------------------------------
-
-_PROXIES: dict[str, tuple[Any, str]] = {}  # proxy name -> (CustomOpDef, schema)
-_KERNELS: dict[str, Callable] = {}
-_FAKES: dict[str, Callable] = {}
-
 
 def _outputs(fb: FunctionBridge, out, what: str):
     outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
@@ -612,11 +593,10 @@ def _outputs(fb: FunctionBridge, out, what: str):
 
 
 def define_proxy(fb: FunctionBridge, fake: Callable | None) -> Any:
-    """The proxy op (a ``torch.library.custom_op``, whose Python kernel derivation traces) the export
-    records for ``fb``'s node: its kernel rebuilds ``forward``'s arguments and runs the original forward;
-    its fake is ``fake`` (called with ``apply``'s arguments) or that forward on fake tensors. Redefined
-    only when the signature changes."""
-    name = "fn__" + re.sub(r"\W", "_", f"{fb.domain}__{fb.op_type}")
+    """The proxy op (``bridge.core.proxy.define_proxy_op``, traced: derivation traces its Python kernel) the
+    export records for ``fb``'s node: its kernel rebuilds ``forward``'s arguments and runs the original
+    forward; its fake is ``fake`` (called with ``apply``'s arguments) or that forward on fake tensors.
+    Redefined only when the signature changes."""
 
     def kernel(*node_args):
         return _outputs(fb, fb.call_forward(fb.to_apply(node_args)), "forward")
@@ -637,17 +617,7 @@ def define_proxy(fb: FunctionBridge, fake: Callable | None) -> Any:
                 "forward calls.") from None
         return _outputs(fb, out, "forward")
 
-    _KERNELS[name], _FAKES[name] = kernel, traced_fake
-    defined = _PROXIES.get(name)
-    if defined is not None and defined[1] == fb.schema:
-        return defined[0]
-    if defined is not None:
-        torch_compat.destroy_custom_op(defined[0])
-    op = torch.library.custom_op(f"{PROXY_NAMESPACE}::{name}", lambda *args: _KERNELS[name](*args),
-                                 mutates_args=(), schema=fb.schema)
-    op.register_fake(lambda *args: _FAKES[name](*args))
-    _PROXIES[name] = (op, fb.schema)
-    return op
+    return define_proxy_op(proxy_name("fn", fb.domain, fb.op_type), fb.schema, kernel, traced_fake, traced=True)
 
 
 def export_forward(fb: FunctionBridge, proxy: Any, check: Callable) -> Callable:

@@ -159,13 +159,13 @@ class BridgeOp:
         naming the op and the input. No checks registered: nothing to do."""
         spec = self.spec
         if spec.checks is not None:
-            spec.checks.run(**bind_call(spec, args, kwargs))
+            spec.checks.run(**spec.bind(*args, **kwargs))
 
     def check_shapes(self, *args, **kwargs) -> None:
         """:meth:`check` without the checks that read tensor values (for fake kernels)."""
         spec = self.spec
         if spec.checks is not None:
-            spec.checks.run_shapes(**bind_call(spec, args, kwargs))
+            spec.checks.run_shapes(**spec.bind(*args, **kwargs))
 
     def register_function(self, function=None):
         """The model-local ONNX function body (an onnxscript function named like the op, in its domain),
@@ -196,12 +196,6 @@ class BridgeOp:
         """The op's C++ kernel file for the native tier; a relative path is read against the folder
         of the calling module."""
         self._attach(native_source=resolve_native(source, _caller_folder(), self.qualname))
-
-
-def bind_call(spec: OpSpec, args: Sequence, kwargs: dict) -> dict:
-    """{param name: value} of a call of ``spec``'s op (defaults filled in)."""
-    defaults = {p.name: p.default for p in spec.params if p.has_default}
-    return {**defaults, **dict(zip((p.name for p in spec.params), args)), **kwargs}
 
 
 _WARNED: set[str] = set()  # ops whose override of torch.onnx's translation was warned about
@@ -420,15 +414,15 @@ def _torch_side(qualname: str, overload, custom, fake: Callable | None, names: d
     """(the op export records, the original when that is a proxy): the fake registered or checked,
     a proxy op defined where torch cannot keep the op opaque or ``names=`` renames it."""
     target = custom if custom is not None else overload
-    proxy_for = None
-    if custom is None and fake is not None and is_composite_only(overload):
+    composite = custom is None and is_composite_only(overload)
+    if composite and fake is not None:
         # NOTE: torch refuses a fake for a composite-only op and export traces into its (C++)
         # code; a proxy op carries the fake and export records the call through it.
-        proxy_for, target = overload, define_op_proxy(overload, fake, names)
-    elif is_composite_only(overload) and custom is None and names:
+        return define_op_proxy(overload, fake, names), overload
+    if composite and names:
         raise OpBridgeError(f"{qualname}: names= renames through a proxy op, which a composite-only op gets with its "
                             "fake. Got names= without fake=. Pass fake= as well.")
-    elif fake is not None:
+    if fake is not None:
         if has_fake_kernel(target):
             raise OpBridgeError(f"{qualname} already has a fake (meta) kernel. Got fake= as well. Drop fake=: "
                                 "the op's own one is used.")
@@ -436,10 +430,10 @@ def _torch_side(qualname: str, overload, custom, fake: Callable | None, names: d
     elif not has_fake_kernel(target):
         raise OpBridgeError(f"{qualname} has no fake (meta) kernel, which export and shape inference need. Got "
                             f"none. Pass fake= to bridge.register, or call torch.library.register_fake({qualname!r}).")
-    if names and proxy_for is None:
+    if names:
         # NOTE: readable names for an op with kernels of its own: a proxy whose fake is the op's own
-        proxy_for, target = overload, define_op_proxy(overload, overload, names)
-    return target, proxy_for
+        return define_op_proxy(overload, overload, names), overload
+    return target, None
 
 
 def _register_function(cls: type, *, function, reference, sample_inputs, native, fake, dtypes, version, name,
@@ -460,7 +454,7 @@ def _register_function(cls: type, *, function, reference, sample_inputs, native,
     refuse_reserved(fb.qualname, fb.domain)
     _check_version(fb.qualname, version)
     proxy = define_proxy(fb, fake)
-    signature = parse_params(fb.qualname, torch_compat.schema_of(torch_compat.overload_of(proxy)))
+    signature = parse_params(fb.qualname, torch_compat.schema_of(proxy))
     if fb.body is not None and function is not None:
         raise OpBridgeError(f"{class_name(cls)}: its symbolic writes standard ONNX ops, which are its body. Got "
                             "function= as well. Drop one (symbolic=False ignores the symbolic).")

@@ -1,6 +1,6 @@
 """Proxy ops: a torch op of the bridge's own that stands for a call torch cannot keep opaque itself.
 
-Two such calls exist:
+Three such calls exist (the third's proxy is defined in ``bridge.core.functions``):
 
 - an op whose only kernel is CompositeImplicitAutograd (C++ libraries registered with the old
   ``torch::RegisterOperators().op(name, &fn)`` API, e.g. torch-scatter): torch.export traces into its
@@ -10,13 +10,17 @@ Two such calls exist:
 - a method of a torchbind class that no op stands for: its proxy takes the method's tensors and
   the object's flattened state (``__obj_flatten__``) as attributes; its kernel rebuilds the object
   from that state with the class constructor and calls the method.
+- a ``torch.autograd.Function``: its proxy's schema is its ONNX node's signature and its kernel the
+  Function's forward, a ``torch.library.custom_op`` whose Python kernel derivation traces.
 
-Proxies live in the ``opbridge_proxy`` torch namespace; ONNX nodes keep the original's domain and name.
+Each is defined by :func:`define_proxy_op`, in the ``opbridge_proxy`` torch namespace; ONNX nodes keep
+the original's domain and name.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import re
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -28,20 +32,18 @@ from bridge.core import torch_compat
 from bridge.core.errors import OpBridgeError
 
 PROXY_NAMESPACE = "opbridge_proxy"
-_COMPOSITE = "CompositeImplicitAutograd"
 _OWN_KERNEL_KEYS = ("Meta", "CPU", "CUDA", "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional")
 # NOTE: torch renders the types inside a tuple type the Python way; a proxy schema needs schema syntax.
 _STATE_TYPES = {"int": "int", "float": "float", "bool": "bool", "str": "str", "List[int]": "int[]",
                 "List[float]": "float[]", "List[bool]": "bool[]"}
-_TENSOR_ARG = re.compile(r"^Tensor\??$")
 
-# NOTE: torch ops cannot be undefined; a proxy's library is kept per name. An op's proxy keeps the
+# NOTE: torch ops cannot be undefined; a proxy's definition is kept per name. An op's proxy keeps the
 # argument names it was first defined with (a registration with other names= is refused: redefining
-# it would leave earlier registries' specs naming arguments torch no longer has); a method's proxy is
-# redefined when its schema changes. The fake and the kernel are looked up here at call time, so a
-# later bridge.register of the same op (another registry) swaps them without redefining the op: the
-# latest fake= serves every registry holding the op.
-_LIBS: dict[str, tuple[torch.library.Library, str]] = {}
+# it would leave earlier registries' specs naming arguments torch no longer has); a method's and a
+# Function's proxy is redefined when its schema changes. The fake and the kernel are looked up here
+# at call time, so a later bridge.register of the same op (another registry) swaps them without
+# redefining the op: the latest fake= serves every registry holding the op.
+_DEFINED: dict[str, tuple[str, Callable[[], None]]] = {}  # proxy name -> (schema, how to undefine it)
 _FAKES: dict[str, Callable] = {}
 _KERNELS: dict[str, Callable] = {}
 
@@ -57,12 +59,14 @@ def is_composite_only(overload: torch_compat.OpOverload) -> bool:
     """
     name = overload.name()
     has = torch_compat.has_kernel
-    return (has(name, _COMPOSITE) and not any(has(name, k) for k in _OWN_KERNEL_KEYS)
+    return (has(name, "CompositeImplicitAutograd") and not any(has(name, k) for k in _OWN_KERNEL_KEYS)
             and torch_compat.fake_impl(name) is None)
 
 
-def _proxy_name(*parts: str) -> str:
-    return "__".join(p.replace("::", "__").replace(".", "__") for p in parts)
+def proxy_name(*parts: str) -> str:
+    """A proxy's name: ``parts`` (``ns::op``, a domain, ...) joined by ``__``, each character a torch op
+    name cannot hold as ``_``."""
+    return "__".join(re.sub(r"\W", "_", p) for p in parts)
 
 
 def readable_names(qualname: str, given: Iterable[str], names: Mapping[str, str] | None) -> list[str]:
@@ -87,20 +91,30 @@ def readable_names(qualname: str, given: Iterable[str], names: Mapping[str, str]
     return out
 
 
-def _define(name: str, schema: str, kernel: Callable, fake: Callable) -> torch_compat.OpOverload:
-    """Define (or reuse) ``opbridge_proxy::name`` with ``schema``; kernel and fake are swapped in."""
+def define_proxy_op(name: str, schema: str, kernel: Callable, fake: Callable,
+                    traced: bool = False) -> torch_compat.OpOverload:
+    """Define (or reuse) ``opbridge_proxy::name`` with ``schema``; kernel and fake are swapped in.
+    ``traced``: a ``torch.library.custom_op``, whose Python kernel derivation traces (a Function's
+    proxy); else the kernel stays opaque to derivation too (it runs C++ code or a torchbind method)."""
     _KERNELS[name], _FAKES[name] = kernel, fake
-    lib, old = _LIBS.get(name, (None, None))
+    old, undefine = _DEFINED.get(name, (None, None))
     if old != schema:
-        if lib is not None:
-            lib._destroy()
-        lib = torch.library.Library(PROXY_NAMESPACE, "FRAGMENT")
-        lib.define(f"{name}{schema}")
-        # NOTE: CompositeExplicitAutograd: the kernel runs for every backend, and export keeps the
-        # call one node (it never traces into it).
-        lib.impl(name, lambda *args: _KERNELS[name](*args), "CompositeExplicitAutograd")
-        torch.library.register_fake(f"{PROXY_NAMESPACE}::{name}", lambda *args: _FAKES[name](*args), lib=lib)
-        _LIBS[name] = (lib, schema)
+        if undefine is not None:
+            undefine()
+        qualname, lib = f"{PROXY_NAMESPACE}::{name}", None
+        if traced:
+            op = torch.library.custom_op(qualname, lambda *args: _KERNELS[name](*args), mutates_args=(),
+                                         schema=schema)
+            undefine = functools.partial(torch_compat.destroy_custom_op, op)
+        else:
+            lib = torch.library.Library(PROXY_NAMESPACE, "FRAGMENT")
+            lib.define(f"{name}{schema}")
+            # NOTE: CompositeExplicitAutograd: the kernel runs for every backend, and export keeps the
+            # call one node (it never traces into it).
+            lib.impl(name, lambda *args: _KERNELS[name](*args), "CompositeExplicitAutograd")
+            undefine = lib._destroy
+        torch.library.register_fake(qualname, lambda *args: _FAKES[name](*args), lib=lib)
+        _DEFINED[name] = (schema, undefine)
     return getattr(getattr(torch.ops, PROXY_NAMESPACE), name).default
 
 
@@ -144,7 +158,9 @@ def schema_parts(schema: torch.FunctionSchema) -> tuple[list[tuple[str, str]], l
     return args, [r.split(" ")[0] for r in rets]
 
 
-def _signature(pairs: list[tuple[str, str]], names: list[str], returns: list[str]) -> str:
+def schema_text(pairs: list[tuple[str, str]], names: list[str], returns: list[str]) -> str:
+    """A proxy's schema text ``(type name=default, ...) -> returns`` from ``(type, "=default" or "")``
+    pairs, argument names and return types, all in schema syntax."""
     rendered = ", ".join(f"{t} {n}{d}" for (t, d), n in zip(pairs, names))
     return f"({rendered}) -> " + (returns[0] if len(returns) == 1 else f"({', '.join(returns)})")
 
@@ -200,16 +216,16 @@ def define_op_proxy(overload: torch_compat.OpOverload, fake: Callable,
     original = [a.name for a in schema.arguments]
     renamed = readable_names(qualname, original, names)
     pairs, returns = schema_parts(schema)
-    signature = _signature(pairs, renamed, returns)
-    name = _proxy_name(qualname)
-    if name in _LIBS and _LIBS[name][1] != signature:
+    text = schema_text(pairs, renamed, returns)
+    name = proxy_name(qualname)
+    if name in _DEFINED and _DEFINED[name][0] != text:
         had = [a.name for a in
                torch_compat.schema_of(getattr(getattr(torch.ops, PROXY_NAMESPACE), name).default).arguments]
         raise OpBridgeError(f"{qualname} is already bridged through a proxy with names {_renames(original, had)}. "
                             f"Got names {_renames(original, renamed)}. Use the same names= (torch ops cannot be "
                             "undefined, so a proxy keeps its argument names for the whole process), or bridge the "
                             "op in one registry and share it.")
-    return _define(name, signature, _as_original(schema, overload), _as_original(schema, fake))
+    return define_proxy_op(name, text, _as_original(schema, overload), _as_original(schema, fake))
 
 
 def _fqn(class_name: str) -> str:
@@ -284,7 +300,7 @@ def define_method_proxy(target: str, attributes: list[str], fake: Callable,
     schema = method_schema(target)
     args = schema.arguments[1:]
     pairs, returns = schema_parts(schema)
-    bad = [f"{a.name}: {t}" for a, (t, _) in zip(args, pairs[1:]) if not _TENSOR_ARG.match(t)]
+    bad = [f"{a.name}: {t}" for a, (t, _) in zip(args, pairs[1:]) if t not in ("Tensor", "Tensor?")]
     if bad:
         raise OpBridgeError(f"{target}: only tensor arguments can be bridged for a method (state becomes "
                             f"attributes). Got {bad}. Move the other values into the object's state.")
@@ -294,7 +310,7 @@ def define_method_proxy(target: str, attributes: list[str], fake: Callable,
                             f"{class_name}.__obj_flatten__ ({types}), in order. Got {list(attributes)}. "
                             "Pass attributes=[...] with the names __obj_flatten__ gives.")
     renamed = readable_names(target, [a.name for a in args], names)
-    signature = _signature(pairs[1:] + [(t, "") for t in types], renamed + list(attributes), returns)
+    text = schema_text(pairs[1:] + [(t, "") for t in types], renamed + list(attributes), returns)
     init = schemas.get("__init__")
     init_types = [_STATE_TYPES.get(str(a.type)) for a in init.arguments[1:]] if init is not None else None
     ns, _, cls = class_name.partition("::")
@@ -311,7 +327,7 @@ def define_method_proxy(target: str, attributes: list[str], fake: Callable,
             objects[state] = getattr(getattr(torch.classes, ns), cls)(*state)
         return getattr(objects[state], method)(*values[:n_tensors])
 
-    return _define(_proxy_name(class_name, method), signature, kernel, fake)
+    return define_proxy_op(proxy_name(class_name, method), text, kernel, fake)
 
 
 def user_fake_class(class_name: str) -> Any | None:

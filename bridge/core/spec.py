@@ -7,6 +7,7 @@ op author writes the signature once.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import inspect
@@ -349,8 +350,8 @@ def values_key(values: dict[str, Any] | Sequence[tuple[str, Any]]) -> tuple:
 @dataclasses.dataclass(frozen=True)
 class Written:
     """A body written once for every node of the op: an onnxscript function (or any object whose
-    ``to_function_proto()`` gives the op's FunctionProto). The op's check guards are added where
-    the body goes into a model (``exporters.resolve``), not here.
+    ``to_function_proto()`` gives the op's FunctionProto), or the FunctionProto itself. The op's check
+    guards are added where the body goes into a model (``exporters.resolve``), not here.
 
     Example:
         >>> from onnx import helper
@@ -366,6 +367,8 @@ class Written:
 
     def to_function_proto(self) -> onnx.FunctionProto:
         """The body as written (a fresh copy each call)."""
+        if isinstance(self.source, onnx.FunctionProto):
+            return copy.deepcopy(self.source)
         return self.source.to_function_proto()
 
 
