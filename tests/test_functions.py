@@ -474,6 +474,15 @@ def test_fake_quant_standard_ops(reg, tier, qrange):
     assert {n.op_type for n in inlined.graph.node} >= {"QuantizeLinear", "DequantizeLinear"}
 
 
+def test_a_symbolic_failing_for_other_attribute_values_is_named(reg):
+    """symbolic is read once at registration; a body for other values runs it again at export, and
+    what it raises there is one opbridge error naming the op and the values, not a bare traceback."""
+    bridge.register(FakeQuantize, name="qat::FakeQuantize", fake=quant_fake, registry=reg)
+    with pytest.raises(bridge.OpBridgeError, match=r"qat::FakeQuantize: the body builder failed for "
+                       r"\{'quant_min': 0, 'quant_max': 15\}\. Got ValueError: 8-bit ranges only"):
+        bridge.export(QuantModel(0, 15), (torch.randn(3, 7),), registry=reg)
+
+
 def test_fake_quant_gradient_unchanged(reg):
     x = torch.randn(5, requires_grad=True)
     FakeQuantize.apply(x, torch.tensor(0.1), torch.tensor(0, dtype=torch.int32)).sum().backward()

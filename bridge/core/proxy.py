@@ -112,7 +112,7 @@ def define_proxy_op(name: str, schema: str, kernel: Callable, fake: Callable,
             # NOTE: CompositeExplicitAutograd: the kernel runs for every backend, and export keeps the
             # call one node (it never traces into it).
             lib.impl(name, lambda *args: _KERNELS[name](*args), "CompositeExplicitAutograd")
-            undefine = lib._destroy
+            undefine = functools.partial(torch_compat.destroy_library, lib)
         torch.library.register_fake(qualname, lambda *args: _FAKES[name](*args), lib=lib)
         _DEFINED[name] = (schema, undefine)
     return getattr(getattr(torch.ops, PROXY_NAMESPACE), name).default
@@ -209,7 +209,7 @@ def define_op_proxy(overload: torch_compat.OpOverload, fake: Callable,
     """
     qualname = overload.name()
     schema = torch_compat.schema_of(overload)
-    mutated = [a.name for a in schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    mutated = [a.name for a in schema.arguments if torch_compat.writes(a)]
     if mutated:
         raise OpBridgeError(f"{qualname}: a composite-only op that writes its arguments cannot be bridged. Got "
                             f"mutated {mutated}. Wrap it in a functional torch.library.custom_op.")

@@ -120,8 +120,7 @@ def _param(qualname: str, arg: Any) -> Param:
     kind, kwarg_only = arg.type.kind(), bool(arg.kwarg_only)
     default = arg.default_value if arg.has_default_value() else NO_DEFAULT
     if kind == "TensorType":
-        mutated = bool(arg.alias_info is not None and arg.alias_info.is_write)
-        return Param(arg.name, True, mutated=mutated, kwarg_only=kwarg_only)
+        return Param(arg.name, True, mutated=torch_compat.writes(arg), kwarg_only=kwarg_only)
     optional = kind == "OptionalType"
     elem = str(arg.type.getElementType() if kind in ("OptionalType", "ListType") else arg.type)
     if optional and elem == "Tensor":

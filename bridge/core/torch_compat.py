@@ -52,6 +52,11 @@ def schema_of(op: Any) -> torch.FunctionSchema:
     return op._schema
 
 
+def writes(argument: Any) -> bool:
+    """Whether a schema argument is written by its op (``Tensor(a!)``)."""
+    return argument.alias_info is not None and argument.alias_info.is_write
+
+
 def overload_name(op: Any) -> str:
     """The overload name of an OpOverload (``"default"`` for ``torch.ops.ns.name.default``)."""
     return op._overloadname
@@ -110,7 +115,12 @@ def custom_op_fake(custom_op: Any) -> Callable | None:
 def destroy_custom_op(custom_op: Any) -> None:
     """Undefine a ``CustomOpDef`` from torch (its private library's ``_destroy``), so a failed
     declaration leaves torch as it was."""
-    custom_op._lib._destroy()
+    destroy_library(custom_op._lib)
+
+
+def destroy_library(lib: torch.library.Library) -> None:
+    """Undefine every op and kernel a ``torch.library.Library`` defined (its private ``_destroy``)."""
+    lib._destroy()
 
 
 def find_fake_class(qualified_class: str) -> type | None:
