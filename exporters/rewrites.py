@@ -15,17 +15,15 @@ from bridge.core import torch_compat
 from bridge.core.errors import OpBridgeError
 
 
-def _is_auto_functionalized(target) -> bool:
+def is_auto_functionalized(target) -> bool:
+    """Whether ``target`` is torch's ``auto_functionalized`` wrapper of a mutating op's call."""
     return isinstance(target, torch_compat.HigherOrderOperator) and target.name().startswith("auto_functionalized")
 
 
 def _calls_mutating_op(program, registry) -> bool:
-    for node in program.graph.nodes:
-        if node.op == "call_function" and isinstance(node.target, torch_compat.OpOverload):
-            spec = registry.for_overload(node.target)
-            if spec is not None and spec.mutated:
-                return True
-    return False
+    specs = (registry.for_overload(n.target) for n in program.graph.nodes
+             if n.op == "call_function" and isinstance(n.target, torch_compat.OpOverload))
+    return any(spec is not None and spec.mutated for spec in specs)
 
 
 def _twin_args(node, spec):
@@ -61,7 +59,7 @@ def functionalize_mutations(program: torch.export.ExportedProgram, registry) -> 
     graph = program.graph
     renames = {}
     for node in list(graph.nodes):
-        if node.op != "call_function" or not _is_auto_functionalized(node.target):
+        if node.op != "call_function" or not is_auto_functionalized(node.target):
             continue
         spec = registry.for_overload(node.args[0])
         if spec is None:
@@ -81,10 +79,7 @@ def functionalize_mutations(program: torch.export.ExportedProgram, registry) -> 
                 raise OpBridgeError(f"{spec.qualname}: unexpected use {user.format_node()} of its functional form. "
                                     "Got a non-getitem user. Report this graph.")
             index = user.args[1]
-            if index < slots:
-                position = index
-            else:
-                position = n_returns + [bases[m] for m in spec.mutated].index(index - slots)
+            position = index if index < slots else n_returns + [bases[m] for m in spec.mutated].index(index - slots)
             if twin.num_outputs == 1:
                 user.replace_all_uses_with(new)
                 renames[user.name] = new.name

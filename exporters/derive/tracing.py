@@ -14,7 +14,7 @@ from onnxscript import ir
 from torch.export import Dim
 
 from bridge.core import torch_compat
-from bridge.core.domains import is_custom
+from bridge.core.graphs import ir_custom_nodes
 from bridge.core.registry import Registry
 from bridge.core.spec import AttrType, OpSpec, Param
 from exporters.bodies.translation import translation
@@ -181,22 +181,18 @@ def optimize(program):
     inlining, constant folding, rewrites, common subexpressions), where two custom nodes merge only when
     their attribute values are bitwise equal (``0.0`` and ``-0.0`` stay two calls)."""
     ir.passes.common.InlinePass()(program.model)  # NOTE: a node from a function body gets its actual values
-    for node in _custom_nodes(program.model):
+    for node in ir_custom_nodes(program.model):
         floats = [f"{k}={_hex(a.value)}" for k, a in sorted(node.attributes.items()) if a.type in _FLOAT_TYPES]
         if floats:
             node.attributes[_EXACT_FLOATS] = ir.AttrString(_EXACT_FLOATS, " ".join(floats))
     program.optimize()
-    for node in _custom_nodes(program.model):
+    for node in ir_custom_nodes(program.model):
         node.attributes.pop(_EXACT_FLOATS, None)
     return program
 
 
 def _hex(value) -> str:
     return ",".join(float(v).hex() for v in value) if isinstance(value, Sequence) else float(value).hex()
-
-
-def _custom_nodes(model: ir.Model) -> list[ir.Node]:
-    return [n for n in ir.traversal.RecursiveGraphIterator(model.graph) if is_custom(n.domain)]
 
 
 def to_onnx(program, opset: int, registry: Registry, translated: dict | None = None) -> onnx.ModelProto:
