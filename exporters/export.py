@@ -248,9 +248,8 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
             raise OpBridgeError(
                 "torch.export traced into an op's own (C++) kernel, which reads tensor data that tracing does not "
                 f"have. Got: {str(e).splitlines()[0].rstrip('.')}. Bridge that op with bridge.register('ns::name', "
-                "fake=...): an "
-                "op whose only kernel is CompositeImplicitAutograd (torch-scatter's, torch::RegisterOperators) "
-                "then stays one node.") from e
+                "fake=...): an op whose only kernel is CompositeImplicitAutograd (torch-scatter's, "
+                "torch::RegisterOperators) then stays one node.") from e
     for rewrite in DEFAULT_REWRITES if rewrites is None else rewrites:
         program = rewrite(program, reg)
     check_program(program, reg)

@@ -52,10 +52,8 @@ def _tensor_types(type_proto: onnx.TypeProto) -> Iterator[int]:
     kind = type_proto.WhichOneof("value")
     if kind in ("tensor_type", "sparse_tensor_type"):
         yield getattr(type_proto, kind).elem_type
-    elif kind == "sequence_type":
-        yield from _tensor_types(type_proto.sequence_type.elem_type)
-    elif kind == "optional_type":
-        yield from _tensor_types(type_proto.optional_type.elem_type)
+    elif kind in ("sequence_type", "optional_type"):
+        yield from _tensor_types(getattr(type_proto, kind).elem_type)
     elif kind == "map_type":
         yield type_proto.map_type.key_type
         yield from _tensor_types(type_proto.map_type.value_type)
