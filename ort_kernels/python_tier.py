@@ -98,9 +98,7 @@ class _Declared:
         try:
             text = raw[ATTRIBUTES]
             if text not in self.parsed:
-                values, absent_inputs = json.loads(text)
-                self.parsed[text] = ({p.name: None if values[p.name] is None else p.from_onnx_value(values[p.name])
-                                      for p in spec.attributes}, set(absent_inputs))
+                self.parsed[text] = json.loads(text)
             attrs, absent = self.parsed[text]
             tensors: dict[str, torch.Tensor | None] = {}
             for i, (p, a) in enumerate(zip(spec.tensors, feed)):
@@ -137,7 +135,8 @@ _by_name: dict[tuple[str, str], _Declared] = {}  # (private domain, private op_t
 # (registry, domain, op_type, input types, output types) -> declaration. NOTE: keyed by registry: two
 # registries may give one ONNX name different ops, and a live session of one must keep running its own
 _declared: dict[tuple, _Declared] = {}
-_registries: weakref.WeakKeyDictionary[Registry, int] = weakref.WeakKeyDictionary()  # registry -> its number
+# registry -> a number of its own (never reused in this process)
+_registries: weakref.WeakKeyDictionary[Registry, int] = weakref.WeakKeyDictionary()
 _numbers = itertools.count()
 _generation = 0  # the generation new declarations go into
 _generation_used = False  # whether any declaration went into it yet
@@ -209,20 +208,12 @@ def _signature(types: tuple[int, ...]) -> str:
     return "_".join(str(ONNX_TO_TORCH[t]).removeprefix("torch.") for t in types)
 
 
-def _registry_number(registry: Registry) -> int:
-    """A number of its own for each registry (never reused in this process), part of its private op names."""
-    number = _registries.get(registry)
-    if number is None:
-        number = _registries[registry] = next(_numbers)
-    return number
-
-
 def _declare(registry: Registry, spec: OpSpec, in_types: tuple[int, ...], out_types: tuple[int, ...]) -> _Declared:
     """The PyOp serving ``registry``'s ``spec`` at this signature, declared now if it is new."""
     global _generation_used, _hooked
     from onnxruntime_extensions import PyCustomOpDef, onnx_op
 
-    number = _registry_number(registry)
+    number = _registries.setdefault(registry, next(_numbers))  # NOTE: the registry's own, part of its op names
     key = (number, spec.domain, spec.name, in_types, out_types)
     found = _declared.get(key)
     if found is not None:
@@ -329,7 +320,7 @@ def _rewrite_attributes(node: onnx.NodeProto, declared: _Declared) -> None:
                                 "Got none. Export the model again with opbridge.")
         else:
             value = None  # NOTE: the kernel passes None
-        values[p.name] = value.decode() if isinstance(value, bytes) else value
+        values[p.name] = None if value is None else p.from_onnx_value(value)  # NOTE: as the op takes it
     names = list(node.input) + [""] * (len(spec.tensors) - len(node.input))
     node.input[:] = [n or _ABSENT_INPUT for n in names]
     absent = [i for i, n in enumerate(names) if not n]
