@@ -94,26 +94,9 @@ def functionalize_mutations(program: torch.export.ExportedProgram, registry) -> 
     return program
 
 
-def _class_name(fqn: str) -> str:
-    """'__torch__.torch.classes.ns.Cls' -> 'ns::Cls'."""
-    parts = fqn.split(".")
-    return f"{parts[-2]}::{parts[-1]}" if len(parts) >= 2 else fqn
-
-
 def _is_torchbind_call(node) -> bool:
     return node.op == "call_function" and (getattr(node.target, "__name__", "") == "call_torchbind"
                                            or "call_torchbind" in str(node.target))
-
-
-def _state_names_match(spec, class_name: str, state: dict) -> None:
-    attr_names = {p.name for p in spec.attributes}
-    required = {p.name for p in spec.attributes if not p.has_default}
-    if not required <= set(state) <= attr_names:
-        raise OpBridgeError(
-            f"{class_name}.__obj_flatten__() gives state {sorted(state)} but {spec.qualname} has attributes "
-            f"{sorted(attr_names)} (required {sorted(required)}). Got a mismatch. Make the flattened "
-            "state names equal the op's attribute names."
-        )
 
 
 def _op_for_call(program, node, obj_inputs: dict, registry) -> tuple:
@@ -123,7 +106,8 @@ def _op_for_call(program, node, obj_inputs: dict, registry) -> tuple:
     if in_spec is None:
         raise OpBridgeError(f"torchbind call {node.format_node()} does not read a module attribute. "
                             "Got an object created inside forward(). Create it in __init__.")
-    class_name = _class_name(in_spec.arg.class_fqn)
+    parts = in_spec.arg.class_fqn.split(".")  # '__torch__.torch.classes.ns.Cls' -> 'ns::Cls'
+    class_name = f"{parts[-2]}::{parts[-1]}" if len(parts) >= 2 else in_spec.arg.class_fqn
     spec = registry.for_torchbind(class_name, method)
     if spec is None:
         raise OpBridgeError(
@@ -132,7 +116,14 @@ def _op_for_call(program, node, obj_inputs: dict, registry) -> tuple:
             "whose tensors are the method's arguments and whose attributes are the object's state."
         )
     state = dict(program.constants[in_spec.target].__obj_flatten__())
-    _state_names_match(spec, class_name, state)
+    attr_names = {p.name for p in spec.attributes}
+    required = {p.name for p in spec.attributes if not p.has_default}
+    if not required <= set(state) <= attr_names:
+        raise OpBridgeError(
+            f"{class_name}.__obj_flatten__() gives state {sorted(state)} but {spec.qualname} has attributes "
+            f"{sorted(attr_names)} (required {sorted(required)}). Got a mismatch. Make the flattened "
+            "state names equal the op's attribute names."
+        )
     return spec, state
 
 

@@ -50,7 +50,7 @@ from bridge.core.dtypes import ONNX_TO_TORCH, numpy_dtype
 from bridge.core.errors import OpBridgeError, UnsupportedInTier
 from bridge.core.graphs import FreshNames, custom_nodes, model_graphs, model_value_types, value_names
 from bridge.core.registry import Registry
-from bridge.core.spec import OpSpec
+from bridge.core.spec import OpSpec, node_attributes
 from ort_kernels.base import Paths, Prepared, Tier, helper_functions, libraries, with_library
 from ort_kernels.build import io_types
 
@@ -305,27 +305,15 @@ def _infer_types(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _rewrite_attributes(node: onnx.NodeProto, declared: _Declared) -> None:
-    """The node's attributes (defaults written in, None for an omitted optional one) and the indices
-    of its omitted optional inputs (fed an empty placeholder) as one JSON attribute, ``ATTRIBUTES``."""
+    """The node's attribute values as the op takes them (``node_attributes``: defaults filled in, None
+    for an omitted optional one) and the indices of its omitted optional inputs (fed an empty
+    placeholder) as one JSON attribute, ``ATTRIBUTES``."""
     spec = declared.spec
-    present = {a.name: a for a in node.attribute}
-    values = {}
-    for p in spec.attributes:
-        if p.name in present:
-            value = onnx.helper.get_attribute_value(present[p.name])
-        elif p.onnx_default is not None:
-            value = onnx.helper.get_attribute_value(p.onnx_default)
-        elif not p.optional:
-            raise OpBridgeError(f"{spec.qualname}: node {node.name!r} lacks required attribute '{p.name}'. "
-                                "Got none. Export the model again with opbridge.")
-        else:
-            value = None  # NOTE: the kernel passes None
-        values[p.name] = None if value is None else p.from_onnx_value(value)  # NOTE: as the op takes it
     names = list(node.input) + [""] * (len(spec.tensors) - len(node.input))
+    attributes = json.dumps([node_attributes(spec, node), [i for i, n in enumerate(names) if not n]])
     node.input[:] = [n or _ABSENT_INPUT for n in names]
-    absent = [i for i, n in enumerate(names) if not n]
     del node.attribute[:]
-    node.attribute.append(onnx.helper.make_attribute(ATTRIBUTES, json.dumps([values, absent])))
+    node.attribute.append(onnx.helper.make_attribute(ATTRIBUTES, attributes))
 
 
 def _bridge(model: onnx.ModelProto, fresh: FreshNames) -> None:
