@@ -103,12 +103,6 @@ def required_ir_version(model: onnx.ModelProto, *, metadata: bool = False) -> in
     return need
 
 
-def _fold_metadata(proto) -> None:
-    lines = [f"{p.key}: {p.value}" for p in proto.metadata_props]
-    proto.doc_string = "\n".join(filter(None, [proto.doc_string, *lines]))
-    del proto.metadata_props[:]
-
-
 def stamp_ir_version(model: onnx.ModelProto) -> int:
     """Set ``model.ir_version`` to the lowest version it needs and return it; below IR 10, fold
     ``metadata_props`` of nodes, values, tensors, graphs and functions into their ``doc_string``
@@ -117,7 +111,9 @@ def stamp_ir_version(model: onnx.ModelProto) -> int:
     if need < METADATA_IR:
         for proto in list(_annotated(model)):
             if proto.metadata_props:
-                _fold_metadata(proto)
+                lines = [f"{p.key}: {p.value}" for p in proto.metadata_props]
+                proto.doc_string = "\n".join(filter(None, [proto.doc_string, *lines]))
+                del proto.metadata_props[:]
         for function in model.functions:
             del function.value_info[:]
     model.ir_version = need
