@@ -89,15 +89,14 @@ def _inputs(graph: onnx.GraphProto, roles: dict[str, tuple], names: _Names) -> l
 
 def _outputs(graph: onnx.GraphProto, nodes: list[onnx.NodeProto], names: _Names) -> list[str]:
     """The body's output names; an output that is an input or repeats another gets an Identity (appended)."""
-    outputs, seen = [], set()
+    outputs: list[str] = []
     produced = {o for n in nodes for o in n.output}
     for o in graph.output:
         name = names(o.name)
-        if name not in produced or name in seen:  # an input or a repeated value: give it its own output
+        if name not in produced or name in outputs:  # an input or a repeated value: give it its own output
             copy = names.fresh(f"{name}__out")
             nodes.append(helper.make_node("Identity", [name], [copy]))
             name = copy
-        seen.add(name)
         outputs.append(name)
     return outputs
 

@@ -134,12 +134,9 @@ def _onnx_export(program, opset: int, registry: Registry, translated: dict):
         elif not torch_compat.has_kernel(inner.overload.name(), "CompositeImplicitAutograd"):
             raise Untraceable(f"its implementation calls custom op {inner.qualname}, which has no written body "
                               "(derived bodies do not nest)")
-    if nested:  # NOTE: an implementation calling bridged ops: their translations, through the public entry point
-        return optimize(torch.onnx.export(program, dynamo=True, opset_version=opset, optimize=False, verify=False,
-                                          external_data=False,
-                                          custom_translation_table={**{t: translation(s) for t, s in nested.items()},
-                                                                    **translated}))
-    return onnx_program(program, opset, translated)
+    # NOTE: an implementation calling bridged ops: their translations, through the public entry point
+    return onnx_program(program, opset, {**{t: translation(s) for t, s in nested.items()}, **translated},
+                        public=bool(nested))
 
 
 def program_calls(program: torch.export.ExportedProgram):
@@ -148,16 +145,16 @@ def program_calls(program: torch.export.ExportedProgram):
     return (n for g in graphs for n in g.nodes if n.op == "call_function")
 
 
-def onnx_program(program: torch.export.ExportedProgram, opset: int, table: dict):
+def onnx_program(program: torch.export.ExportedProgram, opset: int, table: dict, *, public: bool = False):
     """``torch.onnx.export(program, dynamo=True, custom_translation_table=table)`` at ``opset`` (an
     ONNXProgram), through torch.onnx's table of ATen translations built once per opset
     (``CACHE.onnx_registry``), and built again when ``program`` calls an op torch_lib translates that
-    did not exist when it was built.
+    did not exist when it was built; ``public=True``: through torch.onnx.export itself.
 
     NOTE: torch.onnx.export builds that table anew on every call (about half a second): every export
     and every derived body goes through here instead. torch.onnx fills it from torch_lib only for
     ops that exist when it is built (torchvision's only with torchvision installed)."""
-    base = CACHE.onnx_registry(opset)
+    base = None if public else CACHE.onnx_registry(opset)
     if base is None:  # NOTE: a torch without the exporter's internals: its public entry point
         return optimize(torch.onnx.export(program, dynamo=True, custom_translation_table=table, opset_version=opset,
                                           optimize=False, verify=False, external_data=False))
