@@ -31,10 +31,8 @@ def rename_values(model: onnx.ModelProto, mapping: dict[str, str]) -> None:
         for node in graph.node:
             node.input[:] = [mapping.get(n, n) for n in node.input]
             node.output[:] = [mapping.get(n, n) for n in node.output]
-        for v in [*graph.input, *graph.output, *graph.value_info]:
+        for v in [*graph.input, *graph.output, *graph.value_info, *graph.initializer]:
             v.name = mapping.get(v.name, v.name)
-        for t in graph.initializer:
-            t.name = mapping.get(t.name, t.name)
 
 
 def name_custom_outputs(model: onnx.ModelProto, registry) -> None:

@@ -40,10 +40,8 @@ def _renamed(node: onnx.NodeProto, names: _Names) -> onnx.NodeProto:
 def _rename_graph(graph: onnx.GraphProto, names: _Names) -> None:
     graph.doc_string = ""
     del graph.metadata_props[:]
-    for v in list(graph.input) + list(graph.output) + list(graph.value_info):
+    for v in [*graph.input, *graph.output, *graph.value_info, *graph.initializer]:
         v.name = names(v.name)
-    for t in graph.initializer:
-        t.name = names(t.name)
     renamed = [_renamed(n, names) for n in graph.node]
     del graph.node[:]
     graph.node.extend(renamed)
