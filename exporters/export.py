@@ -37,7 +37,7 @@ from exporters.inline import inline_functions
 from exporters.names import dim_names, name_custom_outputs, name_graph_io, rename_dims
 from exporters.portable import relativize_paths, stamp_ir_version
 from exporters.resolve import attach_functions
-from exporters.rewrites import functionalize_mutations, torchbind_to_ops
+from exporters.rewrites import functionalize_mutations, is_auto_functionalized, torchbind_to_ops
 
 # NOTE: torch.onnx warns about every absent torchvision op when it builds its registry.
 logging.getLogger(torch_compat.ONNX_REGISTRY_LOGGER).setLevel(logging.ERROR)
@@ -61,7 +61,7 @@ def check_program(program: torch.export.ExportedProgram, registry: Registry) -> 
     graph and in every subgraph (torch.cond / map branches)."""
     for node in program_calls(program):
         target = node.target
-        if isinstance(target, torch_compat.HigherOrderOperator) and target.name().startswith("auto_functionalized"):
+        if is_auto_functionalized(target):
             mutated = node.args[0].name() if node.args else target.name()
             raise OpBridgeError(
                 f"the model calls mutating op {mutated}, whose export is not supported yet. "
@@ -202,10 +202,7 @@ def export(
         >>> [n.op_type for n in proto.graph.node]
         ['identity_conv', 'Add']
     """
-    return _export(model, args, f, kwargs=kwargs, dynamic_shapes=dynamic_shapes, registry=registry,
-                   functions=functions, opset_version=opset_version, check=check, rewrites=rewrites,
-                   input_names=input_names, output_names=output_names, inline=inline,
-                   register_functions=register_functions).proto
+    return _export(**locals()).proto  # NOTE: locals() here are exactly export's arguments
 
 
 def export_with_program(model: torch.nn.Module, args: Sequence, f: str | os.PathLike | None = None,
@@ -251,9 +248,8 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
             raise OpBridgeError(
                 "torch.export traced into an op's own (C++) kernel, which reads tensor data that tracing does not "
                 f"have. Got: {str(e).splitlines()[0].rstrip('.')}. Bridge that op with bridge.register('ns::name', "
-                "fake=...): an "
-                "op whose only kernel is CompositeImplicitAutograd (torch-scatter's, torch::RegisterOperators) "
-                "then stays one node.") from e
+                "fake=...): an op whose only kernel is CompositeImplicitAutograd (torch-scatter's, "
+                "torch::RegisterOperators) then stays one node.") from e
     for rewrite in DEFAULT_REWRITES if rewrites is None else rewrites:
         program = rewrite(program, reg)
     check_program(program, reg)

@@ -31,24 +31,16 @@ def rename_values(model: onnx.ModelProto, mapping: dict[str, str]) -> None:
         for node in graph.node:
             node.input[:] = [mapping.get(n, n) for n in node.input]
             node.output[:] = [mapping.get(n, n) for n in node.output]
-        for v in [*graph.input, *graph.output, *graph.value_info]:
+        for v in [*graph.input, *graph.output, *graph.value_info, *graph.initializer]:
             v.name = mapping.get(v.name, v.name)
-        for t in graph.initializer:
-            t.name = mapping.get(t.name, t.name)
 
 
 def name_custom_outputs(model: onnx.ModelProto, registry) -> None:
     """Outputs of multi-output custom nodes take the op's own names (``<op>_out<i>``), never the
     exporter's ``getitem``/``getitem_1``."""
     fresh = FreshNames(value_names(model.graph))
-    mapping = {}
-    for node in custom_nodes(model):
-        if len(node.output) < 2:
-            continue
-        for i, out in enumerate(node.output):
-            if out and out.startswith("getitem"):
-                mapping[out] = fresh(f"{node.op_type}_out{i}")
-    rename_values(model, mapping)
+    rename_values(model, {out: fresh(f"{node.op_type}_out{i}") for node in custom_nodes(model) if len(node.output) > 1
+                          for i, out in enumerate(node.output) if out.startswith("getitem")})
 
 
 def name_graph_io(model: onnx.ModelProto, input_names: Sequence[str] | None,

@@ -52,10 +52,8 @@ def _tensor_types(type_proto: onnx.TypeProto) -> Iterator[int]:
     kind = type_proto.WhichOneof("value")
     if kind in ("tensor_type", "sparse_tensor_type"):
         yield getattr(type_proto, kind).elem_type
-    elif kind == "sequence_type":
-        yield from _tensor_types(type_proto.sequence_type.elem_type)
-    elif kind == "optional_type":
-        yield from _tensor_types(type_proto.optional_type.elem_type)
+    elif kind in ("sequence_type", "optional_type"):
+        yield from _tensor_types(getattr(type_proto, kind).elem_type)
     elif kind == "map_type":
         yield type_proto.map_type.key_type
         yield from _tensor_types(type_proto.map_type.value_type)
@@ -105,12 +103,6 @@ def required_ir_version(model: onnx.ModelProto, *, metadata: bool = False) -> in
     return need
 
 
-def _fold_metadata(proto) -> None:
-    lines = [f"{p.key}: {p.value}" for p in proto.metadata_props]
-    proto.doc_string = "\n".join(filter(None, [proto.doc_string, *lines]))
-    del proto.metadata_props[:]
-
-
 def stamp_ir_version(model: onnx.ModelProto) -> int:
     """Set ``model.ir_version`` to the lowest version it needs and return it; below IR 10, fold
     ``metadata_props`` of nodes, values, tensors, graphs and functions into their ``doc_string``
@@ -119,7 +111,9 @@ def stamp_ir_version(model: onnx.ModelProto) -> int:
     if need < METADATA_IR:
         for proto in list(_annotated(model)):
             if proto.metadata_props:
-                _fold_metadata(proto)
+                lines = [f"{p.key}: {p.value}" for p in proto.metadata_props]
+                proto.doc_string = "\n".join(filter(None, [proto.doc_string, *lines]))
+                del proto.metadata_props[:]
         for function in model.functions:
             del function.value_info[:]
     model.ir_version = need

@@ -329,8 +329,6 @@ def attach_functions_ir(model: ir.Model, registry: Registry | None = None, *, re
     """
     resolver = _Resolver(model, REGISTRY if registry is None else registry, replace, ops)
     changed = resolver.convert_stale()
-    while True:  # NOTE: an attached body may call further custom ops
-        added = resolver.round()
-        if not added:
-            return list(dict.fromkeys(changed))
+    while added := resolver.round():  # NOTE: an attached body may call further custom ops
         changed += added
+    return list(dict.fromkeys(changed))

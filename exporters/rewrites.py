@@ -15,17 +15,15 @@ from bridge.core import torch_compat
 from bridge.core.errors import OpBridgeError
 
 
-def _is_auto_functionalized(target) -> bool:
+def is_auto_functionalized(target) -> bool:
+    """Whether ``target`` is torch's ``auto_functionalized`` wrapper of a mutating op's call."""
     return isinstance(target, torch_compat.HigherOrderOperator) and target.name().startswith("auto_functionalized")
 
 
 def _calls_mutating_op(program, registry) -> bool:
-    for node in program.graph.nodes:
-        if node.op == "call_function" and isinstance(node.target, torch_compat.OpOverload):
-            spec = registry.for_overload(node.target)
-            if spec is not None and spec.mutated:
-                return True
-    return False
+    specs = (registry.for_overload(n.target) for n in program.graph.nodes
+             if n.op == "call_function" and isinstance(n.target, torch_compat.OpOverload))
+    return any(spec is not None and spec.mutated for spec in specs)
 
 
 def _twin_args(node, spec):
@@ -61,7 +59,7 @@ def functionalize_mutations(program: torch.export.ExportedProgram, registry) -> 
     graph = program.graph
     renames = {}
     for node in list(graph.nodes):
-        if node.op != "call_function" or not _is_auto_functionalized(node.target):
+        if node.op != "call_function" or not is_auto_functionalized(node.target):
             continue
         spec = registry.for_overload(node.args[0])
         if spec is None:
@@ -81,10 +79,7 @@ def functionalize_mutations(program: torch.export.ExportedProgram, registry) -> 
                 raise OpBridgeError(f"{spec.qualname}: unexpected use {user.format_node()} of its functional form. "
                                     "Got a non-getitem user. Report this graph.")
             index = user.args[1]
-            if index < slots:
-                position = index
-            else:
-                position = n_returns + [bases[m] for m in spec.mutated].index(index - slots)
+            position = index if index < slots else n_returns + [bases[m] for m in spec.mutated].index(index - slots)
             if twin.num_outputs == 1:
                 user.replace_all_uses_with(new)
                 renames[user.name] = new.name
@@ -99,26 +94,9 @@ def functionalize_mutations(program: torch.export.ExportedProgram, registry) -> 
     return program
 
 
-def _class_name(fqn: str) -> str:
-    """'__torch__.torch.classes.ns.Cls' -> 'ns::Cls'."""
-    parts = fqn.split(".")
-    return f"{parts[-2]}::{parts[-1]}" if len(parts) >= 2 else fqn
-
-
 def _is_torchbind_call(node) -> bool:
     return node.op == "call_function" and (getattr(node.target, "__name__", "") == "call_torchbind"
                                            or "call_torchbind" in str(node.target))
-
-
-def _state_names_match(spec, class_name: str, state: dict) -> None:
-    attr_names = {p.name for p in spec.attributes}
-    required = {p.name for p in spec.attributes if not p.has_default}
-    if not required <= set(state) <= attr_names:
-        raise OpBridgeError(
-            f"{class_name}.__obj_flatten__() gives state {sorted(state)} but {spec.qualname} has attributes "
-            f"{sorted(attr_names)} (required {sorted(required)}). Got a mismatch. Make the flattened "
-            "state names equal the op's attribute names."
-        )
 
 
 def _op_for_call(program, node, obj_inputs: dict, registry) -> tuple:
@@ -128,7 +106,8 @@ def _op_for_call(program, node, obj_inputs: dict, registry) -> tuple:
     if in_spec is None:
         raise OpBridgeError(f"torchbind call {node.format_node()} does not read a module attribute. "
                             "Got an object created inside forward(). Create it in __init__.")
-    class_name = _class_name(in_spec.arg.class_fqn)
+    parts = in_spec.arg.class_fqn.split(".")  # '__torch__.torch.classes.ns.Cls' -> 'ns::Cls'
+    class_name = f"{parts[-2]}::{parts[-1]}" if len(parts) >= 2 else in_spec.arg.class_fqn
     spec = registry.for_torchbind(class_name, method)
     if spec is None:
         raise OpBridgeError(
@@ -137,7 +116,14 @@ def _op_for_call(program, node, obj_inputs: dict, registry) -> tuple:
             "whose tensors are the method's arguments and whose attributes are the object's state."
         )
     state = dict(program.constants[in_spec.target].__obj_flatten__())
-    _state_names_match(spec, class_name, state)
+    attr_names = {p.name for p in spec.attributes}
+    required = {p.name for p in spec.attributes if not p.has_default}
+    if not required <= set(state) <= attr_names:
+        raise OpBridgeError(
+            f"{class_name}.__obj_flatten__() gives state {sorted(state)} but {spec.qualname} has attributes "
+            f"{sorted(attr_names)} (required {sorted(required)}). Got a mismatch. Make the flattened "
+            "state names equal the op's attribute names."
+        )
     return spec, state
 
 

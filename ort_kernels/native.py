@@ -5,7 +5,6 @@ each op's ``native=`` file or its seed kernel ``ort_kernels/cpu/<domain>_op_<op 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 import onnx
 import onnxruntime as ort
@@ -24,16 +23,6 @@ from ort_kernels.libraries import served_by, user_libraries
 
 # NOTE: the one env var naming a prebuilt library for every native session.
 LIBRARY_ENV = "OPBRIDGE_NATIVE_LIBRARY"
-
-
-def _built_here(model: onnx.ModelProto, registry: Registry) -> Path:
-    """The library built on this machine for ``registry``; an op whose own C++ kernel does not build
-    fails only the sessions whose model uses it (with that kernel's error)."""
-    built = native_library(registry)
-    used = [built.broken[key] for key in sorted(custom_ops(model)) if key in built.broken]
-    if used:
-        raise used[0]
-    return built.path
 
 
 class NativeTier(Tier):
@@ -84,7 +73,12 @@ class NativeTier(Tier):
         libraries = list(dict.fromkeys(theirs.values()))
         if ours:
             _one_library_per_domain(theirs, {d for d, _ in served_ops(registry)})
-            own = os.fspath(_built_here(model, registry))
+            # NOTE: an op whose own C++ kernel does not build fails only the sessions whose model uses it
+            built = native_library(registry)
+            broken = [built.broken[key] for key in sorted(custom_ops(model)) if key in built.broken]
+            if broken:
+                raise broken[0]
+            own = os.fspath(built.path)
             kernels.update({f"{d}::{t}": own for d, t in ours})
             libraries.append(own)
         kernels.update({f"{d}::{t}": FUNCTION_BODY for d, t in unserved})

@@ -17,10 +17,10 @@ the model gives its nodes. onnxruntime-extensions' PyOp has sharp edges, each gu
 - an exception inside a kernel aborts the process: kernels catch everything, hand ORT an empty
   placeholder of the declared type, and every run of the session raises the recorded error as
   OpBridgeError (the run guard, ``_kernel_errors``); so does an output dtype the model does not declare;
-- INTS/FLOATS attributes are unsupported and every declared attribute must be present: lists and
-  optional scalars (``int?``) travel as comma-separated STRING attributes (parsed once per node's
-  values), defaults are written into the nodes, and an omitted optional one gets a placeholder and
-  is named in ``opbridge_absent_attributes`` (the kernel passes None; a given ``str?`` of "" stays "");
+- INTS/FLOATS attributes are unsupported and every declared attribute must be present: the node's
+  attribute values (defaults written in, None for an omitted optional one; a given ``str?`` of ""
+  stays "") and the indices of its omitted optional inputs travel as one JSON STRING attribute
+  (``ATTRIBUTES``, parsed once per node's values);
 - adding a PyOp to a domain already registered with session options crashes later sessions:
   declarations go in generations, each with private domains (``opbridge.python.<generation>.<domain>``);
   options that got an earlier generation than a model needs are refused, naming the fix;
@@ -36,6 +36,7 @@ import contextlib
 import dataclasses
 import importlib.util
 import itertools
+import json
 import threading
 import weakref
 from typing import Any
@@ -49,7 +50,7 @@ from bridge.core.dtypes import ONNX_TO_TORCH, numpy_dtype
 from bridge.core.errors import OpBridgeError, UnsupportedInTier
 from bridge.core.graphs import FreshNames, custom_nodes, model_graphs, model_value_types, value_names
 from bridge.core.registry import Registry
-from bridge.core.spec import OpSpec
+from bridge.core.spec import OpSpec, node_attributes
 from ort_kernels.base import Paths, Prepared, Tier, helper_functions, libraries, with_library
 from ort_kernels.build import io_types
 
@@ -57,17 +58,15 @@ _lock = threading.Lock()
 # NOTE: private domains, not the op's: options reused across tiers may carry the native library,
 # whose kernels take the op's own domain
 PYTHON_DOMAIN = "opbridge.python."
-# NOTE: PyOp inputs and attributes are all required: an omitted optional input (attribute) gets an
-# empty placeholder and is named in ABSENT_ATTR (ABSENT_ATTRS), so the kernel passes None for it.
-ABSENT_ATTR = "opbridge_absent"
-ABSENT_ATTRS = "opbridge_absent_attributes"
+# NOTE: PyOp inputs and attributes are all required: an omitted optional input gets an empty
+# placeholder and is named in ATTRIBUTES with the attribute values, so the kernel passes None for it.
+ATTRIBUTES = "opbridge_attributes"
 _ABSENT_INPUT = "opbridge_absent_float"  # the empty placeholder an omitted optional input is fed
 # the generations registered into a SessionOptions object (recorded in the options themselves)
 _KNOWN_KEY = "opbridge.python_tier.generations"
 _errors: list[str] = []  # kernel exceptions of the current run (ORT calls kernels synchronously)
 
 T = onnx.TensorProto
-_AT = onnx.defs.OpSchema.AttrType
 # element type in the model -> element type carried across onnxruntime-extensions, for inputs and
 # outputs; a type absent here is refused. NOTE: float16/bfloat16 inputs abort inside
 # onnxruntime-extensions (and numpy has no bfloat16): they cross as float32, exactly.
@@ -89,7 +88,7 @@ class _Declared:
     out_dtypes: tuple[torch.dtype, ...]  # what the op must return
     out_carry: tuple[torch.dtype | None, ...]  # bfloat16 outputs cross as float32
     placeholders: tuple[np.ndarray, ...]
-    # raw attribute strings -> (attribute values, absent inputs): parsed once per node's values
+    # ATTRIBUTES' text -> (attribute values, absent inputs): parsed once per node's values
     parsed: dict = dataclasses.field(default_factory=dict)
 
     def run(self, feed: list, raw: dict) -> tuple:
@@ -97,10 +96,10 @@ class _Declared:
         into onnxruntime-extensions aborts the process)."""
         spec = self.spec
         try:
-            key = tuple(raw.items())
-            if key not in self.parsed:
-                self.parsed[key] = _parse_attributes(spec, raw)
-            attrs, absent = self.parsed[key]
+            text = raw[ATTRIBUTES]
+            if text not in self.parsed:
+                self.parsed[text] = json.loads(text)
+            attrs, absent = self.parsed[text]
             tensors: dict[str, torch.Tensor | None] = {}
             for i, (p, a) in enumerate(zip(spec.tensors, feed)):
                 # NOTE: never read-only from onnxruntime-extensions (fresh arrays)
@@ -136,7 +135,8 @@ _by_name: dict[tuple[str, str], _Declared] = {}  # (private domain, private op_t
 # (registry, domain, op_type, input types, output types) -> declaration. NOTE: keyed by registry: two
 # registries may give one ONNX name different ops, and a live session of one must keep running its own
 _declared: dict[tuple, _Declared] = {}
-_registries: weakref.WeakKeyDictionary[Registry, int] = weakref.WeakKeyDictionary()  # registry -> its number
+# registry -> a number of its own (never reused in this process)
+_registries: weakref.WeakKeyDictionary[Registry, int] = weakref.WeakKeyDictionary()
 _numbers = itertools.count()
 _generation = 0  # the generation new declarations go into
 _generation_used = False  # whether any declaration went into it yet
@@ -165,44 +165,6 @@ def _invoke(k_id: int, feed: list, attributes: dict) -> tuple:
     for o in outs:
         res += [np.shape(o) if isinstance(o, np.ndarray) else (len(o),), o]
     return tuple(res)
-
-
-# the number type of each attribute kind that may travel as text (lists, optional scalars)
-_NUMBERS = {_AT.INT: int, _AT.INTS: int, _AT.FLOAT: float, _AT.FLOATS: float}
-
-
-def _list_attr(p) -> bool:
-    return p.attr_type in (_AT.INTS, _AT.FLOATS)
-
-
-def _as_text(p) -> bool:
-    """Whether the attribute travels as a STRING in the session's copy (lists, optional scalars)."""
-    return _list_attr(p) or (p.optional and p.attr_type != _AT.STRING)
-
-
-def _text(value) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
-def _parse_attr(p, value):
-    number = _NUMBERS.get(p.attr_type)
-    if number is None:
-        return p.from_onnx_value(value)
-    if _list_attr(p):
-        return p.from_onnx_value([number(x) for x in _text(value).split(",") if x])
-    return p.from_onnx_value(number(_text(value)))
-
-
-def _parse_attributes(spec, raw: dict) -> tuple[dict, set[int]]:
-    """(attribute values by name, indices of omitted optional inputs) from a node's raw attributes."""
-    raw = dict(raw)
-    absent = {int(i) for i in _text(raw.pop(ABSENT_ATTR, "") or "").split(",") if i}
-    omitted = set(_text(raw.pop(ABSENT_ATTRS, "")).split(",")) - {""}
-    by_name = {p.name: p for p in spec.attributes}
-    attrs = {k: None if k in omitted else _parse_attr(by_name[k], v) for k, v in raw.items()}
-    for p in spec.attributes:
-        attrs.setdefault(p.name, p.absent)
-    return attrs, absent
 
 
 def _describe(e: BaseException) -> str:
@@ -246,20 +208,12 @@ def _signature(types: tuple[int, ...]) -> str:
     return "_".join(str(ONNX_TO_TORCH[t]).removeprefix("torch.") for t in types)
 
 
-def _registry_number(registry: Registry) -> int:
-    """A number of its own for each registry (never reused in this process), part of its private op names."""
-    number = _registries.get(registry)
-    if number is None:
-        number = _registries[registry] = next(_numbers)
-    return number
-
-
 def _declare(registry: Registry, spec: OpSpec, in_types: tuple[int, ...], out_types: tuple[int, ...]) -> _Declared:
     """The PyOp serving ``registry``'s ``spec`` at this signature, declared now if it is new."""
     global _generation_used, _hooked
     from onnxruntime_extensions import PyCustomOpDef, onnx_op
 
-    number = _registry_number(registry)
+    number = _registries.setdefault(registry, next(_numbers))  # NOTE: the registry's own, part of its op names
     key = (number, spec.domain, spec.name, in_types, out_types)
     found = _declared.get(key)
     if found is not None:
@@ -268,18 +222,6 @@ def _declare(registry: Registry, spec: OpSpec, in_types: tuple[int, ...], out_ty
     if not _hooked:
         PyCustomOpDef.install_hooker(_invoke)
         _hooked = True
-    attr_types: dict[Any, int] = {_AT.INT: PyCustomOpDef.dt_int64, _AT.FLOAT: PyCustomOpDef.dt_float,
-                                  _AT.STRING: PyCustomOpDef.dt_string}
-    odd = [p.name for p in spec.attributes if not _as_text(p) and p.attr_type not in attr_types]
-    if odd:
-        raise UnsupportedInTier(f"tier 'python' cannot declare {spec.qualname}: onnxruntime-extensions' PyOp takes "
-                                f"int, float and string attributes (lists travel as strings). Got {odd}. Use "
-                                "tier='function' or 'native'.")
-    attrs = {p.name: PyCustomOpDef.dt_string if _as_text(p) else attr_types[p.attr_type] for p in spec.attributes}
-    if any(p.optional for p in spec.tensors):
-        attrs[ABSENT_ATTR] = PyCustomOpDef.dt_string
-    if any(p.optional for p in spec.attributes):
-        attrs[ABSENT_ATTRS] = PyCustomOpDef.dt_string
     carried_in = [_CARRIED_IN[t] for t in in_types]
     carried_out = [_CARRIED_OUT[t] for t in out_types]
     declared = _Declared(
@@ -291,7 +233,7 @@ def _declare(registry: Registry, spec: OpSpec, in_types: tuple[int, ...], out_ty
         out_carry=tuple(ONNX_TO_TORCH[c] if c != t else None for t, c in zip(out_types, carried_out)),
         placeholders=tuple(np.zeros((0,), numpy_dtype(ONNX_TO_TORCH[c])) for c in carried_out))
     opdef = onnx_op(op_type=f"{declared.domain}::{declared.op_type}", inputs=carried_in, outputs=carried_out,
-                    attrs=attrs)(declared.run)
+                    attrs={ATTRIBUTES: PyCustomOpDef.dt_string})(declared.run)
     _by_id[opdef._id] = declared
     _by_name[(declared.domain, declared.op_type)] = declared
     _declared[key] = declared
@@ -299,16 +241,13 @@ def _declare(registry: Registry, spec: OpSpec, in_types: tuple[int, ...], out_ty
     return declared
 
 
-def _predeclare(registry: Registry, tier) -> None:
-    """Declare every served op at every signature its samples give, before a registration freezes
-    the open generation: options reused by later models then know their ops."""
+def _predeclare(registry: Registry) -> None:
+    """Declare every op at every signature its samples give, before a registration freezes the open
+    generation: options reused by later models then know their ops."""
     for spec in registry.exportable():
-        if tier.why_not(spec) is not None:
-            continue
         for inputs, outputs in _sample_types(spec)[0].items():
             if all(t in _CARRIED_IN for t in inputs) and all(t in _CARRIED_OUT for t in outputs):
-                with contextlib.suppress(UnsupportedInTier):  # NOTE: said when a model needs the op
-                    _declare(registry, spec, inputs, outputs)
+                _declare(registry, spec, inputs, outputs)
 
 
 def _node_types(node, spec, types: dict) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -366,40 +305,15 @@ def _infer_types(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _rewrite_attributes(node: onnx.NodeProto, declared: _Declared) -> None:
-    """Lists -> comma-separated strings; defaults written in (PyOp needs every declared attribute);
-    omitted optional inputs fed an empty placeholder and listed in ``opbridge_absent``; omitted optional
-    attributes given a placeholder and listed in ``opbridge_absent_attributes``."""
+    """The node's attribute values as the op takes them (``node_attributes``: defaults filled in, None
+    for an omitted optional one) and the indices of its omitted optional inputs (fed an empty
+    placeholder) as one JSON attribute, ``ATTRIBUTES``."""
     spec = declared.spec
-    present = {a.name: a for a in node.attribute}
-    new = []
-    if any(p.optional for p in spec.tensors):
-        names = list(node.input) + [""] * (len(spec.tensors) - len(node.input))
-        absent = [i for i, n in enumerate(names) if not n]
-        del node.input[:]
-        node.input.extend(n or _ABSENT_INPUT for n in names)
-        new.append(onnx.helper.make_attribute(ABSENT_ATTR, ",".join(map(str, absent))))
-    omitted = []
-    for p in spec.attributes:
-        if p.name in present:
-            value = onnx.helper.get_attribute_value(present[p.name])
-        elif p.onnx_default is not None:
-            value = onnx.helper.get_attribute_value(p.onnx_default)
-        elif p.optional:
-            new.append(onnx.helper.make_attribute(p.name, ""))  # a placeholder; the kernel passes None
-            omitted.append(p.name)
-            continue
-        else:
-            raise OpBridgeError(f"{spec.qualname}: node {node.name!r} lacks required attribute '{p.name}'. "
-                                "Got none. Export the model again with opbridge.")
-        if _list_attr(p):
-            value = ",".join(str(v) for v in value)
-        elif _as_text(p):
-            value = str(value)
-        new.append(onnx.helper.make_attribute(p.name, value))
-    if any(p.optional for p in spec.attributes):
-        new.append(onnx.helper.make_attribute(ABSENT_ATTRS, ",".join(omitted)))
+    names = list(node.input) + [""] * (len(spec.tensors) - len(node.input))
+    attributes = json.dumps([node_attributes(spec, node), [i for i, n in enumerate(names) if not n]])
+    node.input[:] = [n or _ABSENT_INPUT for n in names]
     del node.attribute[:]
-    node.attribute.extend(new)
+    node.attribute.append(onnx.helper.make_attribute(ATTRIBUTES, attributes))
 
 
 def _bridge(model: onnx.ModelProto, fresh: FreshNames) -> None:
@@ -428,11 +342,8 @@ def _bridge(model: onnx.ModelProto, fresh: FreshNames) -> None:
                                                        name=fresh("opbridge_cast_out")))
                     node.output[i] = name
             nodes += [node, *after]
-        new = [onnx.NodeProto() for _ in nodes]
-        for copy, node in zip(new, nodes):
-            copy.CopyFrom(node)
         del graph.node[:]
-        graph.node.extend(new)
+        graph.node.extend(nodes)
 
 
 def _kernel_error() -> str:
@@ -532,7 +443,7 @@ class PythonTier(Tier):
             options = _shared_options[0] if shared else options
             known = _known_generations(options, path)
             if known is None:  # NOTE: these options are about to freeze the open generation: fill it first
-                _predeclare(registry, self)
+                _predeclare(registry)
             plan = []
             for node in served:
                 spec = registry.find(node.domain, node.op_type)
@@ -541,7 +452,7 @@ class PythonTier(Tier):
             late = sorted({f"{n.domain}::{n.op_type}" for n, d in plan if known is not None and d.generation >= known})
             if late and shared:  # NOTE: the shared options predate these signatures: new ones take over
                 options, known, late = None, None, []
-                _predeclare(registry, self)
+                _predeclare(registry)
             if late:
                 raise UnsupportedInTier(
                     f"tier 'python' cannot run {', '.join(late)} with these SessionOptions: they got the python "

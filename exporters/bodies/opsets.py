@@ -159,19 +159,16 @@ def _axes_input_down(attr_name: str, noop_attr: str | None = None) -> Callable:
                 raise ctx.error(node, f"'{noop_attr}' refers to a function attribute",
                                 f"Set {noop_attr} to a constant in the body, or keep the model's opset >= 18.")
             _drop_attr(node, noop_attr)
-        if not name:
-            if noop is not None and noop.i:
-                return [helper.make_node("Identity", [node.input[0]], list(node.output), name=node.name)]
-            return [node]
-        value = _constant_ints(name, ctx)
-        if value is None:
+        value = _constant_ints(name, ctx) if name else None
+        if name and value is None:
             raise ctx.error(node, f"its {attr_name} input {name!r} is computed at run time, and the older "
                                   f"opset takes {attr_name} as a constant attribute",
                             f"Produce {attr_name} with a Constant node in the body, or keep the model's opset.")
-        if noop is not None and noop.i and not value.ref_attr_name and not value.ints:
+        if noop is not None and noop.i and (value is None or not (value.ref_attr_name or value.ints)):
             return [helper.make_node("Identity", [node.input[0]], list(node.output), name=node.name)]
-        node.attribute.append(_ints_attr(value, attr_name))
-        _set_inputs(node, [node.input[0], *node.input[2:]])
+        if value is not None:
+            node.attribute.append(_ints_attr(value, attr_name))
+            _set_inputs(node, [node.input[0], *node.input[2:]])
         return [node]
 
     return down

@@ -40,10 +40,8 @@ def _renamed(node: onnx.NodeProto, names: _Names) -> onnx.NodeProto:
 def _rename_graph(graph: onnx.GraphProto, names: _Names) -> None:
     graph.doc_string = ""
     del graph.metadata_props[:]
-    for v in list(graph.input) + list(graph.output) + list(graph.value_info):
+    for v in [*graph.input, *graph.output, *graph.value_info, *graph.initializer]:
         v.name = names(v.name)
-    for t in graph.initializer:
-        t.name = names(t.name)
     renamed = [_renamed(n, names) for n in graph.node]
     del graph.node[:]
     graph.node.extend(renamed)
@@ -89,15 +87,14 @@ def _inputs(graph: onnx.GraphProto, roles: dict[str, tuple], names: _Names) -> l
 
 def _outputs(graph: onnx.GraphProto, nodes: list[onnx.NodeProto], names: _Names) -> list[str]:
     """The body's output names; an output that is an input or repeats another gets an Identity (appended)."""
-    outputs, seen = [], set()
+    outputs: list[str] = []
     produced = {o for n in nodes for o in n.output}
     for o in graph.output:
         name = names(o.name)
-        if name not in produced or name in seen:  # an input or a repeated value: give it its own output
+        if name not in produced or name in outputs:  # an input or a repeated value: give it its own output
             copy = names.fresh(f"{name}__out")
             nodes.append(helper.make_node("Identity", [name], [copy]))
             name = copy
-        seen.add(name)
         outputs.append(name)
     return outputs
 

@@ -14,13 +14,6 @@ from exporters.bodies.translation import torch_translation
 from exporters.derive.sites import NoPortableBody, Untraceable
 
 
-def _schema_op(qualname: str) -> torch_compat.OpOverload | None:
-    ns, _, name = qualname.partition("::")
-    if not torch_compat.op_exists(qualname):
-        return None
-    return getattr(getattr(torch.ops, ns), name).default
-
-
 def _python_impl(overload: torch_compat.OpOverload) -> Callable:
     qualname = overload.name().split(".")[0]
     opdef = torch_compat.custom_op_def(qualname)
@@ -49,13 +42,14 @@ def implementation(spec: OpSpec) -> Callable:
     if torch_translation(spec) is not None:
         return spec.overload
     try:
-        if spec.qualname.endswith(SUFFIX):
-            original = _schema_op(spec.qualname[: -len(SUFFIX)])
-            if original is not None:
-                written = [i for i, a in enumerate(torch_compat.schema_of(original).arguments)
-                           if a.alias_info is not None and a.alias_info.is_write]
-                if written:
-                    return functional_on_copies(_python_impl(original), written)
+        mutating = spec.qualname.removesuffix(SUFFIX)
+        if mutating != spec.qualname and torch_compat.op_exists(mutating):
+            ns, _, name = mutating.partition("::")
+            original = getattr(getattr(torch.ops, ns), name).default
+            written = [i for i, a in enumerate(torch_compat.schema_of(original).arguments)
+                       if a.alias_info is not None and a.alias_info.is_write]
+            if written:
+                return functional_on_copies(_python_impl(original), written)
         return _python_impl(spec.overload)
     except Untraceable as e:
         raise NoPortableBody(spec.qualname, str(e)) from None

@@ -88,9 +88,6 @@ def avoid_racy_scatter(model: onnx.ModelProto) -> None:
 
 def racy_nodes(nodes) -> list[str]:
     """The racy ScatterND nodes left among ``nodes`` (subgraphs included), as ``ScatterND(reduction=r)``."""
-    found = []
-    for node in walk(nodes):
-        reduction = next((a.s.decode() for a in node.attribute if a.name == "reduction"), "none")
-        if node.op_type == "ScatterND" and reduction in _REDUCING_SCATTER:
-            found.append(f"ScatterND(reduction={reduction})")
-    return found
+    reductions = (next((a.s.decode() for a in n.attribute if a.name == "reduction"), "none")
+                  for n in walk(nodes) if n.op_type == "ScatterND")
+    return [f"ScatterND(reduction={r})" for r in reductions if r in _REDUCING_SCATTER]

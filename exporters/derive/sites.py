@@ -32,8 +32,7 @@ def one_line(e: BaseException) -> str:
     """The innermost cause of ``e`` as ``Type: first line`` (at most 240 characters)."""
     while e.__cause__ is not None:  # NOTE: torch.onnx wraps the error that says what went wrong
         e = e.__cause__
-    lines = [ln.strip() for ln in str(e).splitlines() if ln.strip()]
-    text = lines[0] if lines else ""
+    text = next((ln.strip() for ln in str(e).splitlines() if ln.strip()), "")
     text = text if len(text) <= 240 else text[:237] + "..."
     return f"{type(e).__name__}: {text}" if text else type(e).__name__
 

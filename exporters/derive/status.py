@@ -14,10 +14,11 @@ from exporters.derive.implementation import implementation
 from exporters.derive.sites import NoPortableBody, sample_site
 
 
-def _status_dtype(spec: OpSpec, dtype: torch.dtype | None) -> torch.dtype:
-    if dtype is not None:
-        return dtype
-    return torch.float32 if torch.float32 in spec.dtypes else spec.dtypes[0]
+def _samples(spec: OpSpec, dtype: torch.dtype | None) -> list:
+    """The op's samples at ``dtype`` (None: float32 where the op takes it, else its first dtype)."""
+    if dtype is None:
+        dtype = torch.float32 if torch.float32 in spec.dtypes else spec.dtypes[0]
+    return spec.sample_inputs(dtype) if spec.sample_inputs is not None else []
 
 
 def body_status(spec: OpSpec, dtype: torch.dtype | None = None, opset: int = 20,
@@ -45,8 +46,7 @@ def body_status(spec: OpSpec, dtype: torch.dtype | None = None, opset: int = 20,
         return "none", e.reason
     if not try_it:
         return "derived", None
-    dtype = _status_dtype(spec, dtype)
-    samples = spec.sample_inputs(dtype) if spec.sample_inputs is not None else []
+    samples = _samples(spec, dtype)
     if not samples:
         return "derived", "derived at each export (no sample inputs to try it here)"
     try:
@@ -62,8 +62,7 @@ def show_body(spec: OpSpec, dtype: torch.dtype | None = None, opset: int = 20,
     first sample at ``dtype`` (a comment line says which)."""
     if isinstance(spec.function, Written):
         return f"# {spec.qualname}: written body\n" + onnx.printer.to_text(spec.function.to_function_proto())
-    dtype = _status_dtype(spec, dtype)
-    samples = spec.sample_inputs(dtype) if spec.sample_inputs is not None else []
+    samples = _samples(spec, dtype)
     if not samples:
         implementation(spec)
         raise OpBridgeError(f"{spec.qualname}: its body is derived at each export site, and it has no sample "

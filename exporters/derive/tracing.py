@@ -14,7 +14,7 @@ from onnxscript import ir
 from torch.export import Dim
 
 from bridge.core import torch_compat
-from bridge.core.domains import is_custom
+from bridge.core.graphs import ir_custom_nodes
 from bridge.core.registry import Registry
 from bridge.core.spec import AttrType, OpSpec, Param
 from exporters.bodies.translation import translation
@@ -134,12 +134,9 @@ def _onnx_export(program, opset: int, registry: Registry, translated: dict):
         elif not torch_compat.has_kernel(inner.overload.name(), "CompositeImplicitAutograd"):
             raise Untraceable(f"its implementation calls custom op {inner.qualname}, which has no written body "
                               "(derived bodies do not nest)")
-    if nested:  # NOTE: an implementation calling bridged ops: their translations, through the public entry point
-        return optimize(torch.onnx.export(program, dynamo=True, opset_version=opset, optimize=False, verify=False,
-                                          external_data=False,
-                                          custom_translation_table={**{t: translation(s) for t, s in nested.items()},
-                                                                    **translated}))
-    return onnx_program(program, opset, translated)
+    # NOTE: an implementation calling bridged ops: their translations, through the public entry point
+    return onnx_program(program, opset, {**{t: translation(s) for t, s in nested.items()}, **translated},
+                        public=bool(nested))
 
 
 def program_calls(program: torch.export.ExportedProgram):
@@ -148,16 +145,16 @@ def program_calls(program: torch.export.ExportedProgram):
     return (n for g in graphs for n in g.nodes if n.op == "call_function")
 
 
-def onnx_program(program: torch.export.ExportedProgram, opset: int, table: dict):
+def onnx_program(program: torch.export.ExportedProgram, opset: int, table: dict, *, public: bool = False):
     """``torch.onnx.export(program, dynamo=True, custom_translation_table=table)`` at ``opset`` (an
     ONNXProgram), through torch.onnx's table of ATen translations built once per opset
     (``CACHE.onnx_registry``), and built again when ``program`` calls an op torch_lib translates that
-    did not exist when it was built.
+    did not exist when it was built; ``public=True``: through torch.onnx.export itself.
 
     NOTE: torch.onnx.export builds that table anew on every call (about half a second): every export
     and every derived body goes through here instead. torch.onnx fills it from torch_lib only for
     ops that exist when it is built (torchvision's only with torchvision installed)."""
-    base = CACHE.onnx_registry(opset)
+    base = None if public else CACHE.onnx_registry(opset)
     if base is None:  # NOTE: a torch without the exporter's internals: its public entry point
         return optimize(torch.onnx.export(program, dynamo=True, custom_translation_table=table, opset_version=opset,
                                           optimize=False, verify=False, external_data=False))
@@ -181,22 +178,18 @@ def optimize(program):
     inlining, constant folding, rewrites, common subexpressions), where two custom nodes merge only when
     their attribute values are bitwise equal (``0.0`` and ``-0.0`` stay two calls)."""
     ir.passes.common.InlinePass()(program.model)  # NOTE: a node from a function body gets its actual values
-    for node in _custom_nodes(program.model):
+    for node in ir_custom_nodes(program.model):
         floats = [f"{k}={_hex(a.value)}" for k, a in sorted(node.attributes.items()) if a.type in _FLOAT_TYPES]
         if floats:
             node.attributes[_EXACT_FLOATS] = ir.AttrString(_EXACT_FLOATS, " ".join(floats))
     program.optimize()
-    for node in _custom_nodes(program.model):
+    for node in ir_custom_nodes(program.model):
         node.attributes.pop(_EXACT_FLOATS, None)
     return program
 
 
 def _hex(value) -> str:
     return ",".join(float(v).hex() for v in value) if isinstance(value, Sequence) else float(value).hex()
-
-
-def _custom_nodes(model: ir.Model) -> list[ir.Node]:
-    return [n for n in ir.traversal.RecursiveGraphIterator(model.graph) if is_custom(n.domain)]
 
 
 def to_onnx(program, opset: int, registry: Registry, translated: dict | None = None) -> onnx.ModelProto:

@@ -57,11 +57,6 @@ def refuse_aliases(spec: OpSpec, fn: Callable, site: Site, roles: list[tuple], s
                 f"of '{name}'. Return a copy instead (e.g. {name}.clone()).")
 
 
-def _onnx_attrs(spec: OpSpec, site: Site) -> list[onnx.AttributeProto]:
-    values = dict(site.attrs)
-    return [p.onnx_attribute(values[p.name]) for p in spec.attributes if values[p.name] is not None]
-
-
 def _wrap(spec: OpSpec, site: Site, proto: onnx.FunctionProto, outputs: Sequence[tuple[torch.dtype, int]]
           ) -> onnx.ModelProto:
     """A one-node model calling ``proto`` at ``site``; ``outputs`` gives each output's dtype and rank."""
@@ -74,7 +69,8 @@ def _wrap(spec: OpSpec, site: Site, proto: onnx.FunctionProto, outputs: Sequence
         names.pop()
     out_names = [f"out{i}" for i in range(len(outputs))]
     node = helper.make_node(spec.name, names, out_names, domain=spec.domain)
-    node.attribute.extend(_onnx_attrs(spec, site))
+    values = dict(site.attrs)
+    node.attribute.extend(p.onnx_attribute(values[p.name]) for p in spec.attributes if values[p.name] is not None)
     graph = helper.make_graph([node], f"{spec.name}_body_check", inputs, [
         helper.make_tensor_value_info(n, TORCH_TO_ONNX[dtype], [None] * rank)
         for n, (dtype, rank) in zip(out_names, outputs)])
