@@ -202,7 +202,10 @@ def export(
         >>> [n.op_type for n in proto.graph.node]
         ['identity_conv', 'Add']
     """
-    return _export(**locals()).proto  # NOTE: locals() here are exactly export's arguments
+    return _export(model, args, f, kwargs=kwargs, dynamic_shapes=dynamic_shapes, registry=registry,
+                   functions=functions, opset_version=opset_version, check=check, rewrites=rewrites,
+                   input_names=input_names, output_names=output_names, inline=inline,
+                   register_functions=register_functions).proto
 
 
 def export_with_program(model: torch.nn.Module, args: Sequence, f: str | os.PathLike | None = None,
