@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import numpy as np
 import pytest
 from cli_runner import run as in_process
@@ -19,10 +20,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(*args, cwd=None):
-    """``opbridge ARGS`` in a subprocess."""
+    """``opbridge ARGS`` in a fresh process (tests/forkserver.py)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "bridge", *args], capture_output=True, text=True,
-                          cwd=cwd or ROOT, env=env, timeout=600)
+    return forkserver.run(["-m", "bridge", *args], cwd=cwd or ROOT, env=env, timeout=600)
 
 
 def test_ops_lists_the_five_seed_ops():
