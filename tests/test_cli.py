@@ -1,21 +1,28 @@
-"""The opbridge CLI, through a subprocess as a user runs it."""
+"""The opbridge CLI as a user runs it: in this process through tests/cli_runner.py (stdout, stderr and
+exit status as a subprocess gives them), and in a subprocess where a fresh process is the point
+(what gets imported, --ops modules that register ops, exit at import or read sys.argv)."""
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import numpy as np
 import pytest
+from cli_runner import run as in_process
+
+from bridge.core import cppbuild
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def run(*args, cwd=None):
+    """``opbridge ARGS`` in a fresh process (tests/forkserver.py)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "bridge", *args], capture_output=True, text=True,
-                          cwd=cwd or ROOT, env=env, timeout=600)
+    return forkserver.run(["-m", "bridge", *args], cwd=cwd or ROOT, env=env, timeout=600)
 
 
 def test_ops_lists_the_five_seed_ops():
@@ -32,14 +39,14 @@ def test_ops_lists_the_five_seed_ops():
 
 def test_export_run_check_on_the_demo(tmp_path):
     onnx_path = tmp_path / "demo.onnx"
-    r = run("export", "-o", str(onnx_path))
+    r = in_process("export", "-o", str(onnx_path))
     assert r.returncode == 0, r.stderr
     assert onnx_path.exists() and (tmp_path / "demo.inputs.npz").exists()
     assert "torch.export done" in r.stderr  # progress lines
-    r = run("run", str(onnx_path))
+    r = in_process("run", str(onnx_path))
     assert r.returncode == 0, r.stderr
     assert "shape [1, 8, 32, 32] float32" in r.stdout
-    r = run("-q", "check", "--json", str(tmp_path / "report.json"), "--plot", str(tmp_path / "errors.png"))
+    r = in_process("-q", "check", "--json", str(tmp_path / "report.json"), "--plot", str(tmp_path / "errors.png"))
     assert r.returncode == 0, r.stdout + r.stderr
     assert "PASS" in r.stdout and "[run 3]" in r.stdout and "1 passed, 0 failed" in r.stdout
     assert r.stderr == ""
@@ -49,7 +56,7 @@ def test_export_run_check_on_the_demo(tmp_path):
 
 
 def test_check_one_op(tmp_path):
-    r = run("-q", "check", "--op", "opbridge::crop")
+    r = in_process("-q", "check", "--op", "opbridge::crop")
     assert r.returncode == 0, r.stdout + r.stderr
     assert r.stdout.count("PASS") >= 15 and "15 passed, 0 failed" in r.stdout
 
@@ -67,7 +74,7 @@ def test_check_one_op(tmp_path):
                                          "No module named 'no_such_module'. Fix"),  # no location inside opbridge
 ])
 def test_errors_are_messages_not_tracebacks(args, needle, tmp_path):
-    r = run(*args, cwd=tmp_path)
+    r = in_process(*args, cwd=tmp_path)
     assert r.returncode == 2
     assert needle in r.stderr and "Traceback" not in r.stderr
 
@@ -76,7 +83,7 @@ def test_run_on_a_corrupt_file(tmp_path):
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"not a model")
     (tmp_path / "x.npz").write_bytes(b"")
-    r = run("run", str(bad), "--inputs", str(tmp_path / "x.npz"))
+    r = in_process("run", str(bad), "--inputs", str(tmp_path / "x.npz"))
     assert r.returncode == 2 and "not a readable ONNX model" in r.stderr
 
 
@@ -146,7 +153,7 @@ def bad_files(tmp_path_factory):
     (("build", "-o", "{d}/good.onnx/dist"), "the path is not a folder. Got a file at"),
 ])
 def test_unwritable_targets_fail_before_the_work(args, needle, bad_files):
-    r = run("-q", *(a.format(d=bad_files) for a in args))
+    r = in_process("-q", *(a.format(d=bad_files) for a in args))
     _one_line_error(r, needle.format(d=bad_files))
     assert r.stdout == "" and sorted(p.name for p in bad_files.iterdir() if p.name.startswith(".")) == []
 
@@ -161,14 +168,14 @@ def test_broken_models_are_one_line_errors(command, name, needle, bad_files, tmp
     source = tmp_path / f"{name}.onnx"
     source.write_bytes((bad_files / f"{name}.onnx").read_bytes())
     before = source.read_bytes()
-    r = run("-q", command, str(source))
+    r = in_process("-q", command, str(source))
     _one_line_error(r, needle)
     assert source.read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == [source.name]
 
 
 @pytest.mark.parametrize("name,line", [("strings", "y: shape [2] string"), ("sequence", "y: sequence of 2 (float32)")])
 def test_run_prints_string_and_sequence_outputs(name, line, bad_files):
-    r = run("-q", "run", str(bad_files / f"{name}.onnx"), "--inputs", str(bad_files / "x.npz"))
+    r = in_process("-q", "run", str(bad_files / f"{name}.onnx"), "--inputs", str(bad_files / "x.npz"))
     assert r.returncode == 0 and r.stderr == "", r.stderr
     assert r.stdout.splitlines()[0] == line
 
@@ -238,35 +245,27 @@ def test_ops_option_before_or_after_the_subcommand(tmp_path):
         assert "5 ops registered" in r.stdout and "extra ops imported" in r.stderr + r.stdout, args
 
 
-def test_missing_prerequisites_are_named_before_any_export(tmp_path):
-    # NOTE: onnxruntime-extensions and openvino hidden from this process: both checks fail at once
-    code = ("import importlib.util, sys\n"
-            "real = importlib.util.find_spec\n"
-            "importlib.util.find_spec = lambda name, *a: None if name in ('onnxruntime_extensions', 'openvino') "
-            "else real(name, *a)\n"
-            "from bridge.tools import cli\n"
-            "codes = [cli.main(['check', '--tier', 'python']), "
-            "cli.main(['check', '--inline', '--runtime', 'openvino'])]\n"
-            "print('codes', codes)\n")
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300)
-    assert "codes [2, 2]" in r.stdout, r.stdout + r.stderr
-    lines = [line for line in r.stderr.splitlines() if line.startswith("error:")]
+def test_missing_prerequisites_are_named_before_any_export(monkeypatch):
+    # NOTE: onnxruntime-extensions and openvino hidden from the command: both checks fail at once
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name in ("onnxruntime_extensions", "openvino") else real(name, *a))
+    runs = [in_process("check", "--tier", "python"), in_process("check", "--inline", "--runtime", "openvino")]
+    assert [r.returncode for r in runs] == [2, 2], [r.stdout + r.stderr for r in runs]
+    lines = [line for r in runs for line in r.stderr.splitlines() if line.startswith("error:")]
     assert "opbridge[python-tier]" in lines[0] and "openvino" in lines[1], lines
-    assert "torch.export" not in r.stderr and "building" not in r.stderr  # no export step started
+    assert not any("torch.export" in r.stderr or "building" in r.stderr for r in runs)  # no export step started
 
 
-def test_cache_shows_and_cleans_only_what_opbridge_made(tmp_path):
-    env = dict(os.environ, OPBRIDGE_CACHE_DIR=str(tmp_path / "cache"))
-    code = "from bridge.core import cppbuild\n(cppbuild.cache_folder('native') / 'k1').mkdir()\n" \
-           "(cppbuild.cache_folder('native') / 'k1' / 'lib.so').write_bytes(b'x' * 2048)\n"
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT, env=env, timeout=120)
+def test_cache_shows_and_cleans_only_what_opbridge_made(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPBRIDGE_CACHE_DIR", str(tmp_path / "cache"))
+    (cppbuild.cache_folder("native") / "k1").mkdir()
+    (cppbuild.cache_folder("native") / "k1" / "lib.so").write_bytes(b"x" * 2048)
     (tmp_path / "cache" / "not-ours").mkdir()
-    r = subprocess.run([sys.executable, "-m", "bridge", "cache"], capture_output=True, text=True, cwd=ROOT,
-                       env=env, timeout=300)
+    r = in_process("cache")
     assert r.returncode == 0, r.stderr
     assert "native" in r.stdout and "k1" in r.stdout and "1 entry," in r.stdout and "not-ours" not in r.stdout
-    r = subprocess.run([sys.executable, "-m", "bridge", "cache", "clean"], capture_output=True, text=True,
-                       cwd=ROOT, env=env, timeout=300)
+    r = in_process("cache", "clean")
     assert r.returncode == 0 and "removed 1 cache folders" in r.stdout, r.stdout + r.stderr
     assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == ["not-ours"]
 
@@ -298,10 +297,10 @@ def test_export_of_a_case_with_a_non_tensor_argument(tmp_path):
         "def case():\n"
         "    return bridge.ModelCase(M(), (torch.ones(1, 2, 3, 3), 3))\n")
     onnx_path = tmp_path / "scaled.onnx"
-    r = run("-q", "export", "--model", "scaled:case", "-o", str(onnx_path), cwd=tmp_path)
+    r = in_process("-q", "export", "--model", "scaled:case", "-o", str(onnx_path), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
     assert "Traceback" not in r.stderr
     with np.load(tmp_path / "scaled.inputs.npz") as data:
         assert data.files == ["x"] and data["x"].shape == (1, 2, 3, 3)
-    r = run("-q", "run", str(onnx_path), cwd=tmp_path)
+    r = in_process("-q", "run", str(onnx_path), cwd=tmp_path)
     assert r.returncode == 0 and "min 3 max 3" in r.stdout, r.stdout + r.stderr

@@ -11,10 +11,9 @@ from __future__ import annotations
 
 import ctypes
 import os
-import subprocess
-import sys
 from pathlib import Path
 
+import forkserver
 import numpy as np
 import onnx
 import onnxscript
@@ -199,8 +198,7 @@ def test_nms_then_gather_matches_eager(detect, tier):
     register with onnxruntime-extensions once per process."""
     if tier == "python":
         env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-        r = subprocess.run([sys.executable, "-c", _PYTHON_TIER.format(tests=str(TESTS))], capture_output=True,
-                           text=True, cwd=ROOT, env=env, timeout=600)
+        r = forkserver.run(["-c", _PYTHON_TIER.format(tests=str(TESTS))], cwd=ROOT, env=env, timeout=600)
         assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
         assert "ORT tier python vs eager torch | PASS" in r.stdout
         return

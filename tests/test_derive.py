@@ -2,10 +2,9 @@
 
 import dataclasses
 import os
-import subprocess
-import sys
 from pathlib import Path
 
+import forkserver
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -338,8 +337,8 @@ def test_body_keyed_by_baked_values_gets_one_overload_each(registry, fresh_name,
 
 def test_cli_shows_body_kind_and_the_body():
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, "-m", "bridge", "ops", "--show-body", "opbridge::crop"],
-                       capture_output=True, text=True, env=env, cwd=ROOT, timeout=600)
+    r = forkserver.run(["-m", "bridge", "ops", "--show-body", "opbridge::crop"],
+                       env=env, cwd=ROOT, timeout=600)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("# opbridge::crop: written body") and "crop <box>(img) =>" in r.stdout
     onnx.parser.parse_function(r.stdout.split("\n", 1)[1])  # the onnx.printer text parses back
@@ -358,8 +357,7 @@ def test_cli_names_the_op_without_portable_body_and_why(tmp_path):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]))
 
     def run(*args):
-        return subprocess.run([sys.executable, "-m", "bridge", "-q", "--ops", "np_ops", *args], capture_output=True,
-                              text=True, env=env, cwd=tmp_path, timeout=600)
+        return forkserver.run(["-m", "bridge", "-q", "--ops", "np_ops", *args], env=env, cwd=tmp_path, timeout=600)
 
     r = run("ops", "--bodies")  # NOTE: a plain `ops` lists without deriving
     assert r.returncode == 0, r.stderr

@@ -2,7 +2,8 @@
 
 - A python block whose first line is ``# name.py`` (a C++ block: ``// name.cc``, text after a colon
   allowed) is a file: written into the docs folder, a python file compiled.
-- Any other python block runs in that folder with this interpreter; a bash block runs with
+- Any other python block runs in that folder with this interpreter, as ``python BLOCK``, a process of
+  its own forked from tests/forkserver.py's server (the third-party imports done once); a bash block runs with
   ``bash -e -o pipefail`` there, where ``.venv`` links to the running venv (``sys.prefix``), so
   blocks say ``.venv/bin/opbridge ...`` as a user who followed the set-up types it. No bare
   ``opbridge``/``python``/``pip`` in a bash block.
@@ -23,6 +24,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+import forkserver
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -127,10 +129,12 @@ class DocRun:
             return Result(True)
         script = self.folder / f".doc_block_{block.id.replace('/', '_').replace(':', '_')}"
         script.write_text(block.code)
-        cmd = [sys.executable, str(script)] if block.lang == "python" else ["bash", "-e", "-o", "pipefail",
-                                                                             str(script)]
         env = dict(os.environ, PYTHONPATH=str(ROOT))
-        r = subprocess.run(cmd, capture_output=True, text=True, cwd=self.folder, env=env, timeout=600)
+        if block.lang == "python":
+            r = forkserver.run([str(script)], cwd=self.folder, env=env, timeout=600)
+        else:
+            r = subprocess.run(["bash", "-e", "-o", "pipefail", str(script)], capture_output=True, text=True,
+                               cwd=self.folder, env=env, timeout=600)
         return Result(r.returncode == 0, r.stdout + r.stderr)
 
 

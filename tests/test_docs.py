@@ -12,6 +12,7 @@ import sys
 import types
 from pathlib import Path
 
+import forkserver
 import pytest
 from test_doc_blocks import doc_block
 
@@ -37,8 +38,8 @@ def test_readme_user_op_walkthrough(tmp_path):
     assert len(written) == 8  # the count the README states
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]))
     # NOTE: the parity checks of the walkthrough run as its own blocks: tests/test_doc_blocks.py
-    r = subprocess.run([sys.executable, "-m", "bridge", "--ops", "my_ops", "ops"],
-                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    r = forkserver.run(["-m", "bridge", "--ops", "my_ops", "ops"],
+                       env=env, cwd=tmp_path, timeout=600)
     assert "mine::clamp_scale" in r.stdout and "6 ops registered" in r.stdout
     assert "note: mine::clamp_scale" not in r.stdout  # nothing missing
 
@@ -58,7 +59,7 @@ def test_readme_bridges_a_packages_custom_op(tmp_path):
     (tmp_path / "bridge_swish.py").write_text(code)
     (tmp_path / "vendor_pkg.py").write_text((ROOT / "tests/vendor/py_ops.py").read_text())
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(tmp_path)]))
-    r = subprocess.run([sys.executable, "bridge_swish.py"], capture_output=True, text=True, env=env, cwd=tmp_path,
+    r = forkserver.run(["bridge_swish.py"], env=env, cwd=tmp_path,
                        timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "| PASS" in r.stdout
@@ -74,7 +75,7 @@ def test_readme_bridges_a_cpp_torch_library_op(tmp_path):
     shutil.copy(cpp_ops.build(), tmp_path / "build" / "libvendorcpp.so")
     (tmp_path / "bridge_scale_shift.py").write_text(code)
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    r = subprocess.run([sys.executable, "bridge_scale_shift.py"], capture_output=True, text=True, env=env,
+    r = forkserver.run(["bridge_scale_shift.py"], env=env,
                        cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "| PASS" in r.stdout and "max abs" in r.stdout
@@ -94,7 +95,7 @@ def _scatter_readme(tmp_path, stand_in: bool) -> subprocess.CompletedProcess:
         paths += [str(REAL_TORCH_SCATTER)]
     (tmp_path / "bridge_scatter.py").write_text(code)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(paths))
-    return subprocess.run([sys.executable, "bridge_scatter.py"], capture_output=True, text=True, env=env,
+    return forkserver.run(["bridge_scatter.py"], env=env,
                           cwd=tmp_path, timeout=600)
 
 
@@ -147,7 +148,7 @@ report = bridge.check_parity(Model(), args, dynamic_shapes=(points, points), tie
 print(json.dumps({{"nodes": [(n.domain, n.op_type) for n in proto.graph.node if n.domain], "passed": report.passed,
                   "argmax_exact": report.outputs[1].max_abs == 0.0, "text": str(report)}}))
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    r = forkserver.run(["-c", code], timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
     assert out["nodes"] == [["torch_scatter", "scatter_max"]]
@@ -169,7 +170,7 @@ report = bridge.check_parity(Pool(), t.inputs(23, 1), dynamic_shapes=t.DYNAMIC, 
 assert report.passed and report.outputs[1].max_abs == 0.0, report
 print("function tier", report.passed)
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+    r = forkserver.run(["-c", code], timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     assert "function tier True" in r.stdout
 

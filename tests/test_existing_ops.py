@@ -2,11 +2,10 @@
 
 import json
 import os
-import subprocess
-import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import forkserver
 import pytest
 import torch
 from onnxscript import opset20 as op
@@ -76,7 +75,7 @@ reports = [bridge.check_parity(t.Both(), (torch.randn(n, 6, generator=g),), tier
 print(json.dumps({{"passed": [r.passed for r in reports], "calls": py_ops.CALLS["swish"],
                   "text": [str(r) for r in reports]}}))
 """
-    r = subprocess.run([sys.executable, "-c", script_], capture_output=True, text=True, timeout=600,
+    r = forkserver.run(["-c", script_], timeout=600,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])

@@ -104,10 +104,13 @@ def _fill(folder: Path, leave: int = 0) -> None:
 
 
 def _cli(*args, cwd=None, umask=None):
+    # NOTE: forkserver imported here, not at the top: the commands import this module
+    # (`--model tests.test_files:big_input_case`) where tests/ is not on sys.path
+    import forkserver
+
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "bridge", "-q", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd or ROOT, env=env, timeout=600,
-                          preexec_fn=None if umask is None else (lambda: os.umask(umask)))
+    return forkserver.run(["-m", "bridge", "-q", *map(str, args)], cwd=cwd or ROOT, env=env, timeout=600,
+                          umask=umask)
 
 
 def _one_line_error(r, needle: str) -> None:
@@ -354,8 +357,9 @@ def test_cli_artifacts_get_the_umask_mode(tmp_path, mask):
     bridge.export(_Ident(), (torch.randn(1, 3, 4, 4),), kept, functions=False)
     os.chmod(kept, 0o640)
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, "-c", _DRIVER, json.dumps(commands)], capture_output=True, text=True,
-                       cwd=ROOT, env=env, timeout=900, preexec_fn=lambda: os.umask(mask))
+    import forkserver  # NOTE: here, not at the top: see _cli
+
+    r = forkserver.run(["-c", _DRIVER, json.dumps(commands)], cwd=ROOT, env=env, timeout=900, umask=mask)
     assert r.returncode == 0, r.stdout + r.stderr
     for name in ("m.onnx", "m.inputs.npz", "flat.onnx", "attached.onnx", "dist/manifest.json"):
         assert _mode(tmp_path / name) == plain, (name, oct(_mode(tmp_path / name)))

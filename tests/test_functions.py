@@ -7,12 +7,11 @@ eager outputs and gradients are the same with and without the registration."""
 import importlib
 import io
 import json
-import subprocess
-import sys
 import textwrap
 import warnings
 from pathlib import Path
 
+import forkserver
 import numpy as np
 import onnx
 import pytest
@@ -543,16 +542,16 @@ def test_opbridge_ops_lists_registered_functions(tmp_path):
     """``opbridge ops`` shows each registered Function as its node, names the class, and says whether
     the Function has its own backward."""
     (tmp_path / "fnmod.py").write_text(OPS_MODULE)
-    r = subprocess.run([sys.executable, "-m", "bridge", "--ops", "fnmod.py", "ops", "--json"], cwd=tmp_path,
-                       capture_output=True, text=True, timeout=300)
+    r = forkserver.run(["-m", "bridge", "--ops", "fnmod.py", "ops", "--json"], cwd=tmp_path,
+                       timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     rows = {row["op"]: row for row in json.loads(r.stdout)}
     assert rows["fndemo::Scale"]["function_class"] == "fnmod.Scale"
     assert rows["fndemo::Scale"]["attributes"] == {"factor": "FLOAT"}
     assert rows["fndemo::Scale"]["autograd"] is True and rows["fndemo::NoGrad"]["autograd"] is False
     assert rows["opbridge::crop"]["function_class"] is None
-    text = subprocess.run([sys.executable, "-m", "bridge", "--ops", "fnmod.py", "ops"], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=300).stdout
+    text = forkserver.run(["-m", "bridge", "--ops", "fnmod.py", "ops"], cwd=tmp_path,
+                          timeout=300).stdout
     assert "note: fndemo::Scale is the node of torch.autograd.Function fnmod.Scale (bridge.register)" in text
 
 

@@ -4,9 +4,9 @@ CLI invocations. Whatever can crash runs in a subprocess, so a crash is a failed
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
+import forkserver
 import numpy as np
 import onnx
 import pytest
@@ -22,13 +22,13 @@ SESSIONS = int(os.environ.get("OPBRIDGE_SESSIONS", "2000"))  # --heavy: 10,000
 
 
 def _python(code: str, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+    return forkserver.run(["-c", code], timeout=600,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)), **kwargs)
 
 
 def test_fuzzed_files_never_crash_the_loader_or_the_kernels():
-    r = subprocess.run([sys.executable, str(ROOT / "tests/scripts/fuzz_loader.py"), str(FUZZ_EXAMPLES)],
-                       capture_output=True, text=True, timeout=900, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    r = forkserver.run([str(ROOT / "tests/scripts/fuzz_loader.py"), str(FUZZ_EXAMPLES)],
+                       timeout=900, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert r.returncode == 0, f"rc={r.returncode}\n{r.stdout[-2000:]}\n{r.stderr[-4000:]}"
     assert f"fuzz_loader: {FUZZ_EXAMPLES} examples" in r.stdout and "0 crashes" in r.stdout
 
@@ -153,7 +153,7 @@ print("GROWTH_MB", (proc.memory_info().rss - start) / 2**20)
 
 
 def _cli(*args, cwd):
-    return subprocess.run([sys.executable, "-m", "bridge", "-q", *args], capture_output=True, text=True, cwd=cwd,
+    return forkserver.run(["-m", "bridge", "-q", *args], cwd=cwd,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)), timeout=600)
 
 
@@ -197,8 +197,7 @@ def test_bad_cli_invocations_are_one_line_errors(case, needle, exported, tmp_pat
 
 @pytest.mark.parametrize("tier", ["eager", *bridge.TIERS])
 def test_huge_overflowing_and_empty_grids(tier):
-    r = subprocess.run([sys.executable, str(ROOT / "tests/scripts/huge_grids.py"), tier], capture_output=True,
-                       text=True, timeout=600, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    r = forkserver.run([str(ROOT / "tests/scripts/huge_grids.py"), tier], timeout=600, env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert r.returncode == 0, f"huge_grids.py died (rc={r.returncode}):\n{r.stderr[-3000:]}"
     result = {d["case"]: d for d in map(json.loads, r.stdout.splitlines())}
     # 1e12 cells: an allocation error from torch's or onnxruntime's allocator, named, no crash

@@ -6,10 +6,10 @@ OpenVINO comes with the test extra (pyproject.toml), so its tests run in the def
 import doctest
 import importlib.util
 import os
-import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -178,7 +178,7 @@ def test_openvino_refuses_zero_size_tensors_instead_of_crashing(seed_cases, tmp_
     path = tmp_path / "empty.onnx"
     onnx.save(seed_cases[1][2], path)
     code = f"from bridge.tools.openvino_runtime import session\nsession({str(path)!r})"
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+    r = forkserver.run(["-c", code], timeout=300,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert r.returncode == 1 and "zero-size tensors" in r.stderr, r.stderr[-2000:]
 

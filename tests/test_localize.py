@@ -13,7 +13,6 @@ import importlib
 import json
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
@@ -266,8 +265,12 @@ print(json.dumps({"passed": r.passed, "localized": r.localization is not None, "
 
 
 def _python_tier(script_: str, tmp_path) -> dict:
-    # NOTE: a subprocess: the python tier declares every op at a process's first session
-    r = subprocess.run([sys.executable, "-c", script_, str(tmp_path)], capture_output=True, text=True, timeout=600,
+    # NOTE: a process of its own: the python tier declares every op at a process's first session.
+    # forkserver is imported here, not at the top: the scripts import this module (`from tests import
+    # test_localize`) where tests/ is not on sys.path
+    import forkserver
+
+    r = forkserver.run(["-c", script_, str(tmp_path)], timeout=600,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=ROOT)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])
@@ -295,13 +298,14 @@ def _skeleton(text: str) -> list[str]:
 def test_readme_parity_failure_example_prints_what_the_readme_shows(tmp_path):
     # NOTE: imported here, not at the top: other tests import this module in a subprocess
     # (`from tests import test_localize`), where tests/ is not on sys.path
+    import forkserver
     from test_doc_blocks import doc_block
 
     code = doc_block("# parity_failure.py").code
     page = doc_block("# parity_failure.py").page.read_text()
     shown = re.search(r"checks this block against a fresh run\):\n\n```text\n(.*?)```", page, re.S).group(1)
     (tmp_path / "parity_failure.py").write_text(code)
-    r = subprocess.run([sys.executable, "parity_failure.py"], capture_output=True, text=True, timeout=600,
+    r = forkserver.run(["parity_failure.py"], timeout=600,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)), cwd=tmp_path)
     assert r.returncode == 0, r.stderr[-3000:]
     assert _skeleton(r.stdout) == _skeleton(shown)

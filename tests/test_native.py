@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import numpy as np
 import onnxruntime as ort
 import pytest
@@ -56,8 +57,7 @@ def test_build_is_cached_by_key(library):
 
 
 def test_hypothesis_fuzz_never_crashes_and_matches_eager():
-    r = subprocess.run([sys.executable, str(ROOT / "tests/scripts/fuzz_native.py"), "200"], capture_output=True,
-                       text=True, env=ENV, timeout=600)
+    r = forkserver.run([str(ROOT / "tests/scripts/fuzz_native.py"), "200"], env=ENV, timeout=600)
     assert r.returncode == 0, f"fuzz run failed (rc={r.returncode}):\n{r.stdout[-2000:]}\n{r.stderr[-3000:]}"
     matched = int(r.stdout.split("fuzz: ")[1].split()[0])
     assert matched >= 50, r.stdout
@@ -178,7 +178,7 @@ def test_official_header_switch(tmp_path, monkeypatch):
 
 
 def test_doctor_reports_library_and_served_ops(library):
-    r = subprocess.run([sys.executable, "-m", "bridge", "doctor"], capture_output=True, text=True, env=ENV,
+    r = forkserver.run(["-m", "bridge", "doctor"], env=ENV,
                        timeout=600)
     assert r.returncode == 0, r.stderr
     assert str(library) in r.stdout and "built: yes" in r.stdout and "loads in onnxruntime: yes" in r.stdout
@@ -230,7 +230,7 @@ def test_a_broken_user_kernel_fails_only_the_sessions_that_use_its_op(tmp_path):
     fails naming its file and the compiler's error."""
     source = tmp_path / "twice.cc"
     source.write_text('#include "opbridge_kernel.h"\nnamespace opbridge {\nthis is not C++;\n}\n')
-    r = subprocess.run([sys.executable, "-c", BROKEN_KERNEL, str(source)], capture_output=True, text=True, env=ENV,
+    r = forkserver.run(["-c", BROKEN_KERNEL, str(source)], env=ENV,
                        timeout=900)
     assert r.returncode == 0, r.stderr[-3000:]
     out = __import__("json").loads(r.stdout.splitlines()[-1])

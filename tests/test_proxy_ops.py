@@ -4,10 +4,9 @@ stands for. The vendor library (tests/vendor/legacy_ops.py) knows nothing of opb
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
+import forkserver
 import numpy as np
 import onnx
 import pytest
@@ -202,7 +201,7 @@ print(json.dumps({{"passed": [r.passed for r in reports], "calls": calls, "optio
                   "exact": [r.outputs[1].max_abs == 0.0 for r in reports],
                   "text": [str(r) for r in reports + [optional]]}}))
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+    r = forkserver.run(["-c", code], timeout=600,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
@@ -319,7 +318,7 @@ reports = [bridge.check_parity(t.Holder(s, b), (torch.randn(n, 3),), tier="pytho
            for n, s, b in ((3, 1.5, 2), (8, -2.0, 0))]
 print(json.dumps({{"passed": [r.passed for r in reports], "direct": direct, "text": [str(r) for r in reports]}}))
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+    r = forkserver.run(["-c", code], timeout=600,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])
@@ -341,8 +340,8 @@ def test_torchbind_method_errors_name_the_fix(registry):
 def test_opbridge_ops_lists_proxied_ops_under_their_own_names(tmp_path):
     (tmp_path / "legacy_bridge.py").write_text("import test_proxy_ops as t\nt.bridge_scatter()\nt.bridge_affine()\n")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "tests"), str(tmp_path)]))
-    r = subprocess.run([sys.executable, "-m", "bridge", "--ops", "legacy_bridge", "ops", "--json"],
-                       capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
+    r = forkserver.run(["-m", "bridge", "--ops", "legacy_bridge", "ops", "--json"],
+                       env=env, cwd=tmp_path, timeout=600)
     assert r.returncode == 0, r.stderr[-3000:]
     rows = {row["op"]: row for row in json.loads(r.stdout[r.stdout.index("["):])}
     row = rows["legacy_scatter::scatter_max"]
@@ -510,7 +509,7 @@ outs = [o.tolist() for o in sess.run(None, {{sess.get_inputs()[0].name: x.numpy(
 out = {{"kwonly_composite": outs[:2], "kwonly_own": outs[2:]}}
 print(json.dumps(out))
 """
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+    r = forkserver.run(["-c", code], timeout=600,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)))
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.strip().splitlines()[-1])

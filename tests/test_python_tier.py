@@ -2,10 +2,9 @@
 
 import json
 import os
-import subprocess
-import sys
 from pathlib import Path
 
+import forkserver
 import numpy as np
 import pytest
 import torch
@@ -19,8 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 @pytest.fixture(scope="module")
 def guards():
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, str(ROOT / "tests/scripts/python_tier_guards.py")], capture_output=True,
-                       text=True, env=env, timeout=600)
+    r = forkserver.run([str(ROOT / "tests/scripts/python_tier_guards.py")], env=env, timeout=600)
     assert r.returncode == 0, f"the guard run died (rc={r.returncode}):\n{r.stderr[-3000:]}"
     return {d.pop("case"): d for d in map(json.loads, r.stdout.splitlines())}
 
@@ -228,7 +226,7 @@ def test_data_dependent_output_size_and_isolation():
     call raised DynamicOutputShapeException and broke the tier for the process), equal to eager at
     float32 and float64. An op that cannot be typed is refused alone with its true reason; a second
     model with an op registered later, without samples, still runs, and so does the first."""
-    r = subprocess.run([sys.executable, "-c", DYNAMIC_SIZES], capture_output=True, text=True, timeout=600,
+    r = forkserver.run(["-c", DYNAMIC_SIZES], timeout=600,
                        env=dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")))
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.splitlines()[-1])
@@ -295,7 +293,7 @@ def test_every_torch_dtype_runs_with_integer_and_bool_outputs():
     ways, Casts in the session's copy), float16 (inputs cross as float32), float64 and the integer
     dtypes: every output equals eager torch exactly, dtype included. An implementation returning
     another dtype than its fake says is an OpBridgeError, not an abort."""
-    r = subprocess.run([sys.executable, "-c", EVERY_DTYPE], capture_output=True, text=True, timeout=600,
+    r = forkserver.run(["-c", EVERY_DTYPE], timeout=600,
                        env=dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")))
     assert r.returncode == 0, r.stderr[-3000:]
     rows = dict(json.loads(line) for line in r.stdout.splitlines() if line.startswith("["))
@@ -339,7 +337,7 @@ print(json.dumps({"user": user.run(None, {"x": np.arange(3, dtype=np.float32)})[
 def test_a_users_own_pyop_still_runs_beside_the_tiers_call_hook():
     """The tier replaces onnxruntime-extensions' call hook (which copied outputs through lists): a
     PyOp the user declares the stock way, in the stock domain, still runs, as the tier's ops do."""
-    r = subprocess.run([sys.executable, "-c", FOREIGN_PYOP], capture_output=True, text=True, timeout=600,
+    r = forkserver.run(["-c", FOREIGN_PYOP], timeout=600,
                        env=dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")))
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(r.stdout.splitlines()[-1]) == {"user": [0.0, 2.0, 4.0], "tier": True}
@@ -382,7 +380,7 @@ def test_a_live_session_keeps_its_own_registrys_kernel():
     """Two registries give one ONNX name (tworeg::bump) two implementations: a session of registry A
     keeps running A's kernel after registry B opens a session for its op (the tier's declarations were
     keyed by ONNX name alone, and B's record replaced A's under A's live session)."""
-    r = subprocess.run([sys.executable, "-c", TWO_REGISTRIES], capture_output=True, text=True, timeout=600,
+    r = forkserver.run(["-c", TWO_REGISTRIES], timeout=600,
                        env=dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")))
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(r.stdout.splitlines()[-1]) == {"a": [1.0, 2.0, 3.0], "b": [100.0, 101.0, 102.0],

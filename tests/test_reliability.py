@@ -4,11 +4,10 @@ a crash is possible, in a subprocess, so a crash is a failure rather than a dead
 import json
 import os
 import re
-import subprocess
-import sys
 import threading
 from pathlib import Path
 
+import forkserver
 import numpy as np
 import pytest
 from op_db import OPS, TIERS, bad_input_params
@@ -28,8 +27,7 @@ SESSION_STEP, SESSION_BOUND = 2**20, 300
 
 
 def script(name, *args):
-    r = subprocess.run([sys.executable, str(ROOT / "tests/scripts" / name), *map(str, args)], capture_output=True,
-                       text=True, env=ENV, timeout=900)
+    r = forkserver.run([str(ROOT / "tests/scripts" / name), *map(str, args)], env=ENV, timeout=900)
     assert r.returncode == 0, f"{name} died (rc={r.returncode}):\n{r.stderr[-3000:]}"
     return [json.loads(line) for line in r.stdout.splitlines() if line.startswith("{")]
 

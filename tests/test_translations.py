@@ -6,12 +6,12 @@ model's code fixes is one CLI line."""
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import textwrap
 import warnings
 from pathlib import Path
 
+import forkserver
 import numpy as np
 import onnx
 import onnxruntime as ort
@@ -330,8 +330,7 @@ sys.exit(0 if report.passed else 1)
 @pytest.mark.parametrize("name", OPS)
 def test_translated_ops_in_the_python_tier(name):
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    r = subprocess.run([sys.executable, "-c", _PYTHON_TIER.format(tests=str(TESTS), name=name)], capture_output=True,
-                       text=True, cwd=ROOT, env=env, timeout=600)
+    r = forkserver.run(["-c", _PYTHON_TIER.format(tests=str(TESTS), name=name)], cwd=ROOT, env=env, timeout=600)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "ORT tier python vs eager torch | PASS" in r.stdout
 
@@ -362,7 +361,7 @@ def case():
 
 def _cli(*args, cwd):
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.run([sys.executable, "-m", "bridge", *args], capture_output=True, text=True, cwd=cwd, env=env,
+    return forkserver.run(["-m", "bridge", *args], cwd=cwd, env=env,
                           timeout=600)
 
 

@@ -4,11 +4,10 @@ optional inputs in every tier, readable names, the deployable library, clear err
 import json
 import os
 import shutil
-import subprocess
-import sys
 import warnings
 from pathlib import Path
 
+import forkserver
 import numpy as np
 import onnx
 import pytest
@@ -22,9 +21,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def opbridge(*args, cwd):
+    """``opbridge -q ARGS`` in a fresh process (the user's module registers its ops in that process)."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    return subprocess.run([sys.executable, "-m", "bridge", "-q", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=600)
+    return forkserver.run(["-m", "bridge", "-q", *args], cwd=cwd, env=env, timeout=600)
 
 
 def _readme_block(start: str, fence: str) -> str:
