@@ -46,8 +46,7 @@ def implementation(spec: OpSpec) -> Callable:
         if mutating != spec.qualname and torch_compat.op_exists(mutating):
             ns, _, name = mutating.partition("::")
             original = getattr(getattr(torch.ops, ns), name).default
-            written = [i for i, a in enumerate(torch_compat.schema_of(original).arguments)
-                       if a.alias_info is not None and a.alias_info.is_write]
+            written = [i for i, a in enumerate(torch_compat.schema_of(original).arguments) if torch_compat.writes(a)]
             if written:
                 return functional_on_copies(_python_impl(original), written)
         return _python_impl(spec.overload)
