@@ -16,10 +16,12 @@ an environment variable torch, onnx or onnxruntime read at import keeps ``subpro
 from __future__ import annotations
 
 import atexit
+import contextlib
 import importlib
 import json
 import os
 import runpy
+import signal
 import subprocess
 import sys
 import tempfile
@@ -35,9 +37,10 @@ _server: subprocess.Popen | None = None
 
 def _start() -> subprocess.Popen:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    # NOTE: a process group of its own, which its forked children share: _kill ends a running child too
     server = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
-                              text=True, bufsize=1)
-    atexit.register(server.kill)
+                              text=True, bufsize=1, start_new_session=True)
+    atexit.register(_kill, server)
     return server
 
 
@@ -59,14 +62,22 @@ def run(args: list[str], *, cwd: str | Path | None = None, env: dict[str, str] |
                                            err.read_text(errors="replace"))
 
 
+def _kill(server: subprocess.Popen) -> None:
+    """End the server and the child it is running, if any."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(server.pid, signal.SIGKILL)
+    server.wait()
+
+
 def _reply(server: subprocess.Popen, timeout: float) -> dict:
     box: list[str] = []
     reader = threading.Thread(target=lambda: box.append(server.stdout.readline()), daemon=True)
     reader.start()
     reader.join(timeout)
     if not box or not box[0]:
-        server.kill()
-        raise subprocess.TimeoutExpired("forkserver", timeout) if not box else RuntimeError("the fork server died")
+        timed_out = not box  # NOTE: before the kill, after which the reader gets end of file
+        _kill(server)
+        raise subprocess.TimeoutExpired("forkserver", timeout) if timed_out else RuntimeError("the fork server died")
     return json.loads(box[0])
 
 

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import forkserver
@@ -54,3 +55,24 @@ def test_in_process_cli_shows_what_a_subprocess_shows(tmp_path):
     r = in_process("check", "--no-such-flag")
     assert r.returncode == 2 and "unrecognized arguments: --no-such-flag" in r.stderr and r.stdout == ""
     assert os.getcwd() == before and sys.path == path
+
+
+def _running(pid: int) -> bool:
+    """Whether process ``pid`` exists and is not a zombie."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split(") ")[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return False
+
+
+def test_a_run_past_its_timeout_ends_its_child_too(tmp_path):
+    marker = tmp_path / "pid"
+    code = f"import os, time; open({str(marker)!r}, 'w').write(str(os.getpid())); time.sleep(120)"
+    with pytest.raises(subprocess.TimeoutExpired):
+        forkserver.run(["-c", code], timeout=5)
+    pid = int(marker.read_text())
+    deadline = time.monotonic() + 10
+    while _running(pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _running(pid)
+    assert forkserver.run(["-c", "print('next')"]).stdout == "next\n"  # NOTE: a new server serves the next run
