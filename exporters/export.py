@@ -26,7 +26,7 @@ from bridge.core.graphs import (
     model_value_types,
     random_nodes,
 )
-from bridge.core.opdef import register
+from bridge.core.opdef import FunctionCalls, register
 from bridge.core.progress import step
 from bridge.core.proxy import redirect, specialisation_check
 from bridge.core.registry import REGISTRY, Registry, fill_attributes
@@ -111,11 +111,11 @@ def proxy_targets(registry: Registry) -> dict:
 def function_routes(registry: Registry) -> dict:
     """``{Function class: export forward}`` for each ``torch.autograd.Function`` the registry bridges
     (``bridge.core.functions``): during torch.export its call is recorded as the op's node."""
-    return {s.proxy_for.cls: _route(s) for s in registry if isinstance(s.proxy_for, FunctionBridge)}
+    return {s.proxy_for.cls: _route(s, registry) for s in registry if isinstance(s.proxy_for, FunctionBridge)}
 
 
-def _route(spec) -> Callable:
-    return export_forward(spec.proxy_for, spec.custom_op, specialisation_check(spec.qualname, spec.overload))
+def _route(spec, registry: Registry) -> Callable:
+    return export_forward(spec.proxy_for.cls, FunctionCalls(registry, spec.qualname), spec.proxy_for)
 
 
 _WARNED_FUNCTIONS: set[type] = set()  # unregistered Functions whose symbolic was not used, warned once
@@ -141,7 +141,7 @@ class _Watch:
                               f"Call bridge.register({cls.__name__}) (or export with register_functions=True) to "
                               "export it as the node its symbolic writes.", stacklevel=2)
             return None
-        self.registered[cls] = route = _route(register(cls, registry=self.registry).spec)
+        self.registered[cls] = route = _route(register(cls, registry=self.registry).spec, self.registry)
         return route
 
 

@@ -475,10 +475,12 @@ def test_fake_quant_standard_ops(reg, tier, qrange):
 
 def test_a_symbolic_failing_for_other_attribute_values_is_named(reg):
     """symbolic is read once at registration; a body for other values runs it again at export, and
-    what it raises there is one opbridge error naming the op and the values, not a bare traceback."""
+    what it raises there is one opbridge error naming the Function's symbolic (not a builder the user
+    never wrote) and the call's values, not a bare traceback."""
     bridge.register(FakeQuantize, name="qat::FakeQuantize", fake=quant_fake, registry=reg)
-    with pytest.raises(bridge.OpBridgeError, match=r"qat::FakeQuantize: the body builder failed for "
-                       r"\{'quant_min': 0, 'quant_max': 15\}\. Got ValueError: 8-bit ranges only"):
+    with pytest.raises(bridge.OpBridgeError, match=r"FakeQuantize\.symbolic raised when run \(as the TorchScript "
+                       r"exporter runs it, at opset 17\) for the call's arguments \['<tensor>', '<tensor>', "
+                       r"'<tensor>', 0, 15\]\. Got ValueError: 8-bit ranges only\. Fix the symbolic"):
         bridge.export(QuantModel(0, 15), (torch.randn(3, 7),), registry=reg)
 
 

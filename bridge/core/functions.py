@@ -38,19 +38,22 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-import numpy as np
+import onnx
 import torch
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from bridge.core import torch_compat
 from bridge.core.domains import ONNX_DOMAINS, is_custom
 from bridge.core.errors import OpBridgeError
 from bridge.core.proxy import define_proxy_op, proxy_name, schema_text
-from bridge.core.spec import Written
+from bridge.core.spec import Written, value_key
 
 # NOTE: the opset a symbolic function's standard ops are read at (torch.onnx's TorchScript exporter
 # default); bodies are converted to the model's opset as they are attached.
 SYMBOLIC_OPSET = 17
+# NOTE: the opset a symbolic written for the TorchScript exporter's early opsets runs at where its nodes are
+# invalid at SYMBOLIC_OPSET (mmcv 2.x's RoIAlign writes Squeeze(axes_i=...), valid before opset 13)
+LEGACY_OPSET = 11
 # NOTE: the attribute suffixes of the TorchScript exporter's g.op; a custom node carries the first five
 _ATTR = re.compile(r"^(.+)_(i|f|s|t|is|fs|ss|ts|g|gs)$")
 _SCHEMA_TYPES = {"i": "int", "f": "float", "s": "str", "is": "int[]", "fs": "float[]", "b": "bool"}
@@ -187,12 +190,38 @@ class Attr:
     source: str | None
     path: tuple[int, ...] = ()
     value: Any = None
+    optional: bool = False  # a call passes None: the node leaves the attribute out (as TorchScript did)
+
+    def raw(self, values: Mapping[str, Any]) -> Any:
+        """The value ``forward``'s arguments ``values`` give the attribute, as the call passed it."""
+        if self.source is None:
+            return self.value
+        return functools.reduce(operator.getitem, self.path, values[self.source])
 
     def of(self, values: Mapping[str, Any]) -> Any:
         """The attribute's value for ``forward``'s arguments ``values``."""
+        v = self.raw(values)
+        return None if v is None else _as_kind(v, self.kind)
+
+    def for_value(self, v: Any) -> Attr:
+        """This attribute typed as a call's value ``v`` needs it: a tuple or list where the node said one
+        int or float is ints or floats (``g.op`` writes INTS for ``stride_i=(1, 1)``), a float where it said
+        int is a float, None leaves it out."""
         if self.source is None:
-            return self.value
-        return _as_kind(functools.reduce(operator.getitem, self.path, values[self.source]), self.kind)
+            return self
+        if v is None:
+            return self if self.optional else dataclasses.replace(self, optional=True)
+        base = self.kind[0]
+        if isinstance(v, (list, tuple)) and base in "ifb":
+            floats = base == "f" or any(isinstance(x, float) for x in v)
+            kind = "fs" if floats else "is"
+        elif isinstance(v, float) and base in "ib":
+            kind = "f"
+        elif isinstance(v, int) and not isinstance(v, bool) and self.kind in ("is", "fs"):
+            kind = self.kind[0]
+        else:
+            kind = self.kind
+        return self if kind == self.kind else dataclasses.replace(self, kind=kind)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -211,6 +240,9 @@ class FunctionBridge:
     num_outputs: int
     containers: tuple[tuple[str, type], ...] = ()  # arguments rebuilt as tuple/list
     body: Callable | None = None  # standard-op symbolic: attribute values -> written body
+    fake: Callable | None = None  # the user's fake= (called with apply's arguments), for every proxy of the node
+    inline: bool = False  # a standard-op symbolic's node without name=: its body goes into the graph in its place
+    symbolic_node: bool = False  # the node is the custom node symbolic writes
 
     @property
     def qualname(self) -> str:
@@ -225,7 +257,8 @@ class FunctionBridge:
     @property
     def schema(self) -> str:
         """The node's signature in torch schema syntax (the proxy op's)."""
-        types = [f"Tensor{'?' if opt else ''}" for _, opt in self.inputs] + [_SCHEMA_TYPES[a.kind] for a in self.attrs]
+        types = ([f"Tensor{'?' if opt else ''}" for _, opt in self.inputs]
+                 + [_SCHEMA_TYPES[a.kind] + ("?" if a.optional else "") for a in self.attrs])
         names = [name for name, _ in self.inputs] + [a.name for a in self.attrs]
         return schema_text([(t, "") for t in types], names, ["Tensor"] * self.num_outputs)
 
@@ -239,6 +272,19 @@ class FunctionBridge:
                                 "forward takes them.") from None
         bound.apply_defaults()
         return dict(bound.arguments)
+
+    def for_call(self, values: Mapping[str, Any]) -> FunctionBridge:
+        """This node typed as the call with ``forward``'s arguments ``values`` needs it (each attribute by
+        :meth:`Attr.for_value`, tuples and lists rebuilt as the call passed them); ``self`` where it fits."""
+        attrs = tuple(a.for_value(a.raw(values)) for a in self.attrs)
+        containers = dict(self.containers)
+        containers.update((a.source, type(values[a.source])) for a in attrs
+                          if a.source is not None and isinstance(values[a.source], (tuple, list)))
+        if attrs == self.attrs and containers == dict(self.containers):
+            return self
+        fb = dataclasses.replace(self, attrs=attrs, containers=tuple(containers.items()))
+        symbolic = _static(self.cls, "symbolic")
+        return fb if self.body is None or symbolic is None else dataclasses.replace(fb, body=_builder(fb, symbolic))
 
     def to_node(self, values: Mapping[str, Any]) -> list:
         """The node's arguments (inputs, then attributes) for ``forward``'s arguments ``values``. An
@@ -268,17 +314,26 @@ class FunctionBridge:
         return [values.get(p.name, p.default) for p in self.params]
 
     def call_forward(self, args: Sequence):
-        """The original ``forward`` on ``args`` (no autograd; a fresh ctx where it takes one)."""
-        ctx = () if self.setup_style else (torch.autograd.function.FunctionCtx(),)
+        """The original ``forward`` on ``args`` (no autograd; a fresh ctx where it takes one, whose
+        ``needs_input_grad`` says no gradient is asked). Tensors go in as copies: a forward that writes
+        its input in place (``x.add_(k); ctx.mark_dirty(x)``) writes and returns the copy, as the node's
+        output, never the tier's input."""
+        args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        ctx: tuple = ()
+        if not self.setup_style:
+            ctx = (torch.autograd.function.FunctionCtx(),)
+            ctx[0].needs_input_grad = (False,) * len(args)  # type: ignore[attr-defined]  # NOTE: torch sets it in apply
         with torch.no_grad():
             return self.forward(*ctx, *args)
 
 
 def _same(a, b) -> bool:
+    """Whether a call's value ``a`` is the default ``b`` as the kernel tiers would see it: bitwise for
+    floats (-0.0 is not 0.0, NaN is NaN), by type (True is not 1), a tensor only as itself."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return a is b
     try:
-        return bool(a == b)
+        return bool(value_key(a) == value_key(b))
     except Exception:  # noqa: BLE001  an object without a plain ==
         return a is b
 
@@ -368,7 +423,7 @@ def describe(cls: type, *, name: str | None = None, use_symbolic: bool = True,
             raise OpBridgeError(f"{class_name(cls)}: its symbolic names the node "
                                 f"{found['domain']}::{found['op_type']}. Got name={name!r} as well. Drop name=, or "
                                 "pass symbolic=False to name the node yourself.")
-        return FunctionBridge(**base, **found)
+        return FunctionBridge(**base, **found, symbolic_node=True)
     return _plain(cls, base, name, params, sample, symbolic, read)
 
 
@@ -551,35 +606,65 @@ def _builder(fb: FunctionBridge, symbolic: Callable) -> Callable:
     return build
 
 
-def _onnx_attr(name: str, kind: str, value):
-    if kind == "t":
-        array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
-        return helper.make_attribute(name, numpy_helper.from_array(array))
-    if kind in ("i", "is"):
-        value = [int(v) for v in value] if kind == "is" else int(value)
-    return helper.make_attribute(name, value)
+def _valid_at(nodes: Iterable[onnx.NodeProto], opset: int) -> str | None:
+    """Why ``nodes`` (standard ops) are not valid ONNX at ``opset``, or None where they are."""
+    ctx = onnx.checker.C.CheckerContext()
+    ctx.ir_version, ctx.opset_imports = onnx.IR_VERSION, {"": opset}
+    for node in nodes:
+        try:
+            onnx.checker.check_node(node, ctx)
+        except onnx.checker.ValidationError as e:
+            return f"{node.op_type} at opset {opset}: {str(e).strip().splitlines()[0]}"
+    return None
+
+
+def standard_graph(cls: type, symbolic: Callable, args: list, opset: int) -> onnx.GraphProto:
+    """What ``symbolic`` writes for one call (``args``: a ``torch_compat.GraphInput`` per tensor, the
+    call's other values as given) on torch.onnx's own TorchScript graph context at ``opset``."""
+    try:
+        return onnx.load_from_string(torch_compat.run_symbolic(symbolic, args, opset)).graph
+    except torch_compat.SymbolicFailed as e:
+        shown = ["<tensor>" if isinstance(a, torch_compat.GraphInput) else a for a in args]
+        raise OpBridgeError(f"{class_name(cls)}.symbolic raised when run (as the TorchScript exporter runs it, at "
+                            f"opset {opset}) for the call's arguments {shown}. Got {e}. Fix the symbolic for these "
+                            f"values, or call {cls.__name__}.apply with values it accepts.") from None
 
 
 def _body(fb: FunctionBridge, symbolic: Callable, values: Mapping[str, Any]) -> Written:
-    """The node's body for attribute ``values``: symbolic's standard ops, run with those values."""
+    """The node's body for attribute ``values``: the standard ops symbolic writes for those values, run as
+    the TorchScript exporter ran it (``SYMBOLIC_OPSET``; a symbolic written for an opset before 13, say
+    ``Squeeze(axes_i=...)``, at ``LEGACY_OPSET``: the body is converted to the model's opset as it is
+    attached)."""
     tensors = {name for name, _ in fb.inputs}
     apply_args = fb.to_apply([None] * len(fb.inputs) + [values[a.name] for a in fb.attrs])
-    args = [_Arg(p.name) if p.name in tensors else v for p, v in zip(fb.params, apply_args)]
-    try:
-        g, outs = _run_symbolic(fb.cls, symbolic, args)
-    except (_Unsupported, _NeedsValue) as e:
-        raise _symbolic_error(fb.cls, "uses what it was given in a way opbridge does not follow", str(e)) from None
-    nodes = []
-    for n in g.nodes:
-        if n.domain not in ONNX_DOMAINS:
-            raise _symbolic_error(fb.cls, "writes a custom node together with other nodes", f"{n.domain}::{n.op_type}")
-        ins = ["" if x is None else x.name for x in n.inputs]  # NOTE: a function input, or a value named once
-        node = helper.make_node(n.op_type, ins, [v.name for v in n.outputs], domain=n.domain)
-        node.attribute.extend(_onnx_attr(k, kind, v) for k, (kind, v) in n.attrs.items())
-        nodes.append(node)
-    proto = helper.make_function(fb.domain, fb.op_type, [name for name, _ in fb.inputs], [v.name for v in outs],
-                                 nodes, [helper.make_opsetid("", SYMBOLIC_OPSET)])
-    return Written(proto)
+    args = [torch_compat.GraphInput(p.name) if p.name in tensors else v for p, v in zip(fb.params, apply_args)]
+    why = []
+    for opset in (SYMBOLIC_OPSET, LEGACY_OPSET):
+        graph = standard_graph(fb.cls, symbolic, args, opset)
+        custom = [f"{n.domain}::{n.op_type}" for n in graph.node if n.domain not in ONNX_DOMAINS]
+        if custom:
+            raise _symbolic_error(fb.cls, "writes a custom node together with other nodes", str(custom))
+        invalid = _valid_at(graph.node, opset)
+        if invalid is None:
+            return Written(_as_function(fb, graph, opset))
+        why.append(invalid)
+    raise OpBridgeError(f"{class_name(fb.cls)}.symbolic writes nodes that are valid ONNX at neither opset "
+                        f"{SYMBOLIC_OPSET} nor {LEGACY_OPSET}, so no model opset can hold them. Got {'; '.join(why)}. "
+                        "Write the node as the ONNX operator documentation gives it for one of those opsets.")
+
+
+def _as_function(fb: FunctionBridge, graph: onnx.GraphProto, opset: int) -> onnx.FunctionProto:
+    """``graph`` (inputs named as ``forward``'s tensors) as the node's FunctionProto."""
+    nodes = list(graph.node)
+    outputs = []
+    for i, out in enumerate(graph.output):
+        name = out.name
+        if name in {x.name for x in graph.input} or name in outputs:  # NOTE: a function output is its own value
+            name = f"{fb.op_type}_out{i}"
+            nodes.append(helper.make_node("Identity", [out.name], [name]))
+        outputs.append(name)
+    return helper.make_function(fb.domain, fb.op_type, [name for name, _ in fb.inputs], outputs, nodes,
+                                [helper.make_opsetid("", opset)])
 
 
 # -- the torch side: proxy op, export-time swap ------------------------------------------------
@@ -592,11 +677,12 @@ def _outputs(fb: FunctionBridge, out, what: str):
     return outs[0] if fb.num_outputs == 1 else outs
 
 
-def define_proxy(fb: FunctionBridge, fake: Callable | None) -> Any:
+def define_proxy(fb: FunctionBridge) -> Any:
     """The proxy op (``bridge.core.proxy.define_proxy_op``, traced: derivation traces its Python kernel) the
     export records for ``fb``'s node: its kernel rebuilds ``forward``'s arguments and runs the original
-    forward; its fake is ``fake`` (called with ``apply``'s arguments) or that forward on fake tensors.
+    forward; its fake is ``fb.fake`` (called with ``apply``'s arguments) or that forward on fake tensors.
     Redefined only when the signature changes."""
+    fake = fb.fake
 
     def kernel(*node_args):
         return _outputs(fb, fb.call_forward(fb.to_apply(node_args)), "forward")
@@ -620,15 +706,74 @@ def define_proxy(fb: FunctionBridge, fake: Callable | None) -> Any:
     return define_proxy_op(proxy_name("fn", fb.domain, fb.op_type), fb.schema, kernel, traced_fake, traced=True)
 
 
-def export_forward(fb: FunctionBridge, proxy: Any, check: Callable) -> Callable:
-    """What ``fb.cls.forward`` is during export: the call recorded as the proxy op (one node)."""
+def export_forward(cls: type, at_call: Callable[[Mapping[str, Any]], tuple[FunctionBridge, Any, Callable]],
+                   fb: FunctionBridge) -> Callable:
+    """What ``cls.forward`` is during export: the call recorded as one node. ``at_call(values)`` gives, for
+    ``forward``'s arguments of this call, the node typed for them, its proxy op and the argument check."""
     def forward(*args, **kwargs):
         if not fb.setup_style:
             args = args[1:]  # NOTE: torch passes the ctx first
-        node_args = fb.to_node(fb.bind(args, kwargs))
+        values = fb.bind(args, kwargs)
+        node, proxy, check = at_call(values)
+        node_args = node.to_node(values)
         check(tuple(node_args), {})
         return proxy(*node_args)
     return forward
+
+
+def _graph_input(name: str, value: Any) -> torch_compat.GraphInput:
+    """A tensor of the call (real, fake or traced) as a graph input: its dtype, its sizes (a dynamic one None)."""
+    return torch_compat.GraphInput(name, value.dtype, tuple(d if isinstance(d, int) else None for d in value.shape))
+
+
+def check_written(fb: FunctionBridge, values: Mapping[str, Any], opset: int = SYMBOLIC_OPSET) -> None:
+    """Raise OpBridgeError unless the custom node ``fb`` writes for the call ``values`` is the node the
+    symbolic writes for that call on torch.onnx's own TorchScript graph context (what
+    ``torch.onnx.export(dynamo=False)`` writes): its domain, type, inputs and attributes (names, types,
+    values)."""
+    symbolic = _static(fb.cls, "symbolic")
+    if symbolic is None or not fb.symbolic_node:
+        return
+    args = [_graph_input(p.name, values[p.name]) if isinstance(values[p.name], torch.Tensor) else values[p.name]
+            for p in fb.params]
+    graph = standard_graph(fb.cls, symbolic, args, opset)
+    theirs = [n for n in graph.node if n.domain not in ONNX_DOMAINS]
+    if len(graph.node) != 1 or len(theirs) != 1:
+        raise _symbolic_error(fb.cls, "writes other nodes for this call than for the arguments it was read with",
+                              str([f"{n.domain}::{n.op_type}" if n.domain else n.op_type for n in graph.node]))
+    node = theirs[0]
+    ours = {a.name: a.of(values) for a in fb.attrs}
+    written = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    inputs = [name if values[name] is not None else "" for name, _ in fb.inputs]
+    while inputs and not inputs[-1]:
+        inputs.pop()
+    for name in sorted(set(ours) | set(written)):
+        mine, its = ours.get(name), written.get(name)
+        its = its.decode() if isinstance(its, bytes) else its
+        if not _same_attribute(mine, its):
+            raise OpBridgeError(
+                f"{class_name(fb.cls)}.symbolic writes attribute '{name}' = {its!r} for this call, where the "
+                f"argument it was read from gives {mine!r}: it computes the attribute from the call's values, so "
+                "the kernel tiers could not call forward with them again. Got the call "
+                f"{ {k: v for k, v in values.items() if not isinstance(v, torch.Tensor)} }. Pass the argument to "
+                "g.op as it is (or an element of it), or register with symbolic=False, name='ns::op'.")
+    if (node.domain, node.op_type, list(node.input)) != (fb.domain, fb.op_type, inputs):
+        raise _symbolic_error(fb.cls, "writes another node for this call than for the arguments it was read with",
+                              f"{node.domain}::{node.op_type}{list(node.input)}, read as "
+                              f"{fb.domain}::{fb.op_type}{inputs}")
+
+
+def _same_attribute(mine: Any, its: Any) -> bool:
+    """Whether the value opbridge writes is the one the TorchScript exporter writes (an INT for a bool,
+    floats as float32 as ONNX holds them)."""
+    if isinstance(mine, (list, tuple)) or isinstance(its, (list, tuple)):
+        return (isinstance(mine, (list, tuple)) and isinstance(its, (list, tuple)) and len(mine) == len(its)
+                and all(_same_attribute(a, b) for a, b in zip(mine, its)))
+    if isinstance(its, float) and isinstance(mine, (int, float)):
+        return value_key(float(torch.tensor(mine, dtype=torch.float32))) == value_key(its)
+    if isinstance(mine, bool):
+        mine = int(mine)
+    return value_key(mine) == value_key(its)
 
 
 def function_classes() -> list[type]:
