@@ -26,7 +26,7 @@ from bridge.core.graphs import (
     model_value_types,
     random_nodes,
 )
-from bridge.core.opdef import FunctionCalls, register
+from bridge.core.opdef import FunctionCalls, described, register
 from bridge.core.progress import step
 from bridge.core.proxy import redirect, specialisation_check
 from bridge.core.registry import REGISTRY, Registry, fill_attributes
@@ -110,8 +110,21 @@ def proxy_targets(registry: Registry) -> dict:
 
 def function_routes(registry: Registry) -> dict:
     """``{Function class: export forward}`` for each ``torch.autograd.Function`` the registry bridges
-    (``bridge.core.functions``): during torch.export its call is recorded as the op's node."""
-    return {s.proxy_for.cls: _route(s, registry) for s in registry if isinstance(s.proxy_for, FunctionBridge)}
+    (``bridge.core.functions``): during torch.export its call is recorded as the op's node. A Function
+    registered before a call told its node (``registry.deferred``) is described at its first call."""
+    routes = {s.proxy_for.cls: _route(s, registry) for s in registry if isinstance(s.proxy_for, FunctionBridge)}
+    routes.update((cls, _first_call(cls, registry)) for cls in registry.deferred)
+    return routes
+
+
+def _first_call(cls: type, registry: Registry) -> Callable:
+    route: list[Callable] = []
+
+    def forward(*args, **kwargs):
+        if not route:
+            route.append(_route(described(cls, registry, args, kwargs), registry))
+        return route[0](*args, **kwargs)
+    return forward
 
 
 def _route(spec, registry: Registry) -> Callable:
@@ -130,7 +143,7 @@ class _Watch:
         self.registry, self.register_functions = registry, register_functions
         self.registered: dict[type, Callable] = {}
 
-    def __call__(self, cls: type) -> Callable | None:
+    def __call__(self, cls: type, args: tuple, kwargs: dict) -> Callable | None:
         if cls in self.registered:
             return self.registered[cls]
         if not self.register_functions:
@@ -275,6 +288,9 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
     rename_dims(proto, dim_names(program, model, args, kwargs, dynamic_shapes))
     if functions:
         attach_functions(proto, reg)  # written, built, translated or derived: exporters.resolve
+    elif _inlined(reg):
+        attach_functions(proto, reg, ops=_inlined(reg))
+    proto = inline_symbolic_ops(proto, reg)
     relativize_paths(proto)  # NOTE: after the bodies: nothing in the file keeps this machine's paths
     model_tensor_constants(proto)  # NOTE: graph, subgraphs and bodies: every Constant a tensor (tools read that)
     if functions:  # NOTE: a body called at one set of input types takes the branches those types decide
@@ -289,6 +305,30 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
     if f is not None:
         files.save_model(proto, f)  # NOTE: one file; only models past protobuf's 2 GiB get a .data file
     return Exported(proto, onnx_program.exported_program)
+
+
+def _inlined(registry: Registry) -> set[tuple[str, str]]:
+    """(domain, name) of the ops whose nodes the file holds as their bodies: standard-op symbolics registered
+    without name= (``FunctionBridge.inline``)."""
+    return {(s.domain, s.name) for s in registry if isinstance(s.proxy_for, FunctionBridge) and s.proxy_for.inline}
+
+
+def inline_symbolic_ops(proto: onnx.ModelProto, registry: Registry) -> onnx.ModelProto:
+    """``proto`` with each node of a standard-op symbolic registered without name= replaced by the standard
+    ops its symbolic writes (its attached body), as the TorchScript exporter wrote them into the graph."""
+    ops = _inlined(registry) & {(n.domain, n.op_type) for n in custom_nodes(proto)}
+    if not ops:
+        return proto
+    flat = onnx.inliner.inline_selected_functions(proto, [*ops], exclude=False)
+    used = {(f.domain, f.name) for f in flat.functions}
+    keep = [f for f in flat.functions if (f.domain, f.name) not in ops]
+    del flat.functions[:]
+    flat.functions.extend(keep)
+    domains = {d for d, _ in ops} - {d for d, _ in used - ops} - {n.domain for n in custom_nodes(flat)}
+    imports = [o for o in flat.opset_import if o.domain not in domains]
+    del flat.opset_import[:]
+    flat.opset_import.extend(imports)
+    return flat
 
 
 def to_onnx(program: torch.export.ExportedProgram, registry: Registry, opset: int):

@@ -611,7 +611,10 @@ def test_register_errors(reg):
 
     with pytest.raises(bridge.OpBridgeError, match="needs a name"):
         bridge.register(NoKinds, registry=reg)
-    with pytest.raises(bridge.OpBridgeError, match=r"argument 'x' of forward .*sample_inputs="):
+    pending = bridge.register(NoKinds, name="mine::nokinds", registry=reg)  # NOTE: no kinds: the first call tells
+    with pytest.raises(bridge.OpBridgeError, match=r"NoKinds: its node is described at its first call in an export"):
+        pending.spec  # noqa: B018
+    with pytest.raises(bridge.OpBridgeError, match=r"NoKinds is already registered"):
         bridge.register(NoKinds, name="mine::nokinds", registry=reg)
 
     class Helper(torch.autograd.Function):
@@ -624,8 +627,14 @@ def test_register_errors(reg):
             from torch.onnx import symbolic_helper
             return g.op("mine::H", x, n_i=symbolic_helper._get_tensor_rank(x))
 
-    with pytest.raises(bridge.OpBridgeError, match=r"Helper.symbolic"):
-        bridge.register(Helper, registry=reg)
+    bridge.register(Helper, registry=reg)  # NOTE: read with the rank unknown, n is left out
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return Helper.apply(x)
+
+    with pytest.raises(bridge.OpBridgeError, match=r"Helper.symbolic writes attribute 'n' = 2 for this call"):
+        bridge.export(M(), (torch.ones(2, 3),), registry=reg)
 
 
 class ScaleFn(torch.autograd.Function):

@@ -54,6 +54,9 @@ SYMBOLIC_OPSET = 17
 # NOTE: the opset a symbolic written for the TorchScript exporter's early opsets runs at where its nodes are
 # invalid at SYMBOLIC_OPSET (mmcv 2.x's RoIAlign writes Squeeze(axes_i=...), valid before opset 13)
 LEGACY_OPSET = 11
+# NOTE: the domain of the node of a standard-op symbolic registered without name=: the export writes its
+# standard ops into the graph in the node's place, as the TorchScript exporter did (TensorRT reads Q/DQ there)
+INLINE_DOMAIN = "opbridge_symbolic"
 # NOTE: the attribute suffixes of the TorchScript exporter's g.op; a custom node carries the first five
 _ATTR = re.compile(r"^(.+)_(i|f|s|t|is|fs|ss|ts|g|gs)$")
 _SCHEMA_TYPES = {"i": "int", "f": "float", "s": "str", "is": "int[]", "fs": "float[]", "b": "bool"}
@@ -66,6 +69,23 @@ class _NeedsValue(Exception):
 
 class _Unsupported(Exception):
     """Internal: symbolic used a part of the graph context opbridge does not record."""
+
+
+class _IsTensor(Exception):
+    """Internal: symbolic passed argument ``name`` (read as a placeholder) to g.op as an input: a tensor."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
+
+
+class NeedsCall(OpBridgeError):
+    """A Function whose node only a call tells (argument kinds, values symbolic computes with): it is
+    described at its first call in an export (``bridge.core.opdef``)."""
+
+    def __init__(self, cls: type, why: str):
+        super().__init__(f"{class_name(cls)}: its node is known only from a call: {why}. Got a registration "
+                         "without a sample. Export a model that calls it (the call tells), or pass sample_inputs=.")
 
 
 class _Arg:
@@ -90,47 +110,35 @@ class _Arg:
     __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _value  # type: ignore[assignment]
 
 
-class Value:
-    """A value of the recorded graph (what ``g.op`` returns)."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def setType(self, _type):  # noqa: N802  the TorchScript Value method symbolic functions call
-        return self
-
-    def __repr__(self) -> str:
-        return f"<value {self.name}>"
-
-
 @dataclasses.dataclass
 class Node:
     op_type: str
     domain: str
-    inputs: list  # _Arg, Value, None
-    attrs: dict[str, tuple[str, Any]]  # name -> (suffix, value)
-    outputs: list[Value]
+    inputs: list  # _Arg (a tensor argument of forward), the id of a computed value (Value.unique()), None
+    attrs: dict[str, tuple[str, Any]]  # name -> (suffix, value as symbolic gave it: _Arg placeholders kept)
+    outputs: list[int]  # ids of the values written
 
 
-class GraphContext:
-    """The ``g`` a symbolic function gets: records ``g.op(...)`` calls as :class:`Node`s.
+class Recorder:
+    """A hook of ``torch_compat.run_symbolic``: records each ``g.op`` call as a :class:`Node`, with the
+    placeholders (:class:`_Arg`) symbolic passed as attributes, and makes the call on torch's graph with a
+    stand-in value for each placeholder (the graph itself is thrown away).
 
     Example:
-        >>> g = GraphContext()
-        >>> y = g.op("mine::Scale", Value("x"), factor_f=2.0)
-        >>> [(n.domain, n.op_type, n.attrs) for n in g.nodes], y.name
-        ([('mine', 'Scale', {'factor': ('f', 2.0)})], 'Scale_0')
+        >>> rec = Recorder()
+        >>> sym = lambda g, x, factor: g.op("mine::Scale", x, factor_f=factor)
+        >>> _ = torch_compat.run_symbolic(sym, [torch_compat.GraphInput("x"), _Arg("factor")], 17, rec)
+        >>> [(n.domain, n.op_type, n.inputs, n.attrs) for n in rec.nodes]
+        [('mine', 'Scale', [x], {'factor': ('f', factor)})]
     """
-
-    opset = SYMBOLIC_OPSET
 
     def __init__(self):
         self.nodes: list[Node] = []
 
-    def op(self, opname: str, *inputs, outputs: int = 1, **attrs):
+    def __call__(self, write: Callable, opname: str, inputs: Sequence, outputs: int, attrs: Mapping[str, Any]):
         domain, _, op_type = opname.rpartition("::")
         domain = "" if domain == "onnx" else domain
-        parsed = {}
+        parsed, concrete = {}, {}
         # NOTE: sorted by keyword (name and suffix), as the TorchScript exporter adds them (its jit_utils
         # _create_node): the node's attributes come in the order torch.onnx.export(dynamo=False) writes
         for key, value in sorted(attrs.items()):
@@ -140,16 +148,33 @@ class GraphContext:
                                    "(_i, _f, _s, _t, _is, _fs, _ss)")
             if value is not None:  # NOTE: the TorchScript exporter leaves a None attribute out
                 parsed[m.group(1)] = (m.group(2), value)
-        outs = [Value(f"{op_type}_{len(self.nodes)}" + (f"_{i}" if outputs > 1 else "")) for i in range(outputs)]
+            concrete[key] = _stand_in(value, m.group(2))
         for x in inputs:
-            if not isinstance(x, (_Arg, Value)) and x is not None:
-                raise _Unsupported(f"g.op({opname!r}, ...) with an input of type {type(x).__name__} (give tensors, "
-                                   "or g.op('Constant', value_t=...))")
-        self.nodes.append(Node(op_type, domain, list(inputs), parsed, outs))
-        return outs[0] if outputs == 1 else tuple(outs)
+            if isinstance(x, _Arg):
+                if x.path:
+                    raise _Unsupported(f"g.op({opname!r}, ...) with an element {x!r} of an argument as an input")
+                raise _IsTensor(x.name)
+        out = write(*inputs, outputs=outputs, **concrete)
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        self.nodes.append(Node(op_type, domain, [_source(x) for x in inputs], parsed, [o.unique() for o in outs]))
+        return out
 
-    def __getattr__(self, name: str):
-        raise _Unsupported(f"g.{name}")
+
+def _stand_in(value: Any, kind: str) -> Any:
+    """``value`` with each placeholder replaced by a value of the attribute's type."""
+    if isinstance(value, (list, tuple)):
+        return [_stand_in(v, kind.rstrip("s")) for v in value]
+    if isinstance(value, _Arg):
+        return {"f": 0.0, "s": "", "is": [0], "fs": [0.0]}.get(kind, 0)
+    return value
+
+
+def _source(x: Any) -> Any:
+    """A g.op input as recorded: forward's tensor argument (a graph input) as its placeholder, another value
+    by its id."""
+    if isinstance(x, torch._C.Value):
+        return _Arg(x.debugName()) if x.node().kind() == "prim::Param" else x.unique()
+    return x
 
 
 def is_function_class(value: Any) -> bool:
@@ -166,7 +191,8 @@ def class_name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-_SWAPPED: dict[type, Callable | None] = {}  # class -> its own forward, while swap_forwards replaces it
+# class -> (its own forward, whether it has its own setup_context), while swap_forwards replaces them
+_SWAPPED: dict[type, tuple[Callable | None, bool]] = {}
 
 
 def _static(cls: type, name: str) -> Callable | None:
@@ -177,7 +203,13 @@ def _static(cls: type, name: str) -> Callable | None:
 
 def original_forward(cls: type) -> Callable | None:
     """The Function's own ``forward`` (a plain function), also while :func:`swap_forwards` replaces it."""
-    return _SWAPPED.get(cls) or _static(cls, "forward")
+    return _SWAPPED[cls][0] if cls in _SWAPPED else _static(cls, "forward")
+
+
+def setup_style(cls: type) -> bool:
+    """Whether the Function's own ``forward`` takes no ctx (it defines ``setup_context``), also while
+    :func:`swap_forwards` replaces them."""
+    return _SWAPPED[cls][1] if cls in _SWAPPED else torch_compat.function_has_setup_context(cls)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -370,14 +402,23 @@ def _rebuild(parts: dict[tuple, Any], container: type):
 
 # -- reading symbolic ------------------------------------------------------------------
 
-def _run_symbolic(cls: type, symbolic: Callable, args: list) -> tuple[GraphContext, list[Value]]:
-    g = GraphContext()
-    out = symbolic(g, *args)
-    outs = list(out) if isinstance(out, (tuple, list)) else [out]
-    if not outs or not all(isinstance(o, Value) for o in outs):
-        raise OpBridgeError(f"{class_name(cls)}.symbolic must return the values g.op gave. Got {out!r}. Return "
+def _run_symbolic(cls: type, symbolic: Callable, args: list) -> tuple[Recorder, list]:
+    """symbolic run on torch.onnx's graph context with ``args`` (a placeholder per tensor and per argument
+    read as a placeholder), each g.op recorded."""
+    rec = Recorder()
+    try:
+        outs = torch_compat.run_symbolic(symbolic, args, SYMBOLIC_OPSET, rec)
+    except torch_compat.SymbolicFailed as e:
+        cause = e.__cause__
+        if isinstance(cause, (OpBridgeError, _NeedsValue, _IsTensor)):
+            raise cause from None
+        if isinstance(cause, _Unsupported):
+            raise _symbolic_error(cls, "uses g.op in a way opbridge cannot read", str(cause)) from None
+        raise
+    if not all(any(o in n.outputs for n in rec.nodes) for o in outs):
+        raise OpBridgeError(f"{class_name(cls)}.symbolic must return the values g.op gave. Got {outs!r}. Return "
                             "the output(s) of its g.op calls.")
-    return g, outs
+    return rec, outs
 
 
 def _symbolic_error(cls: type, what: str, cause: str) -> OpBridgeError:
@@ -408,13 +449,12 @@ def describe(cls: type, *, name: str | None = None, use_symbolic: bool = True,
     forward = original_forward(cls)
     if forward is None or forward is torch.autograd.Function.forward:
         raise OpBridgeError(f"{class_name(cls)} defines no forward. Got a Function without one. Define forward.")
-    setup_style = torch_compat.function_has_setup_context(cls)
-    params = list(inspect.signature(forward).parameters.values())[0 if setup_style else 1:]
+    params = list(inspect.signature(forward).parameters.values())[0 if setup_style(cls) else 1:]
     bad = [p.name for p in params if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     if bad:
         raise OpBridgeError(f"{class_name(cls)}.forward takes *args/**kwargs ({bad}); a node needs named arguments. "
                             "Got a variadic forward. Name each argument.")
-    base: dict[str, Any] = dict(cls=cls, forward=forward, setup_style=setup_style, params=tuple(params))
+    base: dict[str, Any] = dict(cls=cls, forward=forward, setup_style=setup_style(cls), params=tuple(params))
     symbolic = _static(cls, "symbolic") if use_symbolic else None
     read = None if symbolic is None else _read_symbolic(cls, symbolic, params, sample)
     if read is not None and any(is_custom(n.domain) for n in read[0].nodes):
@@ -427,32 +467,55 @@ def describe(cls: type, *, name: str | None = None, use_symbolic: bool = True,
     return _plain(cls, base, name, params, sample, symbolic, read)
 
 
-def _read(cls, symbolic, args: list, what: str, passes: tuple = ()) -> tuple[GraphContext, list[Value]]:
+def _read(cls, symbolic, args: list, what: str, passes: tuple = ()) -> tuple[Recorder, list]:
     """:func:`_run_symbolic`, the user's errors (but ``passes``) named as symbolic ``what``."""
     try:
         return _run_symbolic(cls, symbolic, args)
     except (OpBridgeError, *passes):
         raise
-    except Exception as e:  # noqa: BLE001  the user's symbolic, named
-        raise _symbolic_error(cls, what, f"{type(e).__name__}: {e}") from None
+    except torch_compat.SymbolicFailed as e:  # the user's symbolic, named
+        raise _symbolic_error(cls, what, str(e)) from None
 
 
-def _read_symbolic(cls, symbolic, params, sample) -> tuple[GraphContext, list[Value]]:
-    """symbolic run with a placeholder per argument, or where it computes with one, with the values
-    known (then it may write standard ops only)."""
-    fails = "fails on opbridge's graph context"
-    try:
-        return _read(cls, symbolic, [_Arg(p.name) for p in params], f"{fails} (it may use more than g.op)",
-                     (_NeedsValue,))
-    except _NeedsValue as e:
-        g, outs = _read(cls, symbolic, _known_values(params, sample), fails)
-        if any(is_custom(n.domain) for n in g.nodes):
+def _read_symbolic(cls, symbolic, params, sample) -> tuple[Recorder, list]:
+    """symbolic run on torch.onnx's graph context with a graph input per tensor argument and a placeholder
+    per other argument, or where it computes with one, with the values known (then it may write standard
+    ops only). An argument is a tensor where the sample passes one, its annotation says so, or symbolic
+    passes it to g.op as an input (found as it runs: the read starts again)."""
+    given = _given(params, sample)
+    tensors = {p.name for p in params
+               if isinstance(given.get(p.name), torch.Tensor) or _kind_of_annotation(p.annotation) == "tensor"}
+    fails, needs = "fails on torch.onnx's graph context", None
+    while True:
+        args = (_placeholders(params, tensors) if needs is None else _known_values(params, sample, tensors))
+        try:
+            g, outs = _read(cls, symbolic, args, fails, (_NeedsValue, _IsTensor))
+        except OpBridgeError as e:
+            unknown = [p.name for p in params if p.name not in tensors and p.name not in given
+                       and p.default in (_NO_DEFAULT, None) and _kind_of_annotation(p.annotation) is None]
+            if sample is None and unknown:
+                raise NeedsCall(cls, f"which of {unknown} are tensors only a call tells, and symbolic fails without "
+                                     f"({str(e).split('. Got ', 1)[-1].split('. Write the node', 1)[0]})") from None
+            raise
+        except _IsTensor as e:
+            tensors.add(e.name)
+            continue
+        except _NeedsValue as e:
+            if needs is not None:
+                raise NeedsCall(cls, f"it computes with {e}, whose value the registration does not know") from None
+            needs = e
+            continue
+        if needs is not None and any(is_custom(n.domain) for n in g.nodes):
             raise _symbolic_error(cls, "computes a custom node's attributes from an argument's value",
-                                  f"a use of {e}") from None
+                                  f"a use of {needs}") from None
         return g, outs
 
 
-def _from_symbolic(cls, g: GraphContext, outs: list[Value], params) -> dict[str, Any]:
+def _placeholders(params, tensors: set[str]) -> list:
+    return [torch_compat.GraphInput(p.name) if p.name in tensors else _Arg(p.name) for p in params]
+
+
+def _from_symbolic(cls, g: Recorder, outs: list, params) -> dict[str, Any]:
     """The custom node symbolic writes (a dict of FunctionBridge fields)."""
     node = next(n for n in g.nodes if is_custom(n.domain))
     if len(g.nodes) != 1 or outs != node.outputs:
@@ -514,16 +577,17 @@ def _given(params, sample) -> dict[str, Any]:
     return dict(inspect.Signature(list(params)).bind_partial(*sample[0], **sample[1]).arguments)
 
 
-def _known_values(params, sample) -> list:
-    """Values to run symbolic with: tensors stay placeholders, other arguments from ``sample`` or
-    their defaults; None where one has neither."""
+def _known_values(params, sample, tensors: set[str]) -> list:
+    """Values to run symbolic with: tensors stay graph inputs, other arguments from ``sample`` or their
+    defaults; a placeholder where one has neither."""
     given = _given(params, sample)
     out: list[Any] = []
     for p in params:
         v = given.get(p.name, p.default)
-        # NOTE: a tensor, or an argument symbolic must pass through as it is, stays a placeholder
-        placeholder = isinstance(v, torch.Tensor) or v is _NO_DEFAULT or (v is None and p.name not in given)
-        out.append(_Arg(p.name) if placeholder else v)
+        if p.name in tensors or isinstance(v, torch.Tensor):
+            out.append(torch_compat.GraphInput(p.name))
+        else:  # NOTE: an argument symbolic must pass through as it is stays a placeholder
+            out.append(_Arg(p.name) if v is _NO_DEFAULT or (v is None and p.name not in given) else v)
     return out
 
 
@@ -551,7 +615,7 @@ def _kind_of_annotation(ann) -> str | None:
     return None
 
 
-def _usage(g: GraphContext) -> dict[str, str]:
+def _usage(g: Recorder) -> dict[str, str]:
     """What a run of a standard-op symbolic tells of each argument's kind."""
     kinds: dict[str, str] = {}
     for n in g.nodes:
@@ -566,10 +630,12 @@ def _usage(g: GraphContext) -> dict[str, str]:
 
 def _plain(cls, base: dict, name: str | None, params, sample, symbolic, read) -> FunctionBridge:
     """The node of a Function without symbolic, or whose symbolic (``read``: its run) writes standard ops."""
+    inline = name is None and symbolic is not None
+    if inline:  # NOTE: written into the graph as symbolic's standard ops; the name never reaches a file
+        name = INLINE_DOMAIN + "::" + re.sub(r"\W", "_", class_name(cls))
     if name is None:
-        why = "its symbolic writes standard ONNX ops only" if symbolic is not None else "it has no symbolic"
-        raise OpBridgeError(f"{class_name(cls)}: {why}, so its ONNX node needs a name. Got name=None. Pass "
-                            f"name='ns::{cls.__name__}' to bridge.register.")
+        raise OpBridgeError(f"{class_name(cls)}: it has no symbolic, so its ONNX node needs a name. Got name=None. "
+                            f"Pass name='ns::{cls.__name__}' to bridge.register.")
     domain, _, op_type = name.partition("::")
     given = _given(params, sample)
     usage = {} if read is None else _usage(read[0])
@@ -577,6 +643,9 @@ def _plain(cls, base: dict, name: str | None, params, sample, symbolic, read) ->
     for p in params:
         kind = (usage.get(p.name) or _kind_of_annotation(p.annotation)
                 or _kind_of_value(given.get(p.name)) or _kind_of_value(p.default))
+        if kind is None and sample is None:
+            raise NeedsCall(cls, f"the kind of argument '{p.name}' of forward (tensor, or which attribute type) is "
+                                 "known neither from symbolic, an annotation nor a default")
         if kind is None:
             raise OpBridgeError(
                 f"{class_name(cls)}: the kind of argument '{p.name}' of forward (tensor, or which attribute type) is "
@@ -592,7 +661,7 @@ def _plain(cls, base: dict, name: str | None, params, sample, symbolic, read) ->
             containers.append((p.name, type(value)))
     # NOTE: without symbolic, one output (limit: a Function without symbolic returns one tensor)
     fb = FunctionBridge(**base, domain=domain, op_type=op_type, inputs=tuple(inputs), attrs=tuple(attrs),
-                        num_outputs=1 if read is None else len(read[1]), containers=tuple(containers))
+                        num_outputs=1 if read is None else len(read[1]), containers=tuple(containers), inline=inline)
     return fb if symbolic is None else dataclasses.replace(fb, body=_builder(fb, symbolic))
 
 
@@ -711,8 +780,6 @@ def export_forward(cls: type, at_call: Callable[[Mapping[str, Any]], tuple[Funct
     """What ``cls.forward`` is during export: the call recorded as one node. ``at_call(values)`` gives, for
     ``forward``'s arguments of this call, the node typed for them, its proxy op and the argument check."""
     def forward(*args, **kwargs):
-        if not fb.setup_style:
-            args = args[1:]  # NOTE: torch passes the ctx first
         values = fb.bind(args, kwargs)
         node, proxy, check = at_call(values)
         node_args = node.to_node(values)
@@ -788,36 +855,37 @@ def function_classes() -> list[type]:
 
 
 @contextlib.contextmanager
-def swap_forwards(routes: Mapping[type, Callable], watch: Callable[[type], Callable | None] | None = None,
+def swap_forwards(routes: Mapping[type, Callable], watch: Callable[..., Callable | None] | None = None,
                   watched: Iterable[type] = ()):
-    """While active, ``Cls.forward`` of each class in ``routes`` is its export forward (and its
-    ``setup_context`` does nothing); each class in ``watched`` calls ``watch(cls)`` when reached, whose
-    answer (an export forward, or None for the original) serves that call. Restored on exit."""
+    """While active, ``Cls.forward`` of each class in ``routes`` is its export forward, called with ``apply``'s
+    arguments (no ctx: the class gets a ``setup_context`` that does nothing, so ``apply`` binds keywords to
+    ``forward``'s parameters by the signature the export forward carries, the original's); each class in
+    ``watched`` calls ``watch(cls, args, kwargs)`` (``apply``'s arguments) when reached, whose answer (an export
+    forward, or None for the original) serves that call. Restored on exit."""
     saved: list[tuple[type, str, Any]] = []
 
     def swap(cls: type, attr: str, value: Any) -> None:
         if attr == "forward":
-            _SWAPPED[cls] = original_forward(cls)
+            _SWAPPED[cls] = (original_forward(cls), setup_style(cls))
         saved.append((cls, attr, cls.__dict__.get(attr, _NO_DEFAULT)))
         setattr(cls, attr, staticmethod(value))
 
-    def watcher(cls: type, original: Callable) -> Callable:
+    def watcher(cls: type, original: Callable, ctx: bool) -> Callable:
         def forward(*args, **kwargs):
-            route = watch(cls) if watch is not None else None
-            return (original if route is None else route)(*args, **kwargs)
+            route = watch(cls, args[ctx:], kwargs) if watch is not None else None
+            return original(*args, **kwargs) if route is None else route(*args[ctx:], **kwargs)
         return forward
 
     try:
         for cls, route in routes.items():
+            params = list(inspect.signature(original_forward(cls)).parameters.values())[0 if setup_style(cls) else 1:]
+            route.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]  # NOTE: apply binds by it
             swap(cls, "forward", route)
-            if torch_compat.function_has_setup_context(cls):
-                swap(cls, "setup_context", lambda ctx, inputs, output: None)
+            swap(cls, "setup_context", lambda ctx, inputs, output: None)
         for cls in watched:
-            if cls in routes:
-                continue
             original = original_forward(cls)
-            if original is not None:
-                swap(cls, "forward", watcher(cls, original))
+            if cls not in routes and original is not None:
+                swap(cls, "forward", watcher(cls, original, not setup_style(cls)))
         yield
     finally:
         for cls, attr, old in reversed(saved):

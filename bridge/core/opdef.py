@@ -23,7 +23,7 @@ from bridge.core import torch_compat
 from bridge.core.checks import Check, Checks, unreadable
 from bridge.core.domains import refuse_reserved
 from bridge.core.errors import OpBridgeError
-from bridge.core.functions import check_written, class_name, define_proxy, describe, is_function_class
+from bridge.core.functions import NeedsCall, check_written, class_name, define_proxy, describe, is_function_class
 from bridge.core.proxy import (
     class_schemas,
     define_method_proxy,
@@ -439,20 +439,31 @@ def _torch_side(qualname: str, overload, custom, fake: Callable | None, names: d
 
 
 def _register_function(cls: type, *, function, reference, sample_inputs, native, fake, dtypes, version, name,
-                       use_symbolic: bool, registry: Registry) -> BridgeOp:
-    """``register`` for a ``torch.autograd.Function`` subclass (``bridge.core.functions``)."""
+                       use_symbolic: bool, registry: Registry, call: tuple[tuple, dict] | None = None) -> BridgeOp:
+    """``register`` for a ``torch.autograd.Function`` subclass (``bridge.core.functions``). A Function whose
+    node only a call tells (``NeedsCall``: no annotation, default or sample says an argument's kind, or
+    symbolic computes with a value) is deferred: the first call in an export describes it (:func:`described`,
+    ``call``: that call's arguments)."""
     if name is not None:
         validate_qualname(name)
-    first = None
+    taken = next((s for s in registry if getattr(s.proxy_for, "cls", None) is cls), None)
+    if taken is not None or (call is None and cls in registry.deferred):
+        raise OpBridgeError(f"{class_name(cls)} is already registered{f' (as {taken.qualname})' if taken else ''}. "
+                            "Got a second bridge.register. Register it once.")
+    first = call
     if sample_inputs is not None:
         samples = sample_inputs(tuple(dtypes)[0])
         first = (tuple(samples[0].args), dict(samples[0].kwargs)) if samples else None
-    fb = dataclasses.replace(describe(cls, name=name, use_symbolic=use_symbolic, sample=first), fake=fake)
+    try:
+        fb = dataclasses.replace(describe(cls, name=name, use_symbolic=use_symbolic, sample=first), fake=fake)
+    except NeedsCall:
+        if first is not None:
+            raise
+        registry.deferred[cls] = dict(function=function, reference=reference, sample_inputs=sample_inputs,
+                                      native=native, fake=fake, dtypes=dtypes, version=version, name=name,
+                                      use_symbolic=use_symbolic)
+        return PendingFunction(cls, registry)
     registry.check_free(fb.qualname)
-    taken = next((s for s in registry if getattr(s.proxy_for, "cls", None) is cls), None)
-    if taken is not None:
-        raise OpBridgeError(f"{class_name(cls)} is already registered (as {taken.qualname}). Got a second "
-                            "bridge.register. Register it once.")
     refuse_reserved(fb.qualname, fb.domain)
     _check_version(fb.qualname, version)
     if fb.body is not None and function is not None:
@@ -461,6 +472,36 @@ def _register_function(cls: type, *, function, reference, sample_inputs, native,
     registry.add(_function_spec(fb, version=version, function=fb.body or function, reference=reference,
                                 sample_inputs=sample_inputs, dtypes=dtypes, native=native))
     return BridgeOp(fb.qualname, registry)
+
+
+class PendingFunction(BridgeOp):
+    """A Function registered before any call tells its node: its record exists from its first call in an
+    export on (:func:`described`)."""
+
+    def __init__(self, cls: type, registry: Registry):
+        super().__init__("", registry)
+        self.cls = cls
+
+    @property
+    def spec(self) -> OpSpec:
+        found = next((s for s in self._registry if getattr(s.proxy_for, "cls", None) is self.cls), None)
+        if found is None:
+            raise OpBridgeError(f"{class_name(self.cls)}: its node is described at its first call in an export. Got "
+                                "no export of a model calling it yet. Export one (bridge.export), or register it "
+                                "with sample_inputs=.")
+        self.qualname = found.qualname
+        return found
+
+
+def described(cls: type, registry: Registry, args: Sequence, kwargs: dict) -> OpSpec | None:
+    """The record of a deferred Function (``registry.deferred``), described from the call ``args, kwargs``
+    (``apply``'s arguments); None where ``cls`` is not deferred."""
+    options = registry.deferred.get(cls)
+    if options is None:
+        return None
+    op = _register_function(cls, **options, registry=registry, call=(tuple(args), dict(kwargs)))
+    del registry.deferred[cls]
+    return op.spec
 
 
 def _function_spec(fb, *, version: int, function, reference, sample_inputs, dtypes, native) -> OpSpec:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import inspect
 from collections.abc import Iterator
+from typing import Any
 
 import onnx
 from onnx import defs
@@ -38,6 +39,9 @@ class Registry:
         # NOTE: onnx's schema table is process-wide: an op also registered elsewhere (another
         # registry) gets its schema back when this registry forgets the op.
         self._displaced: dict[str, defs.OpSchema] = {}
+        # NOTE: torch.autograd.Function classes whose node only a call tells (bridge.core.opdef): class ->
+        # the options of their bridge.register, until an export's first call describes them
+        self.deferred: dict[type, dict[str, Any]] = {}
 
     def __iter__(self) -> Iterator[OpSpec]:
         return iter(sorted(self._ops.values(), key=lambda s: s.qualname))

@@ -266,12 +266,16 @@ def _export_opset(opset: int):
         _TS_GLOBALS.export_onnx_opset_version = old
 
 
-def run_symbolic(symbolic: Callable, args: Sequence, opset: int) -> Any:
+def run_symbolic(symbolic: Callable, args: Sequence, opset: int, hook: Callable | None = None) -> Any:
     """``symbolic(g, *args)`` on the TorchScript exporter's own graph context at ``opset`` (2.12-2.15), as
     ``torch.onnx.export(dynamo=False)`` runs it for one call: each :class:`GraphInput` in ``args`` is a
     graph input (a ``torch._C.Value``), every other argument is passed as the call gave it. Returns the
     graph as that exporter serializes it (an ``onnx.ModelProto``'s bytes, inputs named as given, no
     shape inference or constant folding); raises :class:`SymbolicFailed` from what the symbolic raised.
+
+    ``hook(write, opname, inputs, outputs, attributes)`` sees each ``g.op`` call and makes it (``write(*inputs,
+    outputs=..., **attributes)``, with the attributes it chooses); with a hook the graph is not serialized:
+    the ids (``Value.unique()``) of the values symbolic returned are, and the graph is gone with the call.
 
     Example:
         >>> import onnx
@@ -297,9 +301,11 @@ def run_symbolic(symbolic: Callable, args: Sequence, opset: int) -> Any:
             values.append(a)
     # NOTE: no node is being converted (the TorchScript exporter passes the prim::PythonOp); helpers that read it
     # fail with their own error
-    context = _ts_jit_utils.GraphContext(graph=graph, block=graph.block(), opset=opset,
-                                         original_node=None,  # type: ignore[arg-type]
-                                         params_dict={}, env={}, values_in_env=set(), new_nodes=[])
+    context = (_ts_jit_utils.GraphContext if hook is None else _HookedContext)(
+        graph=graph, block=graph.block(), opset=opset, original_node=None,  # type: ignore[arg-type]
+        params_dict={}, env={}, values_in_env=set(), new_nodes=[])
+    if hook is not None:
+        context.hook = hook
     with _export_opset(opset):
         try:
             out = symbolic(context, *values)
@@ -308,11 +314,25 @@ def run_symbolic(symbolic: Callable, args: Sequence, opset: int) -> Any:
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     if not outs or not all(isinstance(o, torch._C.Value) for o in outs):
         raise SymbolicFailed(f"it returned {out!r}, not the value(s) g.op gave")
+    if hook is not None:
+        return [o.unique() for o in outs]
     for o in outs:
         graph.registerOutput(o)
     torch._C._jit_pass_dce_allow_deleting_nodes_with_side_effects(graph)  # NOTE: unused constants go
     return graph._export_onnx({}, opset, {}, False,  # type: ignore[attr-defined]
                               torch._C._onnx.OperatorExportTypes.ONNX, True, False, {}, False, "", {})[0]
+
+
+if TORCHSCRIPT:
+    class _HookedContext(_ts_jit_utils.GraphContext):
+        """The TorchScript exporter's graph context whose ``op`` goes through a hook (``run_symbolic``)."""
+
+        hook: Callable
+
+        def op(self, opname, *raw_args, outputs=1, **kwargs):  # type: ignore[override]
+            def write(*inputs, outputs=outputs, **attributes):
+                return super(_HookedContext, self).op(opname, *inputs, outputs=outputs, **attributes)
+            return self.hook(write, opname, raw_args, outputs, kwargs)
 
 
 def registered_symbolic(qualname: str, opset: int) -> Callable | None:
