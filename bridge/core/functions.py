@@ -878,7 +878,9 @@ def swap_forwards(routes: Mapping[type, Callable], watch: Callable[..., Callable
 
     try:
         for cls, route in routes.items():
-            params = list(inspect.signature(original_forward(cls)).parameters.values())[0 if setup_style(cls) else 1:]
+            own = original_forward(cls)
+            assert own is not None  # NOTE: routes are of described Functions, which have a forward
+            params = list(inspect.signature(own).parameters.values())[0 if setup_style(cls) else 1:]
             route.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]  # NOTE: apply binds by it
             swap(cls, "forward", route)
             swap(cls, "setup_context", lambda ctx, inputs, output: None)
