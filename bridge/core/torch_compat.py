@@ -302,7 +302,7 @@ def run_symbolic(symbolic: Callable, args: Sequence, opset: int, hook: Callable 
     # NOTE: no node is being converted (the TorchScript exporter passes the prim::PythonOp); helpers that read it
     # fail with their own error
     context: Any = (_ts_jit_utils.GraphContext if hook is None else _HookedContext)(
-        graph=graph, block=graph.block(), opset=opset, original_node=None,
+        graph=graph, block=graph.block(), opset=opset, original_node=None,  # type: ignore[arg-type]
         params_dict={}, env={}, values_in_env=set(), new_nodes=[])
     if hook is not None:
         context.hook = hook
