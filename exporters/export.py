@@ -170,6 +170,8 @@ class Exported:
 
     proto: onnx.ModelProto
     program: torch.export.ExportedProgram
+    # the torch.autograd.Function classes whose symbolic's standard ops the file holds in their nodes' place
+    symbolics: tuple[str, ...] = ()
 
 
 def export(
@@ -290,7 +292,7 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
         attach_functions(proto, reg)  # written, built, translated or derived: exporters.resolve
     elif _inlined(reg):
         attach_functions(proto, reg, ops=_inlined(reg))
-    proto = inline_symbolic_ops(proto, reg)
+    proto, symbolics = inline_symbolic_ops(proto, reg)
     relativize_paths(proto)  # NOTE: after the bodies: nothing in the file keeps this machine's paths
     model_tensor_constants(proto)  # NOTE: graph, subgraphs and bodies: every Constant a tensor (tools read that)
     if functions:  # NOTE: a body called at one set of input types takes the branches those types decide
@@ -304,7 +306,7 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
     warn_training_mode(model, proto)
     if f is not None:
         files.save_model(proto, f)  # NOTE: one file; only models past protobuf's 2 GiB get a .data file
-    return Exported(proto, onnx_program.exported_program)
+    return Exported(proto, onnx_program.exported_program, symbolics)
 
 
 def _inlined(registry: Registry) -> set[tuple[str, str]]:
@@ -313,12 +315,14 @@ def _inlined(registry: Registry) -> set[tuple[str, str]]:
     return {(s.domain, s.name) for s in registry if isinstance(s.proxy_for, FunctionBridge) and s.proxy_for.inline}
 
 
-def inline_symbolic_ops(proto: onnx.ModelProto, registry: Registry) -> onnx.ModelProto:
+def inline_symbolic_ops(proto: onnx.ModelProto, registry: Registry) -> tuple[onnx.ModelProto, tuple[str, ...]]:
     """``proto`` with each node of a standard-op symbolic registered without name= replaced by the standard
-    ops its symbolic writes (its attached body), as the TorchScript exporter wrote them into the graph."""
+    ops its symbolic writes (its attached body), as the TorchScript exporter wrote them into the graph; and the
+    Function classes whose symbolics were written so."""
     ops = _inlined(registry) & {(n.domain, n.op_type) for n in custom_nodes(proto)}
     if not ops:
-        return proto
+        return proto, ()
+    written = tuple(sorted(class_name(s.proxy_for.cls) for s in registry if (s.domain, s.name) in ops))
     flat = onnx.inliner.inline_selected_functions(proto, [*ops], exclude=False)
     used = {(f.domain, f.name) for f in flat.functions}
     keep = [f for f in flat.functions if (f.domain, f.name) not in ops]
@@ -328,7 +332,7 @@ def inline_symbolic_ops(proto: onnx.ModelProto, registry: Registry) -> onnx.Mode
     imports = [o for o in flat.opset_import if o.domain not in domains]
     del flat.opset_import[:]
     flat.opset_import.extend(imports)
-    return flat
+    return flat, written
 
 
 def to_onnx(program: torch.export.ExportedProgram, registry: Registry, opset: int):

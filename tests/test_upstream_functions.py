@@ -13,6 +13,7 @@ import warnings
 import onnx
 import pytest
 import torch
+from test_functions import FEAT, roi_align_torch, rois
 from torch.autograd import Function
 from torch.nn.modules.utils import _pair
 from torch.onnx import symbolic_helper
@@ -342,3 +343,102 @@ def test_a_symbolic_using_symbolic_helper(reg):
     assert node_identity(mine, ours.graph)[:3] == node_identity(theirs, legacy.graph)[:3]
     bridge.assert_parity(M(), (x,), registry=reg, tier="python")
     bridge.assert_parity(M(), (x,), registry=reg)
+
+
+# -- mmcv 2.x mmcv/ops/roi_align.py: a symbolic of standard ops, written for opsets before 13 ----------------------
+class _RoIAlignExt:
+    """Stands in for mmcv's compiled ``roi_align_forward`` (avg mode, sampling_ratio > 0): writes into ``output``."""
+
+    @staticmethod
+    def roi_align_forward(input, rois, output, argmax_y, argmax_x, aligned_height, aligned_width, spatial_scale,
+                          sampling_ratio, pool_mode, aligned):
+        output.copy_(roi_align_torch(input, rois, aligned_height, aligned_width, spatial_scale, sampling_ratio,
+                                     aligned))
+
+
+class RoIAlignFunction(Function):
+    @staticmethod
+    def symbolic(g, input, rois, output_size, spatial_scale, sampling_ratio, pool_mode, aligned):
+        from torch.onnx import TensorProtoDataType
+        from torch.onnx.symbolic_opset9 import sub
+
+        def select(g, self, dim, index):
+            return g.op("Gather", self, index, axis_i=dim)
+
+        batch_indices = select(g, rois, 1, g.op("Constant", value_t=torch.tensor([0], dtype=torch.long)))
+        batch_indices = g.op("Squeeze", batch_indices, axes_i=[1])
+        batch_indices = g.op("Cast", batch_indices, to_i=TensorProtoDataType.INT64)
+        rois = select(g, rois, 1, g.op("Constant", value_t=torch.tensor([1, 2, 3, 4], dtype=torch.long)))
+        if aligned:
+            offset = g.op("Constant", value_t=torch.tensor([0.5 / spatial_scale], dtype=torch.float32))
+            rois = sub(g, rois, offset)
+        return g.op("RoiAlign", input, rois, batch_indices, output_height_i=output_size[0],
+                    output_width_i=output_size[1], spatial_scale_f=spatial_scale,
+                    sampling_ratio_i=max(0, sampling_ratio), mode_s=pool_mode)
+
+    @staticmethod
+    def forward(ctx, input: torch.Tensor, rois: torch.Tensor, output_size: int, spatial_scale: float = 1.0,
+                sampling_ratio: int = 0, pool_mode: str = "avg", aligned: bool = True) -> torch.Tensor:
+        ctx.output_size, ctx.spatial_scale, ctx.sampling_ratio = _pair(output_size), spatial_scale, sampling_ratio
+        ctx.pool_mode, ctx.aligned = 0 if pool_mode == "max" else 1, aligned
+        assert rois.size(1) == 5, "RoI must be (idx, x1, y1, x2, y2)!"
+        output = input.new_zeros((rois.size(0), input.size(1), ctx.output_size[0], ctx.output_size[1]))
+        _RoIAlignExt.roi_align_forward(input, rois, output, None, None, ctx.output_size[0], ctx.output_size[1],
+                                       ctx.spatial_scale, ctx.sampling_ratio, ctx.pool_mode, ctx.aligned)
+        return output
+
+
+class RoIAlign(torch.nn.Module):
+    """mmcv 2.x's layer: output_size kept as a _pair tuple, passed to a forward annotated ``output_size: int``."""
+
+    def __init__(self, output_size, spatial_scale=1.0, sampling_ratio=0, pool_mode="avg", aligned=True):
+        super().__init__()
+        self.output_size, self.spatial_scale = _pair(output_size), float(spatial_scale)
+        self.sampling_ratio, self.pool_mode, self.aligned = int(sampling_ratio), pool_mode, aligned
+
+    def forward(self, input, rois):
+        return RoIAlignFunction.apply(input, rois, self.output_size, self.spatial_scale, self.sampling_ratio,
+                                      self.pool_mode, self.aligned)
+
+
+def big_rois(n: int, seed: int) -> torch.Tensor:
+    """Boxes of at least one cell after spatial_scale 0.5 (where ONNX RoiAlign and mmcv's kernel agree)."""
+    r = rois(n, seed)
+    r[:, 3:] = r[:, 1:3] + (r[:, 3:] - r[:, 1:3]).clamp(min=2.5)
+    return r
+
+
+def test_mmcv2_roi_align_writes_its_standard_ops_into_the_graph(reg):
+    """No name=, no fake=: the symbolic's standard ops stand in the graph as the TorchScript exporter wrote them
+    (Squeeze(axes_i=...) is valid before opset 13 only: the ops are converted to the file's opset), the
+    tuple where forward annotates int included; parity holds for boxes of a cell or more."""
+    bridge.register(RoIAlignFunction, registry=reg)
+    model = RoIAlign((3, 2), spatial_scale=0.5, sampling_ratio=2, aligned=True)
+    args = (FEAT, big_rois(5, 0))
+    proto = bridge.export(model, args, registry=reg, dynamic_shapes=(None, {0: torch.export.Dim("k")}))
+    assert not proto.functions and {n.domain for n in proto.graph.node} == {""}
+    legacy = legacy_export(model, args, 12)
+    assert [n.op_type for n in proto.graph.node if n.op_type != "Constant"] == \
+        [n.op_type for n in legacy.graph.node if n.op_type != "Constant"]
+    ours, theirs = (next(n for n in p.graph.node if n.op_type == "RoiAlign") for p in (proto, legacy))
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in ours.attribute}
+    assert {k: v for k, v in attrs.items() if k != "coordinate_transformation_mode"} == \
+        {a.name: onnx.helper.get_attribute_value(a) for a in theirs.attribute}
+    assert attrs["output_height"] == 3 and attrs["output_width"] == 2
+    report = bridge.check_parity(model, args, registry=reg, dynamic_shapes=(None, {0: torch.export.Dim("k")}),
+                                 extra_args=[(FEAT, big_rois(3, 1))], rtol=1e-4, atol=1e-5)
+    assert report.passed, str(report)
+    assert report.symbolics == ("test_upstream_functions.RoIAlignFunction",)
+
+
+def test_a_symbolic_that_disagrees_with_its_forward_is_named(reg):
+    """mmcv 2.x's symbolic is not its forward for boxes under one cell (ONNX RoiAlign widens them to one): the
+    check fails, and the report names the symbolic as what disagrees, not a kernel."""
+    bridge.register(RoIAlignFunction, registry=reg)
+    model = RoIAlign((2, 2), spatial_scale=0.5, sampling_ratio=2, aligned=True)
+    small = rois(6, 3)
+    small[:, 3:] = small[:, 1:3] + 0.6  # NOTE: 0.3 of a cell after spatial_scale
+    report = bridge.check_parity(model, (FEAT, small), registry=reg)
+    assert not report.passed and report.outputs[0].max_abs > 0.05
+    assert "standard ops written by test_upstream_functions.RoIAlignFunction.symbolic stand for its forward here: " \
+           "where they compute a failing output, the symbolic disagrees with its own forward" in str(report)

@@ -181,6 +181,8 @@ class ParityReport:
     runtime: str = "onnxruntime"
     localization: Localization | None = None  # node by node, when check_parity(localize=...) ran it
     kernels: dict[str, str] = dataclasses.field(default_factory=dict)  # op -> library path or "function body"
+    # torch.autograd.Function classes whose symbolic's standard ops the file holds in place of their forward
+    symbolics: tuple[str, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -196,7 +198,7 @@ class ParityReport:
         return {"model": self.model, "tier": self.tier, "runtime": self.runtime, "passed": self.passed,
                 "onnx_path": self.onnx_path, "outputs": [o.to_dict() for o in self.outputs],
                 "localization": None if self.localization is None else self.localization.to_dict(),
-                "kernels": dict(self.kernels)}
+                "kernels": dict(self.kernels), "symbolics": list(self.symbolics)}
 
     def to_json(self, **kwargs) -> str:
         d = self.to_dict()  # NOTE: the localization's outputs are JSON-safe already
@@ -249,6 +251,10 @@ class ParityReport:
         lines = [f"parity: {self.model} | {runner} tier {self.tier} vs eager torch | "
                  f"{'PASS' if self.passed else 'FAIL'}", format_table(rows)]
         lines += [f"kernel of {op}: {where}" for op, where in self.kernels.items()]
+        lines += [f"standard ops written by {name}.symbolic stand for its forward here"
+                  + ("" if self.passed else ": where they compute a failing output, the symbolic disagrees with its "
+                     "own forward (no opbridge kernel runs them); compare the two for these inputs")
+                  for name in self.symbolics]
         # NOTE: a max rel past rtol beside PASS reads as a contradiction: say which bound held
         by_atol = [o.name for o in self.outputs if o.passed and not math.isnan(o.max_rel) and o.max_rel > o.rtol]
         if by_atol:
@@ -368,7 +374,7 @@ def check_parity(model: torch.nn.Module, args: Sequence, *, kwargs: dict | None 
                                             native_library=native_library)
     return ParityReport(name or type(model).__name__, "inlined" if inline else tier, rows,
                         onnx_path if path is not None else None, runtime, localization=localization,
-                        kernels=dict(getattr(sess, "kernels", {})))
+                        kernels=dict(getattr(sess, "kernels", {})), symbolics=exported.symbolics)
 
 
 def assert_parity(model: torch.nn.Module, args: Sequence, **kwargs) -> ParityReport:
