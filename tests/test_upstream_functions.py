@@ -442,3 +442,40 @@ def test_a_symbolic_that_disagrees_with_its_forward_is_named(reg):
     assert not report.passed and report.outputs[0].max_abs > 0.05
     assert "standard ops written by test_upstream_functions.RoIAlignFunction.symbolic stand for its forward here: " \
            "where they compute a failing output, the symbolic disagrees with its own forward" in str(report)
+
+
+# -- a standard-op symbolic that reads its input's type, as pytorch-quantization's _onnx_int8_helper does -----------
+class QuantizeHalfAware(Function):
+    @staticmethod
+    @symbolic_helper.parse_args("v", "f", "i")
+    def symbolic(g, inputs, scale, zero_point):
+        input_type = inputs.type().scalarType()
+        if input_type == "Half":  # NOTE: Q/DQ constrained to float32 in onnxruntime, as the QAT helper says
+            inputs = g.op("Cast", inputs, to_i=onnx.TensorProto.FLOAT)
+        s = g.op("Constant", value_t=torch.tensor(scale, dtype=torch.float32))
+        zp = g.op("Constant", value_t=torch.tensor(zero_point, dtype=torch.int8))
+        out = g.op("DequantizeLinear", g.op("QuantizeLinear", inputs, s, zp), s, zp)
+        return g.op("Cast", out, to_i=onnx.TensorProto.FLOAT16) if input_type == "Half" else out
+
+    @staticmethod
+    def forward(ctx, inputs, scale, zero_point):
+        q = torch.clamp(torch.round(inputs.float() / scale) + zero_point, -128, 127)
+        return ((q - zero_point) * scale).to(inputs.dtype)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_a_standard_op_symbolic_sees_its_inputs_types(reg, dtype):
+    """The ops a symbolic writes for a float16 input (Cast around Q/DQ) differ from float32's: each call's body is
+    run with its tensors typed, as the TorchScript exporter typed them."""
+    bridge.register(QuantizeHalfAware, registry=reg)
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return QuantizeHalfAware.apply(x, 0.05, 3)
+
+    x = (torch.randn(4, 6) * 3).to(dtype)
+    proto = bridge.export(M(), (x,), registry=reg)
+    ops = [n.op_type for n in proto.graph.node if n.op_type != "Constant"]
+    assert ops == (["Cast", "QuantizeLinear", "DequantizeLinear", "Cast"] if dtype == torch.float16
+                   else ["QuantizeLinear", "DequantizeLinear"])
+    bridge.assert_parity(M(), (x,), registry=reg, atol=1e-3)

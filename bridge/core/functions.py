@@ -46,7 +46,7 @@ from bridge.core import torch_compat
 from bridge.core.domains import ONNX_DOMAINS, is_custom
 from bridge.core.errors import OpBridgeError
 from bridge.core.proxy import define_proxy_op, proxy_name, schema_text
-from bridge.core.spec import Written, value_key
+from bridge.core.spec import Written, value_key, values_key
 
 # NOTE: the opset a symbolic function's standard ops are read at (torch.onnx's TorchScript exporter
 # default); bodies are converted to the model's opset as they are attached.
@@ -273,6 +273,8 @@ class FunctionBridge:
     containers: tuple[tuple[str, type], ...] = ()  # arguments rebuilt as tuple/list
     body: Callable | None = None  # standard-op symbolic: attribute values -> written body
     fake: Callable | None = None  # the user's fake= (called with apply's arguments), for every proxy of the node
+    # standard-op symbolic: the body each export call recorded, by its attribute values (``record_body``)
+    bodies: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
     inline: bool = False  # a standard-op symbolic's node without name=: its body goes into the graph in its place
     symbolic_node: bool = False  # the node is the custom node symbolic writes
 
@@ -666,9 +668,11 @@ def _plain(cls, base: dict, name: str | None, params, sample, symbolic, read) ->
 
 
 def _builder(fb: FunctionBridge, symbolic: Callable) -> Callable:
-    """A body builder (a Python function of the node's attributes, by name) for a standard-op symbolic."""
+    """A body builder (a Python function of the node's attributes, by name) for a standard-op symbolic: the
+    body an export's call recorded for those values (its tensors typed, as the TorchScript exporter typed
+    them: a symbolic may branch on ``x.type().scalarType()``), else symbolic run with untyped tensors."""
     def build(**values):
-        return _body(fb, symbolic, values)
+        return fb.bodies.get(values_key(values)) or _body(fb, symbolic, values)
     build.__signature__ = inspect.Signature(  # type: ignore[attr-defined]  # NOTE: inspect reads it
         [inspect.Parameter(a.name, inspect.Parameter.KEYWORD_ONLY) for a in fb.attrs])
     build.__name__ = fb.op_type
@@ -699,14 +703,16 @@ def standard_graph(cls: type, symbolic: Callable, args: list, opset: int) -> onn
                             f"values, or call {cls.__name__}.apply with values it accepts.") from None
 
 
-def _body(fb: FunctionBridge, symbolic: Callable, values: Mapping[str, Any]) -> Written:
+def _body(fb: FunctionBridge, symbolic: Callable, values: Mapping[str, Any],
+          tensors: Mapping[str, Any] | None = None) -> Written:
     """The node's body for attribute ``values``: the standard ops symbolic writes for those values, run as
     the TorchScript exporter ran it (``SYMBOLIC_OPSET``; a symbolic written for an opset before 13, say
     ``Squeeze(axes_i=...)``, at ``LEGACY_OPSET``: the body is converted to the model's opset as it is
-    attached)."""
-    tensors = {name for name, _ in fb.inputs}
+    attached); ``tensors`` (a call's, by name) type its inputs."""
     apply_args = fb.to_apply([None] * len(fb.inputs) + [values[a.name] for a in fb.attrs])
-    args = [torch_compat.GraphInput(p.name) if p.name in tensors else v for p, v in zip(fb.params, apply_args)]
+    args = [(_graph_input(p.name, tensors[p.name]) if tensors and tensors.get(p.name) is not None
+             else torch_compat.GraphInput(p.name)) if p.name in dict(fb.inputs) else v
+            for p, v in zip(fb.params, apply_args)]
     why = []
     for opset in (SYMBOLIC_OPSET, LEGACY_OPSET):
         graph = standard_graph(fb.cls, symbolic, args, opset)
@@ -788,6 +794,32 @@ def export_forward(cls: type, at_call: Callable[[Mapping[str, Any]], tuple[Funct
     return forward
 
 
+def record_body(fb: FunctionBridge, values: Mapping[str, Any]) -> None:
+    """For a standard-op symbolic's node: the body for the call ``values`` (forward's arguments), built with
+    the call's tensor types and kept for the node's attribute values (the builder gives it); one call whose
+    types give the same values another body is refused, as one node cannot hold two."""
+    symbolic = _static(fb.cls, "symbolic")
+    if fb.body is None or symbolic is None:
+        return
+    attrs = {a.name: a.of(values) for a in fb.attrs}
+    body = _body(fb, symbolic, attrs, {name: values[name] for name, _ in fb.inputs})
+    key = values_key({name: _as_held(v) for name, v in attrs.items()})  # NOTE: what the builder reads off the node
+    seen = fb.bodies.setdefault(key, body)
+    if seen.to_function_proto().SerializeToString() != body.to_function_proto().SerializeToString():
+        raise OpBridgeError(
+            f"{class_name(fb.cls)}.symbolic writes other ops for inputs of other types with the same attribute "
+            f"values {attrs}, and one {fb.qualname} node holds one body for them. Got two calls whose tensors "
+            "differ in dtype or rank. Call it with one dtype per set of values, or register with name= and "
+            "function= (a body of your own).")
+
+
+def _as_held(v: Any) -> Any:
+    """An attribute value as an ONNX node holds it (floats as float32)."""
+    if isinstance(v, (list, tuple)):
+        return [_as_held(x) for x in v]
+    return float(torch.tensor(v, dtype=torch.float32)) if isinstance(v, float) else v
+
+
 def _graph_input(name: str, value: Any) -> torch_compat.GraphInput:
     """A tensor of the call (real, fake or traced) as a graph input: its dtype, its sizes (a dynamic one None)."""
     return torch_compat.GraphInput(name, value.dtype, tuple(d if isinstance(d, int) else None for d in value.shape))
@@ -837,7 +869,7 @@ def _same_attribute(mine: Any, its: Any) -> bool:
         return (isinstance(mine, (list, tuple)) and isinstance(its, (list, tuple)) and len(mine) == len(its)
                 and all(_same_attribute(a, b) for a, b in zip(mine, its)))
     if isinstance(its, float) and isinstance(mine, (int, float)):
-        return value_key(float(torch.tensor(mine, dtype=torch.float32))) == value_key(its)
+        return value_key(_as_held(float(mine))) == value_key(its)
     if isinstance(mine, bool):
         mine = int(mine)
     return value_key(mine) == value_key(its)

@@ -23,7 +23,15 @@ from bridge.core import torch_compat
 from bridge.core.checks import Check, Checks, unreadable
 from bridge.core.domains import refuse_reserved
 from bridge.core.errors import OpBridgeError
-from bridge.core.functions import NeedsCall, check_written, class_name, define_proxy, describe, is_function_class
+from bridge.core.functions import (
+    NeedsCall,
+    check_written,
+    class_name,
+    define_proxy,
+    describe,
+    is_function_class,
+    record_body,
+)
 from bridge.core.proxy import (
     class_schemas,
     define_method_proxy,
@@ -544,6 +552,7 @@ class FunctionCalls:
                 native=spec.native_source))
         self.schema = node.schema
         check_written(node, values)
+        record_body(node, values)
         return node, spec.custom_op, specialisation_check(spec.qualname, spec.overload)
 
 

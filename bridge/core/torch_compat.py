@@ -306,7 +306,9 @@ def run_symbolic(symbolic: Callable, args: Sequence, opset: int, hook: Callable 
         params_dict={}, env={}, values_in_env=set(), new_nodes=[])
     if hook is not None:
         context.hook = hook
-    with _export_opset(opset):
+    # NOTE: called from inside torch.export (a Function's first call): the tensors a symbolic makes
+    # (torch.tensor(...) for value_t) must be real, not the export's fake or traced ones
+    with _export_opset(opset), torch.utils._python_dispatch._disable_current_modes():
         try:
             out = symbolic(context, *values)
         except Exception as e:  # noqa: BLE001  the user's symbolic: the caller names it
