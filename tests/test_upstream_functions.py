@@ -479,3 +479,43 @@ def test_a_standard_op_symbolic_sees_its_inputs_types(reg, dtype):
     assert ops == (["Cast", "QuantizeLinear", "DequantizeLinear", "Cast"] if dtype == torch.float16
                    else ["QuantizeLinear", "DequantizeLinear"])
     bridge.assert_parity(M(), (x,), registry=reg, atol=1e-3)
+
+
+# -- torch.onnx's symbolic helpers, as upstream symbolics call them ------------------------------------------------
+class CropTail(Function):
+    """Standard ops through torch.onnx's helpers: the last ``keep`` rows of each item, a unit axis added and
+    dropped, the row count read off the input's type, and a shift by symbolic_opset9.sub."""
+
+    @staticmethod
+    @symbolic_helper.parse_args("v", "i", "f")
+    def symbolic(g, x, keep, shift):
+        from torch.onnx.symbolic_opset9 import sub
+        rows = symbolic_helper._get_tensor_dim_size(x, 1)
+        assert rows is not None and symbolic_helper._get_tensor_sizes(x)[1] == rows and x.node() is not None
+        assert isinstance(x.debugName(), str) and isinstance(keep, int)
+        tail = symbolic_helper._slice_helper(g, x, axes=[1], starts=[rows - keep], ends=[rows])
+        tail = symbolic_helper._squeeze_helper(g, symbolic_helper._unsqueeze_helper(g, tail, [0]), [0])
+        size = g.op("Cast", symbolic_helper._size_helper(g, tail, g.op("Constant", value_t=torch.tensor(1))),
+                    to_i=onnx.TensorProto.FLOAT)
+        out = sub(g, tail, g.op("Constant", value_t=torch.tensor(shift, dtype=torch.float32)))
+        return g.op("Add", out, size).setType(x.type())
+
+    @staticmethod
+    def forward(ctx, x, keep, shift):
+        return x[:, x.shape[1] - keep:] - shift + keep
+
+
+class TailModel(torch.nn.Module):
+    def forward(self, x):
+        return CropTail.apply(x, 2, 0.25)
+
+
+def test_a_symbolic_of_torch_onnx_helpers(reg):
+    bridge.register(CropTail, registry=reg)
+    x = torch.randn(3, 5)
+    proto = bridge.export(TailModel(), (x,), registry=reg, opset_version=17)
+    legacy = legacy_export(TailModel(), (x,), 17)
+    assert [n.op_type for n in proto.graph.node if n.op_type != "Constant"] == \
+        [n.op_type for n in legacy.graph.node if n.op_type != "Constant"]
+    assert {"Slice", "Unsqueeze", "Squeeze", "Shape", "Gather", "Sub", "Add"} <= {n.op_type for n in proto.graph.node}
+    bridge.assert_parity(TailModel(), (x,), registry=reg, dynamic_shapes=({0: B},), extra_args=[(torch.randn(2, 5),)])

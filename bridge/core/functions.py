@@ -489,32 +489,41 @@ def _read_symbolic(cls, symbolic, params, sample) -> tuple[Recorder, list]:
                if isinstance(given.get(p.name), torch.Tensor) or _kind_of_annotation(p.annotation) == "tensor"}
     fails, needs = "fails on torch.onnx's graph context", None
     while True:
-        args = (_placeholders(params, tensors) if needs is None else _known_values(params, sample, tensors))
+        args = (_placeholders(params, tensors, given) if needs is None else _known_values(params, sample, tensors))
         try:
             g, outs = _read(cls, symbolic, args, fails, (_NeedsValue, _IsTensor))
-        except OpBridgeError as e:
-            unknown = [p.name for p in params if p.name not in tensors and p.name not in given
-                       and p.default in (_NO_DEFAULT, None) and _kind_of_annotation(p.annotation) is None]
-            if sample is None and unknown:
-                raise NeedsCall(cls, f"which of {unknown} are tensors only a call tells, and symbolic fails without "
-                                     f"({str(e).split('. Got ', 1)[-1].split('. Write the node', 1)[0]})") from None
-            raise
         except _IsTensor as e:
             tensors.add(e.name)
             continue
         except _NeedsValue as e:
             if needs is not None:
                 raise NeedsCall(cls, f"it computes with {e}, whose value the registration does not know") from None
-            needs = e
+            needs = f"a use of {e}"
             continue
+        except OpBridgeError as e:
+            cause = str(e).split(". Got ", 1)[-1].split(". Write the node", 1)[0]
+            if needs is None and not isinstance(e, NeedsCall):  # NOTE: it may check the values (isinstance)
+                needs = f"what it raised with placeholders ({cause})"
+                continue
+            unknown = [p.name for p in params if p.name not in tensors and p.name not in given
+                       and p.default in (_NO_DEFAULT, None) and _kind_of_annotation(p.annotation) is None]
+            if sample is None and unknown and not isinstance(e, NeedsCall):
+                raise NeedsCall(cls, f"which of {unknown} are tensors only a call tells, and symbolic fails without "
+                                     f"({cause})") from None
+            raise
         if needs is not None and any(is_custom(n.domain) for n in g.nodes):
-            raise _symbolic_error(cls, "computes a custom node's attributes from an argument's value",
-                                  f"a use of {needs}") from None
+            raise _symbolic_error(cls, "computes a custom node's attributes from an argument's value", needs) from None
         return g, outs
 
 
-def _placeholders(params, tensors: set[str]) -> list:
-    return [torch_compat.GraphInput(p.name) if p.name in tensors else _Arg(p.name) for p in params]
+def _placeholders(params, tensors: set[str], given: Mapping[str, Any]) -> list:
+    """A graph input per tensor (typed as the sample's), a placeholder per other argument."""
+    return [_tensor_input(p.name, given) if p.name in tensors else _Arg(p.name) for p in params]
+
+
+def _tensor_input(name: str, given: Mapping[str, Any]) -> torch_compat.GraphInput:
+    value = given.get(name)
+    return _graph_input(name, value) if isinstance(value, torch.Tensor) else torch_compat.GraphInput(name)
 
 
 def _from_symbolic(cls, g: Recorder, outs: list, params) -> dict[str, Any]:
@@ -587,7 +596,7 @@ def _known_values(params, sample, tensors: set[str]) -> list:
     for p in params:
         v = given.get(p.name, p.default)
         if p.name in tensors or isinstance(v, torch.Tensor):
-            out.append(torch_compat.GraphInput(p.name))
+            out.append(_tensor_input(p.name, given))
         else:  # NOTE: an argument symbolic must pass through as it is stays a placeholder
             out.append(_Arg(p.name) if v is _NO_DEFAULT or (v is None and p.name not in given) else v)
     return out
