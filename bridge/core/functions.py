@@ -1,19 +1,25 @@
 """``torch.autograd.Function`` classes bridged as ops, as deployment repos write them (BEVDet's
-``TRTBEVPoolv2``, mmcv's ``RoIAlignFunction``, QAT fake-quant Functions).
+``TRTBEVPoolv2``, mmcv's ``RoIAlignFunction`` and ``ModulatedDeformConv2dFunction``, QAT fake-quant Functions).
 
 The model keeps calling ``Cls.apply(...)``; eager calls and gradients never change. The Function's
-``symbolic(g, ...)`` (written for the TorchScript exporter) is read once, at registration, against a
-graph context that records ``g.op`` calls, with a placeholder for each argument of ``forward``:
+``symbolic(g, ...)`` (written for the TorchScript exporter) runs on torch.onnx's own TorchScript graph context
+(``torch_compat.run_symbolic``), so ``torch.onnx.symbolic_helper``, ``symbolic_opsetN`` functions and the
+``Value`` methods work as they did there. It is read once, at registration, with a graph input per tensor
+and a placeholder per other argument of ``forward`` (a :class:`Recorder` sees each ``g.op``):
 
 - one node in a custom domain (``g.op("mmcv::MMCVRoiAlign", input, rois, output_height_i=output_size[0],
   ...)``) is the op's ONNX node: its domain, type, inputs (in symbolic's order) and attributes (names,
   types from the ``_i``/``_f``/``_s``/``_is``/``_fs`` suffixes). Where an argument reaches the node
   (passed through, or an element of it, ``output_size[0]``) is recorded, so every tier calls ``forward``
   with the original arguments rebuilt from the node's attributes.
-- standard ONNX ops only (``QuantizeLinear``/``DequantizeLinear``) are the op's written body, built per
-  attribute values by running symbolic with those values; the node is named by ``name=`` and takes the
-  Function's tensors as inputs and its other arguments as attributes, as a Function without
-  ``symbolic`` does.
+- standard ONNX ops only (``QuantizeLinear``/``DequantizeLinear``) are written into the graph in the call's
+  place (or, with ``name=``, are the body of one custom node), built at each call with its values and
+  tensor types.
+
+Each export call is bridged with its own values (:meth:`FunctionBridge.for_call`: a tuple where the read
+said int is INTS, None leaves the attribute out) and its custom node checked against what the TorchScript
+exporter writes for it (:func:`check_written`). A Function whose node only a call tells (no annotation,
+default or sample for an argument's kind) is described at its first call (:class:`NeedsCall`).
 
 During export (``exporters.export``) :func:`swap_forwards` replaces ``Cls.forward`` for the duration of
 ``torch.export`` by a call of the op's proxy (a ``torch.library.custom_op`` in the ``opbridge_proxy``
@@ -21,9 +27,10 @@ namespace whose schema is the node's signature), so the export records one node;
 rather than ``apply`` because modules keep ``apply`` bound under other names (mmcv's ``roi_align =
 RoIAlignFunction.apply``) and torch looks ``forward`` up at each call.
 
-Limits: symbolic may use ``g.op`` (and ``g.opset``) only; a custom node's inputs must be ``forward``'s
-tensors (or ``None``) and its attributes ``forward``'s arguments passed through or indexed; an argument
-that never reaches the node is called with its default (export refuses a call with another value).
+Limits: a custom node's inputs must be ``forward``'s tensors (or ``None``) and its attributes ``forward``'s
+arguments passed through or indexed (not computed from them); an argument that never reaches the node is
+called with its default (export refuses a call with another value, bitwise); a tensor argument's value is
+not known to symbolic (export traces it).
 """
 
 from __future__ import annotations
