@@ -627,14 +627,17 @@ def test_register_errors(reg):
             from torch.onnx import symbolic_helper
             return g.op("mine::H", x, n_i=symbolic_helper._get_tensor_rank(x))
 
-    bridge.register(Helper, registry=reg)  # NOTE: read with the rank unknown, n is left out
+    bridge.register(Helper, registry=reg)  # NOTE: x's kind unknown: the first call tells, and its rank
 
     class M(torch.nn.Module):
         def forward(self, x):
             return Helper.apply(x)
 
-    with pytest.raises(bridge.OpBridgeError, match=r"Helper.symbolic writes attribute 'n' = 2 for this call"):
-        bridge.export(M(), (torch.ones(2, 3),), registry=reg)
+    proto = bridge.export(M(), (torch.ones(2, 3),), registry=reg)
+    assert [(a.name, a.i) for a in proto.graph.node[0].attribute] == [("n", 2)]  # as TorchScript wrote it
+    with pytest.raises(bridge.OpBridgeError, match=r"Helper.symbolic writes attribute 'n' = 3 for this call, where "
+                                                   r"the node read first holds 2"):
+        bridge.export(M(), (torch.ones(2, 3, 4),), registry=reg)
 
 
 class ScaleFn(torch.autograd.Function):

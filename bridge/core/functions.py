@@ -179,9 +179,11 @@ def _stand_in(value: Any, kind: str) -> Any:
 def _source(x: Any) -> Any:
     """A g.op input as recorded: forward's tensor argument (a graph input) as its placeholder, another value
     by its id."""
-    if isinstance(x, torch._C.Value):
-        return _Arg(x.debugName()) if x.node().kind() == "prim::Param" else x.unique()
-    return x
+    value = torch_compat.graph_value(x)
+    if value is None:
+        return x
+    name, identity = value
+    return identity if name is None else _Arg(name)
 
 
 def is_function_class(value: Any) -> bool:
@@ -866,12 +868,15 @@ def check_written(fb: FunctionBridge, values: Mapping[str, Any], opset: int = SY
         mine, its = ours.get(name), written.get(name)
         its = its.decode() if isinstance(its, bytes) else its
         if not _same_attribute(mine, its):
+            source = next((a.source for a in fb.attrs if a.name == name), None)
+            where = (f"the argument it was read from gives {mine!r}: it computes the attribute from the call's "
+                     "values, so the kernel tiers could not call forward with them again" if source is not None else
+                     f"the node read first holds {mine!r}: it computes the attribute from something other than "
+                     "forward's arguments (an input's type), and one node type holds one value")
             raise OpBridgeError(
-                f"{class_name(fb.cls)}.symbolic writes attribute '{name}' = {its!r} for this call, where the "
-                f"argument it was read from gives {mine!r}: it computes the attribute from the call's values, so "
-                "the kernel tiers could not call forward with them again. Got the call "
-                f"{ {k: v for k, v in values.items() if not isinstance(v, torch.Tensor)} }. Pass the argument to "
-                "g.op as it is (or an element of it), or register with symbolic=False, name='ns::op'.")
+                f"{class_name(fb.cls)}.symbolic writes attribute '{name}' = {its!r} for this call, where {where}. Got "
+                f"the call { {k: v for k, v in values.items() if not isinstance(v, torch.Tensor)} }. Pass the "
+                "argument to g.op as it is (or an element of it), or register with symbolic=False, name='ns::op'.")
     if (node.domain, node.op_type, list(node.input)) != (fb.domain, fb.op_type, inputs):
         raise _symbolic_error(fb.cls, "writes another node for this call than for the arguments it was read with",
                               f"{node.domain}::{node.op_type}{list(node.input)}, read as "

@@ -325,6 +325,14 @@ def run_symbolic(symbolic: Callable, args: Sequence, opset: int, hook: Callable 
                               torch._C._onnx.OperatorExportTypes.ONNX, True, False, {}, False, "", {})[0]
 
 
+def graph_value(x: Any) -> tuple[str | None, int] | None:
+    """For a value of a symbolic's graph (a ``torch._C.Value``): the name of the graph input it is (None for
+    a computed one) and its id (``unique()``); None for anything else."""
+    if not isinstance(x, torch._C.Value):
+        return None
+    return (x.debugName() if x.node().kind() == "prim::Param" else None), x.unique()
+
+
 if TORCHSCRIPT:
     class _HookedContext(_ts_jit_utils.GraphContext):
         """The TorchScript exporter's graph context whose ``op`` goes through a hook (``run_symbolic``)."""
