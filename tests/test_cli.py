@@ -304,3 +304,28 @@ def test_export_of_a_case_with_a_non_tensor_argument(tmp_path):
         assert data.files == ["x"] and data["x"].shape == (1, 2, 3, 3)
     r = in_process("-q", "run", str(onnx_path), cwd=tmp_path)
     assert r.returncode == 0 and "min 3 max 3" in r.stdout, r.stdout + r.stderr
+
+
+# --- the first hour (issue #45): -q quiet, public names, doctor, arguments before work -------------------
+
+BUILDS_AT_IMPORT = ("from bridge.core import progress\n"
+                    "with progress.step('building the C++ library of mine::slow', always=True):\n"
+                    "    pass\n")
+
+
+def test_quiet_silences_even_the_build_lines(tmp_path):
+    # NOTE: a C++ build prints its line even with progress off (the API default); -q is asked silence
+    (tmp_path / "builds.py").write_text(BUILDS_AT_IMPORT)
+    loud = in_process("--ops", "builds.py", "cache", cwd=tmp_path)
+    assert loud.returncode == 0 and "building the C++ library of mine::slow" in loud.stderr, loud.stderr
+    quiet = in_process("-q", "--ops", "builds.py", "cache", cwd=tmp_path)
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+
+
+def test_model_factory_errors_name_the_public_model_case(tmp_path):
+    (tmp_path / "wrong.py").write_text("def case():\n    return 42\n")
+    r = in_process("check", "--model", "wrong:case", cwd=tmp_path)
+    _one_line_error(r, "must return a bridge.testing.ModelCase. Got int.")
+    r = in_process("check", "--model", "wrong:nothing", cwd=tmp_path)
+    _one_line_error(r, "of a function returning bridge.testing.ModelCase")
+    assert "bridge.tools.testing" not in r.stderr

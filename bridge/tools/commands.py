@@ -145,10 +145,10 @@ def _load_case(spec: str):
         factory = getattr(import_ops(module_name, "--model"), attr)
     except AttributeError as e:
         raise OpBridgeError(f"cannot load model factory {spec!r}. Got {e}. "
-                            "Pass MODULE:FACTORY of a function returning bridge.tools.testing.ModelCase.") from None
+                            "Pass MODULE:FACTORY of a function returning bridge.testing.ModelCase.") from None
     case = factory()
     if not isinstance(case, ModelCase):
-        raise OpBridgeError(f"{spec} must return a bridge.tools.testing.ModelCase. Got {type(case).__name__}. "
+        raise OpBridgeError(f"{spec} must return a bridge.testing.ModelCase. Got {type(case).__name__}. "
                             "Return ModelCase(model, args, dynamic_shapes).")
     return case
 
@@ -554,7 +554,7 @@ COMMANDS = {"ops": cmd_ops, "export": cmd_export, "inline": cmd_inline, "run": c
 
 def run(args) -> int:
     """Run parsed arguments (``bridge.tools.cli.parse``); an OpBridgeError is one ``error:`` line, exit 2."""
-    enable_progress(not args.quiet)
+    enable_progress(not args.quiet, quiet=args.quiet)
     try:
         _load_ops(args.ops)
         _complete(args)
