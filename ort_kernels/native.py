@@ -106,8 +106,11 @@ class NativeTier(Tier):
         for (domain, name), dtypes in sorted(served.items()):
             spec = registry.find(domain, name)
             assert spec is not None  # served ops come from the registry
+            op = registry.declared(spec).qualname
+            # NOTE: the node's ONNX name, and the op's own where it differs (as `opbridge ops` shows both)
             lines.append(f"  {domain}::{name} v{spec.version} "
-                         f"{','.join(str(d).replace('torch.', '') for d in dtypes)}")
+                         f"{','.join(str(d).replace('torch.', '') for d in dtypes)}"
+                         f"{'' if op == f'{domain}::{name}' else f' (op {op})'}")
         return lines
 
 

@@ -329,3 +329,55 @@ def test_model_factory_errors_name_the_public_model_case(tmp_path):
     r = in_process("check", "--model", "wrong:nothing", cwd=tmp_path)
     _one_line_error(r, "of a function returning bridge.testing.ModelCase")
     assert "bridge.tools.testing" not in r.stderr
+
+
+def _hide(monkeypatch, *modules):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in modules else real(name, *a))
+
+
+def _tier_lines(stdout: str, name: str) -> list[str]:
+    """The indented lines doctor prints under ``tier NAME:``."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"tier {name}:")) + 1
+    end = next((j for j in range(start, len(lines)) if not lines[j].startswith("  ")), len(lines))
+    return lines[start:end]
+
+
+def test_doctor_without_onnxruntime_extensions_says_the_python_tier_serves_nothing(monkeypatch):
+    _hide(monkeypatch, "onnxruntime_extensions")
+    r = in_process("doctor")
+    assert r.returncode == 0, r.stderr
+    python = _tier_lines(r.stdout, "python")
+    assert len(python) == 1 and "serves no ops here" in python[0] and "needs onnxruntime-extensions" in python[0], python
+    assert "serves 5 ops" in _tier_lines(r.stdout, "function")[0]
+
+
+def test_doctor_without_a_compiler_suggests_no_build(monkeypatch, tmp_path):
+    monkeypatch.setenv("OPBRIDGE_CACHE_DIR", str(tmp_path / "cache"))  # nothing built
+    monkeypatch.setenv("CXX", "no-such-compiler-45")
+    monkeypatch.delenv("OPBRIDGE_NATIVE_LIBRARY", raising=False)
+    r = in_process("doctor")
+    assert r.returncode == 0, r.stderr
+    assert "doctor --build" not in r.stdout
+    assert "built: no (no C++ compiler: install g++" in r.stdout, r.stdout
+    native = _tier_lines(r.stdout, "native")
+    assert len(native) == 1 and "serves no ops here" in native[0] and "needs a C++ compiler" in native[0], native
+
+
+def test_doctor_names_each_op_as_ops_does():
+    r = in_process("doctor")
+    assert r.returncode == 0, r.stderr
+    assert "numpy_sin_functional" not in r.stdout
+    assert all("opbridge::numpy_sin" in " ".join(_tier_lines(r.stdout, t)) for t in ("function", "native", "python"))
+
+
+def test_build_manifest_names_each_op_as_ops_does(monkeypatch, tmp_path):
+    from ort_kernels import build
+    fake = tmp_path / "libfake.so"
+    fake.write_bytes(b"\x7fELF")
+    monkeypatch.setattr(build, "library_path", lambda *a, **k: fake)  # NOTE: the manifest, not the compile
+    r = in_process("-q", "build", "-o", str(tmp_path / "dist"))
+    assert r.returncode == 0, r.stderr
+    ops = {o["op"]: o for o in json.loads((tmp_path / "dist" / "manifest.json").read_text())["ops"]}
+    assert "opbridge::numpy_sin" in ops and ops["opbridge::numpy_sin"]["name"] == "numpy_sin", sorted(ops)

@@ -42,6 +42,7 @@ from exporters.inline import inline_functions, save_atomic
 from exporters.portable import relativize_paths, required_ir_version
 from exporters.resolve import attach_functions
 from ort_kernels import build, tiers
+from ort_kernels.native import LIBRARY_ENV as NATIVE_LIBRARY_ENV
 
 DEFAULT_MODEL = "custom_ops.demo:build"
 
@@ -426,7 +427,11 @@ def cmd_doctor(args) -> int:
     path = build.library_path(build=args.build)
     built = path.is_file()
     print(f"native library: {path}")
-    print(f"built: {'yes' if built else 'no (run `opbridge doctor --build`; a native session builds it too)'}")
+    # NOTE: `doctor --build` is suggested only where it can work: a machine with a compiler
+    how = ("run `opbridge doctor --build`; a native session builds it too" if cppbuild.find_compiler() else
+           f"no C++ compiler: install g++ (apt-get install g++) or set $CXX, or point ${NATIVE_LIBRARY_ENV} at "
+           "a library built elsewhere with `opbridge build -o DIR`")
+    print(f"built: {'yes' if built else f'no ({how})'}")
     if built:
         try:
             onnxruntime.SessionOptions().register_custom_ops_library(str(path))
@@ -436,7 +441,8 @@ def cmd_doctor(args) -> int:
             return 1
     for name, tier in tiers.TIERS.items():
         print(f"tier {name}: {tier.summary}")
-        for line in tier.report(REGISTRY):
+        needs = tier.missing(REGISTRY)  # NOTE: a tier this machine cannot run serves nothing here
+        for line in ([f"serves no ops here: {needs.removeprefix('opbridge: ')}"] if needs else tier.report(REGISTRY)):
             print(f"  {line}")
     return 0
 
@@ -455,7 +461,7 @@ def cmd_build(args) -> int:
     specs = {key: spec for key in served if (spec := REGISTRY.find(*key)) is not None}  # every served op is registered
     manifest = {
         "library": build.LIBRARY_NAME, "onnxruntime_c_api": 17, "built_with_onnxruntime": onnxruntime.__version__,
-        "ops": [{"op": specs[d, n].qualname, "domain": d, "name": n, "version": specs[d, n].version,
+        "ops": [{"op": REGISTRY.declared(specs[d, n]).qualname, "domain": d, "name": n, "version": specs[d, n].version,
                  "dtypes": [_dtype_name(t) for t in dtypes]} for (d, n), dtypes in sorted(served.items())],
     }
     created = not os.path.isdir(args.output)
