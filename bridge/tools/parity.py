@@ -17,6 +17,7 @@ from bridge.core.dtypes import TORCH_TO_ONNX, numpy_dtype, to_numpy
 from bridge.core.errors import OpBridgeError
 from bridge.core.files import write_bytes
 from bridge.core.graphs import random_nodes
+from bridge.core.installed import pip_line
 from bridge.core.progress import format_table, step
 from bridge.core.torch_compat import pytree
 from bridge.tools.localize import Localization, json_safe, wanted
@@ -211,7 +212,8 @@ class ParityReport:
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt
         except ImportError:
-            raise OpBridgeError("plotting needs matplotlib. Got no matplotlib. pip install 'opbridge[plot]'.") from None
+            raise OpBridgeError("plotting needs matplotlib. Got no matplotlib. "
+                                f"Install it with `{pip_line('plot')}`.") from None
         fig, axes = plt.subplots(2 if self.localization else 1, 1, squeeze=False,
                                  figsize=(7, 8 if self.localization else 4))
         ax = axes[0][0]
