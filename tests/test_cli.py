@@ -381,3 +381,30 @@ def test_build_manifest_names_each_op_as_ops_does(monkeypatch, tmp_path):
     assert r.returncode == 0, r.stderr
     ops = {o["op"]: o for o in json.loads((tmp_path / "dist" / "manifest.json").read_text())["ops"]}
     assert "opbridge::numpy_sin" in ops and ops["opbridge::numpy_sin"]["name"] == "numpy_sin", sorted(ops)
+
+
+def test_native_library_is_checked_before_any_export(tmp_path):
+    r = in_process("check", "--native-library", "nope.so", cwd=tmp_path)
+    _one_line_error(r, "no native kernel library at 'nope.so'. Got a missing file.")
+    assert "[opbridge]" not in r.stderr and r.stdout == ""  # no import of the ops, no export step
+    (tmp_path / "not_a_library.so").write_bytes(b"text")  # there, but onnxruntime cannot load it
+    r = in_process("check", "--native-library", "not_a_library.so", cwd=tmp_path)
+    _one_line_error(r, "onnxruntime could not load the native library 'not_a_library.so'")
+    assert "torch.export" not in r.stderr
+
+
+# NOTE: each in a fresh interpreter: the point is what a command imports
+LIGHT = [("cache",), ("check", "--native-library", "nope.so"), ("run", "missing.onnx"),
+         ("export", "-o", "no/such/dir/m.onnx"), ("check", "--model", "nomodule"),
+         ("build", "-o", "pyproject.toml")]
+
+
+def test_cache_and_argument_errors_load_no_torch(tmp_path):
+    code = ("import sys\nfrom bridge.tools import cli\n"
+            f"codes = [cli.main(list(a)) for a in {LIGHT!r}]\n"
+            "print('codes:', codes, 'heavy:', sorted(m for m in ('torch', 'onnxruntime') if m in sys.modules))")
+    env = dict(os.environ, OPBRIDGE_CACHE_DIR=str(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "codes: [0, 2, 2, 2, 2, 2] heavy: []" in r.stdout, r.stdout + r.stderr
+    assert r.stderr.count("error: opbridge: ") == 5, r.stderr
