@@ -28,6 +28,7 @@ import bridge
 import custom_ops.demo as demo
 from bridge.core.errors import OpBridgeError
 from ort_kernels import build
+from ort_kernels.libraries import check_library
 
 ROOT = Path(__file__).resolve().parents[1]
 OPS = ROOT / "tests" / "user_ops" / "mmdeploy_ops.py"
@@ -243,3 +244,20 @@ def test_a_domain_served_by_both_libraries_is_refused_before_onnxruntime(mmdeplo
     with pytest.raises(OpBridgeError, match=r"serves domain 'mmdeploy' \(libmmdeploy_onnxruntime_ops.so\), which "
                                             r"opbridge's library registers too.*Got ops \['mmdeploy::grid_sampler'\]"):
         bridge.session(model, tier="native", native_library=mmdeploy_library, registry=registry)
+
+
+def test_the_pages_error_samples_are_the_messages(tmp_path, monkeypatch):
+    """docs/kernel_libraries.md's 'What fails' lines, but the load failure (mmdeploy's library, a long test's),
+    are what opbridge says."""
+    (shown,) = [b.code for b in BLOCKS if b.page == PAGE and b.lang == "text" and b.code.startswith("opbridge: no ")]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mmdeploy_lib").mkdir()
+    model = _identity_file(tmp_path)
+    said = []
+    for call in (lambda: check_library("nope.so"), lambda: check_library("mmdeploy_lib"),
+                 lambda: bridge.session(model, tier="function", native_library="mmdeploy_lib")):
+        with pytest.raises(OpBridgeError) as e:
+            call()
+        said.append(str(e.value))
+    lines = shown.splitlines()
+    assert [lines[0], lines[1], lines[3]] == said
