@@ -408,3 +408,11 @@ def test_cache_and_argument_errors_load_no_torch(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "codes: [0, 2, 2, 2, 2, 2] heavy: []" in r.stdout, r.stdout + r.stderr
     assert r.stderr.count("error: opbridge: ") == 5, r.stderr
+
+
+def test_ops_says_which_tiers_this_machine_cannot_run(monkeypatch):
+    _hide(monkeypatch, "onnxruntime_extensions")
+    r = in_process("ops")
+    assert r.returncode == 0, r.stderr
+    (line,) = [line for line in r.stdout.splitlines() if line.startswith("note: tier python")]
+    assert "runs nothing here: tier 'python' needs onnxruntime-extensions" in line and "-m pip install" in line, line

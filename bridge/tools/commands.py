@@ -216,6 +216,9 @@ def cmd_ops(args) -> int:
     for r in rows:
         for line in _op_notes(r):
             print(line)
+    for name, tier in tiers.TIERS.items():  # NOTE: the table says what each tier serves; this, what runs here
+        if needs := tier.missing(REGISTRY):
+            print(f"note: tier {name} runs nothing here: {needs.removeprefix('opbridge: ')}")
     print(f"{len(rows)} ops registered")
     return 0
 
