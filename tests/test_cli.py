@@ -416,3 +416,10 @@ def test_ops_says_which_tiers_this_machine_cannot_run(monkeypatch):
     assert r.returncode == 0, r.stderr
     (line,) = [line for line in r.stdout.splitlines() if line.startswith("note: tier python")]
     assert "runs nothing here: tier 'python' needs onnxruntime-extensions" in line and "-m pip install" in line, line
+
+
+def test_plot_without_matplotlib_is_named_before_any_export(monkeypatch, tmp_path):
+    _hide(monkeypatch, "matplotlib")
+    r = in_process("check", "--plot", str(tmp_path / "errors.png"))
+    _one_line_error(r, f'plotting needs matplotlib. Got no matplotlib. Install it with `{sys.executable} -m pip install')
+    assert r.stdout == ""  # no check ran

@@ -31,7 +31,7 @@ from bridge.core.progress import enable as enable_progress
 from bridge.core.progress import format_table
 from bridge.core.registry import REGISTRY
 from bridge.tools import openvino_runtime, preflight
-from bridge.tools.parity import check_parity
+from bridge.tools.parity import check_parity, plot_missing
 from bridge.tools.sessions import check_nodes, input_arrays, session
 from bridge.tools.testing import ModelCase, OpModule, cases
 from bridge.tools.triton import write_repository
@@ -519,6 +519,8 @@ def _complete(args) -> None:
         if needs:
             raise OpBridgeError(needs)
     if getattr(args, "runtime", None) == "openvino" and (needs := openvino_runtime.missing()):
+        raise OpBridgeError(needs)
+    if getattr(args, "plot", None) and (needs := plot_missing()):
         raise OpBridgeError(needs)
 
 
