@@ -43,7 +43,6 @@ from exporters.portable import relativize_paths, required_ir_version
 from exporters.resolve import attach_functions
 from ort_kernels import build, tiers
 from ort_kernels.libraries import user_libraries
-from ort_kernels.native import LIBRARY_ENV as NATIVE_LIBRARY_ENV
 
 # NOTE: an import error's location is shown only where it is the user's code, never opbridge's own
 _OWN_PACKAGE = str(Path(__file__).resolve().parents[1]) + os.sep
@@ -420,8 +419,7 @@ def cmd_doctor(args) -> int:
     print(f"native library: {path}")
     # NOTE: `doctor --build` is suggested only where it can work: a machine with a compiler
     how = ("run `opbridge doctor --build`; a native session builds it too" if cppbuild.find_compiler() else
-           f"no C++ compiler: install g++ (apt-get install g++) or set $CXX, or point ${NATIVE_LIBRARY_ENV} at "
-           "a library built elsewhere with `opbridge build -o DIR`")
+           "no C++ compiler here to build it; tier native below says what to do")
     print(f"built: {'yes' if built else f'no ({how})'}")
     if built:
         try:
