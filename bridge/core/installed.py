@@ -1,7 +1,7 @@
 """How this opbridge was installed, and so the pip line that adds one of its extras (``python-tier``,
 ``openvino``, ``plot``): every install hint in a message comes from here.
 
-opbridge is not on PyPI, so ``pip install 'opbridge[python-tier]'`` fails. What works depends on the
+opbridge is not on PyPI, so asking an index for ``opbridge`` with an extra fails. What works depends on the
 install (PEP 610's ``direct_url.json``): an editable checkout takes ``pip install -e "CHECKOUT[extra]"``,
 a wheel file takes ``pip install "WHEEL[extra]"`` (while the file is there), and any install takes
 the extra's own packages, read from opbridge's metadata. Imports nothing heavy (no torch, no onnx).
