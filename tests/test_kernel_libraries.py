@@ -11,6 +11,7 @@ subprocesses only (tests/user_ops/mmdeploy_ops.py): the test process's registry 
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -21,12 +22,13 @@ import onnx
 import pytest
 import torch
 from onnxruntime_extensions import get_library_path
-from test_doc_blocks import CODE, DocRun, doc_block
+from test_doc_blocks import BLOCKS, CODE, DocRun, doc_block
 
 import bridge
 import custom_ops.demo as demo
 from bridge.core.errors import OpBridgeError
 from ort_kernels import build
+from ort_kernels.libraries import check_library
 
 ROOT = Path(__file__).resolve().parents[1]
 OPS = ROOT / "tests" / "user_ops" / "mmdeploy_ops.py"
@@ -154,6 +156,11 @@ def test_the_pages_blocks_run_on_the_fetched_library(mmdeploy_library, tmp_path)
     assert cli.count("ORT tier native vs eager torch | PASS") == 3 and "0 failed" in cli, cli
     assert "relu: shape [3, 4, 5, 6] float32" in cli and "(native tier)" in cli, cli
     assert "(4, 4, 5, 6)" in outputs[blocks[-1].id]
+    # the page's sample of `check`'s output is the command's own (the library's folder shown as /...; the
+    # errors' digits are this machine's)
+    (sample,) = [b.code for b in BLOCKS if b.page == PAGE and b.lang == "text" and b.code.startswith("parity: ")]
+    digits = re.compile(r"\d\.\d\de-\d\d")
+    assert digits.sub("N", sample) in digits.sub("N", cli.replace(str(tmp_path), "/...")), (sample, cli)
 
 
 def test_the_library_without_its_dependency_is_onnxruntimes_message(mmdeploy_library, tmp_path):
@@ -237,3 +244,20 @@ def test_a_domain_served_by_both_libraries_is_refused_before_onnxruntime(mmdeplo
     with pytest.raises(OpBridgeError, match=r"serves domain 'mmdeploy' \(libmmdeploy_onnxruntime_ops.so\), which "
                                             r"opbridge's library registers too.*Got ops \['mmdeploy::grid_sampler'\]"):
         bridge.session(model, tier="native", native_library=mmdeploy_library, registry=registry)
+
+
+def test_the_pages_error_samples_are_the_messages(tmp_path, monkeypatch):
+    """docs/kernel_libraries.md's 'What fails' lines, but the load failure (mmdeploy's library, a long test's),
+    are what opbridge says."""
+    (shown,) = [b.code for b in BLOCKS if b.page == PAGE and b.lang == "text" and b.code.startswith("opbridge: no ")]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mmdeploy_lib").mkdir()
+    model = _identity_file(tmp_path)
+    said = []
+    for call in (lambda: check_library("nope.so"), lambda: check_library("mmdeploy_lib"),
+                 lambda: bridge.session(model, tier="function", native_library="mmdeploy_lib")):
+        with pytest.raises(OpBridgeError) as e:
+            call()
+        said.append(str(e.value))
+    lines = shown.splitlines()
+    assert [lines[0], lines[1], lines[3]] == said

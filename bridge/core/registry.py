@@ -75,6 +75,12 @@ class Registry:
         """The spec that stands for ``spec`` in ONNX: itself, or its functional twin if it mutates."""
         return self._twins[spec.qualname] if spec.mutated else spec
 
+    def declared(self, spec: OpSpec) -> OpSpec:
+        """The op as declared that ``spec`` stands for in ONNX (the inverse of :meth:`functional`): a
+        functional twin's mutating op (``opbridge::numpy_sin`` for ``numpy_sin_functional``), else ``spec``.
+        User-facing lists name ops by it, as ``opbridge ops`` does."""
+        return next((s for s in self._ops.values() if s.mutated and self._twins.get(s.qualname) is spec), spec)
+
     def find(self, domain: str, op_type: str) -> OpSpec | None:
         """The spec an ONNX node (domain, op_type) came from, if any."""
         # NOTE: called per node by every walk over a model (sessions, tiers): an index rebuilt when

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import io
 import json
 import math
@@ -17,6 +18,7 @@ from bridge.core.dtypes import TORCH_TO_ONNX, numpy_dtype, to_numpy
 from bridge.core.errors import OpBridgeError
 from bridge.core.files import write_bytes
 from bridge.core.graphs import random_nodes
+from bridge.core.installed import pip_line
 from bridge.core.progress import format_table, step
 from bridge.core.torch_compat import pytree
 from bridge.tools.localize import Localization, json_safe, wanted
@@ -170,6 +172,14 @@ def _elementwise(e64: np.ndarray, a64: np.ndarray, rtol: float, atol: float):
 RUNTIMES = ("onnxruntime", "openvino")
 
 
+_NO_MATPLOTLIB = "plotting needs matplotlib. Got no matplotlib. Install it with `{}`."
+
+
+def plot_missing() -> str | None:
+    """What ``ParityReport.plot`` lacks here (matplotlib), as an error message; None when nothing."""
+    return _NO_MATPLOTLIB.format(pip_line("plot")) if importlib.util.find_spec("matplotlib") is None else None
+
+
 @dataclasses.dataclass
 class ParityReport:
     """Per-output parity of ORT against eager; print it for a table, ``to_json()`` for machines."""
@@ -213,7 +223,7 @@ class ParityReport:
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt
         except ImportError:
-            raise OpBridgeError("plotting needs matplotlib. Got no matplotlib. pip install 'opbridge[plot]'.") from None
+            raise OpBridgeError(_NO_MATPLOTLIB.format(pip_line("plot"))) from None
         fig, axes = plt.subplots(2 if self.localization else 1, 1, squeeze=False,
                                  figsize=(7, 8 if self.localization else 4))
         ax = axes[0][0]
