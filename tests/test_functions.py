@@ -535,8 +535,14 @@ OPS_MODULE = textwrap.dedent("""
         def forward(ctx, x: torch.Tensor):
             return x + 1
 
+    class Untold(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, k):
+            return x * k
+
     bridge.register(Scale)
     bridge.register(NoGrad, name="fndemo::NoGrad")
+    bridge.register(Untold, name="fndemo::Untold")
 """)
 
 
@@ -555,6 +561,8 @@ def test_opbridge_ops_lists_registered_functions(tmp_path):
     text = forkserver.run(["-m", "bridge", "--ops", "fnmod.py", "ops"], cwd=tmp_path,
                           timeout=300).stdout
     assert "note: fndemo::Scale is the node of torch.autograd.Function fnmod.Scale (bridge.register)" in text
+    assert "note: torch.autograd.Function fnmod.Untold is registered; its node is described at its first call" in text
+    assert "fndemo::Untold" not in rows
 
 
 def test_unregistered_function_with_symbolic_warns_once(reg):
