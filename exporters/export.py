@@ -28,13 +28,20 @@ from bridge.core.graphs import (
 )
 from bridge.core.opdef import FunctionCalls, described, register
 from bridge.core.progress import step
-from bridge.core.proxy import redirect, specialisation_check
+from bridge.core.proxy import proxy_name, redirect, specialisation_check
 from bridge.core.registry import REGISTRY, Registry, fill_attributes
 from exporters.bodies.opsets import convert_model, onnx_opset
 from exporters.bodies.translation import symbolic_attribute_error, translation_table
 from exporters.derive.tracing import onnx_program, program_calls
 from exporters.inline import inline_functions
-from exporters.names import dim_names, name_custom_outputs, name_graph_io, rename_dims
+from exporters.names import (
+    dim_names,
+    name_custom_outputs,
+    name_graph_io,
+    name_proxy_outputs,
+    rename_dims,
+    snake_case,
+)
 from exporters.portable import relativize_paths, stamp_ir_version
 from exporters.resolve import attach_functions
 from exporters.rewrites import functionalize_mutations, is_auto_functionalized, torchbind_to_ops
@@ -286,6 +293,7 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
     _ensure_opset_imports(proto, reg)
     fill_attributes(proto, reg)  # NOTE: attributes explicit, whatever translation wrote the nodes
     name_custom_outputs(proto, reg)
+    name_proxy_outputs(proto, _function_names(reg), proxy_name("fn", ""))
     name_graph_io(proto, input_names, output_names)
     rename_dims(proto, dim_names(program, model, args, kwargs, dynamic_shapes))
     if functions:
@@ -307,6 +315,13 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
     if f is not None:
         files.save_model(proto, f)  # NOTE: one file; only models past protobuf's 2 GiB get a .data file
     return Exported(proto, onnx_program.exported_program, symbolics)
+
+
+def _function_names(registry: Registry) -> dict[tuple[str, str], str]:
+    """The name each Function's node gives its outputs: its op type (a standard-op symbolic's: its class's
+    name), in snake case."""
+    return {(s.domain, s.name): snake_case(s.proxy_for.cls.__name__ if s.proxy_for.inline else s.name)
+            for s in registry if isinstance(s.proxy_for, FunctionBridge)}
 
 
 def _inlined(registry: Registry) -> set[tuple[str, str]]:
