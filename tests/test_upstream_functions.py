@@ -15,7 +15,17 @@ from pathlib import Path
 import onnx
 import pytest
 import torch
-from test_functions import FEAT, roi_align_torch, rois
+from test_functions import (
+    BEV_DYNAMIC,
+    FEAT,
+    OUT_H,
+    OUT_W,
+    QuickCumsumCuda,
+    bev_frame,
+    bev_pool_v2,
+    roi_align_torch,
+    rois,
+)
 from torch.autograd import Function
 from torch.nn.modules.utils import _pair
 from torch.onnx import symbolic_helper
@@ -543,3 +553,24 @@ def test_a_symbolic_of_torch_onnx_helpers(reg):
         [n.op_type for n in legacy.graph.node if n.op_type != "Constant"]
     assert {"Slice", "Unsqueeze", "Squeeze", "Shape", "Gather", "Sub", "Add"} <= {n.op_type for n in proto.graph.node}
     bridge.assert_parity(TailModel(), (x,), registry=reg, dynamic_shapes=({0: B},), extra_args=[(torch.randn(2, 5),)])
+
+
+def test_bevdet_quick_cumsum_registered_alone_as_bevdet_ships_it(reg):
+    """BEVDet's QuickCumsumCuda has no annotations and BEVDet no samples for it: registered with nothing but its
+    node's name, the model's call tells which arguments are tensors and that bev_feat_shape is ints."""
+    op = bridge.register(QuickCumsumCuda, name="bevdet::QuickCumsum", registry=reg)
+
+    class M(torch.nn.Module):
+        def forward(self, depth, feat, rd, rf, rb, starts, lengths):
+            return bev_pool_v2(depth.unsqueeze(0), feat.unsqueeze(0), rd, rf, rb, (1, 1, OUT_H, OUT_W, 6), starts,
+                               lengths)
+
+    proto = bridge.export(M(), bev_frame(0), registry=reg, dynamic_shapes=BEV_DYNAMIC)
+    node = next(n for n in proto.graph.node if n.domain == "bevdet")
+    assert [p.name for p in op.spec.tensors] == ["depth", "feat", "ranks_depth", "ranks_feat", "ranks_bev",
+                                                 "interval_starts", "interval_lengths"]
+    assert [(a.name, onnx.helper.get_attribute_value(a)) for a in node.attribute] == \
+        [("bev_feat_shape", [1, 1, OUT_H, OUT_W, 6])]
+    for tier in ("python", "function"):
+        bridge.assert_parity(M(), bev_frame(0), registry=reg, tier=tier, dynamic_shapes=BEV_DYNAMIC,
+                             extra_args=[bev_frame(3, keep=0.4)])
