@@ -478,14 +478,34 @@ def describe(cls: type, *, name: str | None = None, use_symbolic: bool = True,
     return _plain(cls, base, name, params, sample, symbolic, read)
 
 
-def _read(cls, symbolic, args: list, what: str, passes: tuple = ()) -> tuple[Recorder, list]:
-    """:func:`_run_symbolic`, the user's errors (but ``passes``) named as symbolic ``what``."""
+def _read(cls, symbolic, args: list, passes: tuple = ()) -> tuple[Recorder, list]:
+    """:func:`_run_symbolic`, the user's errors (but ``passes``) named (:func:`symbolic_raised`)."""
     try:
         return _run_symbolic(cls, symbolic, args)
     except (OpBridgeError, *passes):
         raise
     except torch_compat.SymbolicFailed as e:  # the user's symbolic, named
-        raise _symbolic_error(cls, what, str(e)) from None
+        raise symbolic_raised(cls, args, SYMBOLIC_OPSET, str(e)) from None
+
+
+_CONSTANT = re.compile(r"Expected node type 'onnx::Constant' for argument '(\w+)'")
+
+
+def symbolic_raised(cls: type, args: Sequence, opset: int, cause: str) -> OpBridgeError:
+    """The error for a symbolic that raised when run with ``args`` (graph inputs for tensors, placeholders
+    for the values a call gives, or the call's values)."""
+    constant = _CONSTANT.search(cause)
+    if constant is not None:
+        return OpBridgeError(
+            f"{class_name(cls)}.symbolic reads tensor argument '{constant.group(1)}' as a constant (parse_args 't', "
+            "_get_const, .numel() on it), as the TorchScript exporter could for a module's buffer; opbridge gives a "
+            f"symbolic tensors as graph inputs only. Got {cause.splitlines()[0][:200]}. Pass that value as a Python "
+            "number or list (an attribute), or register with name= and function= (a body of your own).")
+    shown = ["<tensor>" if isinstance(a, torch_compat.GraphInput) else f"<{a!r}: a call's value>"
+             if isinstance(a, _Arg) else a for a in args]
+    return OpBridgeError(f"{class_name(cls)}.symbolic raised when run (as the TorchScript exporter runs it, at opset "
+                         f"{opset}) with the arguments {shown}. Got {cause.splitlines()[0][:300]}. Fix the symbolic "
+                         f"for these arguments, or call {cls.__name__}.apply with values it accepts.")
 
 
 def _read_symbolic(cls, symbolic, params, sample) -> tuple[Recorder, list]:
@@ -496,11 +516,11 @@ def _read_symbolic(cls, symbolic, params, sample) -> tuple[Recorder, list]:
     given = _given(params, sample)
     tensors = {p.name for p in params
                if isinstance(given.get(p.name), torch.Tensor) or _kind_of_annotation(p.annotation) == "tensor"}
-    fails, needs = "fails on torch.onnx's graph context", None
+    needs = None
     while True:
         args = (_placeholders(params, tensors, given) if needs is None else _known_values(params, sample, tensors))
         try:
-            g, outs = _read(cls, symbolic, args, fails, (_NeedsValue, _IsTensor))
+            g, outs = _read(cls, symbolic, args, (_NeedsValue, _IsTensor))
         except _IsTensor as e:
             tensors.add(e.name)
             continue
@@ -510,7 +530,7 @@ def _read_symbolic(cls, symbolic, params, sample) -> tuple[Recorder, list]:
             needs = f"a use of {e}"
             continue
         except OpBridgeError as e:
-            cause = str(e).split(". Got ", 1)[-1].split(". Write the node", 1)[0]
+            cause = str(e).split(". Got ", 1)[-1].split(". Fix the symbolic", 1)[0]
             if needs is None and not isinstance(e, NeedsCall):  # NOTE: it may check the values (isinstance)
                 needs = f"what it raised with placeholders ({cause})"
                 continue
@@ -715,10 +735,7 @@ def standard_graph(cls: type, symbolic: Callable, args: list, opset: int) -> onn
     try:
         return onnx.load_from_string(torch_compat.run_symbolic(symbolic, args, opset)).graph
     except torch_compat.SymbolicFailed as e:
-        shown = ["<tensor>" if isinstance(a, torch_compat.GraphInput) else a for a in args]
-        raise OpBridgeError(f"{class_name(cls)}.symbolic raised when run (as the TorchScript exporter runs it, at "
-                            f"opset {opset}) for the call's arguments {shown}. Got {e}. Fix the symbolic for these "
-                            f"values, or call {cls.__name__}.apply with values it accepts.") from None
+        raise symbolic_raised(cls, args, opset, str(e)) from None
 
 
 def _body(fb: FunctionBridge, symbolic: Callable, values: Mapping[str, Any],
