@@ -34,6 +34,16 @@ from bridge.core.proxy import (
     specialisation_check,
     user_fake_class,
 )
+from bridge.core.registered import (
+    RegisteredSymbolic,
+    call_defaults,
+    caller,
+    function_class,
+    keyword_samples,
+    needs_call,
+    registered_origin,
+    warn_used,
+)
 from bridge.core.registry import REGISTRY, Registry
 from bridge.core.spec import (
     OpSpec,
@@ -359,9 +369,9 @@ def register(
         return _register_function(op, function=function, reference=reference, sample_inputs=sample_inputs,
                                   native=resolve_native(native, base, class_name(op)), fake=fake, dtypes=dtypes,
                                   version=version, name=name, use_symbolic=symbolic, registry=reg)
-    if name is not None or not symbolic:
-        raise OpBridgeError(f"bridge.register: name= and symbolic= apply to a torch.autograd.Function. Got them for "
-                            f"{op!r}. Drop them.")
+    if name is not None:
+        raise OpBridgeError(f"bridge.register: name= applies to a torch.autograd.Function. Got it for {op!r}. Drop "
+                            "it.")
     method = _torchbind_target(op)
     if method is not None:
         refuse_reserved(method, domain)
@@ -378,6 +388,13 @@ def register(
         raise OpBridgeError(f"{overload.name()}: only the default overload can be bridged. Got overload "
                             f"{torch_compat.overload_name(overload)!r}. Wrap it in a torch.library.custom_op with its "
                             "own name.")
+    origin = registered_origin(overload) if symbolic else None
+    if origin is not None:
+        return _register_symbolic(origin, function=function, reference=reference, sample_inputs=sample_inputs,
+                                  native=resolve_native(native, base, overload.name()), fake=fake, dtypes=dtypes,
+                                  version=version, registry=reg,
+                                  refused={"domain": domain, "translation": translation, "names": names,
+                                           "attributes": attributes, "checks": checks, "torchbind": torchbind or None})
     qualname = overload.name()
     reg.check_free(qualname)
     refuse_reserved(qualname, domain)
@@ -472,6 +489,37 @@ def _register_function(cls: type, *, function, reference, sample_inputs, native,
     registry.add(_function_spec(fb, version=version, function=fb.body or function, reference=reference,
                                 sample_inputs=sample_inputs, dtypes=dtypes, native=native))
     return BridgeOp(fb.qualname, registry)
+
+
+# -- an op with a symbolic registered with torch.onnx.register_custom_op_symbolic (bridge.core.registered) ------
+
+def _register_symbolic(origin: RegisteredSymbolic, *, function, reference, sample_inputs, native, fake, dtypes,
+                       version, registry: Registry, refused: dict) -> BridgeOp:
+    """``register`` for an op with a registered symbolic: the Function standing for its call
+    (``registered.function_class``) registered as a Function is; described at the op's first call in an export
+    where a non-tensor argument has no default (that call gives it one) and no sample says it."""
+    given = sorted(k for k, v in refused.items() if v is not None)
+    if given:
+        raise OpBridgeError(f"{origin.qualname}: {', '.join(given)} do not apply to an op whose node its registered "
+                            f"symbolic ({origin.symbolic_name}) writes. Got {given}. Drop them, or pass "
+                            "symbolic=False to bridge the op without its symbolic.")
+    cls = function_class(origin)
+    warn_used(origin)
+    samples = None if sample_inputs is None else keyword_samples(origin, sample_inputs)
+    options: dict[str, Any] = dict(function=function, reference=reference, sample_inputs=samples, native=native,
+                                   fake=fake or caller(origin.op, origin.op), dtypes=dtypes, version=version,
+                                   name=None, use_symbolic=True)
+    if needs_call(cls):
+        if samples is None:
+            if cls in registry.deferred or any(getattr(spec.proxy_for, "cls", None) is cls for spec in registry):
+                raise OpBridgeError(f"{origin.qualname} is already registered. Got a second bridge.register. "
+                                    "Register it once.")
+            call_defaults(cls, {})  # NOTE: the first call in an export gives them (exporters.export)
+            registry.deferred[cls] = options
+            return PendingFunction(cls, registry)
+        first = samples(tuple(dtypes)[0])
+        call_defaults(cls, first[0].kwargs if first else {})
+    return _register_function(cls, **options, registry=registry)
 
 
 class PendingFunction(BridgeOp):
