@@ -26,7 +26,7 @@ from bridge.core.graphs import (
     model_value_types,
     random_nodes,
 )
-from bridge.core.opdef import FunctionCalls, described, register
+from bridge.core.opdef import FunctionCalls, described, described_method, register
 from bridge.core.progress import step
 from bridge.core.proxy import redirect, specialisation_check
 from bridge.core.registered import call_defaults, function_class, op_calls, origin_of, registered_origin
@@ -114,8 +114,22 @@ def function_routes(registry: Registry) -> dict:
     (``bridge.core.functions``): during torch.export its call is recorded as the op's node. A Function
     registered before a call told its node (``registry.deferred``) is described at its first call."""
     routes = {s.proxy_for.cls: _route(s, registry) for s in registry if isinstance(s.proxy_for, FunctionBridge)}
-    routes.update((cls, _first_call(cls, registry)) for cls in registry.deferred)
+    routes.update((cls, _first_call(cls, registry)) for cls in registry.deferred if isinstance(cls, type))
     return routes
+
+
+def describe_methods(model, args: Sequence, kwargs: dict | None, registry: Registry) -> None:
+    """Describe each torchbind method registered without its state's names (``registry.deferred``) from an
+    object of its class that ``model`` holds (an attribute of one of its modules) or is called with."""
+    waiting = [t for t in registry.deferred if isinstance(t, str)]
+    if not waiting:
+        return
+    held = [v for m in (model.modules() if isinstance(model, torch.nn.Module) else ()) for v in vars(m).values()]
+    for obj in held + torch_compat.pytree.tree_leaves((args, kwargs or {})):
+        cls = torch_compat.script_object_class(obj)
+        for target in waiting:
+            if cls is not None and target.rpartition(".")[0] == cls:
+                described_method(target, obj, registry)
 
 
 def _first_call(cls: type, registry: Registry) -> Callable:
@@ -274,6 +288,7 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
     args = tuple(args)
     if f is not None:
         files.check_writable(f, what="model")  # NOTE: a path that cannot be written fails before the export
+    describe_methods(model, args, kwargs, reg)
     watch = _Watch(reg, register_functions)
     routes = function_routes(reg)
     with step("torch.export"), redirect(proxy_targets(reg)), \

@@ -32,6 +32,7 @@ from bridge.core.proxy import (
     is_composite_only,
     method_schema,
     specialisation_check,
+    state_types,
     user_fake_class,
 )
 from bridge.core.registered import (
@@ -336,9 +337,13 @@ def register(
     An op torch.onnx already translates (onnxscript's torch_lib, e.g. torchvision's ``nms``,
     ``roi_align``, ``deform_conv2d``) given neither ``function=`` nor ``translation=`` takes that
     translation as its body; giving either replaces it, with a warning (once per op) naming both.
+    An op with a symbolic registered with ``torch.onnx.register_custom_op_symbolic`` is written as the node that
+    symbolic writes, as ``torch.onnx.export(dynamo=False)`` wrote it (``bridge.core.registered``, with a warning
+    once per op); ``symbolic=False`` writes the op's own node instead.
     A method's node is named ``Class_method`` in the class's namespace; its inputs are the
     method's tensors, its attributes the object's ``__obj_flatten__`` state (types from its schema,
-    names from ``attributes=[...]`` or the ``function=`` body's attributes); ``fake`` takes
+    names from ``attributes=[...]``, the ``function=`` body's attributes, or else the object of the first export of
+    a model holding one: ``PendingMethod`` until then); ``fake`` takes
     ``(*tensors, *state)``.
 
     Example:
@@ -617,16 +622,18 @@ def _register_method(target: str, *, function, reference, sample_inputs, fake, d
     registry.check_free(target)
     class_name, _, method = target.rpartition(".")
     n_tensors = len(method_schema(target).arguments) - 1
-    if attributes is None:
-        if function is not None and not hasattr(function, "to_function_proto"):
-            raise OpBridgeError(f"{target}: a body builder does not say the names of the object's state. Got "
-                                "function= as a Python function. Pass attributes=[...] with the names "
-                                "__obj_flatten__ gives, in order.")
-        if function is None:
-            raise OpBridgeError(f"{target}: the names of the object's state are known only at run time. Got neither "
-                                "attributes= nor a function= body. Pass attributes=[...] with the names "
-                                "__obj_flatten__ gives, in order.")
+    if attributes is None and hasattr(function, "to_function_proto"):
         attributes = function_signature(function)[3]
+    if attributes is None:
+        # NOTE: the state's names come from the object at export (described_method); its types, and whether it
+        # has any (__obj_flatten__), from the class now
+        state_types(class_name)
+        if target in registry.deferred:
+            raise OpBridgeError(f"{target} is already registered. Got a second bridge.register. Register it once.")
+        registry.deferred[target] = dict(function=function, reference=reference, sample_inputs=sample_inputs,
+                                         fake=fake, dtypes=dtypes, domain=domain, version=version,
+                                         translation=translation, names=names, native=native, checks=checks)
+        return PendingMethod(target, registry)
     attributes = list(attributes)
     cls = user_fake_class(class_name)
     if fake is None and cls is not None:
@@ -645,6 +652,38 @@ def _register_method(target: str, *, function, reference, sample_inputs, fake, d
                        doc=f"{target} (torchbind method, bridged)", onnx_name=f"{cls_name}_{method}",
                        torchbind=(target,), proxy_for=target, native_source=native))
     return BridgeOp(target, registry)
+
+
+class PendingMethod(BridgeOp):
+    """A torchbind method registered without the names of its object's state: its record exists from the first
+    export of a model holding such an object on (:func:`described_method`)."""
+
+    @property
+    def spec(self) -> OpSpec:
+        if self.qualname in self._registry.deferred:
+            raise OpBridgeError(f"{self.qualname}: the names of the object's state (its node's attributes) are read "
+                                "from the object at export. Got no export of a model holding one yet. Export one "
+                                "(bridge.export), or register it with attributes=[...].")
+        return self._registry.get(self.qualname)
+
+
+def described_method(target: str, obj: Any, registry: Registry) -> OpSpec | None:
+    """The record of a torchbind method registered without ``attributes=`` (``registry.deferred``), its state's
+    names read from ``obj`` (an object of its class: ``__obj_flatten__()``'s names, in order); None where
+    ``target`` is not deferred."""
+    options = registry.deferred.get(target)
+    if options is None:
+        return None
+    try:
+        flat = obj.__obj_flatten__()
+    except Exception as e:  # noqa: BLE001  a C++ class without the method: torch's own error, named once
+        raise OpBridgeError(f"{target}: the object has no __obj_flatten__, which names its state (the node's "
+                            f"attributes). Got {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}. "
+                            "Define __obj_flatten__ returning ((name, value), ...) in C++, or pass "
+                            "attributes=[...] to bridge.register.") from None
+    op = _register_method(target, **options, attributes=[name for name, _ in flat], registry=registry)
+    del registry.deferred[target]
+    return op.spec
 
 
 def op(

@@ -376,3 +376,10 @@ def torchscript_argument(g: Any, value: Any) -> Any:
     return _ts_jit_utils.GraphContext.op(g, "Constant", value_t=tensor)
 
 
+
+def script_object_class(value: Any) -> str | None:
+    """``"ns::Class"`` of a torchbind object (a ``torch.ScriptObject``: its ``_type()``, 2.12-2.15), else None."""
+    if not isinstance(value, torch.ScriptObject):
+        return None
+    parts = value._type().qualified_name().split(".")  # NOTE: '__torch__.torch.classes.ns.Class'
+    return f"{parts[-2]}::{parts[-1]}"
