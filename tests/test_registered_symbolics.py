@@ -104,9 +104,14 @@ def test_tutorial_group_norm_is_the_node_its_registered_symbolic_writes(reg):
         ("mydomain", "testgroupnorm", [("epsilon", onnx.AttributeProto.FLOAT, 0.0)], [0, 1, 2, 3])
 
 
-@pytest.mark.parametrize("tier", ["python", "function"])
+@pytest.mark.parametrize("tier", ["python", "function", "native"])
 def test_tutorial_group_norm_runs_in_every_tier(reg, tier):
-    bridge.register("mynamespace::custom_group_norm", registry=reg)
+    """python: the op itself; function: a body derived from its custom_op's function; native: the tutorial's kernel
+    for the node (tests/user_ops/testgroupnorm.cc)."""
+    samples = lambda dtype: [bridge.SampleInput((torch.randn(2, 4, 3).to(dtype), torch.tensor([2.]),  # noqa: E731
+                                                 torch.ones(4), torch.zeros(4), 0.))]  # the op's call
+    bridge.register("mynamespace::custom_group_norm", native="user_ops/testgroupnorm.cc", sample_inputs=samples,
+                    registry=reg)
     args = (torch.randn(2, 4, 3, 2), torch.tensor([2.]), torch.randn(4), torch.randn(4))
     proto = bridge.export(CustomModel(), args, registry=reg)
     assert [(n.domain, n.op_type) for n in custom_nodes(proto)] == [("mydomain", "testgroupnorm")]
