@@ -42,6 +42,7 @@ from bridge.core.registered import (
     function_class,
     keyword_samples,
     needs_call,
+    origin_of,
     registered_origin,
     warn_used,
 )
@@ -566,8 +567,15 @@ def _function_spec(fb, *, version: int, function, reference, sample_inputs, dtyp
                  reference=None if reference is None else _via_apply(fb, reference),
                  sample_inputs=None if sample_inputs is None else _samples_via_apply(fb, sample_inputs),
                  dtypes=dtypes, translation=None, checks=None,
-                 doc=f"{class_name(fb.cls)} (torch.autograd.Function, bridged)", proxy_for=fb, onnx_name=fb.op_type,
+                 doc=_function_doc(fb.cls), proxy_for=fb, onnx_name=fb.op_type,
                  native_source=native)
+
+
+def _function_doc(cls: type) -> str:
+    origin = origin_of(cls)
+    if origin is not None:
+        return f"{origin.qualname} (its symbolic {origin.symbolic_name}, registered with torch.onnx, bridged)"
+    return f"{class_name(cls)} (torch.autograd.Function, bridged)"
 
 
 class FunctionCalls:

@@ -107,7 +107,7 @@ def function_class(origin: RegisteredSymbolic) -> type:
     Example:
         >>> import torch
         >>> lib = torch.library.Library("regdoc", "DEF")
-        >>> lib.define("scale(Tensor x, float s) -> Tensor")
+        >>> _ = lib.define("scale(Tensor x, float s) -> Tensor")
         >>> lib.impl("scale", lambda x, s: x * s, "CompositeExplicitAutograd")
         >>> sym = lambda g, x, s: g.op("doc::Scale", x, s_f=s)  # noqa: E731
         >>> cls = function_class(RegisteredSymbolic(torch.ops.regdoc.scale.default, sym))
