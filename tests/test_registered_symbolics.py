@@ -247,3 +247,19 @@ def test_standard_op_symbolic_is_written_into_the_graph(reg):
         ["Constant", "Mul", "Add"]
     assert custom_nodes(ours) == [] and not any(f.domain == "opbridge_symbolic" for f in ours.functions)
     bridge.assert_parity(Model(), args, registry=reg)
+
+
+def test_symbolics_torchvision_registers_for_its_own_ops_are_left_to_torch_onnx(fresh_name):
+    """torchvision registers symbolics for nms and roi_align when imported; torch.onnx translates those ops itself,
+    so only symbolics of the user's code take the op over."""
+    ns = fresh_name().partition("::")[0] + "_tv"
+    vision_ops.define(ns)
+
+    def nms_symbolic(g, boxes, scores, iou_threshold):
+        return g.op("NonMaxSuppression", boxes, scores)
+
+    nms_symbolic.__module__ = "torchvision.ops._register_onnx_ops"
+    register_custom_op_symbolic(f"{ns}::nms", nms_symbolic, 11)
+    assert bridge.core.registered.registered_origin(getattr(torch.ops, ns).nms.default) is None
+    register_custom_op_symbolic(f"{ns}::roi_align", my_group_norm, 11)  # a user's symbolic: honoured
+    assert bridge.core.registered.registered_origin(getattr(torch.ops, ns).roi_align.default).symbolic is my_group_norm

@@ -34,6 +34,9 @@ from bridge.core.spec import SampleInput
 
 # NOTE: namespaces whose symbolics torch.onnx ships itself (its own translations stand for those ops)
 _TORCH_OWN = frozenset({"aten", "prim", "prims", "onnx", "quantized", "_caffe2", "higher_order", "_operator"})
+# NOTE: packages whose registered symbolics stand for ops torch.onnx translates itself (torchvision registers
+# nms, roi_align, roi_pool when imported; torch.onnx's torch_lib translates them): those are left to torch.onnx
+_SHIPPED = ("torch.", "torchvision.")
 _ANNOTATIONS = {"Tensor": torch.Tensor, "int": int, "SymInt": int, "float": float, "bool": bool, "str": str,
                 "int[]": tuple[int, ...], "SymInt[]": tuple[int, ...], "float[]": tuple[float, ...]}
 _NO_DEFAULT = inspect.Parameter.empty
@@ -58,13 +61,15 @@ class RegisteredSymbolic:
 
 def registered_origin(op: Any) -> RegisteredSymbolic | None:
     """The registered symbolic of ``op`` (an OpOverload, its default) where a user registered one for it (not one
-    torch.onnx ships for its own namespaces), else None."""
+    torch.onnx ships for its own namespaces, nor one torchvision registers for its ops), else None."""
     if not isinstance(op, torch_compat.OpOverload) or op.namespace in _TORCH_OWN:
         return None
     if torch_compat.overload_name(op) != "default":
         return None
     symbolic = torch_compat.registered_symbolic(op.name(), SYMBOLIC_OPSET)
-    return None if symbolic is None else RegisteredSymbolic(op, symbolic)
+    if symbolic is None or str(getattr(symbolic, "__module__", "")).startswith(_SHIPPED):
+        return None
+    return RegisteredSymbolic(op, symbolic)
 
 
 _CLASSES: dict[tuple[torch_compat.OpOverload, Callable], type] = {}
