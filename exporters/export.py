@@ -26,9 +26,10 @@ from bridge.core.graphs import (
     model_value_types,
     random_nodes,
 )
-from bridge.core.opdef import FunctionCalls, described, register
+from bridge.core.opdef import FunctionCalls, described, described_method, register
 from bridge.core.progress import step
 from bridge.core.proxy import proxy_name, redirect, specialisation_check
+from bridge.core.registered import call_defaults, function_class, op_calls, origin_of, registered_origin
 from bridge.core.registry import REGISTRY, Registry, fill_attributes
 from exporters.bodies.opsets import convert_model, onnx_opset
 from exporters.bodies.translation import symbolic_attribute_error, translation_table
@@ -120,8 +121,22 @@ def function_routes(registry: Registry) -> dict:
     (``bridge.core.functions``): during torch.export its call is recorded as the op's node. A Function
     registered before a call told its node (``registry.deferred``) is described at its first call."""
     routes = {s.proxy_for.cls: _route(s, registry) for s in registry if isinstance(s.proxy_for, FunctionBridge)}
-    routes.update((cls, _first_call(cls, registry)) for cls in registry.deferred)
+    routes.update((cls, _first_call(cls, registry)) for cls in registry.deferred if isinstance(cls, type))
     return routes
+
+
+def describe_methods(model, args: Sequence, kwargs: dict | None, registry: Registry) -> None:
+    """Describe each torchbind method registered without its state's names (``registry.deferred``) from an
+    object of its class that ``model`` holds (an attribute of one of its modules) or is called with."""
+    waiting = [t for t in registry.deferred if isinstance(t, str)]
+    if not waiting:
+        return
+    held = [v for m in (model.modules() if isinstance(model, torch.nn.Module) else ()) for v in vars(m).values()]
+    for obj in held + torch_compat.pytree.tree_leaves((args, kwargs or {})):
+        cls = torch_compat.script_object_class(obj)
+        for target in waiting:
+            if cls is not None and target.rpartition(".")[0] == cls:
+                described_method(target, obj, registry)
 
 
 def _first_call(cls: type, registry: Registry) -> Callable:
@@ -136,6 +151,30 @@ def _first_call(cls: type, registry: Registry) -> Callable:
 
 def _route(spec, registry: Registry) -> Callable:
     return export_forward(spec.proxy_for.cls, FunctionCalls(registry, spec.qualname), spec.proxy_for)
+
+
+def symbolic_calls(registry: Registry, routes: dict[type, Callable]):
+    """While active (around torch.export), each call of an op whose node a symbolic registered with
+    ``torch.onnx.register_custom_op_symbolic`` writes (``bridge.core.registered``) is recorded as that node: an op
+    the registry bridges that way goes to its Function's export forward (in ``routes``); an op the registry does not
+    know is registered on the spot (with the warning naming it and its symbolic)."""
+    classes = {origin.op: cls for cls in routes if (origin := origin_of(cls)) is not None}
+
+    def reach(op) -> type | None:
+        origin = registered_origin(op)
+        if origin is None or registry.for_overload(op) is not None:
+            return None
+        cls = function_class(origin)
+        if cls not in routes:
+            bridged = register(op, registry=registry)
+            routes[cls] = _first_call(cls, registry) if cls in registry.deferred else _route(bridged.spec, registry)
+        return cls
+
+    def before(cls: type, values: dict) -> None:
+        if cls in registry.deferred:  # NOTE: the first call gives the arguments no default says a default
+            call_defaults(cls, values)
+
+    return op_calls(classes, routes, reach, before)
 
 
 _WARNED_FUNCTIONS: set[type] = set()  # unregistered Functions whose symbolic was not used, warned once
@@ -258,9 +297,11 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
     args = tuple(args)
     if f is not None:
         files.check_writable(f, what="model")  # NOTE: a path that cannot be written fails before the export
+    describe_methods(model, args, kwargs, reg)
     watch = _Watch(reg, register_functions)
+    routes = function_routes(reg)
     with step("torch.export"), redirect(proxy_targets(reg)), \
-            swap_forwards(function_routes(reg), watch, function_classes()):
+            swap_forwards(routes, watch, function_classes()), symbolic_calls(reg, routes):
         try:
             program = torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
                                           strict=False)

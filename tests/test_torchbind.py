@@ -79,3 +79,42 @@ def test_state_that_does_not_match_the_op_attributes_is_a_clear_error(case, monk
     monkeypatch.setattr(bridge.REGISTRY, "for_torchbind", lambda cls, method: crop)
     with pytest.raises(bridge.OpBridgeError, match=r"gives state \['channels'\] but opbridge::crop has attributes"):
         bridge.export(case.model, case.args)
+
+
+# -- seed 002 as written: the method registered with nothing else -------------------------------------------------
+class Held(torch.nn.Module):
+    def __init__(self, channels: int):
+        super().__init__()
+        self.obj = IdentityConvClass(channels)
+
+    def forward(self, x):
+        return self.obj.forward(x) * 2
+
+
+def test_method_registered_alone_learns_its_state_names_from_the_object_at_export(registry):
+    model = Held(5)  # NOTE: loads the class's library, as the seed's users do before registering
+    op = bridge.register("opbridge::IdentityConvClass.forward", registry=registry)
+    with pytest.raises(bridge.OpBridgeError, match=r"read from the object at export. Got no export"):
+        op.spec  # noqa: B018
+    x = torch.randn(2, 5, 3, 3)
+    proto = bridge.export(model, (x,), registry=registry)
+    node = next(n for n in proto.graph.node if n.domain == "opbridge")
+    assert (node.op_type, [(a.name, a.i) for a in node.attribute]) == ("IdentityConvClass_forward", [("channels", 5)])
+    assert [p.name for p in op.spec.attributes] == ["channels"]  # __obj_flatten__'s names
+    bridge.assert_parity(model, (x,), registry=registry, tier="python", rtol=0, atol=0)
+    bridge.assert_parity(Held(3), (torch.randn(1, 3, 2, 2),), registry=registry, tier="python", rtol=0, atol=0)
+
+
+def test_method_of_a_class_without_obj_flatten_is_a_clear_error(registry, monkeypatch):
+    Held(2)
+    schemas = bridge.core.proxy.class_schemas
+    monkeypatch.setattr(bridge.core.proxy, "class_schemas",
+                        lambda name: {k: v for k, v in schemas(name).items() if k != "__obj_flatten__"})
+    with pytest.raises(bridge.OpBridgeError, match=r"IdentityConvClass has no __obj_flatten__ method.*Define "
+                                                   r"__obj_flatten__"):
+        bridge.register("opbridge::IdentityConvClass.forward", registry=registry)
+    monkeypatch.undo()
+    bridge.register("opbridge::IdentityConvClass.forward", registry=registry)
+    with pytest.raises(bridge.OpBridgeError, match=r"the object has no __obj_flatten__, which names its state.*"
+                                                   r"pass attributes="):
+        bridge.core.opdef.described_method("opbridge::IdentityConvClass.forward", object(), registry)

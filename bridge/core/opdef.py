@@ -40,7 +40,19 @@ from bridge.core.proxy import (
     is_composite_only,
     method_schema,
     specialisation_check,
+    state_types,
     user_fake_class,
+)
+from bridge.core.registered import (
+    RegisteredSymbolic,
+    call_defaults,
+    caller,
+    function_class,
+    keyword_samples,
+    needs_call,
+    origin_of,
+    registered_origin,
+    warn_used,
 )
 from bridge.core.registry import REGISTRY, Registry
 from bridge.core.spec import (
@@ -334,9 +346,13 @@ def register(
     An op torch.onnx already translates (onnxscript's torch_lib, e.g. torchvision's ``nms``,
     ``roi_align``, ``deform_conv2d``) given neither ``function=`` nor ``translation=`` takes that
     translation as its body; giving either replaces it, with a warning (once per op) naming both.
+    An op with a symbolic registered with ``torch.onnx.register_custom_op_symbolic`` is written as the node that
+    symbolic writes, as ``torch.onnx.export(dynamo=False)`` wrote it (``bridge.core.registered``, with a warning
+    once per op); ``symbolic=False`` writes the op's own node instead.
     A method's node is named ``Class_method`` in the class's namespace; its inputs are the
     method's tensors, its attributes the object's ``__obj_flatten__`` state (types from its schema,
-    names from ``attributes=[...]`` or the ``function=`` body's attributes); ``fake`` takes
+    names from ``attributes=[...]``, the ``function=`` body's attributes, or else the object of the first export of
+    a model holding one: ``PendingMethod`` until then); ``fake`` takes
     ``(*tensors, *state)``.
 
     Example:
@@ -367,9 +383,9 @@ def register(
         return _register_function(op, function=function, reference=reference, sample_inputs=sample_inputs,
                                   native=resolve_native(native, base, class_name(op)), fake=fake, dtypes=dtypes,
                                   version=version, name=name, use_symbolic=symbolic, registry=reg)
-    if name is not None or not symbolic:
-        raise OpBridgeError(f"bridge.register: name= and symbolic= apply to a torch.autograd.Function. Got them for "
-                            f"{op!r}. Drop them.")
+    if name is not None:
+        raise OpBridgeError(f"bridge.register: name= applies to a torch.autograd.Function. Got it for {op!r}. Drop "
+                            "it.")
     method = _torchbind_target(op)
     if method is not None:
         refuse_reserved(method, domain)
@@ -386,6 +402,13 @@ def register(
         raise OpBridgeError(f"{overload.name()}: only the default overload can be bridged. Got overload "
                             f"{torch_compat.overload_name(overload)!r}. Wrap it in a torch.library.custom_op with its "
                             "own name.")
+    origin = registered_origin(overload) if symbolic else None
+    if origin is not None:
+        return _register_symbolic(origin, function=function, reference=reference, sample_inputs=sample_inputs,
+                                  native=resolve_native(native, base, overload.name()), fake=fake, dtypes=dtypes,
+                                  version=version, registry=reg,
+                                  refused={"domain": domain, "translation": translation, "names": names,
+                                           "attributes": attributes, "checks": checks, "torchbind": torchbind or None})
     qualname = overload.name()
     reg.check_free(qualname)
     refuse_reserved(qualname, domain)
@@ -482,6 +505,37 @@ def _register_function(cls: type, *, function, reference, sample_inputs, native,
     return BridgeOp(fb.qualname, registry)
 
 
+# -- an op with a symbolic registered with torch.onnx.register_custom_op_symbolic (bridge.core.registered) ------
+
+def _register_symbolic(origin: RegisteredSymbolic, *, function, reference, sample_inputs, native, fake, dtypes,
+                       version, registry: Registry, refused: dict) -> BridgeOp:
+    """``register`` for an op with a registered symbolic: the Function standing for its call
+    (``registered.function_class``) registered as a Function is; described at the op's first call in an export
+    where a non-tensor argument has no default (that call gives it one) and no sample says it."""
+    given = sorted(k for k, v in refused.items() if v is not None)
+    if given:
+        raise OpBridgeError(f"{origin.qualname}: {', '.join(given)} do not apply to an op whose node its registered "
+                            f"symbolic ({origin.symbolic_name}) writes. Got {given}. Drop them, or pass "
+                            "symbolic=False to bridge the op without its symbolic.")
+    cls = function_class(origin)
+    warn_used(origin)
+    samples = None if sample_inputs is None else keyword_samples(origin, sample_inputs)
+    options: dict[str, Any] = dict(function=function, reference=reference, sample_inputs=samples, native=native,
+                                   fake=fake or caller(origin.op, origin.op), dtypes=dtypes, version=version,
+                                   name=None, use_symbolic=True)
+    if needs_call(cls):
+        if samples is None:
+            if cls in registry.deferred or any(getattr(spec.proxy_for, "cls", None) is cls for spec in registry):
+                raise OpBridgeError(f"{origin.qualname} is already registered. Got a second bridge.register. "
+                                    "Register it once.")
+            call_defaults(cls, {})  # NOTE: the first call in an export gives them (exporters.export)
+            registry.deferred[cls] = options
+            return PendingFunction(cls, registry)
+        first = samples(tuple(dtypes)[0])
+        call_defaults(cls, first[0].kwargs if first else {})
+    return _register_function(cls, **options, registry=registry)
+
+
 class PendingFunction(BridgeOp):
     """A Function registered before any call tells its node: its record exists from its first call in an
     export on (:func:`described`)."""
@@ -521,8 +575,15 @@ def _function_spec(fb, *, version: int, function, reference, sample_inputs, dtyp
                  reference=None if reference is None else _via_apply(fb, reference),
                  sample_inputs=None if sample_inputs is None else _samples_via_apply(fb, sample_inputs),
                  dtypes=dtypes, translation=None, checks=None,
-                 doc=f"{class_name(fb.cls)} (torch.autograd.Function, bridged)", proxy_for=fb, onnx_name=fb.op_type,
+                 doc=_function_doc(fb.cls), proxy_for=fb, onnx_name=fb.op_type,
                  native_source=native)
+
+
+def _function_doc(cls: type) -> str:
+    origin = origin_of(cls)
+    if origin is not None:
+        return f"{origin.qualname} (its symbolic {origin.symbolic_name}, registered with torch.onnx, bridged)"
+    return f"{class_name(cls)} (torch.autograd.Function, bridged)"
 
 
 class FunctionCalls:
@@ -578,16 +639,18 @@ def _register_method(target: str, *, function, reference, sample_inputs, fake, d
     registry.check_free(target)
     class_name, _, method = target.rpartition(".")
     n_tensors = len(method_schema(target).arguments) - 1
-    if attributes is None:
-        if function is not None and not hasattr(function, "to_function_proto"):
-            raise OpBridgeError(f"{target}: a body builder does not say the names of the object's state. Got "
-                                "function= as a Python function. Pass attributes=[...] with the names "
-                                "__obj_flatten__ gives, in order.")
-        if function is None:
-            raise OpBridgeError(f"{target}: the names of the object's state are known only at run time. Got neither "
-                                "attributes= nor a function= body. Pass attributes=[...] with the names "
-                                "__obj_flatten__ gives, in order.")
+    if attributes is None and hasattr(function, "to_function_proto"):
         attributes = function_signature(function)[3]
+    if attributes is None:
+        # NOTE: the state's names come from the object at export (described_method); its types, and whether it
+        # has any (__obj_flatten__), from the class now
+        state_types(class_name)
+        if target in registry.deferred:
+            raise OpBridgeError(f"{target} is already registered. Got a second bridge.register. Register it once.")
+        registry.deferred[target] = dict(function=function, reference=reference, sample_inputs=sample_inputs,
+                                         fake=fake, dtypes=dtypes, domain=domain, version=version,
+                                         translation=translation, names=names, native=native, checks=checks)
+        return PendingMethod(target, registry)
     attributes = list(attributes)
     cls = user_fake_class(class_name)
     if fake is None and cls is not None:
@@ -606,6 +669,38 @@ def _register_method(target: str, *, function, reference, sample_inputs, fake, d
                        doc=f"{target} (torchbind method, bridged)", onnx_name=f"{cls_name}_{method}",
                        torchbind=(target,), proxy_for=target, native_source=native))
     return BridgeOp(target, registry)
+
+
+class PendingMethod(BridgeOp):
+    """A torchbind method registered without the names of its object's state: its record exists from the first
+    export of a model holding such an object on (:func:`described_method`)."""
+
+    @property
+    def spec(self) -> OpSpec:
+        if self.qualname in self._registry.deferred:
+            raise OpBridgeError(f"{self.qualname}: the names of the object's state (its node's attributes) are read "
+                                "from the object at export. Got no export of a model holding one yet. Export one "
+                                "(bridge.export), or register it with attributes=[...].")
+        return self._registry.get(self.qualname)
+
+
+def described_method(target: str, obj: Any, registry: Registry) -> OpSpec | None:
+    """The record of a torchbind method registered without ``attributes=`` (``registry.deferred``), its state's
+    names read from ``obj`` (an object of its class: ``__obj_flatten__()``'s names, in order); None where
+    ``target`` is not deferred."""
+    options = registry.deferred.get(target)
+    if options is None:
+        return None
+    try:
+        flat = obj.__obj_flatten__()
+    except Exception as e:  # noqa: BLE001  a C++ class without the method: torch's own error, named once
+        raise OpBridgeError(f"{target}: the object has no __obj_flatten__, which names its state (the node's "
+                            f"attributes). Got {type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}. "
+                            "Define __obj_flatten__ returning ((name, value), ...) in C++, or pass "
+                            "attributes=[...] to bridge.register.") from None
+    op = _register_method(target, **options, attributes=[name for name, _ in flat], registry=registry)
+    del registry.deferred[target]
+    return op.spec
 
 
 def op(

@@ -261,6 +261,18 @@ def _state_types(class_name: str, schemas: dict) -> list[str]:
                             "Return ((name, value), ...) with int, float, bool, str or list values.") from None
 
 
+def state_types(class_name: str) -> list[str]:
+    """The value types of torchbind class ``ns::Class``'s ``__obj_flatten__`` state, in order (a clear error
+    where it has no such method).
+
+    Example:
+        >>> import custom_ops.identity_conv as ic; _ = ic.load_library()
+        >>> state_types("opbridge::IdentityConvClass")
+        ['int']
+    """
+    return _state_types(class_name, class_schemas(class_name))
+
+
 def method_schema(target: str) -> torch.FunctionSchema:
     """The schema of torchbind method ``"ns::Class.method"`` (``self`` first); a clear error when the
     class or the method does not exist.

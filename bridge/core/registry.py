@@ -40,8 +40,9 @@ class Registry:
         # registry) gets its schema back when this registry forgets the op.
         self._displaced: dict[str, defs.OpSchema] = {}
         # NOTE: torch.autograd.Function classes whose node only a call tells (bridge.core.opdef): class ->
-        # the options of their bridge.register, until an export's first call describes them
-        self.deferred: dict[type, dict[str, Any]] = {}
+        # the options of their bridge.register, until an export's first call describes them; and torchbind
+        # methods ("ns::Class.method") registered without their state's names, until an export's object tells them
+        self.deferred: dict[type | str, dict[str, Any]] = {}
 
     def __iter__(self) -> Iterator[OpSpec]:
         return iter(sorted(self._ops.values(), key=lambda s: s.qualname))

@@ -27,6 +27,7 @@ import torch._library.custom_ops as _custom_ops
 import torch._library.fake_class_registry as _fake_classes
 import torch._library.simple_registry as _simple_registry
 import torch.autograd.function as _autograd_function
+import torch.utils._python_dispatch as _python_dispatch
 import torch.utils._pytree as pytree  # noqa: F401  (re-exported: tree_flatten, tree_map, ...)
 from onnxscript.function_libs.torch_lib import registration as _torchlib
 from torch._subclasses.fake_tensor import FakeTensorMode, is_fake  # noqa: F401  (re-exported)
@@ -306,9 +307,9 @@ def run_symbolic(symbolic: Callable, args: Sequence, opset: int, hook: Callable 
         params_dict={}, env={}, values_in_env=set(), new_nodes=[])
     if hook is not None:
         context.hook = hook
-    # NOTE: called from inside torch.export (a Function's first call): the tensors a symbolic makes
-    # (torch.tensor(...) for value_t) must be real, not the export's fake or traced ones
-    with _export_opset(opset), torch.utils._python_dispatch._disable_current_modes():
+    # NOTE: also while torch.export traces (its fake and proxy modes off): constants the symbolic makes or reads
+    # (torch.tensor(...), parse_args' int(...)) are real tensors, as under the TorchScript exporter
+    with _export_opset(opset), _python_dispatch._disable_current_modes():
         try:
             out = symbolic(context, *values)
         except Exception as e:  # noqa: BLE001  the user's symbolic: the caller names it
@@ -352,3 +353,41 @@ def registered_symbolic(qualname: str, opset: int) -> Callable | None:
         return None
     group = _ts_registration.registry.get_function_group(qualname)
     return None if group is None else group.get(opset)
+
+
+def torchscript_argument(g: Any, value: Any) -> Any:
+    """``value``, a non-tensor argument of an op call, as the TorchScript exporter hands it to the op's symbolic
+    (2.12-2.15; its passes turn the traced ``prim::Constant`` into these): an ``onnx::Constant`` holding an int
+    as a 0-d int64 tensor, a float as 0-d float64, a bool as 0-d bool, an int list as 1-d int64, a float list as
+    1-d of torch's default dtype, a str as a string; None as a ``prim::Constant`` of type None. Made on ``g`` (a
+    graph context of :func:`run_symbolic`) past any hook. Anything else (a graph value, a placeholder) as it is.
+
+    Example:
+        >>> import onnx
+        >>> sym = lambda g, x, k: g.op("mine::Op", x, torchscript_argument(g, k))
+        >>> m = onnx.load_from_string(run_symbolic(sym, [GraphInput("x"), 3], 17))
+        >>> [(n.op_type, [onnx.numpy_helper.to_array(a.t).tolist() for a in n.attribute]) for n in m.graph.node]
+        [('Constant', [3]), ('Op', [])]
+    """
+    numbers = (isinstance(value, (list, tuple)) and bool(value)
+               and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in value))
+    if isinstance(value, (bool, int, float)) or numbers:
+        tensor = torch.tensor(list(value) if numbers else value,
+                              dtype=None if isinstance(value, bool) or numbers else
+                              torch.int64 if isinstance(value, int) else torch.float64)
+    elif isinstance(value, str):
+        return _ts_jit_utils.GraphContext.op(g, "Constant", value_s=value)
+    elif value is None:
+        return _ts_jit_utils.GraphContext.op(g, "prim::Constant").setType(torch._C.NoneType.get())
+    else:
+        return value
+    return _ts_jit_utils.GraphContext.op(g, "Constant", value_t=tensor)
+
+
+
+def script_object_class(value: Any) -> str | None:
+    """``"ns::Class"`` of a torchbind object (a ``torch.ScriptObject``: its ``_type()``, 2.12-2.15), else None."""
+    if not isinstance(value, torch.ScriptObject):
+        return None
+    parts = value._type().qualified_name().split(".")  # NOTE: '__torch__.torch.classes.ns.Class'
+    return f"{parts[-2]}::{parts[-1]}"

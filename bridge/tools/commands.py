@@ -215,9 +215,11 @@ def cmd_ops(args) -> int:
     for r in rows:
         for line in _op_notes(r):
             print(line)
-    for cls in REGISTRY.deferred:
-        print(f"note: torch.autograd.Function {class_name(cls)} is registered; its node is described at its first "
-              "call in an export (no annotation, default or sample tells it before)")
+    for pending in REGISTRY.deferred:  # NOTE: a Function class, or a torchbind method "ns::Class.method"
+        what = (f"torchbind method {pending}" if isinstance(pending, str)
+                else f"torch.autograd.Function {class_name(pending)}")
+        print(f"note: {what} is registered; its node is described at its first call in an export (no annotation, "
+              "default, sample or attributes= tells it before)")
     for name, tier in tiers.TIERS.items():  # NOTE: the table says what each tier serves; this, what runs here
         if needs := tier.missing(REGISTRY):
             print(f"note: tier {name} runs nothing here: {needs.removeprefix('opbridge: ')}")
