@@ -5,35 +5,19 @@ torchvision's ``deform_conv2d`` written with ``symbolic_helper.parse_args`` (the
 schema, ``tests/vision_ops.py``), and a symbolic of standard ops only. Each node is compared with what
 ``torch.onnx.export(dynamo=False)`` writes for the same call; parity runs in every tier that applies."""
 
-import io
 import warnings
 
 import onnx
 import pytest
 import torch
 import vision_ops
+from test_upstream_functions import legacy_export, node_identity
 from torch.onnx import register_custom_op_symbolic
 from torch.onnx.symbolic_helper import parse_args
 
 import bridge
 
 vision_ops.define("regsym_tv")  # torchvision's deform_conv2d schema, in a namespace of its own
-
-
-def legacy_export(model, args, opset: int = 17) -> onnx.ModelProto:
-    """What torch.onnx's TorchScript exporter writes for ``model`` (no constant folding: nodes as written)."""
-    f = io.BytesIO()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(model, args, f, dynamo=False, opset_version=opset, do_constant_folding=False)
-    return onnx.load_from_string(f.getvalue())
-
-
-def node_identity(node: onnx.NodeProto, graph: onnx.GraphProto):
-    """Domain, type, attributes (name, type, value) and, for each input, the graph input it is (by position)."""
-    sources = [i.name for i in graph.input]
-    return (node.domain, node.op_type, [(a.name, a.type, onnx.helper.get_attribute_value(a)) for a in node.attribute],
-            [sources.index(i) if i in sources else "computed" for i in node.input])
 
 
 def custom_nodes(proto: onnx.ModelProto) -> list[onnx.NodeProto]:
@@ -98,7 +82,7 @@ def test_tutorial_group_norm_is_the_node_its_registered_symbolic_writes(reg):
                                          r"symbolic test_registered_symbolics.my_group_norm writes"):
         bridge.register("mynamespace::custom_group_norm", registry=reg)
     ours = bridge.export(CustomModel(), GROUP_NORM_ARGS, registry=reg, opset_version=17)
-    legacy = legacy_export(CustomModel(), GROUP_NORM_ARGS)
+    legacy = legacy_export(CustomModel(), GROUP_NORM_ARGS, 17)
     (mine,), (theirs,) = custom_nodes(ours), custom_nodes(legacy)
     assert node_identity(mine, ours.graph) == node_identity(theirs, legacy.graph) == \
         ("mydomain", "testgroupnorm", [("epsilon", onnx.AttributeProto.FLOAT, 0.0)], [0, 1, 2, 3])
@@ -187,7 +171,7 @@ def test_mmdeploy_deform_conv2d_symbolic_with_parse_args_writes_its_node(reg):
     bridge.register("regsym_tv::deform_conv2d", registry=reg)
     model, x = DeformConv2d().eval(), torch.rand(1, 3, 10, 10)
     ours = bridge.export(model, (x,), registry=reg, opset_version=17)
-    legacy = legacy_export(model, (x,))
+    legacy = legacy_export(model, (x,), 17)
     (mine,), (theirs,) = custom_nodes(ours), custom_nodes(legacy)
     assert node_identity(mine, ours.graph)[:3] == node_identity(theirs, legacy.graph)[:3]
     assert [a.name for a in mine.attribute][:3] == ["deform_groups", "dilation_h", "dilation_w"]
@@ -242,7 +226,7 @@ def test_standard_op_symbolic_is_written_into_the_graph(reg):
     bridge.register("regsym_std::scaled_add", registry=reg)
     args = (torch.randn(2, 3), torch.randn(2, 3))
     ours = bridge.export(Model(), args, registry=reg, opset_version=17)
-    legacy = legacy_export(Model(), args)
+    legacy = legacy_export(Model(), args, 17)
     assert [n.op_type for n in ours.graph.node] == [n.op_type for n in legacy.graph.node] == \
         ["Constant", "Mul", "Add"]
     assert custom_nodes(ours) == [] and not any(f.domain == "opbridge_symbolic" for f in ours.functions)
