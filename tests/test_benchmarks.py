@@ -105,7 +105,7 @@ def test_benchmark_suite_quick_run(tmp_path):
     readme = tmp_path / "evidence.md"
     readme.write_text(doc_markers.page_with("bench").read_text())
     readme_table.main(["--json", str(tmp_path / "all.json"), "--readme", str(readme)])
-    assert "<!-- bench:start -->" in readme.read_text()
+    assert doc_markers.section(readme.read_text(), "bench") == "\n".join(readme_table.evidence(result))
 
 
 def test_cli_startup_block_is_the_committed_result(tmp_path):
