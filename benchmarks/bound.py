@@ -86,3 +86,7 @@ def main(argv: list[str] | None = None) -> dict:
             json.dump(r, f, indent=1)
     return r
 
+
+
+if __name__ == "__main__":
+    main()

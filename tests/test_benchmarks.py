@@ -259,3 +259,11 @@ def test_a_quick_run_keeps_the_committed_results(script, monkeypatch, tmp_path):
     assert machine.json_path(None, False, "r.json") == "r.json"
     # run.py has no default file; export_time.py takes the same rule
     assert "machine.json_path(args.json, quick, str(DEFAULT_JSON))" in (BENCH / "export_time.py").read_text()
+
+
+def test_every_benchmark_with_a_main_runs_it_as_a_script():
+    """A script whose command line is ``main`` calls it when run (bound.py once lost its guard)."""
+    for script in sorted(BENCH.glob("*.py")):
+        text = script.read_text()
+        if "\ndef main(" in text:
+            assert '\nif __name__ == "__main__":\n    main(' in text, script.name
