@@ -266,4 +266,7 @@ def test_every_benchmark_with_a_main_runs_it_as_a_script():
     for script in sorted(BENCH.glob("*.py")):
         text = script.read_text()
         if "\ndef main(" in text:
-            assert '\nif __name__ == "__main__":\n    main(' in text, script.name
+            guard = '\nif __name__ == "__main__":\n'
+            after = text.rsplit("\ndef main(", 1)[1]  # the guard comes after main, and its block calls it
+            block = after.split(guard, 1)[1].split("\n\n", 1)[0] if guard in after else ""
+            assert "main(" in block, script.name
