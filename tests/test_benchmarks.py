@@ -270,3 +270,12 @@ def test_every_benchmark_with_a_main_runs_it_as_a_script():
             after = text.rsplit("\ndef main(", 1)[1]  # the guard comes after main, and its block calls it
             block = after.split(guard, 1)[1].split("\n\n", 1)[0] if guard in after else ""
             assert "main(" in block, script.name
+
+
+@pytest.mark.parametrize("name", ["spread", "machine", "floor_op"])
+def test_benchmark_helpers_examples_run(name):
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(name))
+    assert result.attempted > 0 and result.failed == 0, result
