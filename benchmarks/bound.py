@@ -7,7 +7,8 @@ round-robin in one process: with the real indices, and with every index pointing
 L1-resident rows (``ranks_feat % 8``: 8 feat rows, 2 KiB; ``ranks_depth % 64``), the same points,
 intervals and output writes. ``L1 / real`` near 1 says the path is bound by the core (instructions
 per point), not by the gathers' cache misses. Each path is a library built without the paths above
-it (``bev_pool_v2.path_libraries``). ``--quick`` (a smoke run) times 2 rounds at 8 depth bins and writes
+it (``bev_pool_v2.path_libraries``). Each ratio is taken per round and reported as [q1, median, q3]
+(``spread.py``). ``--quick`` (a smoke run) times 2 rounds at 8 depth bins and writes
 no JSON unless ``--json`` names a file (the committed results stay the full run's).
 """
 
@@ -28,6 +29,7 @@ if __name__ == "__main__":
 import bev_pool_v2 as bev  # noqa: E402
 import machine  # noqa: E402
 from readme_table import machine_line  # noqa: E402
+from spread import spread  # noqa: E402
 
 import bridge  # noqa: E402
 import custom_ops  # noqa: E402,F401
@@ -51,12 +53,15 @@ def measure(repeats: int = 30, threads: int = 1, quick: bool = False) -> dict:
     fns = {f"{isa} {kind}": (lambda s=s, f=f: s.run(None, f)) for isa, s in sessions.items() for kind, f in feeds.items()}
     times = bev.rounds(fns, 2 if quick else repeats)
     ms = {name: statistics.median(t) for name, t in times.items()}
-    paths = {isa: {"real_ms": ms[f"{isa} real"], "l1_ms": ms[f"{isa} L1"],
-                   "l1_over_real": ms[f"{isa} L1"] / ms[f"{isa} real"]} for isa in sessions}
     best = next(iter(sessions))
+    # NOTE: each ratio per round, as [q1, median, q3] (spread.py): L1 over real of one path, a path over the best
+    paths = {isa: {"real_ms": ms[f"{isa} real"], "l1_ms": ms[f"{isa} L1"],
+                   "l1_over_real": spread(times[f"{isa} L1"], times[f"{isa} real"])[1],
+                   "l1_over_real_quartiles": spread(times[f"{isa} L1"], times[f"{isa} real"]),
+                   "vs_best_quartiles": spread(times[f"{isa} real"], times[f"{best} real"])} for isa in sessions}
     return {"machine": machine.describe(), "points": int(inputs[2].numel()), "threads": threads,
             "repeats": 2 if quick else repeats, "paths": paths,
-            "vs_best": {isa: p["real_ms"] / paths[best]["real_ms"] for isa, p in paths.items()},
+            "vs_best": {isa: p["vs_best_quartiles"][1] for isa, p in paths.items()},
             "quick": quick, "date": datetime.date.today().isoformat(), "conditions": bev.conditions(),
             "provenance": machine.provenance(MEASURES)}
 
@@ -65,8 +70,9 @@ def report(r: dict) -> str:
     lines = [f"bev_pool_v2, {r['points']:,} points, {r['threads']} intra-op thread(s), "
              f"{machine_line(r['machine'])}:"]
     for isa, p in r["paths"].items():
+        (a, m, b), (c, n, d) = p["l1_over_real_quartiles"], p["vs_best_quartiles"]
         lines.append(f"  {isa:9s} real indices {p['real_ms']:.3f} ms, indices in L1 {p['l1_ms']:.3f} ms: "
-                     f"L1/real {p['l1_over_real']:.2f}; {r['vs_best'][isa]:.2f}x the best path")
+                     f"L1/real {m:.2f} ({a:.2f}-{b:.2f}); {n:.2f}x ({c:.2f}-{d:.2f}) the best path")
     return "\n".join(lines)
 
 
