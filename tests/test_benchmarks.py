@@ -96,7 +96,9 @@ def test_benchmark_suite_quick_run(tmp_path):
     import run
 
     result = run.main(["--quick", "--json", str(tmp_path / "all.json")])
-    assert set(result) == {"machine", "export", "session", "models", "bevdet_r50", "scaling", "scaling_frames"}
+    assert set(result) == {"machine", "export", "session", "models", "bevdet_r50", "scaling", "scaling_frames",
+                           "provenance"}
+    assert result["provenance"]["commit"] and "benchmarks/run.py" in result["provenance"]["measures"]
     assert [r["batch"] for r in result["scaling_frames"]["rows"]] == [1, 2]
     assert [r["points"] for r in result["scaling"]["rows"]] == sorted(r["points"] for r in result["scaling"]["rows"])
     assert set(result["models"]["demo"]["ms"]) == {"eager torch", "ORT function", "ORT native", "ORT python"}
