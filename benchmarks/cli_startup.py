@@ -1,4 +1,5 @@
-"""How long `opbridge --help` takes next to `python -c "import torch"`, measured side by side in one run.
+"""How long `opbridge --help` and `opbridge cache` take next to `python -c "import torch"`, measured side by
+side in one run (neither command imports torch).
 
     python benchmarks/cli_startup.py [--repeats 7] [--json benchmarks/results/cli_startup.json] [--readme]
 
@@ -26,10 +27,12 @@ from bridge.core import files
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "cli_startup.json"
 BLOCK = "cli-startup"
-HELP, TORCH = "opbridge --help", "python -c 'import torch'"
-# the code this run measures (machine.provenance): what `opbridge --help` imports
-MEASURES = ["bridge/__init__.py", "bridge/__main__.py", "bridge/tools/cli.py", "benchmarks/cli_startup.py"]
-COMMANDS = {HELP: [sys.executable, "-m", "bridge", "--help"], TORCH: [sys.executable, "-c", "import torch"]}
+HELP, TORCH, CACHE = "opbridge --help", "python -c 'import torch'", "opbridge cache"
+# the code this run measures (machine.provenance): what `opbridge --help` and `opbridge cache` import
+MEASURES = ["bridge/__init__.py", "bridge/__main__.py", "bridge/tools/cli.py", "bridge/tools/commands.py",
+            "bridge/core/cache.py", "benchmarks/cli_startup.py"]
+COMMANDS = {HELP: [sys.executable, "-m", "bridge", "--help"], TORCH: [sys.executable, "-c", "import torch"],
+            CACHE: [sys.executable, "-m", "bridge", "cache"]}
 
 
 def _seconds(cmd: list[str]) -> float:
@@ -53,8 +56,10 @@ def measure(repeats: int) -> dict:
 
 def render(result: dict) -> str:
     m = result["median_s"]
+    # NOTE: a result written before `opbridge cache` was measured renders as it did
+    cache = f"; `{CACHE}` {m[CACHE] * 1000:.0f} ms" if CACHE in m else ""
     return (f"`{HELP}` takes {m[HELP] * 1000:.0f} ms, {result['ratio']:.2f}x the {m[TORCH] * 1000:.0f} ms "
-            f"of `{TORCH}` (medians of {result['repeats']} alternating runs, "
+            f"of `{TORCH}`{cache} (medians of {result['repeats']} alternating runs, "
             f"`python benchmarks/cli_startup.py`, {result['date']}, {machine_line(result['machine'])}): the parser "
             "imports no torch.")
 

@@ -26,15 +26,22 @@ from bridge.core.graphs import (
     model_value_types,
     random_nodes,
 )
-from bridge.core.opdef import register
+from bridge.core.opdef import FunctionCalls, described, register
 from bridge.core.progress import step
-from bridge.core.proxy import redirect, specialisation_check
+from bridge.core.proxy import proxy_name, redirect, specialisation_check
 from bridge.core.registry import REGISTRY, Registry, fill_attributes
 from exporters.bodies.opsets import convert_model, onnx_opset
 from exporters.bodies.translation import symbolic_attribute_error, translation_table
 from exporters.derive.tracing import onnx_program, program_calls
 from exporters.inline import inline_functions
-from exporters.names import dim_names, name_custom_outputs, name_graph_io, rename_dims
+from exporters.names import (
+    dim_names,
+    name_custom_outputs,
+    name_graph_io,
+    name_proxy_outputs,
+    rename_dims,
+    snake_case,
+)
 from exporters.portable import relativize_paths, stamp_ir_version
 from exporters.resolve import attach_functions
 from exporters.rewrites import functionalize_mutations, is_auto_functionalized, torchbind_to_ops
@@ -110,12 +117,25 @@ def proxy_targets(registry: Registry) -> dict:
 
 def function_routes(registry: Registry) -> dict:
     """``{Function class: export forward}`` for each ``torch.autograd.Function`` the registry bridges
-    (``bridge.core.functions``): during torch.export its call is recorded as the op's node."""
-    return {s.proxy_for.cls: _route(s) for s in registry if isinstance(s.proxy_for, FunctionBridge)}
+    (``bridge.core.functions``): during torch.export its call is recorded as the op's node. A Function
+    registered before a call told its node (``registry.deferred``) is described at its first call."""
+    routes = {s.proxy_for.cls: _route(s, registry) for s in registry if isinstance(s.proxy_for, FunctionBridge)}
+    routes.update((cls, _first_call(cls, registry)) for cls in registry.deferred)
+    return routes
 
 
-def _route(spec) -> Callable:
-    return export_forward(spec.proxy_for, spec.custom_op, specialisation_check(spec.qualname, spec.overload))
+def _first_call(cls: type, registry: Registry) -> Callable:
+    route: list[Callable] = []
+
+    def forward(*args, **kwargs):
+        if not route:
+            route.append(_route(described(cls, registry, args, kwargs), registry))
+        return route[0](*args, **kwargs)
+    return forward
+
+
+def _route(spec, registry: Registry) -> Callable:
+    return export_forward(spec.proxy_for.cls, FunctionCalls(registry, spec.qualname), spec.proxy_for)
 
 
 _WARNED_FUNCTIONS: set[type] = set()  # unregistered Functions whose symbolic was not used, warned once
@@ -130,7 +150,7 @@ class _Watch:
         self.registry, self.register_functions = registry, register_functions
         self.registered: dict[type, Callable] = {}
 
-    def __call__(self, cls: type) -> Callable | None:
+    def __call__(self, cls: type, args: tuple, kwargs: dict) -> Callable | None:
         if cls in self.registered:
             return self.registered[cls]
         if not self.register_functions:
@@ -141,7 +161,7 @@ class _Watch:
                               f"Call bridge.register({cls.__name__}) (or export with register_functions=True) to "
                               "export it as the node its symbolic writes.", stacklevel=2)
             return None
-        self.registered[cls] = route = _route(register(cls, registry=self.registry).spec)
+        self.registered[cls] = route = _route(register(cls, registry=self.registry).spec, self.registry)
         return route
 
 
@@ -157,6 +177,8 @@ class Exported:
 
     proto: onnx.ModelProto
     program: torch.export.ExportedProgram
+    # the torch.autograd.Function classes whose symbolic's standard ops the file holds in their nodes' place
+    symbolics: tuple[str, ...] = ()
 
 
 def export(
@@ -271,10 +293,14 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
     _ensure_opset_imports(proto, reg)
     fill_attributes(proto, reg)  # NOTE: attributes explicit, whatever translation wrote the nodes
     name_custom_outputs(proto, reg)
+    name_proxy_outputs(proto, _function_names(reg), proxy_name("fn", ""))
     name_graph_io(proto, input_names, output_names)
     rename_dims(proto, dim_names(program, model, args, kwargs, dynamic_shapes))
     if functions:
         attach_functions(proto, reg)  # written, built, translated or derived: exporters.resolve
+    elif _inlined(reg):
+        attach_functions(proto, reg, ops=_inlined(reg))
+    proto, symbolics = inline_symbolic_ops(proto, reg)
     relativize_paths(proto)  # NOTE: after the bodies: nothing in the file keeps this machine's paths
     model_tensor_constants(proto)  # NOTE: graph, subgraphs and bodies: every Constant a tensor (tools read that)
     if functions:  # NOTE: a body called at one set of input types takes the branches those types decide
@@ -288,7 +314,40 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
     warn_training_mode(model, proto)
     if f is not None:
         files.save_model(proto, f)  # NOTE: one file; only models past protobuf's 2 GiB get a .data file
-    return Exported(proto, onnx_program.exported_program)
+    return Exported(proto, onnx_program.exported_program, symbolics)
+
+
+def _function_names(registry: Registry) -> dict[tuple[str, str], str]:
+    """The name each Function's node gives its outputs: its op type (a standard-op symbolic's: its class's
+    name), in snake case."""
+    return {(s.domain, s.name): snake_case(s.proxy_for.cls.__name__ if s.proxy_for.inline else s.name)
+            for s in registry if isinstance(s.proxy_for, FunctionBridge)}
+
+
+def _inlined(registry: Registry) -> set[tuple[str, str]]:
+    """(domain, name) of the ops whose nodes the file holds as their bodies: standard-op symbolics registered
+    without name= (``FunctionBridge.inline``)."""
+    return {(s.domain, s.name) for s in registry if isinstance(s.proxy_for, FunctionBridge) and s.proxy_for.inline}
+
+
+def inline_symbolic_ops(proto: onnx.ModelProto, registry: Registry) -> tuple[onnx.ModelProto, tuple[str, ...]]:
+    """``proto`` with each node of a standard-op symbolic registered without name= replaced by the standard
+    ops its symbolic writes (its attached body), as the TorchScript exporter wrote them into the graph; and the
+    Function classes whose symbolics were written so."""
+    ops = _inlined(registry) & {(n.domain, n.op_type) for n in custom_nodes(proto)}
+    if not ops:
+        return proto, ()
+    written = tuple(sorted(class_name(s.proxy_for.cls) for s in registry if (s.domain, s.name) in ops))
+    flat = onnx.inliner.inline_selected_functions(proto, [*ops], exclude=False)
+    used = {(f.domain, f.name) for f in flat.functions}
+    keep = [f for f in flat.functions if (f.domain, f.name) not in ops]
+    del flat.functions[:]
+    flat.functions.extend(keep)
+    domains = {d for d, _ in ops} - {d for d, _ in used - ops} - {n.domain for n in custom_nodes(flat)}
+    imports = [o for o in flat.opset_import if o.domain not in domains]
+    del flat.opset_import[:]
+    flat.opset_import.extend(imports)
+    return flat, written
 
 
 def to_onnx(program: torch.export.ExportedProgram, registry: Registry, opset: int):

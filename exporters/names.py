@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import onnx
 import torch
@@ -41,6 +41,25 @@ def name_custom_outputs(model: onnx.ModelProto, registry) -> None:
     fresh = FreshNames(value_names(model.graph))
     rename_values(model, {out: fresh(f"{node.op_type}_out{i}") for node in custom_nodes(model) if len(node.output) > 1
                           for i, out in enumerate(node.output) if out.startswith("getitem")})
+
+
+def snake_case(name: str) -> str:
+    """``name`` (a class or ONNX op type) as a value name.
+
+    >>> snake_case("MMCVModulatedDeformConv2d"), snake_case("RoIAlignFunction"), snake_case("bev_pool_v2")
+    ('mmcv_modulated_deform_conv2d', 'ro_i_align_function', 'bev_pool_v2')
+    """
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
+
+
+def name_proxy_outputs(model: onnx.ModelProto, hints: Mapping[tuple[str, str], str], prefix: str) -> None:
+    """Outputs of the custom nodes of ops in ``hints`` (``(domain, op type) -> name``) still named as torch
+    named their proxy's call (they start with ``prefix``) take the op's name: ``<name>`` or ``<name>_out<i>``."""
+    fresh = FreshNames(value_names(model.graph))
+    rename_values(model, {
+        out: fresh(hints[(node.domain, node.op_type)] + (f"_out{i}" if len(node.output) > 1 else ""))
+        for node in custom_nodes(model) if (node.domain, node.op_type) in hints
+        for i, out in enumerate(node.output) if out.startswith(prefix)})
 
 
 def name_graph_io(model: onnx.ModelProto, input_names: Sequence[str] | None,

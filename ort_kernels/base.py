@@ -147,8 +147,9 @@ class Tier(abc.ABC):
         return None
 
     def report(self, registry: Registry) -> list[str]:
-        """Lines ``opbridge doctor`` prints about this tier."""
-        served = [s.qualname for s in registry.exportable() if self.why_not(s) is None]
+        """Lines ``opbridge doctor`` prints about this tier (each op by its own name, as ``opbridge ops``
+        lists it: a mutating op, not its functional twin)."""
+        served = [s.qualname for s in registry if self.why_not(registry.functional(s)) is None]
         return [f"serves {len(served)} ops: {', '.join(served) or 'none'}"]
 
 

@@ -21,6 +21,7 @@ import onnx
 import onnxruntime as ort
 
 from bridge.core.errors import OpBridgeError
+from bridge.core.files import check_library_file
 from bridge.core.graphs import custom_nodes, model_value_types
 from ort_kernels.base import Paths
 
@@ -50,13 +51,7 @@ def check_library(path: str | os.PathLike) -> str:
     ...     print(str(e).split(". ")[0])
     opbridge: no native kernel library at 'no/such/lib.so'
     """
-    text = os.fspath(path)
-    if not os.path.exists(text):
-        raise OpBridgeError(f"no native kernel library at {text!r}. Got a missing file. Pass the path of a "
-                            "custom-op library (.so), or build opbridge's own with `opbridge build -o DIR`.")
-    if not os.path.isfile(text):
-        raise OpBridgeError(f"the native kernel library {text!r} is not a file. Got a "
-                            f"{'folder' if os.path.isdir(text) else 'special file'}. Pass the path of the .so itself.")
+    text = check_library_file(path)
     full = os.path.abspath(text)
     stat = os.stat(full)
     key = (full, stat.st_size, stat.st_mtime_ns)

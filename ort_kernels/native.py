@@ -91,7 +91,8 @@ class NativeTier(Tier):
         return Prepared(options, changed=changed, kernels=kernels)
 
     def missing(self, registry: Registry) -> str | None:
-        if os.environ.get(LIBRARY_ENV) or verified(library_path(registry, build=False)) or find_compiler():
+        # NOTE: the cheap answers first: the library's key needs every op's types (their fake kernels)
+        if os.environ.get(LIBRARY_ENV) or find_compiler() or verified(library_path(registry, build=False)):
             return None
         try:
             compiler("the native kernel library", fix=", or point $OPBRIDGE_NATIVE_LIBRARY at a library built "
@@ -106,8 +107,11 @@ class NativeTier(Tier):
         for (domain, name), dtypes in sorted(served.items()):
             spec = registry.find(domain, name)
             assert spec is not None  # served ops come from the registry
+            op = registry.declared(spec).qualname
+            # NOTE: the node's ONNX name, and the op's own where it differs (as `opbridge ops` shows both)
             lines.append(f"  {domain}::{name} v{spec.version} "
-                         f"{','.join(str(d).replace('torch.', '') for d in dtypes)}")
+                         f"{','.join(str(d).replace('torch.', '') for d in dtypes)}"
+                         f"{'' if op == f'{domain}::{name}' else f' (op {op})'}")
         return lines
 
 

@@ -49,6 +49,7 @@ import torch
 from bridge.core.dtypes import ONNX_TO_TORCH, numpy_dtype
 from bridge.core.errors import OpBridgeError, UnsupportedInTier
 from bridge.core.graphs import FreshNames, custom_nodes, model_graphs, model_value_types, value_names
+from bridge.core.installed import pip_line
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec, node_attributes
 from ort_kernels.base import Paths, Prepared, Tier, helper_functions, libraries, with_library
@@ -405,8 +406,10 @@ def _register(options: ort.SessionOptions | None, path: str) -> ort.SessionOptio
     return options
 
 
-_NO_EXTENSIONS = ("tier 'python' needs onnxruntime-extensions. Got no such package. "
-                  "pip install 'opbridge[python-tier]' (onnxruntime-extensions==0.15.*).")
+def _no_extensions() -> str:
+    """The message for a machine without onnxruntime-extensions, with the line that installs it here."""
+    return ("tier 'python' needs onnxruntime-extensions. Got no such package. "
+            f"Install it with `{pip_line('python-tier')}`.")
 
 
 class PythonTier(Tier):
@@ -419,7 +422,7 @@ class PythonTier(Tier):
         return None
 
     def missing(self, registry: Registry) -> str | None:
-        return _NO_EXTENSIONS if importlib.util.find_spec("onnxruntime_extensions") is None else None
+        return _no_extensions() if importlib.util.find_spec("onnxruntime_extensions") is None else None
 
     def prepare(self, model: onnx.ModelProto, registry: Registry, options: ort.SessionOptions | None,
                 library: Paths | None = None) -> Prepared:
@@ -427,7 +430,7 @@ class PythonTier(Tier):
         try:
             from onnxruntime_extensions import get_library_path
         except ImportError:
-            raise UnsupportedInTier(_NO_EXTENSIONS) from None
+            raise UnsupportedInTier(_no_extensions()) from None
         # element type by value name, over the graph and its subgraphs (0: not known)
         types = {name: t.tensor_type.elem_type for name, t in model_value_types(_infer_types(model)).items()}
         helpers = helper_functions(model, registry)

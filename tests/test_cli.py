@@ -253,7 +253,7 @@ def test_missing_prerequisites_are_named_before_any_export(monkeypatch):
     runs = [in_process("check", "--tier", "python"), in_process("check", "--inline", "--runtime", "openvino")]
     assert [r.returncode for r in runs] == [2, 2], [r.stdout + r.stderr for r in runs]
     lines = [line for r in runs for line in r.stderr.splitlines() if line.startswith("error:")]
-    assert "opbridge[python-tier]" in lines[0] and "openvino" in lines[1], lines
+    assert f'-m pip install -e "{ROOT}[python-tier]"' in lines[0] and "openvino" in lines[1], lines
     assert not any("torch.export" in r.stderr or "building" in r.stderr for r in runs)  # no export step started
 
 
@@ -304,3 +304,122 @@ def test_export_of_a_case_with_a_non_tensor_argument(tmp_path):
         assert data.files == ["x"] and data["x"].shape == (1, 2, 3, 3)
     r = in_process("-q", "run", str(onnx_path), cwd=tmp_path)
     assert r.returncode == 0 and "min 3 max 3" in r.stdout, r.stdout + r.stderr
+
+
+# --- the first hour (issue #45): -q quiet, public names, doctor, arguments before work -------------------
+
+BUILDS_AT_IMPORT = ("from bridge.core import progress\n"
+                    "with progress.step('building the C++ library of mine::slow', always=True):\n"
+                    "    pass\n")
+
+
+def test_quiet_silences_even_the_build_lines(tmp_path):
+    # NOTE: a C++ build prints its line even with progress off (the API default); -q is asked silence
+    (tmp_path / "builds.py").write_text(BUILDS_AT_IMPORT)
+    loud = in_process("--ops", "builds.py", "cache", cwd=tmp_path)
+    assert loud.returncode == 0 and "building the C++ library of mine::slow" in loud.stderr, loud.stderr
+    quiet = in_process("-q", "--ops", "builds.py", "cache", cwd=tmp_path)
+    assert quiet.returncode == 0 and quiet.stderr == "", quiet.stderr
+
+
+def test_model_factory_errors_name_the_public_model_case(tmp_path):
+    (tmp_path / "wrong.py").write_text("def case():\n    return 42\n")
+    r = in_process("check", "--model", "wrong:case", cwd=tmp_path)
+    _one_line_error(r, "must return a bridge.testing.ModelCase. Got int.")
+    r = in_process("check", "--model", "wrong:nothing", cwd=tmp_path)
+    _one_line_error(r, "of a function returning bridge.testing.ModelCase")
+    assert "bridge.tools.testing" not in r.stderr
+
+
+def _hide(monkeypatch, *modules):
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in modules else real(name, *a))
+
+
+def _tier_lines(stdout: str, name: str) -> list[str]:
+    """The indented lines doctor prints under ``tier NAME:``."""
+    lines = stdout.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"tier {name}:")) + 1
+    end = next((j for j in range(start, len(lines)) if not lines[j].startswith("  ")), len(lines))
+    return lines[start:end]
+
+
+def test_doctor_without_onnxruntime_extensions_says_the_python_tier_serves_nothing(monkeypatch):
+    _hide(monkeypatch, "onnxruntime_extensions")
+    r = in_process("doctor")
+    assert r.returncode == 0, r.stderr
+    python = _tier_lines(r.stdout, "python")
+    assert len(python) == 1 and "serves no ops here" in python[0] and "needs onnxruntime-extensions" in python[0], python
+    assert "serves 5 ops" in _tier_lines(r.stdout, "function")[0]
+
+
+def test_doctor_without_a_compiler_suggests_no_build(monkeypatch, tmp_path):
+    monkeypatch.setenv("OPBRIDGE_CACHE_DIR", str(tmp_path / "cache"))  # nothing built
+    monkeypatch.setenv("CXX", "no-such-compiler-45")
+    monkeypatch.delenv("OPBRIDGE_NATIVE_LIBRARY", raising=False)
+    r = in_process("doctor")
+    assert r.returncode == 0, r.stderr
+    assert "doctor --build" not in r.stdout
+    assert "built: no (no C++ compiler here to build it; tier native below says what to do)" in r.stdout, r.stdout
+    native = _tier_lines(r.stdout, "native")
+    assert len(native) == 1 and "serves no ops here" in native[0] and "needs a C++ compiler" in native[0], native
+
+
+def test_doctor_names_each_op_as_ops_does():
+    r = in_process("doctor")
+    assert r.returncode == 0, r.stderr
+    assert "numpy_sin_functional" not in r.stdout
+    assert all("opbridge::numpy_sin" in " ".join(_tier_lines(r.stdout, t)) for t in ("function", "native", "python"))
+
+
+def test_build_manifest_names_each_op_as_ops_does(monkeypatch, tmp_path):
+    from ort_kernels import build
+    fake = tmp_path / "libfake.so"
+    fake.write_bytes(b"\x7fELF")
+    monkeypatch.setattr(build, "library_path", lambda *a, **k: fake)  # NOTE: the manifest, not the compile
+    r = in_process("-q", "build", "-o", str(tmp_path / "dist"))
+    assert r.returncode == 0, r.stderr
+    ops = {o["op"]: o for o in json.loads((tmp_path / "dist" / "manifest.json").read_text())["ops"]}
+    assert "opbridge::numpy_sin" in ops and ops["opbridge::numpy_sin"]["name"] == "numpy_sin", sorted(ops)
+
+
+def test_native_library_is_checked_before_any_export(tmp_path):
+    r = in_process("check", "--native-library", "nope.so", cwd=tmp_path)
+    _one_line_error(r, "no native kernel library at 'nope.so'. Got a missing file.")
+    assert "[opbridge]" not in r.stderr and r.stdout == ""  # no import of the ops, no export step
+    (tmp_path / "not_a_library.so").write_bytes(b"text")  # there, but onnxruntime cannot load it
+    r = in_process("check", "--native-library", "not_a_library.so", cwd=tmp_path)
+    _one_line_error(r, "onnxruntime could not load the native library 'not_a_library.so'")
+    assert "torch.export" not in r.stderr
+
+
+# NOTE: each in a fresh interpreter: the point is what a command imports
+LIGHT = [("cache",), ("check", "--native-library", "nope.so"), ("run", "missing.onnx"),
+         ("export", "-o", "no/such/dir/m.onnx"), ("check", "--model", "nomodule"),
+         ("build", "-o", "pyproject.toml")]
+
+
+def test_cache_and_argument_errors_load_no_torch(tmp_path):
+    code = ("import sys\nfrom bridge.tools import cli\n"
+            f"codes = [cli.main(list(a)) for a in {LIGHT!r}]\n"
+            "print('codes:', codes, 'heavy:', sorted(m for m in ('torch', 'onnxruntime') if m in sys.modules))")
+    env = dict(os.environ, OPBRIDGE_CACHE_DIR=str(tmp_path / "cache"))
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=120, env=env)
+    assert r.returncode == 0, r.stderr
+    assert "codes: [0, 2, 2, 2, 2, 2] heavy: []" in r.stdout, r.stdout + r.stderr
+    assert r.stderr.count("error: opbridge: ") == 5, r.stderr
+
+
+def test_ops_says_which_tiers_this_machine_cannot_run(monkeypatch):
+    _hide(monkeypatch, "onnxruntime_extensions")
+    r = in_process("ops")
+    assert r.returncode == 0, r.stderr
+    (line,) = [line for line in r.stdout.splitlines() if line.startswith("note: tier python")]
+    assert "runs nothing here: tier 'python' needs onnxruntime-extensions" in line and "-m pip install" in line, line
+
+
+def test_plot_without_matplotlib_is_named_before_any_export(monkeypatch, tmp_path):
+    _hide(monkeypatch, "matplotlib")
+    r = in_process("check", "--plot", str(tmp_path / "errors.png"))
+    _one_line_error(r, f'plotting needs matplotlib. Got no matplotlib. Install it with `{sys.executable} -m pip install')
+    assert r.stdout == ""  # no check ran

@@ -475,10 +475,12 @@ def test_fake_quant_standard_ops(reg, tier, qrange):
 
 def test_a_symbolic_failing_for_other_attribute_values_is_named(reg):
     """symbolic is read once at registration; a body for other values runs it again at export, and
-    what it raises there is one opbridge error naming the op and the values, not a bare traceback."""
+    what it raises there is one opbridge error naming the Function's symbolic (not a builder the user
+    never wrote) and the call's values, not a bare traceback."""
     bridge.register(FakeQuantize, name="qat::FakeQuantize", fake=quant_fake, registry=reg)
-    with pytest.raises(bridge.OpBridgeError, match=r"qat::FakeQuantize: the body builder failed for "
-                       r"\{'quant_min': 0, 'quant_max': 15\}\. Got ValueError: 8-bit ranges only"):
+    with pytest.raises(bridge.OpBridgeError, match=r"FakeQuantize\.symbolic raised when run \(as the TorchScript "
+                       r"exporter runs it, at opset 17\) for the call's arguments \['<tensor>', '<tensor>', "
+                       r"'<tensor>', 0, 15\]\. Got ValueError: 8-bit ranges only\. Fix the symbolic"):
         bridge.export(QuantModel(0, 15), (torch.randn(3, 7),), registry=reg)
 
 
@@ -533,8 +535,14 @@ OPS_MODULE = textwrap.dedent("""
         def forward(ctx, x: torch.Tensor):
             return x + 1
 
+    class Untold(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x, k):
+            return x * k
+
     bridge.register(Scale)
     bridge.register(NoGrad, name="fndemo::NoGrad")
+    bridge.register(Untold, name="fndemo::Untold")
 """)
 
 
@@ -553,6 +561,8 @@ def test_opbridge_ops_lists_registered_functions(tmp_path):
     text = forkserver.run(["-m", "bridge", "--ops", "fnmod.py", "ops"], cwd=tmp_path,
                           timeout=300).stdout
     assert "note: fndemo::Scale is the node of torch.autograd.Function fnmod.Scale (bridge.register)" in text
+    assert "note: torch.autograd.Function fnmod.Untold is registered; its node is described at its first call" in text
+    assert "fndemo::Untold" not in rows
 
 
 def test_unregistered_function_with_symbolic_warns_once(reg):
@@ -609,7 +619,10 @@ def test_register_errors(reg):
 
     with pytest.raises(bridge.OpBridgeError, match="needs a name"):
         bridge.register(NoKinds, registry=reg)
-    with pytest.raises(bridge.OpBridgeError, match=r"argument 'x' of forward .*sample_inputs="):
+    pending = bridge.register(NoKinds, name="mine::nokinds", registry=reg)  # NOTE: no kinds: the first call tells
+    with pytest.raises(bridge.OpBridgeError, match=r"NoKinds: its node is described at its first call in an export"):
+        pending.spec  # noqa: B018
+    with pytest.raises(bridge.OpBridgeError, match=r"NoKinds is already registered"):
         bridge.register(NoKinds, name="mine::nokinds", registry=reg)
 
     class Helper(torch.autograd.Function):
@@ -622,8 +635,17 @@ def test_register_errors(reg):
             from torch.onnx import symbolic_helper
             return g.op("mine::H", x, n_i=symbolic_helper._get_tensor_rank(x))
 
-    with pytest.raises(bridge.OpBridgeError, match=r"Helper.symbolic"):
-        bridge.register(Helper, registry=reg)
+    bridge.register(Helper, registry=reg)  # NOTE: x's kind unknown: the first call tells, and its rank
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return Helper.apply(x)
+
+    proto = bridge.export(M(), (torch.ones(2, 3),), registry=reg)
+    assert [(a.name, a.i) for a in proto.graph.node[0].attribute] == [("n", 2)]  # as TorchScript wrote it
+    with pytest.raises(bridge.OpBridgeError, match=r"Helper.symbolic writes attribute 'n' = 3 for this call, where "
+                                                   r"the node read first holds 2"):
+        bridge.export(M(), (torch.ones(2, 3, 4),), registry=reg)
 
 
 class ScaleFn(torch.autograd.Function):

@@ -14,28 +14,29 @@ saying what it left unchecked. mmdeploy's op is registered in subprocesses only
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import mmdeploy_lib
 import numpy as np
 import onnx
 import pytest
 import torch
+from mmdeploy_lib import FETCH, OFFLINE
 from onnxruntime_extensions import get_library_path
-from test_doc_blocks import CODE, DocRun, doc_block
+from test_doc_blocks import BLOCKS, CODE, DocRun, doc_block
 
 import bridge
 import custom_ops.demo as demo
 from bridge.core.errors import OpBridgeError
 from ort_kernels import build
+from ort_kernels.libraries import check_library
 
 ROOT = Path(__file__).resolve().parents[1]
 OPS = ROOT / "tests" / "user_ops" / "mmdeploy_ops.py"
-FETCH = ".venv/bin/python tests/scripts/fetch_mmdeploy.py"
-LIBRARY = Path(os.environ.get("OPBRIDGE_TEST_MMDEPLOY_LIB")
-               or ROOT / "build" / "mmdeploy-1.3.1" / "libmmdeploy_onnxruntime_ops.so")
 ENV = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
 # (interpolation_mode, padding_mode, align_corners): bilinear/nearest/bicubic x zeros/border/reflection
 # x align_corners between these and the page's deploy_warp.py (bicubic, border, 0)
@@ -43,26 +44,9 @@ COMBOS = [(0, 0, 0), (1, 2, 1), (0, 2, 1), (2, 0, 1)]
 TOLERANCE = 1e-5  # rtol and atol: float32's default (bridge.tools.parity.TOLERANCES); measured <= 2.2e-6
 
 
-# NOTE: the explicit opt-out of an offline run: without it a missing library fails the tests that need it
-OFFLINE = "OPBRIDGE_TEST_NO_MMDEPLOY"
-
-
-def missing(what: str) -> None:
-    """A test's evidence is missing: fail, or skip saying what is left unchecked when $OPBRIDGE_TEST_NO_MMDEPLOY=1."""
-    if os.environ.get(OFFLINE) == "1":
-        pytest.skip(f"{OFFLINE}=1: left unchecked: a user's kernel library in the native tier (mmdeploy's {what} "
-                    "missing): its parity against eager, opbridge's library beside it, docs/kernel_libraries.md's "
-                    "blocks, its missing dependency's message, a domain both libraries serve")
-    pytest.fail(f"mmdeploy's {what} is not fetched: run `{FETCH}` (downloads the 11 MB wheel from PyPI), or point "
-                f"${'OPBRIDGE_TEST_MMDEPLOY_LIB'} at libmmdeploy_onnxruntime_ops.so; offline, set {OFFLINE}=1 to leave "
-                "these tests unchecked", pytrace=False)
-
-
 @pytest.fixture(scope="module")
 def mmdeploy_library() -> str:
-    if not LIBRARY.is_file():
-        missing(f"library ({LIBRARY})")
-    return str(LIBRARY)
+    return mmdeploy_lib.library()
 
 
 # NOTE: one subprocess for every combination: it registers mmdeploy::grid_sampler, exports each
@@ -153,9 +137,9 @@ def test_the_pages_op_module_is_the_tests():
 @pytest.mark.long
 def test_the_pages_blocks_run_on_the_fetched_library(mmdeploy_library, tmp_path):
     """docs/kernel_libraries.md as written, from the extraction on, with the wheel already fetched."""
-    wheels = LIBRARY.parent / "wheels"
+    wheels = mmdeploy_lib.LIBRARY.parent / "wheels"
     if not list(wheels.glob("mmdeploy-1.3.1-*.whl")):
-        missing(f"wheel (in {wheels})")
+        mmdeploy_lib.missing(f"wheel (in {wheels})")
     (tmp_path / "wheels").symlink_to(wheels)
     run = DocRun(tmp_path)
     blocks = [b for b in CODE if b.page == PAGE and "pip download" not in b.code]
@@ -171,6 +155,11 @@ def test_the_pages_blocks_run_on_the_fetched_library(mmdeploy_library, tmp_path)
     assert cli.count("ORT tier native vs eager torch | PASS") == 3 and "0 failed" in cli, cli
     assert "relu: shape [3, 4, 5, 6] float32" in cli and "(native tier)" in cli, cli
     assert "(4, 4, 5, 6)" in outputs[blocks[-1].id]
+    # the page's sample of `check`'s output is the command's own (the library's folder shown as /...; the
+    # errors' digits are this machine's)
+    (sample,) = [b.code for b in BLOCKS if b.page == PAGE and b.lang == "text" and b.code.startswith("parity: ")]
+    digits = re.compile(r"\d\.\d\de-\d\d")
+    assert digits.sub("N", sample) in digits.sub("N", cli.replace(str(tmp_path), "/...")), (sample, cli)
 
 
 @pytest.mark.long
@@ -264,13 +253,21 @@ def test_every_test_needing_mmdeploy_is_long_and_ci_fetches_it_or_fails():
     """The README's default command (``-m 'not slow and not long'``) never needs mmdeploy's library; CI's
     ``-m long`` run does, and .ci/run fetches it with no fallback: a failed fetch fails CI, and only the
     explicit $OPBRIDGE_TEST_NO_MMDEPLOY=1 skips it, printing what is left unchecked (issue #46)."""
-    import inspect
+    import ast
 
-    needing = [name for name, fn in globals().items() if name.startswith("test_") and callable(fn)
-               and {"mmdeploy_library", "parity_runs"} & set(inspect.signature(fn).parameters)]
-    assert len(needing) == 5
-    for name in needing:
-        assert any(m.name == "long" for m in getattr(globals()[name], "pytestmark", [])), name
+    needing = {}  # test file -> its tests that take the library (the fixture, or mmdeploy_lib)
+    for path in sorted((ROOT / "tests").glob("test_*.py")):
+        tree = ast.parse(path.read_text())
+        fixtures = {"mmdeploy_library", "parity_runs"} if path.name == Path(__file__).name else set()
+        for fn in (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name.startswith("test_")):
+            uses = ({a.arg for a in fn.args.args} & fixtures) or any(
+                isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name) and n.value.id == "mmdeploy_lib"
+                for n in ast.walk(fn))
+            if uses:
+                marks = {ast.unparse(d) for d in fn.decorator_list}
+                assert "pytest.mark.long" in marks, f"{path.name}::{fn.name} needs mmdeploy's library: mark it long"
+                needing.setdefault(path.name, []).append(fn.name)
+    assert len(needing.get(Path(__file__).name, [])) == 5 and "test_upstream_functions.py" in needing, needing
     ci = (ROOT / ".ci" / "run").read_text()
     fetch = [line.strip() for line in ci.splitlines() if "fetch_mmdeploy.py" in line and not line.strip().startswith("#")]
     assert fetch and not any("||" in line for line in fetch), fetch
@@ -293,3 +290,20 @@ def test_a_missing_mmdeploy_library_fails_unless_the_run_says_offline(tmp_path, 
     else:
         assert r.returncode == 1 and "1 error" in r.stdout, r.stdout[-2000:]
         assert FETCH in r.stdout and f"{OFFLINE}=1" in r.stdout, r.stdout[-2000:]
+
+
+def test_the_pages_error_samples_are_the_messages(tmp_path, monkeypatch):
+    """docs/kernel_libraries.md's 'What fails' lines, but the load failure (mmdeploy's library, a long test's),
+    are what opbridge says."""
+    (shown,) = [b.code for b in BLOCKS if b.page == PAGE and b.lang == "text" and b.code.startswith("opbridge: no ")]
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "mmdeploy_lib").mkdir()
+    model = _identity_file(tmp_path)
+    said = []
+    for call in (lambda: check_library("nope.so"), lambda: check_library("mmdeploy_lib"),
+                 lambda: bridge.session(model, tier="function", native_library="mmdeploy_lib")):
+        with pytest.raises(OpBridgeError) as e:
+            call()
+        said.append(str(e.value))
+    lines = shown.splitlines()
+    assert [lines[0], lines[1], lines[3]] == said

@@ -249,6 +249,23 @@ def test_grid_sample_modes_are_renamed_across_opset_20(source, target, mode, ren
     assert [a.s.decode() for a in converted.node[0].attribute if a.name == "mode"] == [renamed]
 
 
+@pytest.mark.parametrize("source,target", [(12, 20), (20, 12)])
+def test_roi_align_keeps_its_coordinates_across_opset_16(source, target):
+    """RoiAlign-16 added coordinate_transformation_mode defaulting to half_pixel; before it RoiAlign had only
+    output_half_pixel: crossing up writes that mode (mmcv 2.x's RoIAlign symbolic is written for opset < 13)."""
+    image = np.random.default_rng(1).normal(size=(2, 3, 8, 7)).astype(np.float32)
+    boxes = np.array([[0.5, 1.0, 6.0, 5.5], [2.0, 0.0, 7.5, 7.0]], np.float32)
+    mode = {"coordinate_transformation_mode": "output_half_pixel"} if source >= 16 else {}
+    body = _body([helper.make_node("RoiAlign", ["x", "r", "i"], ["y"], output_height=2, output_width=3,
+                                   sampling_ratio=2, spatial_scale=1.0, **mode)], source, inputs=("x", "r", "i"))
+    converted = _same_after(body, source, target, {"x": image, "r": boxes, "i": np.array([1, 0], np.int64)})
+    assert [a.s for a in converted.node[0].attribute if a.name == "coordinate_transformation_mode"] == \
+        ([b"output_half_pixel"] if target >= 16 else [])
+    half = _body([helper.make_node("RoiAlign", ["x", "r", "i"], ["y"])], 20, inputs=("x", "r", "i"))
+    with pytest.raises(bridge.OpBridgeError, match="coordinate_transformation_mode=half_pixel"):
+        convert_function(half, 12)
+
+
 def test_list_constants_become_tensors_old_onnxruntime_can_infer():
     body = bridge.REGISTRY.get("opbridge::crop").function.to_function_proto()
     fixed = portable_constants(body)

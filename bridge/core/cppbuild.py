@@ -14,9 +14,7 @@ Example:
 
 from __future__ import annotations
 
-import atexit
 import contextlib
-import dataclasses
 import errno
 import fcntl
 import functools
@@ -31,119 +29,31 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import torch
 
+# NOTE: the cache's folders live in bridge/core/cache.py (no torch: `opbridge cache` is a light command);
+# its names are this module's too, as the one place builds reach them
+from bridge.core.cache import (  # noqa: F401
+    CACHE_ENV,
+    CACHE_MARKER,
+    CacheEntry,
+    cache_entries,
+    cache_folder,
+    cache_root,
+    clean_cache,
+    private_folder,
+)
 from bridge.core.errors import BuildError, OpBridgeError
 from bridge.core.progress import step
 
 # NOTE: the environment variables this module reads, each named once.
-CACHE_ENV = "OPBRIDGE_CACHE_DIR"
 CXX_ENV = "CXX"
 DEFAULT_CXX = "g++"
 DIGEST_SUFFIX = ".sha256"
-CACHE_MARKER = ".opbridge-cache"
 _STALE_S = 3600  # an interrupted build's temp folder older than this is removed
-
-
-def cache_root() -> Path:
-    """``$OPBRIDGE_CACHE_DIR``, else ``$XDG_CACHE_HOME/opbridge``, else ``~/.cache/opbridge``.
-
-    >>> bool(os.environ.get(CACHE_ENV)) or cache_root().name == "opbridge"
-    True
-    """
-    if os.environ.get(CACHE_ENV):
-        return Path(os.environ[CACHE_ENV])
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    # NOTE: the XDG spec says a relative XDG_CACHE_HOME is invalid and is to be ignored
-    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
-    return base / "opbridge"
-
-
-def private_folder(path: Path) -> Path:
-    """``path`` as a folder only this user can write: created 0700; refused when it is a symlink,
-    not a folder, owned by someone else, or writable by others."""
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    info = path.lstat()
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-        raise NotADirectoryError(f"{path} is a symlink or not a folder")
-    if info.st_uid != os.getuid() or info.st_mode & 0o022:
-        raise PermissionError(f"{path} belongs to uid {info.st_uid} with mode {oct(info.st_mode & 0o777)}")
-    if not os.access(path, os.W_OK | os.X_OK):
-        raise PermissionError(f"{path} is not writable")
-    return path
-
-
-@functools.cache
-def _fallback_root() -> Path:
-    root = Path(tempfile.mkdtemp(prefix="opbridge-cache-"))
-    # NOTE: the folder serves this process only: removed at exit, so no run leaves a build behind in /tmp
-    atexit.register(shutil.rmtree, root, ignore_errors=True)
-    return root
-
-
-def cache_folder(kind: str) -> Path:
-    """``cache_root()/kind``, a folder only this user can write; when that is not possible, a private
-    temp folder for this process (with a warning)."""
-    wanted = cache_root() / kind
-    try:
-        folder = private_folder(wanted)
-        marker = folder / CACHE_MARKER
-        if not marker.exists():
-            marker.touch()  # NOTE: `opbridge cache clean` removes only folders that carry it
-        return folder
-    except OSError as e:
-        fallback = _fallback_root() / kind
-        warnings.warn(f"opbridge: the {kind} cache {str(wanted)!r} cannot be used safely ({e}). Got an unusable "
-                      f"folder. Building in {fallback} for this process; set {CACHE_ENV} to a private folder.",
-                      stacklevel=2)
-        return private_folder(fallback)
-
-
-@dataclasses.dataclass(frozen=True)
-class CacheEntry:
-    """One cached item: ``kind`` (native, torch_ext, ...), its ``key`` folder, bytes and seconds since use."""
-
-    kind: str
-    key: str
-    path: Path
-    size: int
-    age_s: float
-
-
-def _size(path: Path) -> int:
-    return sum(f.lstat().st_size for f in path.rglob("*") if not f.is_symlink() and f.is_file())
-
-
-def _kinds() -> list[Path]:
-    """The kind folders of the cache root that opbridge made (they carry its marker)."""
-    root = cache_root()
-    if not root.is_dir():
-        return []
-    return sorted(p for p in root.iterdir() if p.is_dir() and not p.is_symlink() and (p / CACHE_MARKER).is_file())
-
-
-def cache_entries() -> list[CacheEntry]:
-    """What opbridge keeps under the cache root, one entry per key folder.
-
-    >>> all(e.size >= 0 for e in cache_entries())
-    True
-    """
-    now = time.time()
-    return [CacheEntry(kind.name, key.name, key, _size(key), now - key.lstat().st_mtime)
-            for kind in _kinds() for key in sorted(kind.iterdir()) if key.is_dir() and not key.is_symlink()]
-
-
-def clean_cache(kinds: Sequence[str] | None = None) -> list[Path]:
-    """Remove opbridge's kind folders (all, or those named) from the cache root; return what went.
-    Only folders opbridge made are touched, never the root itself nor anything else in it."""
-    gone = [k for k in _kinds() if kinds is None or k.name in kinds]
-    for kind in gone:
-        shutil.rmtree(kind)
-    return gone
 
 
 def file_sha256(path: Path) -> str:

@@ -74,7 +74,22 @@ def load_model(model: str | os.PathLike | bytes | onnx.ModelProto, *,
         _refuse_ort_format(bytes(model[:8]), "the model bytes")
         return _parse(lambda: onnx.load_from_string(bytes(model)), "the model bytes",
                       "Pass the bytes of a saved .onnx file.")
-    path = os.fspath(model)
+    path = check_model_file(model)
+    with open(path, "rb") as f:
+        _refuse_ort_format(f.read(8), repr(path))
+    return _parse(lambda: onnx.load(path, load_external_data=external_data), repr(path), "Export it again.")
+
+
+def check_model_file(path: str | os.PathLike) -> str:
+    """``path`` as a string, once it names a readable file; else the ``OpBridgeError`` that says what
+    it is instead (missing, a folder, unreadable). Cheap: commands check their files before any work.
+
+    >>> check_model_file("nowhere.onnx")
+    Traceback (most recent call last):
+    ...
+    bridge.core.errors.OpBridgeError: opbridge: no ONNX file at 'nowhere.onnx'. Got a path that does not exist. ...
+    """
+    path = os.fspath(path)
     if os.path.isdir(path):
         raise OpBridgeError(f"{path!r} is a folder, not an ONNX file. Got a directory. Pass the path of a .onnx file.")
     if not os.path.isfile(path):
@@ -83,9 +98,26 @@ def load_model(model: str | os.PathLike | bytes | onnx.ModelProto, *,
     if not os.access(path, os.R_OK):
         raise OpBridgeError(f"cannot read {path!r}. Got no read permission. Make the file readable "
                             f"(chmod u+r {path}) or run as its owner.")
-    with open(path, "rb") as f:
-        _refuse_ort_format(f.read(8), repr(path))
-    return _parse(lambda: onnx.load(path, load_external_data=external_data), repr(path), "Export it again.")
+    return path
+
+
+def check_library_file(path: str | os.PathLike) -> str:
+    """``path`` as a string, once it names a file (a custom-op library to load); else the
+    ``OpBridgeError`` that says what it is instead. Cheap: checked before any export.
+
+    >>> check_library_file("no/such/lib.so")
+    Traceback (most recent call last):
+    ...
+    bridge.core.errors.OpBridgeError: opbridge: no native kernel library at 'no/such/lib.so'. Got a missing file. ...
+    """
+    text = os.fspath(path)
+    if not os.path.exists(text):
+        raise OpBridgeError(f"no native kernel library at {text!r}. Got a missing file. Pass the path of a "
+                            "custom-op library (.so), or build opbridge's own with `opbridge build -o DIR`.")
+    if not os.path.isfile(text):
+        raise OpBridgeError(f"the native kernel library {text!r} is not a file. Got a "
+                            f"{'folder' if os.path.isdir(text) else 'special file'}. Pass the path of the .so itself.")
+    return text
 
 
 # NOTE: an ORT-format model is a FlatBuffer whose file identifier (bytes 4-8) is "ORTM"

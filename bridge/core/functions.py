@@ -1,19 +1,25 @@
 """``torch.autograd.Function`` classes bridged as ops, as deployment repos write them (BEVDet's
-``TRTBEVPoolv2``, mmcv's ``RoIAlignFunction``, QAT fake-quant Functions).
+``TRTBEVPoolv2``, mmcv's ``RoIAlignFunction`` and ``ModulatedDeformConv2dFunction``, QAT fake-quant Functions).
 
 The model keeps calling ``Cls.apply(...)``; eager calls and gradients never change. The Function's
-``symbolic(g, ...)`` (written for the TorchScript exporter) is read once, at registration, against a
-graph context that records ``g.op`` calls, with a placeholder for each argument of ``forward``:
+``symbolic(g, ...)`` (written for the TorchScript exporter) runs on torch.onnx's own TorchScript graph context
+(``torch_compat.run_symbolic``), so ``torch.onnx.symbolic_helper``, ``symbolic_opsetN`` functions and the
+``Value`` methods work as they did there. It is read once, at registration, with a graph input per tensor
+and a placeholder per other argument of ``forward`` (a :class:`Recorder` sees each ``g.op``):
 
 - one node in a custom domain (``g.op("mmcv::MMCVRoiAlign", input, rois, output_height_i=output_size[0],
   ...)``) is the op's ONNX node: its domain, type, inputs (in symbolic's order) and attributes (names,
   types from the ``_i``/``_f``/``_s``/``_is``/``_fs`` suffixes). Where an argument reaches the node
   (passed through, or an element of it, ``output_size[0]``) is recorded, so every tier calls ``forward``
   with the original arguments rebuilt from the node's attributes.
-- standard ONNX ops only (``QuantizeLinear``/``DequantizeLinear``) are the op's written body, built per
-  attribute values by running symbolic with those values; the node is named by ``name=`` and takes the
-  Function's tensors as inputs and its other arguments as attributes, as a Function without
-  ``symbolic`` does.
+- standard ONNX ops only (``QuantizeLinear``/``DequantizeLinear``) are written into the graph in the call's
+  place (or, with ``name=``, are the body of one custom node), built at each call with its values and
+  tensor types.
+
+Each export call is bridged with its own values (:meth:`FunctionBridge.for_call`: a tuple where the read
+said int is INTS, None leaves the attribute out) and its custom node checked against what the TorchScript
+exporter writes for it (:func:`check_written`). A Function whose node only a call tells (no annotation,
+default or sample for an argument's kind) is described at its first call (:class:`NeedsCall`).
 
 During export (``exporters.export``) :func:`swap_forwards` replaces ``Cls.forward`` for the duration of
 ``torch.export`` by a call of the op's proxy (a ``torch.library.custom_op`` in the ``opbridge_proxy``
@@ -21,9 +27,10 @@ namespace whose schema is the node's signature), so the export records one node;
 rather than ``apply`` because modules keep ``apply`` bound under other names (mmcv's ``roi_align =
 RoIAlignFunction.apply``) and torch looks ``forward`` up at each call.
 
-Limits: symbolic may use ``g.op`` (and ``g.opset``) only; a custom node's inputs must be ``forward``'s
-tensors (or ``None``) and its attributes ``forward``'s arguments passed through or indexed; an argument
-that never reaches the node is called with its default (export refuses a call with another value).
+Limits: a custom node's inputs must be ``forward``'s tensors (or ``None``) and its attributes ``forward``'s
+arguments passed through or indexed (not computed from them); an argument that never reaches the node is
+called with its default (export refuses a call with another value, bitwise); a tensor argument's value is
+not known to symbolic (export traces it).
 """
 
 from __future__ import annotations
@@ -38,19 +45,25 @@ import re
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-import numpy as np
+import onnx
 import torch
-from onnx import helper, numpy_helper
+from onnx import helper
 
 from bridge.core import torch_compat
 from bridge.core.domains import ONNX_DOMAINS, is_custom
 from bridge.core.errors import OpBridgeError
 from bridge.core.proxy import define_proxy_op, proxy_name, schema_text
-from bridge.core.spec import Written
+from bridge.core.spec import Written, value_key, values_key
 
 # NOTE: the opset a symbolic function's standard ops are read at (torch.onnx's TorchScript exporter
 # default); bodies are converted to the model's opset as they are attached.
 SYMBOLIC_OPSET = 17
+# NOTE: the opset a symbolic written for the TorchScript exporter's early opsets runs at where its nodes are
+# invalid at SYMBOLIC_OPSET (mmcv 2.x's RoIAlign writes Squeeze(axes_i=...), valid before opset 13)
+LEGACY_OPSET = 11
+# NOTE: the domain of the node of a standard-op symbolic registered without name=: the export writes its
+# standard ops into the graph in the node's place, as the TorchScript exporter did (TensorRT reads Q/DQ there)
+INLINE_DOMAIN = "opbridge_symbolic"
 # NOTE: the attribute suffixes of the TorchScript exporter's g.op; a custom node carries the first five
 _ATTR = re.compile(r"^(.+)_(i|f|s|t|is|fs|ss|ts|g|gs)$")
 _SCHEMA_TYPES = {"i": "int", "f": "float", "s": "str", "is": "int[]", "fs": "float[]", "b": "bool"}
@@ -63,6 +76,23 @@ class _NeedsValue(Exception):
 
 class _Unsupported(Exception):
     """Internal: symbolic used a part of the graph context opbridge does not record."""
+
+
+class _IsTensor(Exception):
+    """Internal: symbolic passed argument ``name`` (read as a placeholder) to g.op as an input: a tensor."""
+
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
+
+
+class NeedsCall(OpBridgeError):
+    """A Function whose node only a call tells (argument kinds, values symbolic computes with): it is
+    described at its first call in an export (``bridge.core.opdef``)."""
+
+    def __init__(self, cls: type, why: str):
+        super().__init__(f"{class_name(cls)}: its node is known only from a call: {why}. Got a registration "
+                         "without a sample. Export a model that calls it (the call tells), or pass sample_inputs=.")
 
 
 class _Arg:
@@ -87,47 +117,35 @@ class _Arg:
     __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _value  # type: ignore[assignment]
 
 
-class Value:
-    """A value of the recorded graph (what ``g.op`` returns)."""
-
-    def __init__(self, name: str):
-        self.name = name
-
-    def setType(self, _type):  # noqa: N802  the TorchScript Value method symbolic functions call
-        return self
-
-    def __repr__(self) -> str:
-        return f"<value {self.name}>"
-
-
 @dataclasses.dataclass
 class Node:
     op_type: str
     domain: str
-    inputs: list  # _Arg, Value, None
-    attrs: dict[str, tuple[str, Any]]  # name -> (suffix, value)
-    outputs: list[Value]
+    inputs: list  # _Arg (a tensor argument of forward), the id of a computed value (Value.unique()), None
+    attrs: dict[str, tuple[str, Any]]  # name -> (suffix, value as symbolic gave it: _Arg placeholders kept)
+    outputs: list[int]  # ids of the values written
 
 
-class GraphContext:
-    """The ``g`` a symbolic function gets: records ``g.op(...)`` calls as :class:`Node`s.
+class Recorder:
+    """A hook of ``torch_compat.run_symbolic``: records each ``g.op`` call as a :class:`Node`, with the
+    placeholders (:class:`_Arg`) symbolic passed as attributes, and makes the call on torch's graph with a
+    stand-in value for each placeholder (the graph itself is thrown away).
 
     Example:
-        >>> g = GraphContext()
-        >>> y = g.op("mine::Scale", Value("x"), factor_f=2.0)
-        >>> [(n.domain, n.op_type, n.attrs) for n in g.nodes], y.name
-        ([('mine', 'Scale', {'factor': ('f', 2.0)})], 'Scale_0')
+        >>> rec = Recorder()
+        >>> sym = lambda g, x, factor: g.op("mine::Scale", x, factor_f=factor)
+        >>> _ = torch_compat.run_symbolic(sym, [torch_compat.GraphInput("x"), _Arg("factor")], 17, rec)
+        >>> [(n.domain, n.op_type, n.inputs, n.attrs) for n in rec.nodes]
+        [('mine', 'Scale', [x], {'factor': ('f', factor)})]
     """
-
-    opset = SYMBOLIC_OPSET
 
     def __init__(self):
         self.nodes: list[Node] = []
 
-    def op(self, opname: str, *inputs, outputs: int = 1, **attrs):
+    def __call__(self, write: Callable, opname: str, inputs: Sequence, outputs: int, attrs: Mapping[str, Any]):
         domain, _, op_type = opname.rpartition("::")
         domain = "" if domain == "onnx" else domain
-        parsed = {}
+        parsed, concrete = {}, {}
         # NOTE: sorted by keyword (name and suffix), as the TorchScript exporter adds them (its jit_utils
         # _create_node): the node's attributes come in the order torch.onnx.export(dynamo=False) writes
         for key, value in sorted(attrs.items()):
@@ -137,16 +155,35 @@ class GraphContext:
                                    "(_i, _f, _s, _t, _is, _fs, _ss)")
             if value is not None:  # NOTE: the TorchScript exporter leaves a None attribute out
                 parsed[m.group(1)] = (m.group(2), value)
-        outs = [Value(f"{op_type}_{len(self.nodes)}" + (f"_{i}" if outputs > 1 else "")) for i in range(outputs)]
+            concrete[key] = _stand_in(value, m.group(2))
         for x in inputs:
-            if not isinstance(x, (_Arg, Value)) and x is not None:
-                raise _Unsupported(f"g.op({opname!r}, ...) with an input of type {type(x).__name__} (give tensors, "
-                                   "or g.op('Constant', value_t=...))")
-        self.nodes.append(Node(op_type, domain, list(inputs), parsed, outs))
-        return outs[0] if outputs == 1 else tuple(outs)
+            if isinstance(x, _Arg):
+                if x.path:
+                    raise _Unsupported(f"g.op({opname!r}, ...) with an element {x!r} of an argument as an input")
+                raise _IsTensor(x.name)
+        out = write(*inputs, outputs=outputs, **concrete)
+        outs = list(out) if isinstance(out, (tuple, list)) else [out]
+        self.nodes.append(Node(op_type, domain, [_source(x) for x in inputs], parsed, [o.unique() for o in outs]))
+        return out
 
-    def __getattr__(self, name: str):
-        raise _Unsupported(f"g.{name}")
+
+def _stand_in(value: Any, kind: str) -> Any:
+    """``value`` with each placeholder replaced by a value of the attribute's type."""
+    if isinstance(value, (list, tuple)):
+        return [_stand_in(v, kind.rstrip("s")) for v in value]
+    if isinstance(value, _Arg):
+        return {"f": 0.0, "s": "", "is": [0], "fs": [0.0]}.get(kind, 0)
+    return value
+
+
+def _source(x: Any) -> Any:
+    """A g.op input as recorded: forward's tensor argument (a graph input) as its placeholder, another value
+    by its id."""
+    value = torch_compat.graph_value(x)
+    if value is None:
+        return x
+    name, identity = value
+    return identity if name is None else _Arg(name)
 
 
 def is_function_class(value: Any) -> bool:
@@ -163,7 +200,8 @@ def class_name(cls: type) -> str:
     return f"{cls.__module__}.{cls.__qualname__}"
 
 
-_SWAPPED: dict[type, Callable | None] = {}  # class -> its own forward, while swap_forwards replaces it
+# class -> (its own forward, whether it has its own setup_context), while swap_forwards replaces them
+_SWAPPED: dict[type, tuple[Callable | None, bool]] = {}
 
 
 def _static(cls: type, name: str) -> Callable | None:
@@ -174,7 +212,13 @@ def _static(cls: type, name: str) -> Callable | None:
 
 def original_forward(cls: type) -> Callable | None:
     """The Function's own ``forward`` (a plain function), also while :func:`swap_forwards` replaces it."""
-    return _SWAPPED.get(cls) or _static(cls, "forward")
+    return _SWAPPED[cls][0] if cls in _SWAPPED else _static(cls, "forward")
+
+
+def setup_style(cls: type) -> bool:
+    """Whether the Function's own ``forward`` takes no ctx (it defines ``setup_context``), also while
+    :func:`swap_forwards` replaces them."""
+    return _SWAPPED[cls][1] if cls in _SWAPPED else torch_compat.function_has_setup_context(cls)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,12 +231,38 @@ class Attr:
     source: str | None
     path: tuple[int, ...] = ()
     value: Any = None
+    optional: bool = False  # a call passes None: the node leaves the attribute out (as TorchScript did)
+
+    def raw(self, values: Mapping[str, Any]) -> Any:
+        """The value ``forward``'s arguments ``values`` give the attribute, as the call passed it."""
+        if self.source is None:
+            return self.value
+        return functools.reduce(operator.getitem, self.path, values[self.source])
 
     def of(self, values: Mapping[str, Any]) -> Any:
         """The attribute's value for ``forward``'s arguments ``values``."""
+        v = self.raw(values)
+        return None if v is None else _as_kind(v, self.kind)
+
+    def for_value(self, v: Any) -> Attr:
+        """This attribute typed as a call's value ``v`` needs it: a tuple or list where the node said one
+        int or float is ints or floats (``g.op`` writes INTS for ``stride_i=(1, 1)``), a float where it said
+        int is a float, None leaves it out."""
         if self.source is None:
-            return self.value
-        return _as_kind(functools.reduce(operator.getitem, self.path, values[self.source]), self.kind)
+            return self
+        if v is None:
+            return self if self.optional else dataclasses.replace(self, optional=True)
+        base = self.kind[0]
+        if isinstance(v, (list, tuple)) and base in "ifb":
+            floats = base == "f" or any(isinstance(x, float) for x in v)
+            kind = "fs" if floats else "is"
+        elif isinstance(v, float) and base in "ib":
+            kind = "f"
+        elif isinstance(v, int) and not isinstance(v, bool) and self.kind in ("is", "fs"):
+            kind = self.kind[0]
+        else:
+            kind = self.kind
+        return self if kind == self.kind else dataclasses.replace(self, kind=kind)
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -211,6 +281,11 @@ class FunctionBridge:
     num_outputs: int
     containers: tuple[tuple[str, type], ...] = ()  # arguments rebuilt as tuple/list
     body: Callable | None = None  # standard-op symbolic: attribute values -> written body
+    fake: Callable | None = None  # the user's fake= (called with apply's arguments), for every proxy of the node
+    # standard-op symbolic: the body each export call recorded, by its attribute values (``record_body``)
+    bodies: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
+    inline: bool = False  # a standard-op symbolic's node without name=: its body goes into the graph in its place
+    symbolic_node: bool = False  # the node is the custom node symbolic writes
 
     @property
     def qualname(self) -> str:
@@ -225,7 +300,8 @@ class FunctionBridge:
     @property
     def schema(self) -> str:
         """The node's signature in torch schema syntax (the proxy op's)."""
-        types = [f"Tensor{'?' if opt else ''}" for _, opt in self.inputs] + [_SCHEMA_TYPES[a.kind] for a in self.attrs]
+        types = ([f"Tensor{'?' if opt else ''}" for _, opt in self.inputs]
+                 + [_SCHEMA_TYPES[a.kind] + ("?" if a.optional else "") for a in self.attrs])
         names = [name for name, _ in self.inputs] + [a.name for a in self.attrs]
         return schema_text([(t, "") for t in types], names, ["Tensor"] * self.num_outputs)
 
@@ -239,6 +315,19 @@ class FunctionBridge:
                                 "forward takes them.") from None
         bound.apply_defaults()
         return dict(bound.arguments)
+
+    def for_call(self, values: Mapping[str, Any]) -> FunctionBridge:
+        """This node typed as the call with ``forward``'s arguments ``values`` needs it (each attribute by
+        :meth:`Attr.for_value`, tuples and lists rebuilt as the call passed them); ``self`` where it fits."""
+        attrs = tuple(a.for_value(a.raw(values)) for a in self.attrs)
+        containers = dict(self.containers)
+        containers.update((a.source, type(values[a.source])) for a in attrs
+                          if a.source is not None and isinstance(values[a.source], (tuple, list)))
+        if attrs == self.attrs and containers == dict(self.containers):
+            return self
+        fb = dataclasses.replace(self, attrs=attrs, containers=tuple(containers.items()))
+        symbolic = _static(self.cls, "symbolic")
+        return fb if self.body is None or symbolic is None else dataclasses.replace(fb, body=_builder(fb, symbolic))
 
     def to_node(self, values: Mapping[str, Any]) -> list:
         """The node's arguments (inputs, then attributes) for ``forward``'s arguments ``values``. An
@@ -268,17 +357,26 @@ class FunctionBridge:
         return [values.get(p.name, p.default) for p in self.params]
 
     def call_forward(self, args: Sequence):
-        """The original ``forward`` on ``args`` (no autograd; a fresh ctx where it takes one)."""
-        ctx = () if self.setup_style else (torch.autograd.function.FunctionCtx(),)
+        """The original ``forward`` on ``args`` (no autograd; a fresh ctx where it takes one, whose
+        ``needs_input_grad`` says no gradient is asked). Tensors go in as copies: a forward that writes
+        its input in place (``x.add_(k); ctx.mark_dirty(x)``) writes and returns the copy, as the node's
+        output, never the tier's input."""
+        args = [a.clone() if isinstance(a, torch.Tensor) else a for a in args]
+        ctx: tuple = ()
+        if not self.setup_style:
+            ctx = (torch.autograd.function.FunctionCtx(),)
+            ctx[0].needs_input_grad = (False,) * len(args)  # type: ignore[attr-defined]  # NOTE: torch sets it in apply
         with torch.no_grad():
             return self.forward(*ctx, *args)
 
 
 def _same(a, b) -> bool:
+    """Whether a call's value ``a`` is the default ``b`` as the kernel tiers would see it: bitwise for
+    floats (-0.0 is not 0.0, NaN is NaN), by type (True is not 1), a tensor only as itself."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
         return a is b
     try:
-        return bool(a == b)
+        return bool(value_key(a) == value_key(b))
     except Exception:  # noqa: BLE001  an object without a plain ==
         return a is b
 
@@ -315,14 +413,23 @@ def _rebuild(parts: dict[tuple, Any], container: type):
 
 # -- reading symbolic ------------------------------------------------------------------
 
-def _run_symbolic(cls: type, symbolic: Callable, args: list) -> tuple[GraphContext, list[Value]]:
-    g = GraphContext()
-    out = symbolic(g, *args)
-    outs = list(out) if isinstance(out, (tuple, list)) else [out]
-    if not outs or not all(isinstance(o, Value) for o in outs):
-        raise OpBridgeError(f"{class_name(cls)}.symbolic must return the values g.op gave. Got {out!r}. Return "
+def _run_symbolic(cls: type, symbolic: Callable, args: list) -> tuple[Recorder, list]:
+    """symbolic run on torch.onnx's graph context with ``args`` (a placeholder per tensor and per argument
+    read as a placeholder), each g.op recorded."""
+    rec = Recorder()
+    try:
+        outs = torch_compat.run_symbolic(symbolic, args, SYMBOLIC_OPSET, rec)
+    except torch_compat.SymbolicFailed as e:
+        cause = e.__cause__
+        if isinstance(cause, (OpBridgeError, _NeedsValue, _IsTensor)):
+            raise cause from None
+        if isinstance(cause, _Unsupported):
+            raise _symbolic_error(cls, "uses g.op in a way opbridge cannot read", str(cause)) from None
+        raise
+    if not all(any(o in n.outputs for n in rec.nodes) for o in outs):
+        raise OpBridgeError(f"{class_name(cls)}.symbolic must return the values g.op gave. Got {outs!r}. Return "
                             "the output(s) of its g.op calls.")
-    return g, outs
+    return rec, outs
 
 
 def _symbolic_error(cls: type, what: str, cause: str) -> OpBridgeError:
@@ -353,13 +460,12 @@ def describe(cls: type, *, name: str | None = None, use_symbolic: bool = True,
     forward = original_forward(cls)
     if forward is None or forward is torch.autograd.Function.forward:
         raise OpBridgeError(f"{class_name(cls)} defines no forward. Got a Function without one. Define forward.")
-    setup_style = torch_compat.function_has_setup_context(cls)
-    params = list(inspect.signature(forward).parameters.values())[0 if setup_style else 1:]
+    params = list(inspect.signature(forward).parameters.values())[0 if setup_style(cls) else 1:]
     bad = [p.name for p in params if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     if bad:
         raise OpBridgeError(f"{class_name(cls)}.forward takes *args/**kwargs ({bad}); a node needs named arguments. "
                             "Got a variadic forward. Name each argument.")
-    base: dict[str, Any] = dict(cls=cls, forward=forward, setup_style=setup_style, params=tuple(params))
+    base: dict[str, Any] = dict(cls=cls, forward=forward, setup_style=setup_style(cls), params=tuple(params))
     symbolic = _static(cls, "symbolic") if use_symbolic else None
     read = None if symbolic is None else _read_symbolic(cls, symbolic, params, sample)
     if read is not None and any(is_custom(n.domain) for n in read[0].nodes):
@@ -368,36 +474,68 @@ def describe(cls: type, *, name: str | None = None, use_symbolic: bool = True,
             raise OpBridgeError(f"{class_name(cls)}: its symbolic names the node "
                                 f"{found['domain']}::{found['op_type']}. Got name={name!r} as well. Drop name=, or "
                                 "pass symbolic=False to name the node yourself.")
-        return FunctionBridge(**base, **found)
+        return FunctionBridge(**base, **found, symbolic_node=True)
     return _plain(cls, base, name, params, sample, symbolic, read)
 
 
-def _read(cls, symbolic, args: list, what: str, passes: tuple = ()) -> tuple[GraphContext, list[Value]]:
+def _read(cls, symbolic, args: list, what: str, passes: tuple = ()) -> tuple[Recorder, list]:
     """:func:`_run_symbolic`, the user's errors (but ``passes``) named as symbolic ``what``."""
     try:
         return _run_symbolic(cls, symbolic, args)
     except (OpBridgeError, *passes):
         raise
-    except Exception as e:  # noqa: BLE001  the user's symbolic, named
-        raise _symbolic_error(cls, what, f"{type(e).__name__}: {e}") from None
+    except torch_compat.SymbolicFailed as e:  # the user's symbolic, named
+        raise _symbolic_error(cls, what, str(e)) from None
 
 
-def _read_symbolic(cls, symbolic, params, sample) -> tuple[GraphContext, list[Value]]:
-    """symbolic run with a placeholder per argument, or where it computes with one, with the values
-    known (then it may write standard ops only)."""
-    fails = "fails on opbridge's graph context"
-    try:
-        return _read(cls, symbolic, [_Arg(p.name) for p in params], f"{fails} (it may use more than g.op)",
-                     (_NeedsValue,))
-    except _NeedsValue as e:
-        g, outs = _read(cls, symbolic, _known_values(params, sample), fails)
-        if any(is_custom(n.domain) for n in g.nodes):
-            raise _symbolic_error(cls, "computes a custom node's attributes from an argument's value",
-                                  f"a use of {e}") from None
+def _read_symbolic(cls, symbolic, params, sample) -> tuple[Recorder, list]:
+    """symbolic run on torch.onnx's graph context with a graph input per tensor argument and a placeholder
+    per other argument, or where it computes with one, with the values known (then it may write standard
+    ops only). An argument is a tensor where the sample passes one, its annotation says so, or symbolic
+    passes it to g.op as an input (found as it runs: the read starts again)."""
+    given = _given(params, sample)
+    tensors = {p.name for p in params
+               if isinstance(given.get(p.name), torch.Tensor) or _kind_of_annotation(p.annotation) == "tensor"}
+    fails, needs = "fails on torch.onnx's graph context", None
+    while True:
+        args = (_placeholders(params, tensors, given) if needs is None else _known_values(params, sample, tensors))
+        try:
+            g, outs = _read(cls, symbolic, args, fails, (_NeedsValue, _IsTensor))
+        except _IsTensor as e:
+            tensors.add(e.name)
+            continue
+        except _NeedsValue as e:
+            if needs is not None:
+                raise NeedsCall(cls, f"it computes with {e}, whose value the registration does not know") from None
+            needs = f"a use of {e}"
+            continue
+        except OpBridgeError as e:
+            cause = str(e).split(". Got ", 1)[-1].split(". Write the node", 1)[0]
+            if needs is None and not isinstance(e, NeedsCall):  # NOTE: it may check the values (isinstance)
+                needs = f"what it raised with placeholders ({cause})"
+                continue
+            unknown = [p.name for p in params if p.name not in tensors and p.name not in given
+                       and p.default in (_NO_DEFAULT, None) and _kind_of_annotation(p.annotation) is None]
+            if sample is None and unknown and not isinstance(e, NeedsCall):
+                raise NeedsCall(cls, f"which of {unknown} are tensors only a call tells, and symbolic fails without "
+                                     f"({cause})") from None
+            raise
+        if needs is not None and any(is_custom(n.domain) for n in g.nodes):
+            raise _symbolic_error(cls, "computes a custom node's attributes from an argument's value", needs) from None
         return g, outs
 
 
-def _from_symbolic(cls, g: GraphContext, outs: list[Value], params) -> dict[str, Any]:
+def _placeholders(params, tensors: set[str], given: Mapping[str, Any]) -> list:
+    """A graph input per tensor (typed as the sample's), a placeholder per other argument."""
+    return [_tensor_input(p.name, given) if p.name in tensors else _Arg(p.name) for p in params]
+
+
+def _tensor_input(name: str, given: Mapping[str, Any]) -> torch_compat.GraphInput:
+    value = given.get(name)
+    return _graph_input(name, value) if isinstance(value, torch.Tensor) else torch_compat.GraphInput(name)
+
+
+def _from_symbolic(cls, g: Recorder, outs: list, params) -> dict[str, Any]:
     """The custom node symbolic writes (a dict of FunctionBridge fields)."""
     node = next(n for n in g.nodes if is_custom(n.domain))
     if len(g.nodes) != 1 or outs != node.outputs:
@@ -459,16 +597,17 @@ def _given(params, sample) -> dict[str, Any]:
     return dict(inspect.Signature(list(params)).bind_partial(*sample[0], **sample[1]).arguments)
 
 
-def _known_values(params, sample) -> list:
-    """Values to run symbolic with: tensors stay placeholders, other arguments from ``sample`` or
-    their defaults; None where one has neither."""
+def _known_values(params, sample, tensors: set[str]) -> list:
+    """Values to run symbolic with: tensors stay graph inputs, other arguments from ``sample`` or their
+    defaults; a placeholder where one has neither."""
     given = _given(params, sample)
     out: list[Any] = []
     for p in params:
         v = given.get(p.name, p.default)
-        # NOTE: a tensor, or an argument symbolic must pass through as it is, stays a placeholder
-        placeholder = isinstance(v, torch.Tensor) or v is _NO_DEFAULT or (v is None and p.name not in given)
-        out.append(_Arg(p.name) if placeholder else v)
+        if p.name in tensors or isinstance(v, torch.Tensor):
+            out.append(_tensor_input(p.name, given))
+        else:  # NOTE: an argument symbolic must pass through as it is stays a placeholder
+            out.append(_Arg(p.name) if v is _NO_DEFAULT or (v is None and p.name not in given) else v)
     return out
 
 
@@ -496,7 +635,7 @@ def _kind_of_annotation(ann) -> str | None:
     return None
 
 
-def _usage(g: GraphContext) -> dict[str, str]:
+def _usage(g: Recorder) -> dict[str, str]:
     """What a run of a standard-op symbolic tells of each argument's kind."""
     kinds: dict[str, str] = {}
     for n in g.nodes:
@@ -511,10 +650,12 @@ def _usage(g: GraphContext) -> dict[str, str]:
 
 def _plain(cls, base: dict, name: str | None, params, sample, symbolic, read) -> FunctionBridge:
     """The node of a Function without symbolic, or whose symbolic (``read``: its run) writes standard ops."""
+    inline = name is None and symbolic is not None
+    if inline:  # NOTE: written into the graph as symbolic's standard ops; the name never reaches a file
+        name = INLINE_DOMAIN + "::" + re.sub(r"\W", "_", class_name(cls))
     if name is None:
-        why = "its symbolic writes standard ONNX ops only" if symbolic is not None else "it has no symbolic"
-        raise OpBridgeError(f"{class_name(cls)}: {why}, so its ONNX node needs a name. Got name=None. Pass "
-                            f"name='ns::{cls.__name__}' to bridge.register.")
+        raise OpBridgeError(f"{class_name(cls)}: it has no symbolic, so its ONNX node needs a name. Got name=None. "
+                            f"Pass name='ns::{cls.__name__}' to bridge.register.")
     domain, _, op_type = name.partition("::")
     given = _given(params, sample)
     usage = {} if read is None else _usage(read[0])
@@ -522,6 +663,9 @@ def _plain(cls, base: dict, name: str | None, params, sample, symbolic, read) ->
     for p in params:
         kind = (usage.get(p.name) or _kind_of_annotation(p.annotation)
                 or _kind_of_value(given.get(p.name)) or _kind_of_value(p.default))
+        if kind is None and sample is None:
+            raise NeedsCall(cls, f"the kind of argument '{p.name}' of forward (tensor, or which attribute type) is "
+                                 "known neither from symbolic, an annotation nor a default")
         if kind is None:
             raise OpBridgeError(
                 f"{class_name(cls)}: the kind of argument '{p.name}' of forward (tensor, or which attribute type) is "
@@ -537,49 +681,83 @@ def _plain(cls, base: dict, name: str | None, params, sample, symbolic, read) ->
             containers.append((p.name, type(value)))
     # NOTE: without symbolic, one output (limit: a Function without symbolic returns one tensor)
     fb = FunctionBridge(**base, domain=domain, op_type=op_type, inputs=tuple(inputs), attrs=tuple(attrs),
-                        num_outputs=1 if read is None else len(read[1]), containers=tuple(containers))
+                        num_outputs=1 if read is None else len(read[1]), containers=tuple(containers), inline=inline)
     return fb if symbolic is None else dataclasses.replace(fb, body=_builder(fb, symbolic))
 
 
 def _builder(fb: FunctionBridge, symbolic: Callable) -> Callable:
-    """A body builder (a Python function of the node's attributes, by name) for a standard-op symbolic."""
+    """A body builder (a Python function of the node's attributes, by name) for a standard-op symbolic: the
+    body an export's call recorded for those values (its tensors typed, as the TorchScript exporter typed
+    them: a symbolic may branch on ``x.type().scalarType()``), else symbolic run with untyped tensors."""
     def build(**values):
-        return _body(fb, symbolic, values)
+        return fb.bodies.get(values_key(values)) or _body(fb, symbolic, values)
     build.__signature__ = inspect.Signature(  # type: ignore[attr-defined]  # NOTE: inspect reads it
         [inspect.Parameter(a.name, inspect.Parameter.KEYWORD_ONLY) for a in fb.attrs])
     build.__name__ = fb.op_type
     return build
 
 
-def _onnx_attr(name: str, kind: str, value):
-    if kind == "t":
-        array = value.detach().cpu().numpy() if isinstance(value, torch.Tensor) else np.asarray(value)
-        return helper.make_attribute(name, numpy_helper.from_array(array))
-    if kind in ("i", "is"):
-        value = [int(v) for v in value] if kind == "is" else int(value)
-    return helper.make_attribute(name, value)
+def _valid_at(nodes: Iterable[onnx.NodeProto], opset: int) -> str | None:
+    """Why ``nodes`` (standard ops) are not valid ONNX at ``opset``, or None where they are."""
+    ctx = onnx.checker.C.CheckerContext()
+    ctx.ir_version, ctx.opset_imports = onnx.IR_VERSION, {"": opset}
+    for node in nodes:
+        try:
+            onnx.checker.check_node(node, ctx)
+        except onnx.checker.ValidationError as e:
+            return f"{node.op_type} at opset {opset}: {str(e).strip().splitlines()[0]}"
+    return None
 
 
-def _body(fb: FunctionBridge, symbolic: Callable, values: Mapping[str, Any]) -> Written:
-    """The node's body for attribute ``values``: symbolic's standard ops, run with those values."""
-    tensors = {name for name, _ in fb.inputs}
-    apply_args = fb.to_apply([None] * len(fb.inputs) + [values[a.name] for a in fb.attrs])
-    args = [_Arg(p.name) if p.name in tensors else v for p, v in zip(fb.params, apply_args)]
+def standard_graph(cls: type, symbolic: Callable, args: list, opset: int) -> onnx.GraphProto:
+    """What ``symbolic`` writes for one call (``args``: a ``torch_compat.GraphInput`` per tensor, the
+    call's other values as given) on torch.onnx's own TorchScript graph context at ``opset``."""
     try:
-        g, outs = _run_symbolic(fb.cls, symbolic, args)
-    except (_Unsupported, _NeedsValue) as e:
-        raise _symbolic_error(fb.cls, "uses what it was given in a way opbridge does not follow", str(e)) from None
-    nodes = []
-    for n in g.nodes:
-        if n.domain not in ONNX_DOMAINS:
-            raise _symbolic_error(fb.cls, "writes a custom node together with other nodes", f"{n.domain}::{n.op_type}")
-        ins = ["" if x is None else x.name for x in n.inputs]  # NOTE: a function input, or a value named once
-        node = helper.make_node(n.op_type, ins, [v.name for v in n.outputs], domain=n.domain)
-        node.attribute.extend(_onnx_attr(k, kind, v) for k, (kind, v) in n.attrs.items())
-        nodes.append(node)
-    proto = helper.make_function(fb.domain, fb.op_type, [name for name, _ in fb.inputs], [v.name for v in outs],
-                                 nodes, [helper.make_opsetid("", SYMBOLIC_OPSET)])
-    return Written(proto)
+        return onnx.load_from_string(torch_compat.run_symbolic(symbolic, args, opset)).graph
+    except torch_compat.SymbolicFailed as e:
+        shown = ["<tensor>" if isinstance(a, torch_compat.GraphInput) else a for a in args]
+        raise OpBridgeError(f"{class_name(cls)}.symbolic raised when run (as the TorchScript exporter runs it, at "
+                            f"opset {opset}) for the call's arguments {shown}. Got {e}. Fix the symbolic for these "
+                            f"values, or call {cls.__name__}.apply with values it accepts.") from None
+
+
+def _body(fb: FunctionBridge, symbolic: Callable, values: Mapping[str, Any],
+          tensors: Mapping[str, Any] | None = None) -> Written:
+    """The node's body for attribute ``values``: the standard ops symbolic writes for those values, run as
+    the TorchScript exporter ran it (``SYMBOLIC_OPSET``; a symbolic written for an opset before 13, say
+    ``Squeeze(axes_i=...)``, at ``LEGACY_OPSET``: the body is converted to the model's opset as it is
+    attached); ``tensors`` (a call's, by name) type its inputs."""
+    apply_args = fb.to_apply([None] * len(fb.inputs) + [values[a.name] for a in fb.attrs])
+    args = [(_graph_input(p.name, tensors[p.name]) if tensors and tensors.get(p.name) is not None
+             else torch_compat.GraphInput(p.name)) if p.name in dict(fb.inputs) else v
+            for p, v in zip(fb.params, apply_args)]
+    why = []
+    for opset in (SYMBOLIC_OPSET, LEGACY_OPSET):
+        graph = standard_graph(fb.cls, symbolic, args, opset)
+        custom = [f"{n.domain}::{n.op_type}" for n in graph.node if n.domain not in ONNX_DOMAINS]
+        if custom:
+            raise _symbolic_error(fb.cls, "writes a custom node together with other nodes", str(custom))
+        invalid = _valid_at(graph.node, opset)
+        if invalid is None:
+            return Written(_as_function(fb, graph, opset))
+        why.append(invalid)
+    raise OpBridgeError(f"{class_name(fb.cls)}.symbolic writes nodes that are valid ONNX at neither opset "
+                        f"{SYMBOLIC_OPSET} nor {LEGACY_OPSET}, so no model opset can hold them. Got {'; '.join(why)}. "
+                        "Write the node as the ONNX operator documentation gives it for one of those opsets.")
+
+
+def _as_function(fb: FunctionBridge, graph: onnx.GraphProto, opset: int) -> onnx.FunctionProto:
+    """``graph`` (inputs named as ``forward``'s tensors) as the node's FunctionProto."""
+    nodes = list(graph.node)
+    outputs = []
+    for i, out in enumerate(graph.output):
+        name = out.name
+        if name in {x.name for x in graph.input} or name in outputs:  # NOTE: a function output is its own value
+            name = f"{fb.op_type}_out{i}"
+            nodes.append(helper.make_node("Identity", [out.name], [name]))
+        outputs.append(name)
+    return helper.make_function(fb.domain, fb.op_type, [name for name, _ in fb.inputs], outputs, nodes,
+                                [helper.make_opsetid("", opset)])
 
 
 # -- the torch side: proxy op, export-time swap ------------------------------------------------
@@ -592,11 +770,12 @@ def _outputs(fb: FunctionBridge, out, what: str):
     return outs[0] if fb.num_outputs == 1 else outs
 
 
-def define_proxy(fb: FunctionBridge, fake: Callable | None) -> Any:
+def define_proxy(fb: FunctionBridge) -> Any:
     """The proxy op (``bridge.core.proxy.define_proxy_op``, traced: derivation traces its Python kernel) the
     export records for ``fb``'s node: its kernel rebuilds ``forward``'s arguments and runs the original
-    forward; its fake is ``fake`` (called with ``apply``'s arguments) or that forward on fake tensors.
+    forward; its fake is ``fb.fake`` (called with ``apply``'s arguments) or that forward on fake tensors.
     Redefined only when the signature changes."""
+    fake = fb.fake
 
     def kernel(*node_args):
         return _outputs(fb, fb.call_forward(fb.to_apply(node_args)), "forward")
@@ -620,15 +799,101 @@ def define_proxy(fb: FunctionBridge, fake: Callable | None) -> Any:
     return define_proxy_op(proxy_name("fn", fb.domain, fb.op_type), fb.schema, kernel, traced_fake, traced=True)
 
 
-def export_forward(fb: FunctionBridge, proxy: Any, check: Callable) -> Callable:
-    """What ``fb.cls.forward`` is during export: the call recorded as the proxy op (one node)."""
+def export_forward(cls: type, at_call: Callable[[Mapping[str, Any]], tuple[FunctionBridge, Any, Callable]],
+                   fb: FunctionBridge) -> Callable:
+    """What ``cls.forward`` is during export: the call recorded as one node. ``at_call(values)`` gives, for
+    ``forward``'s arguments of this call, the node typed for them, its proxy op and the argument check."""
     def forward(*args, **kwargs):
-        if not fb.setup_style:
-            args = args[1:]  # NOTE: torch passes the ctx first
-        node_args = fb.to_node(fb.bind(args, kwargs))
+        values = fb.bind(args, kwargs)
+        node, proxy, check = at_call(values)
+        node_args = node.to_node(values)
         check(tuple(node_args), {})
         return proxy(*node_args)
     return forward
+
+
+def record_body(fb: FunctionBridge, values: Mapping[str, Any]) -> None:
+    """For a standard-op symbolic's node: the body for the call ``values`` (forward's arguments), built with
+    the call's tensor types and kept for the node's attribute values (the builder gives it); one call whose
+    types give the same values another body is refused, as one node cannot hold two."""
+    symbolic = _static(fb.cls, "symbolic")
+    if fb.body is None or symbolic is None:
+        return
+    attrs = {a.name: a.of(values) for a in fb.attrs}
+    body = _body(fb, symbolic, attrs, {name: values[name] for name, _ in fb.inputs})
+    key = values_key({name: _as_held(v) for name, v in attrs.items()})  # NOTE: what the builder reads off the node
+    seen = fb.bodies.setdefault(key, body)
+    if seen.to_function_proto().SerializeToString() != body.to_function_proto().SerializeToString():
+        raise OpBridgeError(
+            f"{class_name(fb.cls)}.symbolic writes other ops for inputs of other types with the same attribute "
+            f"values {attrs}, and one {fb.qualname} node holds one body for them. Got two calls whose tensors "
+            "differ in dtype or rank. Call it with one dtype per set of values, or register with name= and "
+            "function= (a body of your own).")
+
+
+def _as_held(v: Any) -> Any:
+    """An attribute value as an ONNX node holds it (floats as float32)."""
+    if isinstance(v, (list, tuple)):
+        return [_as_held(x) for x in v]
+    return float(torch.tensor(v, dtype=torch.float32)) if isinstance(v, float) else v
+
+
+def _graph_input(name: str, value: Any) -> torch_compat.GraphInput:
+    """A tensor of the call (real, fake or traced) as a graph input: its dtype, its sizes (a dynamic one None)."""
+    return torch_compat.GraphInput(name, value.dtype, tuple(d if isinstance(d, int) else None for d in value.shape))
+
+
+def check_written(fb: FunctionBridge, values: Mapping[str, Any], opset: int = SYMBOLIC_OPSET) -> None:
+    """Raise OpBridgeError unless the custom node ``fb`` writes for the call ``values`` is the node the
+    symbolic writes for that call on torch.onnx's own TorchScript graph context (what
+    ``torch.onnx.export(dynamo=False)`` writes): its domain, type, inputs and attributes (names, types,
+    values)."""
+    symbolic = _static(fb.cls, "symbolic")
+    if symbolic is None or not fb.symbolic_node:
+        return
+    args = [_graph_input(p.name, values[p.name]) if isinstance(values[p.name], torch.Tensor) else values[p.name]
+            for p in fb.params]
+    graph = standard_graph(fb.cls, symbolic, args, opset)
+    theirs = [n for n in graph.node if n.domain not in ONNX_DOMAINS]
+    if len(graph.node) != 1 or len(theirs) != 1:
+        raise _symbolic_error(fb.cls, "writes other nodes for this call than for the arguments it was read with",
+                              str([f"{n.domain}::{n.op_type}" if n.domain else n.op_type for n in graph.node]))
+    node = theirs[0]
+    ours = {a.name: a.of(values) for a in fb.attrs}
+    written = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    inputs = [name if values[name] is not None else "" for name, _ in fb.inputs]
+    while inputs and not inputs[-1]:
+        inputs.pop()
+    for name in sorted(set(ours) | set(written)):
+        mine, its = ours.get(name), written.get(name)
+        its = its.decode() if isinstance(its, bytes) else its
+        if not _same_attribute(mine, its):
+            source = next((a.source for a in fb.attrs if a.name == name), None)
+            where = (f"the argument it was read from gives {mine!r}: it computes the attribute from the call's "
+                     "values, so the kernel tiers could not call forward with them again" if source is not None else
+                     f"the node read first holds {mine!r}: it computes the attribute from something other than "
+                     "forward's arguments (an input's type), and one node type holds one value")
+            raise OpBridgeError(
+                f"{class_name(fb.cls)}.symbolic writes attribute '{name}' = {its!r} for this call, where {where}. Got "
+                f"the call { {k: v for k, v in values.items() if not isinstance(v, torch.Tensor)} }. Pass the "
+                "argument to g.op as it is (or an element of it), or register with symbolic=False, name='ns::op'.")
+    if (node.domain, node.op_type, list(node.input)) != (fb.domain, fb.op_type, inputs):
+        raise _symbolic_error(fb.cls, "writes another node for this call than for the arguments it was read with",
+                              f"{node.domain}::{node.op_type}{list(node.input)}, read as "
+                              f"{fb.domain}::{fb.op_type}{inputs}")
+
+
+def _same_attribute(mine: Any, its: Any) -> bool:
+    """Whether the value opbridge writes is the one the TorchScript exporter writes (an INT for a bool,
+    floats as float32 as ONNX holds them)."""
+    if isinstance(mine, (list, tuple)) or isinstance(its, (list, tuple)):
+        return (isinstance(mine, (list, tuple)) and isinstance(its, (list, tuple)) and len(mine) == len(its)
+                and all(_same_attribute(a, b) for a, b in zip(mine, its)))
+    if isinstance(its, float) and isinstance(mine, (int, float)):
+        return value_key(_as_held(float(mine))) == value_key(its)
+    if isinstance(mine, bool):
+        mine = int(mine)
+    return value_key(mine) == value_key(its)
 
 
 def function_classes() -> list[type]:
@@ -643,36 +908,39 @@ def function_classes() -> list[type]:
 
 
 @contextlib.contextmanager
-def swap_forwards(routes: Mapping[type, Callable], watch: Callable[[type], Callable | None] | None = None,
+def swap_forwards(routes: Mapping[type, Callable], watch: Callable[..., Callable | None] | None = None,
                   watched: Iterable[type] = ()):
-    """While active, ``Cls.forward`` of each class in ``routes`` is its export forward (and its
-    ``setup_context`` does nothing); each class in ``watched`` calls ``watch(cls)`` when reached, whose
-    answer (an export forward, or None for the original) serves that call. Restored on exit."""
+    """While active, ``Cls.forward`` of each class in ``routes`` is its export forward, called with ``apply``'s
+    arguments (no ctx: the class gets a ``setup_context`` that does nothing, so ``apply`` binds keywords to
+    ``forward``'s parameters by the signature the export forward carries, the original's); each class in
+    ``watched`` calls ``watch(cls, args, kwargs)`` (``apply``'s arguments) when reached, whose answer (an export
+    forward, or None for the original) serves that call. Restored on exit."""
     saved: list[tuple[type, str, Any]] = []
 
     def swap(cls: type, attr: str, value: Any) -> None:
         if attr == "forward":
-            _SWAPPED[cls] = original_forward(cls)
+            _SWAPPED[cls] = (original_forward(cls), setup_style(cls))
         saved.append((cls, attr, cls.__dict__.get(attr, _NO_DEFAULT)))
         setattr(cls, attr, staticmethod(value))
 
-    def watcher(cls: type, original: Callable) -> Callable:
+    def watcher(cls: type, original: Callable, ctx: bool) -> Callable:
         def forward(*args, **kwargs):
-            route = watch(cls) if watch is not None else None
-            return (original if route is None else route)(*args, **kwargs)
+            route = watch(cls, args[ctx:], kwargs) if watch is not None else None
+            return original(*args, **kwargs) if route is None else route(*args[ctx:], **kwargs)
         return forward
 
     try:
         for cls, route in routes.items():
+            own = original_forward(cls)
+            assert own is not None  # NOTE: routes are of described Functions, which have a forward
+            params = list(inspect.signature(own).parameters.values())[0 if setup_style(cls) else 1:]
+            route.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]  # NOTE: apply binds by it
             swap(cls, "forward", route)
-            if torch_compat.function_has_setup_context(cls):
-                swap(cls, "setup_context", lambda ctx, inputs, output: None)
+            swap(cls, "setup_context", lambda ctx, inputs, output: None)
         for cls in watched:
-            if cls in routes:
-                continue
             original = original_forward(cls)
-            if original is not None:
-                swap(cls, "forward", watcher(cls, original))
+            if cls not in routes and original is not None:
+                swap(cls, "forward", watcher(cls, original, not setup_style(cls)))
         yield
     finally:
         for cls, attr, old in reversed(saved):

@@ -7,6 +7,7 @@ Every ``register_*`` call swaps a new frozen record into the registry; nothing i
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import os
 import sys
@@ -22,7 +23,15 @@ from bridge.core import torch_compat
 from bridge.core.checks import Check, Checks, unreadable
 from bridge.core.domains import refuse_reserved
 from bridge.core.errors import OpBridgeError
-from bridge.core.functions import class_name, define_proxy, describe, is_function_class
+from bridge.core.functions import (
+    NeedsCall,
+    check_written,
+    class_name,
+    define_proxy,
+    describe,
+    is_function_class,
+    record_body,
+)
 from bridge.core.proxy import (
     class_schemas,
     define_method_proxy,
@@ -30,6 +39,7 @@ from bridge.core.proxy import (
     ensure_fake_class,
     is_composite_only,
     method_schema,
+    specialisation_check,
     user_fake_class,
 )
 from bridge.core.registry import REGISTRY, Registry
@@ -437,43 +447,126 @@ def _torch_side(qualname: str, overload, custom, fake: Callable | None, names: d
 
 
 def _register_function(cls: type, *, function, reference, sample_inputs, native, fake, dtypes, version, name,
-                       use_symbolic: bool, registry: Registry) -> BridgeOp:
-    """``register`` for a ``torch.autograd.Function`` subclass (``bridge.core.functions``)."""
+                       use_symbolic: bool, registry: Registry, call: tuple[tuple, dict] | None = None) -> BridgeOp:
+    """``register`` for a ``torch.autograd.Function`` subclass (``bridge.core.functions``). A Function whose
+    node only a call tells (``NeedsCall``: no annotation, default or sample says an argument's kind, or
+    symbolic computes with a value) is deferred: the first call in an export describes it (:func:`described`,
+    ``call``: that call's arguments)."""
     if name is not None:
         validate_qualname(name)
-    first = None
+    taken = next((s for s in registry if getattr(s.proxy_for, "cls", None) is cls), None)
+    if taken is not None or (call is None and cls in registry.deferred):
+        raise OpBridgeError(f"{class_name(cls)} is already registered{f' (as {taken.qualname})' if taken else ''}. "
+                            "Got a second bridge.register. Register it once.")
+    first = call
     if sample_inputs is not None:
         samples = sample_inputs(tuple(dtypes)[0])
         first = (tuple(samples[0].args), dict(samples[0].kwargs)) if samples else None
-    fb = describe(cls, name=name, use_symbolic=use_symbolic, sample=first)
+    try:
+        fb = dataclasses.replace(describe(cls, name=name, use_symbolic=use_symbolic, sample=first), fake=fake)
+    except NeedsCall:
+        if first is not None:
+            raise
+        registry.deferred[cls] = dict(function=function, reference=reference, sample_inputs=sample_inputs,
+                                      native=native, fake=fake, dtypes=dtypes, version=version, name=name,
+                                      use_symbolic=use_symbolic)
+        return PendingFunction(cls, registry)
     registry.check_free(fb.qualname)
-    taken = next((s for s in registry if getattr(s.proxy_for, "cls", None) is cls), None)
-    if taken is not None:
-        raise OpBridgeError(f"{class_name(cls)} is already registered (as {taken.qualname}). Got a second "
-                            "bridge.register. Register it once.")
     refuse_reserved(fb.qualname, fb.domain)
     _check_version(fb.qualname, version)
-    proxy = define_proxy(fb, fake)
-    signature = parse_params(fb.qualname, torch_compat.schema_of(proxy))
     if fb.body is not None and function is not None:
         raise OpBridgeError(f"{class_name(cls)}: its symbolic writes standard ONNX ops, which are its body. Got "
                             "function= as well. Drop one (symbolic=False ignores the symbolic).")
-    registry.add(_spec(fb.qualname, proxy, signature, domain=fb.domain, version=version,
-                       function=fb.body or function, reference=None if reference is None else _via_apply(fb, reference),
-                       sample_inputs=None if sample_inputs is None else _samples_via_apply(fb, sample_inputs),
-                       dtypes=dtypes, translation=None, checks=None,
-                       doc=f"{class_name(cls)} (torch.autograd.Function, bridged)", proxy_for=fb, onnx_name=fb.op_type,
-                       native_source=native))
+    registry.add(_function_spec(fb, version=version, function=fb.body or function, reference=reference,
+                                sample_inputs=sample_inputs, dtypes=dtypes, native=native))
     return BridgeOp(fb.qualname, registry)
 
 
+class PendingFunction(BridgeOp):
+    """A Function registered before any call tells its node: its record exists from its first call in an
+    export on (:func:`described`)."""
+
+    def __init__(self, cls: type, registry: Registry):
+        super().__init__("", registry)
+        self.cls = cls
+
+    @property
+    def spec(self) -> OpSpec:
+        found = next((s for s in self._registry if getattr(s.proxy_for, "cls", None) is self.cls), None)
+        if found is None:
+            raise OpBridgeError(f"{class_name(self.cls)}: its node is described at its first call in an export. Got "
+                                "no export of a model calling it yet. Export one (bridge.export), or register it "
+                                "with sample_inputs=.")
+        self.qualname = found.qualname
+        return found
+
+
+def described(cls: type, registry: Registry, args: Sequence, kwargs: dict) -> OpSpec | None:
+    """The record of a deferred Function (``registry.deferred``), described from the call ``args, kwargs``
+    (``apply``'s arguments); None where ``cls`` is not deferred."""
+    options = registry.deferred.get(cls)
+    if options is None:
+        return None
+    op = _register_function(cls, **options, registry=registry, call=(tuple(args), dict(kwargs)))
+    del registry.deferred[cls]
+    return op.spec
+
+
+def _function_spec(fb, *, version: int, function, reference, sample_inputs, dtypes, native) -> OpSpec:
+    """The record of a Function's node ``fb``: its proxy op and the user's pieces, written against ``apply``'s
+    arguments (reference, samples), called with the node's."""
+    proxy = define_proxy(fb)
+    return _spec(fb.qualname, proxy, parse_params(fb.qualname, torch_compat.schema_of(proxy)), domain=fb.domain,
+                 version=version, function=function,
+                 reference=None if reference is None else _via_apply(fb, reference),
+                 sample_inputs=None if sample_inputs is None else _samples_via_apply(fb, sample_inputs),
+                 dtypes=dtypes, translation=None, checks=None,
+                 doc=f"{class_name(fb.cls)} (torch.autograd.Function, bridged)", proxy_for=fb, onnx_name=fb.op_type,
+                 native_source=native)
+
+
+class FunctionCalls:
+    """What a Function's ``forward`` records during one export (``functions.export_forward``): each call's
+    node typed for its own values (``FunctionBridge.for_call``). A call that needs other attribute types
+    than the registered record (a tuple where it said int, None, a float) retypes the record (a proxy op
+    for the new signature); one export takes one signature per Function, as its kernels read one."""
+
+    def __init__(self, registry: Registry, qualname: str):
+        self.registry, self.qualname = registry, qualname
+        self.schema: str | None = None  # the signature this export recorded
+
+    def __call__(self, values) -> tuple:
+        spec = self.registry.get(self.qualname)
+        fb = spec.proxy_for
+        node = fb.for_call(values)
+        if self.schema is not None and node.schema != self.schema:
+            raise OpBridgeError(
+                f"{class_name(fb.cls)}: the model calls it with values of other types at two places, so its "
+                f"{fb.qualname} nodes would need two attribute signatures, which one kernel cannot read. Got "
+                f"{self.schema} and {node.schema}. Pass the same types at every call (say a tuple everywhere).")
+        if node is not fb:
+            spec = self.registry.replace(_function_spec(
+                node, version=spec.version, function=node.body or (None if fb.body is not None else spec.function),
+                reference=getattr(spec.reference, "__wrapped__", None),
+                sample_inputs=getattr(spec.sample_inputs, "__wrapped__", None), dtypes=spec.dtypes,
+                native=spec.native_source))
+        self.schema = node.schema
+        check_written(node, values)
+        record_body(node, values)
+        return node, spec.custom_op, specialisation_check(spec.qualname, spec.overload)
+
+
 def _via_apply(fb, fn: Callable) -> Callable:
-    """``fn`` (written against ``apply``'s arguments) called with the node's."""
-    return lambda *node_args: fn(*fb.to_apply(node_args))
+    """``fn`` (written against ``apply``'s arguments) called with the node's (``__wrapped__``: ``fn``)."""
+    @functools.wraps(fn)
+    def via(*node_args):
+        return fn(*fb.to_apply(node_args))
+    return via
 
 
 def _samples_via_apply(fb, sample_inputs: Callable) -> Callable:
-    """``sample_inputs`` (calls of ``apply``) as calls of the node."""
+    """``sample_inputs`` (calls of ``apply``) as calls of the node (``__wrapped__``: ``sample_inputs``)."""
+    @functools.wraps(sample_inputs)
     def samples(dtype):
         return [SampleInput(tuple(fb.to_node(fb.bind(s.args, s.kwargs))), {}, s.name) for s in sample_inputs(dtype)]
     return samples

@@ -8,23 +8,24 @@ import time
 from collections.abc import Sequence
 
 _enabled = False
+_quiet = False  # NOTE: asked silence (`opbridge -q`): not even the lines of work a user waits for
 
 
-def enable(on: bool = True) -> None:
-    """Turn progress lines on or off (the CLI turns them on)."""
-    global _enabled
-    _enabled = on
+def enable(on: bool = True, *, quiet: bool = False) -> None:
+    """Turn progress lines on or off (the CLI turns them on); ``quiet``: also the ``always`` ones."""
+    global _enabled, _quiet
+    _enabled, _quiet = on, quiet
 
 
 @contextlib.contextmanager
 def step(label: str, *, always: bool = False):
     """Print ``label ...`` then ``done (s)`` or ``failed`` around a block, when enabled (or ``always``:
-    work a user should never wait for silently, e.g. a C++ build).
+    work a user should never wait for silently, e.g. a C++ build), unless turned off with ``quiet``.
 
     >>> with step("nothing"):
     ...     pass
     """
-    if not (_enabled or always):
+    if _quiet or not (_enabled or always):
         yield
         return
     print(f"[opbridge] {label} ...", file=sys.stderr, flush=True)

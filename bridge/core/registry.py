@@ -5,6 +5,7 @@ from __future__ import annotations
 import difflib
 import inspect
 from collections.abc import Iterator
+from typing import Any
 
 import onnx
 from onnx import defs
@@ -38,6 +39,9 @@ class Registry:
         # NOTE: onnx's schema table is process-wide: an op also registered elsewhere (another
         # registry) gets its schema back when this registry forgets the op.
         self._displaced: dict[str, defs.OpSchema] = {}
+        # NOTE: torch.autograd.Function classes whose node only a call tells (bridge.core.opdef): class ->
+        # the options of their bridge.register, until an export's first call describes them
+        self.deferred: dict[type, dict[str, Any]] = {}
 
     def __iter__(self) -> Iterator[OpSpec]:
         return iter(sorted(self._ops.values(), key=lambda s: s.qualname))
@@ -70,6 +74,12 @@ class Registry:
     def functional(self, spec: OpSpec) -> OpSpec:
         """The spec that stands for ``spec`` in ONNX: itself, or its functional twin if it mutates."""
         return self._twins[spec.qualname] if spec.mutated else spec
+
+    def declared(self, spec: OpSpec) -> OpSpec:
+        """The op as declared that ``spec`` stands for in ONNX (the inverse of :meth:`functional`): a
+        functional twin's mutating op (``opbridge::numpy_sin`` for ``numpy_sin_functional``), else ``spec``.
+        User-facing lists name ops by it, as ``opbridge ops`` does."""
+        return next((s for s in self._ops.values() if s.mutated and self._twins.get(s.qualname) is spec), spec)
 
     def find(self, domain: str, op_type: str) -> OpSpec | None:
         """The spec an ONNX node (domain, op_type) came from, if any."""

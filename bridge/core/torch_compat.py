@@ -14,8 +14,10 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from collections.abc import Callable
+import dataclasses
+from collections.abc import Callable, Sequence
 from typing import Any
 
 # NOTE: importing the ops package fills onnxscript's torch_lib registry (onnxscript 0.5-0.7)
@@ -37,6 +39,14 @@ try:  # NOTE: torch.onnx's exporter pieces (2.12-2.15), to build its op registry
     _EXPORTER = True
 except ImportError:  # pragma: no cover  another torch: callers use the public torch.onnx.export
     _EXPORTER = False
+
+try:  # NOTE: torch.onnx's TorchScript exporter (2.12-2.15 ship it, deprecated): symbolics run on its own graph
+    from torch.onnx._internal.torchscript_exporter import jit_utils as _ts_jit_utils
+    from torch.onnx._internal.torchscript_exporter import registration as _ts_registration
+    from torch.onnx._internal.torchscript_exporter._globals import GLOBALS as _TS_GLOBALS
+    TORCHSCRIPT = True
+except ImportError:  # pragma: no cover  a torch without it: symbolic functions cannot run
+    TORCHSCRIPT = False
 
 # NOTE: the logger torch.onnx's dynamo exporter warns through while it builds its op registry
 ONNX_REGISTRY_LOGGER = "torch.onnx._internal.exporter._registration"
@@ -227,3 +237,118 @@ def function_has_setup_context(cls: type) -> bool:
         False
     """
     return _autograd_function._is_setup_context_defined(getattr(cls, "setup_context", None))
+
+
+# -- symbolic functions of the TorchScript exporter, run on its own graph context ----------------------
+
+@dataclasses.dataclass(frozen=True)
+class GraphInput:
+    """A tensor argument of a symbolic function: a graph input named ``name``, typed by ``dtype`` and
+    ``shape`` (None where unknown; a dim None where dynamic), as ``.type()`` shows it to the symbolic."""
+
+    name: str
+    dtype: torch.dtype | None = None
+    shape: tuple[int | None, ...] | None = None
+
+
+class SymbolicFailed(Exception):
+    """The symbolic function raised (``__cause__`` is what it raised)."""
+
+
+@contextlib.contextmanager
+def _export_opset(opset: int):
+    """torch.onnx's helpers read the opset from a global the TorchScript exporter sets for its run."""
+    old = _TS_GLOBALS.export_onnx_opset_version
+    _TS_GLOBALS.export_onnx_opset_version = opset
+    try:
+        yield
+    finally:
+        _TS_GLOBALS.export_onnx_opset_version = old
+
+
+def run_symbolic(symbolic: Callable, args: Sequence, opset: int, hook: Callable | None = None) -> Any:
+    """``symbolic(g, *args)`` on the TorchScript exporter's own graph context at ``opset`` (2.12-2.15), as
+    ``torch.onnx.export(dynamo=False)`` runs it for one call: each :class:`GraphInput` in ``args`` is a
+    graph input (a ``torch._C.Value``), every other argument is passed as the call gave it. Returns the
+    graph as that exporter serializes it (an ``onnx.ModelProto``'s bytes, inputs named as given, no
+    shape inference or constant folding); raises :class:`SymbolicFailed` from what the symbolic raised.
+
+    ``hook(write, opname, inputs, outputs, attributes)`` sees each ``g.op`` call and makes it (``write(*inputs,
+    outputs=..., **attributes)``, with the attributes it chooses); with a hook the graph is not serialized:
+    the ids (``Value.unique()``) of the values symbolic returned are, and the graph is gone with the call.
+
+    Example:
+        >>> import onnx
+        >>> sym = lambda g, x, axes: g.op("Squeeze", x, axes_i=axes)
+        >>> m = onnx.load_from_string(run_symbolic(sym, [GraphInput("x", torch.float32, (2, 1)), [1]], 11))
+        >>> [(n.op_type, [a.ints for a in n.attribute]) for n in m.graph.node]
+        [('Squeeze', [[1]])]
+    """
+    graph = torch._C.Graph()
+    values = []
+    for a in args:
+        if isinstance(a, GraphInput):
+            v = graph.addInput()
+            v.setDebugName(a.name)
+            t: Any = torch._C.TensorType.get()
+            if a.dtype is not None:
+                t = t.with_dtype(a.dtype)
+            if a.shape is not None:
+                t = t.with_sizes(list(a.shape))
+            v.setType(t)
+            values.append(v)
+        else:
+            values.append(a)
+    # NOTE: no node is being converted (the TorchScript exporter passes the prim::PythonOp); helpers that read it
+    # fail with their own error
+    context: Any = (_ts_jit_utils.GraphContext if hook is None else _HookedContext)(
+        graph=graph, block=graph.block(), opset=opset, original_node=None,  # type: ignore[arg-type]
+        params_dict={}, env={}, values_in_env=set(), new_nodes=[])
+    if hook is not None:
+        context.hook = hook
+    # NOTE: called from inside torch.export (a Function's first call): the tensors a symbolic makes
+    # (torch.tensor(...) for value_t) must be real, not the export's fake or traced ones
+    with _export_opset(opset), torch.utils._python_dispatch._disable_current_modes():
+        try:
+            out = symbolic(context, *values)
+        except Exception as e:  # noqa: BLE001  the user's symbolic: the caller names it
+            raise SymbolicFailed(f"{type(e).__name__}: {e}") from e
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    if not outs or not all(isinstance(o, torch._C.Value) for o in outs):
+        raise SymbolicFailed(f"it returned {out!r}, not the value(s) g.op gave")
+    if hook is not None:
+        return [o.unique() for o in outs]
+    for o in outs:
+        graph.registerOutput(o)
+    torch._C._jit_pass_dce_allow_deleting_nodes_with_side_effects(graph)  # NOTE: unused constants go
+    return graph._export_onnx({}, opset, {}, False,  # type: ignore[attr-defined]
+                              torch._C._onnx.OperatorExportTypes.ONNX, True, False, {}, False, "", {})[0]
+
+
+def graph_value(x: Any) -> tuple[str | None, int] | None:
+    """For a value of a symbolic's graph (a ``torch._C.Value``): the name of the graph input it is (None for
+    a computed one) and its id (``unique()``); None for anything else."""
+    if not isinstance(x, torch._C.Value):
+        return None
+    return (x.debugName() if x.node().kind() == "prim::Param" else None), x.unique()
+
+
+if TORCHSCRIPT:
+    class _HookedContext(_ts_jit_utils.GraphContext):
+        """The TorchScript exporter's graph context whose ``op`` goes through a hook (``run_symbolic``)."""
+
+        hook: Callable
+
+        def op(self, opname, *raw_args, outputs=1, **kwargs):  # type: ignore[override]
+            def write(*inputs, outputs=outputs, **attributes):
+                return super(_HookedContext, self).op(opname, *inputs, outputs=outputs, **attributes)
+            return self.hook(write, opname, raw_args, outputs, kwargs)
+
+
+def registered_symbolic(qualname: str, opset: int) -> Callable | None:
+    """The symbolic registered for ``qualname`` with ``torch.onnx.register_custom_op_symbolic`` (or shipped
+    by torch) that the TorchScript exporter would use at ``opset``, if any."""
+    if not TORCHSCRIPT:
+        return None
+    group = _ts_registration.registry.get_function_group(qualname)
+    return None if group is None else group.get(opset)

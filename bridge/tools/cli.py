@@ -35,6 +35,8 @@ import sys
 # NOTE: the commands module loads torch (seconds); it is loaded by name once the arguments parsed,
 # as the facade loads its names, so that --help and argument errors stay instant.
 COMMANDS = "bridge.tools.commands"
+# NOTE: what needs no torch (arguments that name files, `opbridge cache`, the error line) runs first, from here
+PREFLIGHT = "bridge.tools.preflight"
 
 
 def _common(parser: argparse.ArgumentParser, suffix: str) -> None:
@@ -152,7 +154,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run ``opbridge ARGV``; return the exit status (0 ok, 1 parity failure, 2 error)."""
     args = parse(argv)
-    return importlib.import_module(COMMANDS).run(args)
+    code = importlib.import_module(PREFLIGHT).run(args)
+    return code if code is not None else importlib.import_module(COMMANDS).run(args)
 
 
 def console() -> None:

@@ -30,8 +30,8 @@ from bridge.core.graphs import nonstandard_ops
 from bridge.core.progress import enable as enable_progress
 from bridge.core.progress import format_table
 from bridge.core.registry import REGISTRY
-from bridge.tools import openvino_runtime
-from bridge.tools.parity import check_parity
+from bridge.tools import openvino_runtime, preflight
+from bridge.tools.parity import check_parity, plot_missing
 from bridge.tools.sessions import check_nodes, input_arrays, session
 from bridge.tools.testing import ModelCase, OpModule, cases
 from bridge.tools.triton import write_repository
@@ -42,9 +42,7 @@ from exporters.inline import inline_functions, save_atomic
 from exporters.portable import relativize_paths, required_ir_version
 from exporters.resolve import attach_functions
 from ort_kernels import build, tiers
-
-DEFAULT_MODEL = "custom_ops.demo:build"
-
+from ort_kernels.libraries import user_libraries
 
 # NOTE: an import error's location is shown only where it is the user's code, never opbridge's own
 _OWN_PACKAGE = str(Path(__file__).resolve().parents[1]) + os.sep
@@ -138,23 +136,17 @@ def _load_ops(modules: list[str]) -> None:
 
 
 def _load_case(spec: str):
-    module_name, _, attr = spec.partition(":")
-    if not attr:
-        raise OpBridgeError(f"--model must be MODULE:FACTORY. Got {spec!r}. Use e.g. {DEFAULT_MODEL}.")
+    module_name, attr = preflight.model_factory(spec)
     try:
         factory = getattr(import_ops(module_name, "--model"), attr)
     except AttributeError as e:
         raise OpBridgeError(f"cannot load model factory {spec!r}. Got {e}. "
-                            "Pass MODULE:FACTORY of a function returning bridge.tools.testing.ModelCase.") from None
+                            "Pass MODULE:FACTORY of a function returning bridge.testing.ModelCase.") from None
     case = factory()
     if not isinstance(case, ModelCase):
-        raise OpBridgeError(f"{spec} must return a bridge.tools.testing.ModelCase. Got {type(case).__name__}. "
+        raise OpBridgeError(f"{spec} must return a bridge.testing.ModelCase. Got {type(case).__name__}. "
                             "Return ModelCase(model, args, dynamic_shapes).")
     return case
-
-
-def _inputs_path(onnx_path: str) -> str:
-    return os.path.splitext(onnx_path)[0] + ".inputs.npz"
 
 
 def _dtype_name(dtype) -> str:
@@ -223,12 +215,18 @@ def cmd_ops(args) -> int:
     for r in rows:
         for line in _op_notes(r):
             print(line)
+    for cls in REGISTRY.deferred:
+        print(f"note: torch.autograd.Function {class_name(cls)} is registered; its node is described at its first "
+              "call in an export (no annotation, default or sample tells it before)")
+    for name, tier in tiers.TIERS.items():  # NOTE: the table says what each tier serves; this, what runs here
+        if needs := tier.missing(REGISTRY):
+            print(f"note: tier {name} runs nothing here: {needs.removeprefix('opbridge: ')}")
     print(f"{len(rows)} ops registered")
     return 0
 
 
 def cmd_export(args) -> int:
-    inputs_path = _inputs_path(args.output)
+    inputs_path = preflight.inputs_path(args.output)
     files.check_writable(args.output, what="model")  # NOTE: both targets before the export, not after
     files.check_writable(inputs_path)
     case = _load_case(args.model)
@@ -281,12 +279,8 @@ def _summary(value) -> str:
 
 
 def cmd_run(args) -> int:
-    inputs_path = args.inputs or _inputs_path(args.model_file)
-    if not os.path.isfile(args.model_file):
-        files.load_model(args.model_file)  # NOTE: its error says what the path is (missing, a folder)
-    if not os.path.isfile(inputs_path):
-        raise OpBridgeError(f"no inputs for {args.model_file}. Got no file {inputs_path!r}. "
-                            "Pass --inputs FILE.npz (arrays keyed by input name), or export with `opbridge export`.")
+    files.check_model_file(args.model_file)  # NOTE: the model first, then its inputs
+    inputs_path = preflight.run_inputs(args)
     sess = session(args.model_file, tier=args.tier, native_library=args.native_library)
     feed = load_inputs(inputs_path, [i.name for i in sess.get_inputs()])
     start = time.perf_counter()
@@ -426,7 +420,10 @@ def cmd_doctor(args) -> int:
     path = build.library_path(build=args.build)
     built = path.is_file()
     print(f"native library: {path}")
-    print(f"built: {'yes' if built else 'no (run `opbridge doctor --build`; a native session builds it too)'}")
+    # NOTE: `doctor --build` is suggested only where it can work: a machine with a compiler
+    how = ("run `opbridge doctor --build`; a native session builds it too" if cppbuild.find_compiler() else
+           "no C++ compiler here to build it; tier native below says what to do")
+    print(f"built: {'yes' if built else f'no ({how})'}")
     if built:
         try:
             onnxruntime.SessionOptions().register_custom_ops_library(str(path))
@@ -436,7 +433,8 @@ def cmd_doctor(args) -> int:
             return 1
     for name, tier in tiers.TIERS.items():
         print(f"tier {name}: {tier.summary}")
-        for line in tier.report(REGISTRY):
+        needs = tier.missing(REGISTRY)  # NOTE: a tier this machine cannot run serves nothing here
+        for line in ([f"serves no ops here: {needs.removeprefix('opbridge: ')}"] if needs else tier.report(REGISTRY)):
             print(f"  {line}")
     return 0
 
@@ -455,7 +453,7 @@ def cmd_build(args) -> int:
     specs = {key: spec for key in served if (spec := REGISTRY.find(*key)) is not None}  # every served op is registered
     manifest = {
         "library": build.LIBRARY_NAME, "onnxruntime_c_api": 17, "built_with_onnxruntime": onnxruntime.__version__,
-        "ops": [{"op": specs[d, n].qualname, "domain": d, "name": n, "version": specs[d, n].version,
+        "ops": [{"op": REGISTRY.declared(specs[d, n]).qualname, "domain": d, "name": n, "version": specs[d, n].version,
                  "dtypes": [_dtype_name(t) for t in dtypes]} for (d, n), dtypes in sorted(served.items())],
     }
     created = not os.path.isdir(args.output)
@@ -504,38 +502,15 @@ def cmd_attach(args) -> int:
     return 0
 
 
-def _age(seconds: float) -> str:
-    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
-        if seconds >= size:
-            return f"{seconds / size:.0f} {unit}"
-    return f"{seconds:.0f} s"
-
-
-def cmd_cache(args) -> int:
-    """``opbridge cache``: what opbridge keeps under its cache root; ``cache clean``: remove it."""
-    if args.action == "clean":
-        gone = cppbuild.clean_cache(args.kind or None)
-        print(f"removed {len(gone)} cache folders under {cppbuild.cache_root()}"
-              + (f": {', '.join(p.name for p in gone)}" if gone else ""))
-        return 0
-    entries = [e for e in cppbuild.cache_entries() if not args.kind or e.kind in args.kind]
-    print(f"cache root: {cppbuild.cache_root()} ($OPBRIDGE_CACHE_DIR, else $XDG_CACHE_HOME/opbridge, "
-          "else ~/.cache/opbridge)")
-    if entries:
-        print(format_table([("kind", "key", "size", "age")] + [
-            (e.kind, e.key, f"{e.size / 2**20:.1f} MiB", _age(e.age_s)) for e in entries]))
-    noun = "entry" if len(entries) == 1 else "entries"
-    print(f"{len(entries)} {noun}, {sum(e.size for e in entries) / 2**20:.1f} MiB")
-    return 0
-
-
 def _complete(args) -> None:
     """Defaults the parser leaves open (it loads nothing), and every prerequisite of the command
     checked before any export: the tier's package or compiler, OpenVINO."""
     if getattr(args, "model", None) is None and args.command in ("export", "check"):
-        args.model = DEFAULT_MODEL
+        args.model = preflight.DEFAULT_MODEL
     if getattr(args, "opset", None) is None and args.command == "export":
         args.opset = DEFAULT_OPSET
+    if getattr(args, "native_library", None):
+        user_libraries(args.native_library)  # NOTE: each loads in onnxruntime, before any export
     if hasattr(args, "tier"):
         if args.tier is None:
             args.tier = "native" if args.native_library else "function"
@@ -546,24 +521,23 @@ def _complete(args) -> None:
             raise OpBridgeError(needs)
     if getattr(args, "runtime", None) == "openvino" and (needs := openvino_runtime.missing()):
         raise OpBridgeError(needs)
+    if getattr(args, "plot", None) and (needs := plot_missing()):
+        raise OpBridgeError(needs)
 
 
 COMMANDS = {"ops": cmd_ops, "export": cmd_export, "inline": cmd_inline, "run": cmd_run, "doctor": cmd_doctor,
-            "build": cmd_build, "attach": cmd_attach, "check": cmd_check, "cache": cmd_cache}
+            "build": cmd_build, "attach": cmd_attach, "check": cmd_check, "cache": preflight.cmd_cache}
 
 
 def run(args) -> int:
     """Run parsed arguments (``bridge.tools.cli.parse``); an OpBridgeError is one ``error:`` line, exit 2."""
-    enable_progress(not args.quiet)
+    enable_progress(not args.quiet, quiet=args.quiet)
     try:
         _load_ops(args.ops)
         _complete(args)
         return COMMANDS[args.command](args)
     except OpBridgeError as e:
-        if args.verbose:  # NOTE: the trace of what went wrong (torch's own error is the cause)
-            traceback.print_exception(e, file=sys.stderr)
-        print(f"error: {' '.join(str(e).split())}", file=sys.stderr)  # NOTE: one line, whatever the message holds
-        return 2
+        return preflight.error(e, args.verbose)
     except BrokenPipeError:  # NOTE: output piped into `head`: stop quietly, as other tools do
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1

@@ -37,14 +37,17 @@ import onnx
 from bridge.core.errors import OpBridgeError
 from bridge.core.files import load_model
 from bridge.core.graphs import nonstandard_ops
+from bridge.core.installed import pip_line
 
-_NO_OPENVINO = ("running a model in OpenVINO needs the openvino package. Got {}. "
-                "Run `pip install openvino` (or pip install 'opbridge[openvino]').")
+
+def _no_openvino(got: object) -> str:
+    return (f"running a model in OpenVINO needs the openvino package. Got {got}. "
+            f"Install it with `{pip_line('openvino')}`.")
 
 
 def missing() -> str | None:
     """What running a file in OpenVINO lacks here (the package), as an error message; None when nothing."""
-    return _NO_OPENVINO.format("no such package") if importlib.util.find_spec("openvino") is None else None
+    return _no_openvino("no such package") if importlib.util.find_spec("openvino") is None else None
 
 
 def import_openvino():
@@ -52,7 +55,7 @@ def import_openvino():
     try:
         import openvino
     except ImportError as e:
-        raise OpBridgeError(_NO_OPENVINO.format(e)) from None
+        raise OpBridgeError(_no_openvino(e)) from None
     return openvino
 
 

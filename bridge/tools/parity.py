@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import io
 import json
 import math
@@ -17,6 +18,7 @@ from bridge.core.dtypes import TORCH_TO_ONNX, numpy_dtype, to_numpy
 from bridge.core.errors import OpBridgeError
 from bridge.core.files import write_bytes
 from bridge.core.graphs import random_nodes
+from bridge.core.installed import pip_line
 from bridge.core.progress import format_table, step
 from bridge.core.torch_compat import pytree
 from bridge.tools.localize import Localization, json_safe, wanted
@@ -170,6 +172,14 @@ def _elementwise(e64: np.ndarray, a64: np.ndarray, rtol: float, atol: float):
 RUNTIMES = ("onnxruntime", "openvino")
 
 
+_NO_MATPLOTLIB = "plotting needs matplotlib. Got no matplotlib. Install it with `{}`."
+
+
+def plot_missing() -> str | None:
+    """What ``ParityReport.plot`` lacks here (matplotlib), as an error message; None when nothing."""
+    return _NO_MATPLOTLIB.format(pip_line("plot")) if importlib.util.find_spec("matplotlib") is None else None
+
+
 @dataclasses.dataclass
 class ParityReport:
     """Per-output parity of ORT against eager; print it for a table, ``to_json()`` for machines."""
@@ -181,6 +191,8 @@ class ParityReport:
     runtime: str = "onnxruntime"
     localization: Localization | None = None  # node by node, when check_parity(localize=...) ran it
     kernels: dict[str, str] = dataclasses.field(default_factory=dict)  # op -> library path or "function body"
+    # torch.autograd.Function classes whose symbolic's standard ops the file holds in place of their forward
+    symbolics: tuple[str, ...] = ()
 
     @property
     def passed(self) -> bool:
@@ -196,7 +208,7 @@ class ParityReport:
         return {"model": self.model, "tier": self.tier, "runtime": self.runtime, "passed": self.passed,
                 "onnx_path": self.onnx_path, "outputs": [o.to_dict() for o in self.outputs],
                 "localization": None if self.localization is None else self.localization.to_dict(),
-                "kernels": dict(self.kernels)}
+                "kernels": dict(self.kernels), "symbolics": list(self.symbolics)}
 
     def to_json(self, **kwargs) -> str:
         d = self.to_dict()  # NOTE: the localization's outputs are JSON-safe already
@@ -211,7 +223,7 @@ class ParityReport:
             matplotlib.use("Agg")
             import matplotlib.pyplot as plt
         except ImportError:
-            raise OpBridgeError("plotting needs matplotlib. Got no matplotlib. pip install 'opbridge[plot]'.") from None
+            raise OpBridgeError(_NO_MATPLOTLIB.format(pip_line("plot"))) from None
         fig, axes = plt.subplots(2 if self.localization else 1, 1, squeeze=False,
                                  figsize=(7, 8 if self.localization else 4))
         ax = axes[0][0]
@@ -249,6 +261,10 @@ class ParityReport:
         lines = [f"parity: {self.model} | {runner} tier {self.tier} vs eager torch | "
                  f"{'PASS' if self.passed else 'FAIL'}", format_table(rows)]
         lines += [f"kernel of {op}: {where}" for op, where in self.kernels.items()]
+        lines += [f"standard ops written by {name}.symbolic stand for its forward here"
+                  + ("" if self.passed else ": where they compute a failing output, the symbolic disagrees with its "
+                     "own forward (no opbridge kernel runs them); compare the two for these inputs")
+                  for name in self.symbolics]
         # NOTE: a max rel past rtol beside PASS reads as a contradiction: say which bound held
         by_atol = [o.name for o in self.outputs if o.passed and not math.isnan(o.max_rel) and o.max_rel > o.rtol]
         if by_atol:
@@ -368,7 +384,7 @@ def check_parity(model: torch.nn.Module, args: Sequence, *, kwargs: dict | None 
                                             native_library=native_library)
     return ParityReport(name or type(model).__name__, "inlined" if inline else tier, rows,
                         onnx_path if path is not None else None, runtime, localization=localization,
-                        kernels=dict(getattr(sess, "kernels", {})))
+                        kernels=dict(getattr(sess, "kernels", {})), symbolics=exported.symbolics)
 
 
 def assert_parity(model: torch.nn.Module, args: Sequence, **kwargs) -> ParityReport:

@@ -248,6 +248,25 @@ def _grid_sample(names: dict[str, str]) -> Callable:
     return rename
 
 
+def _roi_align_up(node: onnx.NodeProto, ctx: _Context) -> Nodes:
+    """RoiAlign-16 added coordinate_transformation_mode with the default half_pixel (a half-pixel shift);
+    before it RoiAlign computed output_half_pixel: a node crossing up says so."""
+    if _attr(node, "coordinate_transformation_mode") is None:
+        node.attribute.append(helper.make_attribute("coordinate_transformation_mode", "output_half_pixel"))
+    return [node]
+
+
+def _roi_align_down(node: onnx.NodeProto, ctx: _Context) -> Nodes:
+    mode = _attr(node, "coordinate_transformation_mode")
+    value = "half_pixel" if mode is None else mode.s.decode() if not mode.ref_attr_name else None
+    if value != "output_half_pixel":
+        raise ctx.error(node, f"RoiAlign computes coordinate_transformation_mode={value or 'a function attribute'} "
+                              "(half_pixel, the default from opset 16) where RoiAlign before opset 16 has only "
+                              "output_half_pixel", "Keep the model's opset >= 16.")
+    _drop_attr(node, "coordinate_transformation_mode")
+    return [node]
+
+
 def _refuse(why: str) -> Callable:
     def refuse(node: onnx.NodeProto, ctx: _Context) -> Nodes:
         raise ctx.error(node, why, "Write the body with the target opset, or export at the body's opset.")
@@ -270,6 +289,7 @@ ADAPTERS: dict[tuple[str, int], tuple[Callable, Callable]] = {
     ("Pad", 18): (lambda node, ctx: [node], _pad_axes_down),
     ("GridSample", 20): (_grid_sample({"bilinear": "linear", "bicubic": "cubic"}),
                          _grid_sample({"linear": "bilinear", "cubic": "bicubic"})),
+    ("RoiAlign", 16): (_roi_align_up, _roi_align_down),
     ("DFT", 20): (_refuse("DFT's axis moved from an attribute (default 1) to an input (default -2) at opset 20"),) * 2,
 }
 
