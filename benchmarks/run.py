@@ -61,8 +61,9 @@ import custom_ops.demo as demo  # noqa: E402
 from bridge.core import files  # noqa: E402
 from exporters.bodies.translation import translation_table  # noqa: E402
 
-# the code this suite measures (machine.provenance): bev_pool_v2.py's, the demo, the suite itself
-MEASURES = [*bev.MEASURES, "custom_ops/demo.py", "benchmarks/run.py"]
+# the code this suite measures (machine.provenance): bev_pool_v2.py's, and for its export, session and
+# whole-model sections every library folder; the suite itself
+MEASURES = [*bev.MEASURES, "bridge", "exporters", "ort_kernels", "custom_ops", "benchmarks/run.py"]
 
 
 def median_s(fn, repeats: int, warmup: int = 1) -> float:
