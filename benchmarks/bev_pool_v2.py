@@ -6,14 +6,21 @@ alike. Two phases of rounds, in this order:
 
 1. back to back (each runs twice, the second call is timed): eager torch, torch.compile of pure-torch
    gather + index_add (the same sum without the custom op), ORT function tier (the op's portable ONNX
-   body), ORT native with 1 intra-op thread, ORT native (2 intra-op threads; the best ISA path of this
-   CPU), ORT native forced onto each lower ISA path this CPU has (libraries built with
-   -DOPBRIDGE_NO_AVX512 / -DOPBRIDGE_BASELINE_ONLY, loaded side by side), and the floor: a memcpy of
-   the bytes the op touches (every input and output byte counted once);
+   body), ORT native forced onto each lower ISA path this CPU has (libraries built with
+   -DOPBRIDGE_NO_AVX512 / -DOPBRIDGE_BASELINE_ONLY, loaded side by side), ORT native with 1 intra-op
+   thread and the floor on 1 thread, ORT native with every index into a few L1-resident rows (the
+   issue bound, bound.py's run), ORT native (2 intra-op threads; the best ISA path of this CPU) and the
+   floor on the same 2 threads;
 2. lone calls (what a frame-by-frame caller does): the floor's back-to-back pair, sleep 10 ms, one
    timed call of ORT native (2 threads); the floor's pair again, sleep 10 ms, one timed call of ORT
    native with 1 thread (what the second thread brings to a lone call); sleep 10 ms, one timed
-   memcpy of the floor, for context.
+   call of the floor (2 threads).
+
+The floor (floor_op.py, floor_kernel.cc) is an op of bev_pool_v2's signature run in onnxruntime like
+the kernel: it reads every input byte once and writes every output byte once, on the same intra-op
+threads as the native contender it is held against (2 for native, 1 for native with 1 thread), through
+the same session path. (A numpy copy, timed here before, moved each byte twice on one thread against a
+kernel on two: it was no floor.)
 
 NOTE: the phases are apart because idle time changes where the next calls' threads run, on a VM:
 after a 10 ms sleep Linux wakes ORT's intra-op worker on the calling thread's CPU (presumably as
@@ -23,15 +30,17 @@ one CPU, the worker arriving after the last task). The worker then stays there, 
 rounds that also sleep ran on one core (2 threads 0.77 ms vs 0.42 ms in rounds without sleeps).
 benchmarks/run.py runs this in a process of its own.
 
-The targets (issues #27, #35) and the floor each ratio uses:
+Every ratio is taken per round (the two contenders timed in the same round, one after the other),
+and reported as the quartiles of its rounds; a ratio of two phases (torch.compile over the lone call)
+pairs no rounds: its range is the widest the two contenders' quartiles allow. A target is "met" only
+when the whole interquartile range meets it, "not met" when none of it does, else "undecided"
+(:func:`verdict`). The targets (issues #27, #35, #46):
 - ``native / floor``: native back to back over the floor back to back, <= 1.3x;
 - ``native avx2 / floor``: the AVX2 path back to back over the same floor, <= 1.5x (on an AVX-512 CPU
   the AVX2 path is forced by its library build; the JSON's ``isa_paths`` says which path each ran);
-- ``native lone / floor lone``: the native lone call over a lone memcpy under the same conditions (each
-  after 10 ms idle, each after the other's data went through the caches), <= 1.3x;
-  ``native lone / floor`` (over the floor back to back) is reported for context;
+- ``native lone / floor lone``: the native lone call over a lone floor call under the same conditions
+  (each after 10 ms idle, each after the other's data went through the caches), <= 1.3x;
 - ``torch.compile / native lone``: torch.compile back to back over the native lone call, >= 25x.
-The floors' own noise: the quartiles of their rounds (``floor_quartiles_ms``).
 
 Before timing: native float32 against a float64 evaluation; native bitwise equal over repeated
 runs, and bitwise equal between 1 and 2 intra-op threads (a cell's sum must not depend on how the
@@ -43,6 +52,7 @@ work was split); function tier and torch.compile against eager.
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import statistics
@@ -52,9 +62,12 @@ import time
 
 # NOTE: torch's OpenMP threads block instead of spinning, as the ORT sessions here do (see
 # session_options): on 2 shared cores a spinning pool steals the cores from the runtime being
-# timed. Only effective when this script starts the process (torch not yet loaded).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# timed. Only when this script starts the process (torch not yet loaded): an import (a test's) must
+# not change the environment of the importing process and its children.
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
+import floor_op  # noqa: E402
 import machine  # noqa: E402
 import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
@@ -66,14 +79,17 @@ from contenders import (  # noqa: E402
     COMPILED,
     EAGER,
     FLOOR,
+    FLOOR_1T,
     FLOOR_LONE,
     FUNCTION,
     NATIVE,
     NATIVE_1T,
     NATIVE_1T_LONE,
+    NATIVE_L1,
     NATIVE_LONE,
     native_path,
 )
+from spread import quartiles, spread, verdict  # noqa: E402
 
 import bridge  # noqa: E402
 import custom_ops  # noqa: E402,F401
@@ -89,6 +105,11 @@ TARGETS = {"native_vs_floor_max": 1.3, "native_avx2_vs_floor_max": 1.5, "native_
            "compile_vs_native_min": 20.0,
            "compile_vs_native_lone_min": 25.0, "function_vs_eager_max": 0.35, "thread_speedup_min": 1.7,
            "native_vs_float64_max_abs": 1e-5}
+# the code this benchmark measures (machine.provenance; tests/test_doc_figures.py's rule): the kernel, its
+# library's build, the op's definition and body, the floor and the benchmark itself
+MEASURES = ["ort_kernels/cpu/bev_op_bev_pool_v2.cc", "ort_kernels/cpu/common.cc", "ort_kernels/include",
+            "ort_kernels/register.cc", "ort_kernels/build.py", "custom_ops/bev_pool_v2.py", "benchmarks/bev_pool_v2.py",
+            "benchmarks/floor_op.py", "benchmarks/floor_kernel.cc", "benchmarks/spread.py"]
 LONE_IDLE_S = 0.010  # the idle time before a lone call: a frame-by-frame caller's gap
 # The build flags that leave the paths above an ISA out of the native library (ort_kernels/include/opbridge_kernel.h)
 PATH_FLAGS = {"avx512": "", "avx2": "-DOPBRIDGE_NO_AVX512", "baseline": "-DOPBRIDGE_BASELINE_ONLY"}
@@ -130,22 +151,15 @@ def bytes_touched(inputs, output) -> int:
     return sum(t.numel() * t.element_size() for t in inputs) + output.numel() * output.element_size()
 
 
-def floor_copy(nbytes: int):
-    """The floor at ``nbytes``: a callable that copies that many bytes (one numpy memcpy)."""
-    src = np.ones(nbytes // 4, np.float32)
-    dst = np.empty_like(src)
-    return lambda: np.copyto(dst, src)
-
-
 def round_robin(fns: dict, repeats: int, lone: tuple[str, ...] = ()) -> dict[str, float]:
     """Median ms of each callable over :func:`rounds`."""
     return {k: statistics.median(v) for k, v in rounds(fns, repeats, lone).items()}
 
 
-def quartiles(times: list[float]) -> list[float]:
-    """The first and third quartiles of one contender's rounds (its own noise)."""
-    q1, _, q3 = statistics.quantiles(times, n=4) if len(times) > 1 else (times[0], None, times[0])
-    return [q1, q3]
+def conditions() -> dict:
+    """When and under what load a run was taken (the load averages over 1, 5 and 15 minutes)."""
+    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "load_average": list(os.getloadavg()), "cpus_usable": len(os.sched_getaffinity(0))}
 
 
 def rounds(fns: dict, repeats: int, lone: tuple[str, ...] = ()) -> dict[str, list[float]]:
@@ -249,6 +263,19 @@ def measure(repeats: int = 40, quick: bool = False, config: dict | None = None) 
         row = bridge.compare(name, expected, sessions[name].run(None, feed)[0])
         assert row.passed, row  # same answer before timing anything
 
+    # the floor, on the same threads as the native contender it is held against (floor_op.py)
+    floors = {FLOOR: floor_op.floor_session(inputs, shape, session_options(2)),
+              FLOOR_1T: floor_op.floor_session(inputs, shape, session_options(1))}
+    for name, sess in floors.items():
+        zeros, total = sess.run(None, feed)
+        checks[f"{name} read each input byte once"] = int(total[0]) == floor_op.checksum(inputs)
+        assert zeros.shape == expected.shape and not zeros.any(), name
+    hot = bridge.parity.ort_feed(sessions[NATIVE], hot_indices(inputs))
+    threads = {**dict.fromkeys((NATIVE, NATIVE_L1, NATIVE_LONE, FLOOR, FLOOR_LONE, FUNCTION), 2),
+               **dict.fromkeys((NATIVE_1T, NATIVE_1T_LONE, FLOOR_1T), 1), **{native_path(isa): 2 for isa in lower},
+               EAGER: torch.get_num_threads()}
+    isa_paths[NATIVE_L1] = best
+
     nbytes = bytes_touched(inputs, expected)
     # NOTE: torch first: its OpenMP threads spin a little after each call, which would slow the next
     # call; that is then an ORT session's (tens of ms), never the floor's or native's.
@@ -264,10 +291,18 @@ def measure(repeats: int = 40, quick: bool = False, config: dict | None = None) 
         assert row.passed, row
         checks["compile_vs_eager"] = row.max_abs
         fns[COMPILED] = lambda: compiled(depth, feat, rd, rf, rb, shape)
+        threads[COMPILED] = torch.get_num_threads()
     fns[FUNCTION] = lambda: sessions[FUNCTION].run(None, feed)
     paths = [native_path(isa) for isa in lower]
-    fns.update({name: (lambda s=sessions[name]: s.run(None, feed)) for name in (*paths, NATIVE_1T, NATIVE)})
-    fns[FLOOR] = floor_copy(nbytes)
+    fns.update({name: (lambda s=sessions[name]: s.run(None, feed)) for name in paths})
+    # NOTE: each floor right after the native contender held against it: a per-round ratio pairs
+    # two calls a few milliseconds apart
+    fns[NATIVE_1T] = lambda: sessions[NATIVE_1T].run(None, feed)
+    fns[FLOOR_1T] = lambda: floors[FLOOR_1T].run(None, feed)
+    fns[NATIVE_L1] = lambda: sessions[NATIVE].run(None, hot)
+    fns[NATIVE] = lambda: sessions[NATIVE].run(None, feed)
+    fns[FLOOR] = lambda: floors[FLOOR].run(None, feed)
+    start = conditions()
     with torch.no_grad():
         times = rounds(fns, repeats)
     # the lone calls (rounds sleeps before each): each native one after the floor's pair, the floor's
@@ -276,48 +311,66 @@ def measure(repeats: int = 40, quick: bool = False, config: dict | None = None) 
     lone = {FLOOR: fns[FLOOR], NATIVE_LONE: fns[NATIVE], again: fns[FLOOR], NATIVE_1T_LONE: fns[NATIVE_1T],
             FLOOR_LONE: fns[FLOOR]}
     lone_times = rounds(lone, repeats, lone=(NATIVE_LONE, NATIVE_1T_LONE, FLOOR_LONE))
+    end = conditions()
     times.update({k: v for k, v in lone_times.items() if k not in (FLOOR, again)})
     ms = {k: statistics.median(v) for k, v in times.items()}
 
-    native = ms[NATIVE]
-    ratios = {"native / floor": native / ms[FLOOR],
-              "native lone / floor": ms[NATIVE_LONE] / ms[FLOOR],
-              "native lone / floor lone": ms[NATIVE_LONE] / ms[FLOOR_LONE],
-              **{f"native {isa} / floor": ms[native_path(isa)] / ms[FLOOR] for isa in lower},
-              "native lone / native": ms[NATIVE_LONE] / native,
-              "native lone, 1 -> 2 threads speedup": ms[NATIVE_1T_LONE] / ms[NATIVE_LONE],
-              "eager / native": ms[EAGER] / native,
-              "function / native": ms[FUNCTION] / native,
-              "function / eager": ms[FUNCTION] / ms[EAGER],
-              "native 1 -> 2 threads speedup": ms[NATIVE_1T] / native}
+    def q(a: str, b: str) -> list[float]:  # paired when both were timed in the same phase's rounds
+        return spread(times[a], times[b], paired=(a in lone_times) == (b in lone_times))
+
+    spreads = {"native / floor": q(NATIVE, FLOOR),
+               "native 1 thread / floor 1 thread": q(NATIVE_1T, FLOOR_1T),
+               **{f"native {isa} / floor": q(native_path(isa), FLOOR) for isa in lower},
+               "native lone / floor lone": q(NATIVE_LONE, FLOOR_LONE),
+               "native indices in L1 / native": q(NATIVE_L1, NATIVE),
+               "native lone / native": q(NATIVE_LONE, NATIVE),
+               "native lone, 1 -> 2 threads speedup": q(NATIVE_1T_LONE, NATIVE_LONE),
+               "eager / native": q(EAGER, NATIVE),
+               "function / native": q(FUNCTION, NATIVE),
+               "function / eager": q(FUNCTION, EAGER),
+               "native 1 -> 2 threads speedup": q(NATIVE_1T, NATIVE),
+               "floor 1 -> 2 threads speedup": q(FLOOR_1T, FLOOR)}
     if COMPILED in ms:
-        ratios["torch.compile / native"] = ms[COMPILED] / native
-        ratios["torch.compile / native lone"] = ms[COMPILED] / ms[NATIVE_LONE]
-        ratios["eager / torch.compile"] = ms[EAGER] / ms[COMPILED]
-    return {"config": {**cfg, "grid": list(cfg["grid"])}, "points": int(rd.numel()), "intervals": int(starts.numel()),
-            "output_shape": list(expected.shape), "bytes_touched": nbytes, "repeats": repeats,
-            "machine": machine.describe(), "isa_paths": isa_paths,
-            "floor_quartiles_ms": {k: quartiles(times[k]) for k in (FLOOR, FLOOR_LONE)},
-            "torch_threads": torch.get_num_threads(), "ort_intra_op_spinning": False,
-            "lone_idle_ms": LONE_IDLE_S * 1e3, "median_ms": ms,
-            "vs_floor": {k: v / ms[FLOOR] for k, v in ms.items()},
-            "floor_gbps": nbytes / (ms[FLOOR] * 1e6), "ratios": ratios, "checks": checks, "targets": TARGETS,
-            "torch.compile": compiled_note or "compiled"}
+        spreads["torch.compile / native"] = q(COMPILED, NATIVE)
+        spreads["torch.compile / native lone"] = q(COMPILED, NATIVE_LONE)
+        spreads["eager / torch.compile"] = q(EAGER, COMPILED)
+    result = {"config": {**cfg, "grid": list(cfg["grid"])}, "points": int(rd.numel()),
+              "intervals": int(starts.numel()), "output_shape": list(expected.shape), "bytes_touched": nbytes,
+              "repeats": repeats, "machine": machine.describe(), "conditions": {"start": start, "end": end},
+              "provenance": machine.provenance(MEASURES),
+              "isa_paths": isa_paths, "threads": threads,
+              "floor": "bench::bev_pool_v2_floor: each input byte read once, each output byte written once, "
+                       "in onnxruntime on the native contender's intra-op threads (benchmarks/floor_op.py)",
+              "quartiles_ms": {k: quartiles(v) for k, v in times.items()},
+              "torch_threads": torch.get_num_threads(), "ort_intra_op_spinning": False,
+              "lone_idle_ms": LONE_IDLE_S * 1e3, "median_ms": ms,
+              "vs_floor": {k: v / ms[FLOOR] for k, v in ms.items()},
+              "floor_gbps": nbytes / (ms[FLOOR] * 1e6), "ratios": {k: v[1] for k, v in spreads.items()},
+              "ratio_quartiles": spreads, "checks": checks, "targets": TARGETS,
+              "torch.compile": compiled_note or "compiled"}
+    result["verdicts"] = {name: v for name, *_, v in target_rows(result)}
+    return result
 
 
-def target_rows(r: dict) -> list[tuple[str, float, bool, float, bool]]:
-    """The issue's native targets: (ratio name, value, True for an upper bound, bound, met)."""
-    ratios, targets = r["ratios"], r["targets"]
-    rows = [("native / floor", ratios["native / floor"], True, targets["native_vs_floor_max"])]
+def hot_indices(inputs):
+    """``inputs`` with every rank inside a few rows that stay in L1 (same lengths and intervals):
+    ``ranks_feat % 8`` (8 feat rows, 2 KiB at C=64), ``ranks_depth % 64``."""
+    depth, feat, rd, rf, rb, starts, lengths = inputs
+    return depth, feat, rd % 64, rf % 8, rb, starts, lengths
+
+
+def target_rows(r: dict) -> list[tuple[str, list[float], bool, float, str]]:
+    """The issue's native targets: (ratio name, its [q1, median, q3], True for an upper bound, bound,
+    :func:`verdict`)."""
+    spreads, targets = r["ratio_quartiles"], r["targets"]
+    rows = [("native / floor", True, targets["native_vs_floor_max"])]
     avx2 = "native / floor" if r["isa_paths"][NATIVE] == "avx2" else "native avx2 / floor"
-    if avx2 in ratios:
-        rows.append((avx2, ratios[avx2], True, targets["native_avx2_vs_floor_max"]))
-    rows.append(("native lone / floor lone", ratios["native lone / floor lone"], True,
-                 targets["native_lone_vs_floor_lone_max"]))
-    if "torch.compile / native lone" in ratios:
-        rows.append(("torch.compile / native lone", ratios["torch.compile / native lone"], False,
-                     targets["compile_vs_native_lone_min"]))
-    return [(n, v, up, b, v <= b if up else v >= b) for n, v, up, b in rows]
+    if avx2 in spreads and avx2 != "native / floor":
+        rows.append((avx2, True, targets["native_avx2_vs_floor_max"]))
+    rows.append(("native lone / floor lone", True, targets["native_lone_vs_floor_lone_max"]))
+    if "torch.compile / native lone" in spreads:
+        rows.append(("torch.compile / native lone", False, targets["compile_vs_native_lone_min"]))
+    return [(n, spreads[n], up, b, verdict(spreads[n], b, up)) for n, up, b in rows]
 
 
 def report(r: dict) -> str:
@@ -325,15 +378,18 @@ def report(r: dict) -> str:
     lines = [f"bev_pool_v2: {r['points']} points, {r['intervals']} intervals, C={r['config']['channels']}, output "
              f"{r['output_shape']}, {r['bytes_touched'] / 1e6:.2f} MB touched, {r['repeats']} rounds, "
              f"{m['cpu_model']} ({m['cpu_family_model']}), {m['cores']} cores, caches {m['caches']}",
-             f"{'kernel':<36}{'median ms':>10}{'x floor':>9}  ISA path"]
+             f"{'kernel':<36}{'median ms':>10}{'x floor':>9}  ISA path threads"]
     for name, ms in r["median_ms"].items():
-        lines.append(f"{name:<36}{ms:>10.3f}{r['vs_floor'][name]:>9.1f}  {r['isa_paths'].get(name, '')}")
-    lines.append("floor quartiles (ms): " + ", ".join(f"{k} {q1:.3f}-{q3:.3f}" for k, (q1, q3)
-                                                  in r["floor_quartiles_ms"].items()))
-    lines.append("ratios: " + ", ".join(f"{k} {v:.2f}" for k, v in r["ratios"].items()))
+        lines.append(f"{name:<36}{ms:>10.3f}{r['vs_floor'][name]:>9.2f}  {r['isa_paths'].get(name, ''):9s}"
+                     f"{r['threads'].get(name, '')}")
+    lines.append("ratios [q1, median, q3]: " + ", ".join(f"{k} {a:.2f}-{m:.2f}-{b:.2f}" for k, (a, m, b)
+                                                         in r["ratio_quartiles"].items()))
     lines.append("targets: " + "; ".join(
-        f"{name} {value:.2f} {'<=' if upper else '>='} {bound:g}: {'met' if ok else 'NOT MET'}"
-        for name, value, upper, bound, ok in target_rows(r)))
+        f"{name} {q1:.2f}-{q3:.2f} {'<=' if upper else '>='} {bound:g}: {v.upper()}"
+        for name, (q1, _, q3), upper, bound, v in target_rows(r)))
+    c = r["conditions"]
+    lines.append(f"load average {c['start']['load_average'][0]:.2f} -> {c['end']['load_average'][0]:.2f}, "
+                 f"{c['start']['date']}")
     lines.append("checks: " + ", ".join(f"{k} {v}" for k, v in r["checks"].items()))
     if r["torch.compile"] != "compiled":
         lines.append(f"torch.compile: {r['torch.compile']}")

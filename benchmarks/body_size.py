@@ -1,6 +1,6 @@
 """How big each seed op's portable ONNX body is, and what bev_pool_v2's costs at BEVDet-R50 size.
 
-    python benchmarks/body_size.py [--repeats 15] [--quick] [--json benchmarks/results/body_size.json]
+    python benchmarks/body_size.py [--repeats 15] [--quick] [--json PATH]
 
 1. nodes per op body: each seed op with a written function body, exported from its first float32
    sample, then inlined (``exporters.inline.inline_functions``, what runtimes other than
@@ -21,8 +21,10 @@ import datetime
 import os
 import sys
 
-# NOTE: as in bev_pool_v2.py: torch's OpenMP threads block rather than spin (set before torch loads)
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# NOTE: as in bev_pool_v2.py: torch's OpenMP threads block rather than spin (set before torch loads),
+# only when this script starts the process, never on import
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np  # noqa: E402
 import onnx  # noqa: E402
@@ -33,6 +35,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bev_pool_v2 as bev  # noqa: E402
+import machine  # noqa: E402
 from contenders import EAGER, FUNCTION  # noqa: E402
 
 import bridge  # noqa: E402
@@ -46,6 +49,9 @@ from exporters.bodies.opsets import convert_function, onnx_opset, portable_const
 from exporters.inline import inline_functions  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# the code this run measures (machine.provenance): the ops' bodies and checks, inlining, the benchmark
+MEASURES = ["custom_ops", "bridge/core/check_guards.py", "bridge/core/check_vocabulary.py", "exporters/inline.py",
+            "exporters/resolve.py", "exporters/bodies", "benchmarks/body_size.py"]
 DEFAULT_JSON = os.path.join(ROOT, "benchmarks", "results", "body_size.json")
 BEV = "bev::bev_pool_v2"
 BEFORE = 421  # bev_pool_v2's inlined body before issue #27 (guards included)
@@ -114,7 +120,7 @@ def measure(repeats: int = 15, quick: bool = False) -> dict:
                     "function_vs_eager": timing["function_vs_eager"] <= TARGETS["function_vs_eager_max"]},
             "machine": {"cores": os.cpu_count(), "onnxruntime": ort.__version__, "torch": torch.__version__,
                         "load_average": list(os.getloadavg())},
-            "quick": quick, "date": datetime.date.today().isoformat()}
+            "quick": quick, "date": datetime.date.today().isoformat(), "provenance": machine.provenance(MEASURES)}
 
 
 def report(r: dict) -> str:
@@ -137,11 +143,13 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--repeats", type=int, default=15)
     parser.add_argument("--quick", action="store_true", help="2 rounds at 8 depth bins (a smoke run)")
-    parser.add_argument("--json", default=DEFAULT_JSON)
+    parser.add_argument("--json", help=f"write results here (default without --quick: {DEFAULT_JSON})")
     args = parser.parse_args(argv)
     result = measure(args.repeats, args.quick)
     print(report(result))
-    print(f"wrote {files.write_json(args.json, result)}")
+    path = machine.json_path(args.json, args.quick, DEFAULT_JSON)
+    if path is not None:
+        print(f"wrote {files.write_json(path, result)}")
     return result
 
 

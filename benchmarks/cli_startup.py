@@ -19,6 +19,8 @@ import time
 from pathlib import Path
 
 import doc_markers
+import machine
+from readme_table import machine_line
 
 from bridge.core import files
 
@@ -26,6 +28,9 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "cli_startup.json"
 BLOCK = "cli-startup"
 HELP, TORCH, CACHE = "opbridge --help", "python -c 'import torch'", "opbridge cache"
+# the code this run measures (machine.provenance): what `opbridge --help` and `opbridge cache` import
+MEASURES = ["bridge/__init__.py", "bridge/__main__.py", "bridge/tools/cli.py", "bridge/tools/commands.py",
+            "bridge/core/cache.py", "benchmarks/cli_startup.py"]
 COMMANDS = {HELP: [sys.executable, "-m", "bridge", "--help"], TORCH: [sys.executable, "-c", "import torch"],
             CACHE: [sys.executable, "-m", "bridge", "cache"]}
 
@@ -45,7 +50,8 @@ def measure(repeats: int) -> dict:
     medians = {name: statistics.median(t) for name, t in times.items()}
     return {"median_s": medians, "repeats": repeats,
             "ratio": medians[HELP] / medians[TORCH],
-            "date": datetime.date.today().isoformat()}
+            "date": datetime.date.today().isoformat(), "machine": machine.describe(),
+            "provenance": machine.provenance(MEASURES)}
 
 
 def render(result: dict) -> str:
@@ -54,7 +60,8 @@ def render(result: dict) -> str:
     cache = f"; `{CACHE}` {m[CACHE] * 1000:.0f} ms" if CACHE in m else ""
     return (f"`{HELP}` takes {m[HELP] * 1000:.0f} ms, {result['ratio']:.2f}x the {m[TORCH] * 1000:.0f} ms "
             f"of `{TORCH}`{cache} (medians of {result['repeats']} alternating runs, "
-            f"`python benchmarks/cli_startup.py`, {result['date']}): the parser imports no torch.")
+            f"`python benchmarks/cli_startup.py`, {result['date']}, {machine_line(result['machine'])}): the parser "
+            "imports no torch.")
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -1,6 +1,6 @@
 """Export time and the first `opbridge check`, each measured side by side in one run (issue #27 item 4).
 
-    python benchmarks/export_time.py [--quick] [--repeats N] [--no-cold] [--json benchmarks/results/export_time.json] [--readme]
+    python benchmarks/export_time.py [--quick] [--repeats N] [--no-cold] [--json PATH] [--readme]
 
 1. ``bridge.export`` vs plain ``torch.onnx.export(model, args, dynamo=True)`` of the same model, at the
    same opset, with and without dynamic shapes, where plain export can run the model: its custom op has
@@ -60,8 +60,10 @@ import warnings
 from collections.abc import Callable
 from pathlib import Path
 
-# NOTE: as benchmarks/run.py: torch's OpenMP threads block instead of spinning (2 shared cores)
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# NOTE: as benchmarks/run.py: torch's OpenMP threads block instead of spinning (2 shared cores), only
+# when this script starts the process, never on import
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import onnx  # noqa: E402
 import onnxruntime as ort  # noqa: E402
@@ -73,6 +75,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tests"))
 
 import doc_markers  # noqa: E402
+import machine  # noqa: E402
 import run  # noqa: E402  (benchmarks/run.py: its export entry, side by side in this process)
 import vision_ops  # noqa: E402  (tests/vision_ops.py: torchvision's ops by name, with plain CPU kernels)
 
@@ -88,6 +91,8 @@ from ort_kernels import build  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "export_time.json"
 BLOCK = "export-time"
+# the code this run measures (machine.provenance): everything an export and a check go through
+MEASURES = ["exporters", "bridge", "ort_kernels", "custom_ops/demo.py", "benchmarks/export_time.py"]
 TARGET = 1.2
 BRIDGE, PLAIN = "bridge.export", "torch.onnx.export"
 CHECK, CHECK_NATIVE, PLAIN_JOB, TORCH = ("opbridge check", "opbridge check --tier native",
@@ -471,7 +476,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--quick", action="store_true", help="a smoke run: one round of each, no cold cache")
     parser.add_argument("--repeats", type=int, default=None, help="rounds (default 7 for exports, 5 for processes)")
     parser.add_argument("--no-cold", action="store_true", help="skip the cold-cache checks")
-    parser.add_argument("--json", default=str(DEFAULT_JSON))
+    parser.add_argument("--json", help=f"write results here (default without --quick: {DEFAULT_JSON})")
     parser.add_argument("--readme", action="store_true", help=f"write the {BLOCK} block into its page")
     parser.add_argument("--first", nargs=2, metavar=("CASE", "CONTENDER"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -480,7 +485,7 @@ def main(argv: list[str] | None = None) -> dict:
         return {}
     quick = args.quick
     result: dict = {"date": datetime.date.today().isoformat(), "quick": quick,
-                    "machine": {"cores": os.cpu_count(), "torch": torch.__version__, "onnxruntime": ort.__version__,
+                    "machine": {**machine.describe(), "torch": torch.__version__, "onnxruntime": ort.__version__,
                                 "onnx": onnx.__version__, "load_average_at_start": list(os.getloadavg())}}
     # NOTE: the warm cache: the native library and the demo's C++ extension (built at its first eager call)
     library = build.library_path(build=True)
@@ -499,7 +504,10 @@ def main(argv: list[str] | None = None) -> dict:
     commands = [CHECK, PLAIN_JOB, TORCH] if quick else [CHECK, CHECK_NATIVE, PLAIN_JOB, TORCH]
     result["check"] = check_times(1 if quick else (args.repeats or 5), not quick, not (quick or args.no_cold), commands)
     result["machine"]["load_average_at_end"] = list(os.getloadavg())
-    files.write_json(args.json, result)
+    result["provenance"] = machine.provenance(MEASURES)
+    path = machine.json_path(args.json, quick, str(DEFAULT_JSON))
+    if path is not None:
+        files.write_json(path, result)
     text = render(result)
     if args.readme:
         doc_markers.write(BLOCK, text)

@@ -9,12 +9,15 @@ kernels took, recorded in every benchmark JSON beside the figures.
 from __future__ import annotations
 
 import ctypes
+import datetime
 import os
 import platform
+import subprocess
 from pathlib import Path
 
 ISA_FLAGS = {"avx512": ("avx512f", "avx512vl"), "avx2": ("avx2", "fma")}
 CACHE_ROOT = Path("/sys/devices/system/cpu/cpu0/cache")
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def _cpuinfo() -> dict[str, str]:
@@ -62,3 +65,27 @@ def library_isa(path: str | os.PathLike) -> str:
     lib = ctypes.CDLL(os.fspath(path))
     lib.OpbridgeIsa.restype = ctypes.c_char_p
     return lib.OpbridgeIsa().decode()
+
+
+def provenance(measures: list[str]) -> dict:
+    """Which code a result measured: the commit checked out and whether the files it ``measures``
+    (paths from the repository root) differed from it, with the date and load of the run. The rule
+    tests/test_doc_figures.py holds the docs to: no commit after ``commit`` changed those files, and none
+    of them was modified when it ran (``dirty`` empty)."""
+    git = ["git", "-C", str(ROOT)]
+    commit = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True, check=True).stdout.strip()
+    dirty = subprocess.run([*git, "status", "--porcelain", "--", *measures], capture_output=True, text=True,
+                           check=True).stdout.splitlines()
+    return {"commit": commit, "measures": measures, "dirty": [line[3:] for line in dirty],
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "load_average": list(os.getloadavg())}
+
+
+def json_path(given, quick: bool, default):
+    """Where a run writes its JSON: the path given, else the committed results (``default``) for a full
+    run only: a --quick smoke run must not replace them.
+
+        >>> json_path(None, True, "r.json") is None, json_path(None, False, "r.json"), json_path("x.json", True, "r.json")
+        (True, 'r.json', 'x.json')
+    """
+    return given if given is not None else (None if quick else default)

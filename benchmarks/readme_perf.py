@@ -23,15 +23,19 @@ from contenders import (
     COMPILED,
     EAGER,
     FLOOR,
+    FLOOR_1T,
     FLOOR_LONE,
     FUNCTION,
     NATIVE,
+    NATIVE_1T,
     NATIVE_1T_LONE,
+    NATIVE_L1,
     NATIVE_LONE,
     PYTHON,
     native_path,
 )
-from readme_table import fmt_ms, fmt_ok, machine_line
+from readme_table import fmt_ms, machine_line
+from spread import verdict
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks"
@@ -45,28 +49,42 @@ def fmt_x(v: float) -> str:
     return f"{v:.2f}x" if v < 10 else f"{v:.0f}x"
 
 
-def _one_thread(ms: dict) -> str:
-    """The lone call with 1 intra-op thread, and a pointer to why when the second thread barely helped."""
-    if NATIVE_1T_LONE not in ms:
-        return ""
-    one = ms[NATIVE_1T_LONE]
-    why = (" (the second thread barely helps a lone call here: on a VM the idle worker wakes on the caller's CPU, "
-           "[docs/tiers.md](docs/tiers.md))" if one < 1.2 * ms[NATIVE_LONE] else "")
-    return f"; with 1 intra-op thread {fmt_ms(one)}{why}"
+def fmt_q(q: list[float]) -> str:
+    """A ratio with its spread: the median and the interquartile range of its rounds."""
+    return f"{fmt_x(q[1])} ({q[0]:.3g}-{q[2]:.3g})"
 
 
-def path_rows(b: dict) -> list[tuple]:
-    """A row for each lower ISA path the run forced (the AVX2 one against its target)."""
-    ms, ratios, targets, paths = b["median_ms"], b["ratios"], b["targets"], b["isa_paths"]
-    best, rows = paths[NATIVE], []
+def fmtverdict(verdict: str) -> str:
+    """spread.verdict's word, as the table shows it."""
+    return {"met": "met", "not met": "**not met**", "undecided": "undecided (the spread straddles it)"}[verdict]
+
+
+def row(what: str, result: str, target: float | None = None, sense: str = "<=", verdict: str = "",
+        unit: str = "x") -> str:
+    """One table row: the measure, its result, its target and verdict (or "for context")."""
+    tail = "for context" if target is None else f"{sense} {target:g}{unit}: {fmtverdict(verdict)}"
+    return f"| {what} | {result} | {tail} |"
+
+
+def path_rows(b: dict) -> list[str]:
+    """A row per ISA path this CPU runs, best first, each against the floor on the same 2 threads."""
+    ms, spreads, targets, paths, threads = b["median_ms"], b["ratio_quartiles"], b["targets"], b["isa_paths"], b["threads"]
+    best, floor = paths[NATIVE], fmt_ms(ms[FLOOR])
+    q = spreads["native / floor"]
+    bound = targets["native_avx2_vs_floor_max"] if best == "avx2" else targets["native_vs_floor_max"]
+    rows = [row(f"native bev_pool_v2, {best} path (this CPU's best), {threads[NATIVE]} intra-op threads, back to back: "
+                f"{fmt_ms(ms[NATIVE])} vs {floor} for the floor on the same {threads[FLOOR]} threads",
+                fmt_q(q) + " the floor", bound, "<=", verdict(q, bound, True))]
     for isa in (p for p in ("avx2", "baseline") if native_path(p) in ms):
-        ratio = ratios[f"native {isa} / floor"]
-        target = targets["native_avx2_vs_floor_max"] if isa == "avx2" else None
+        q = spreads[f"native {isa} / floor"]
         same = b["checks"].get(f"native {isa} path bitwise equal to {best}", False)
-        rows.append((f"... the {isa} path, forced by a library built without the paths above it (this CPU's best: "
-                     f"{best}): {fmt_ms(ms[native_path(isa)])}; its output "
-                     f"{'bitwise equal to' if same else '**differs from**'} the {best} path's", fmt_x(ratio) + " the memcpy",
-                     target, same and (target is None or ratio <= target), "<="))
+        what = (f"... the {isa} path (a library built without the paths above it): {fmt_ms(ms[native_path(isa)])}; "
+                f"output {'bitwise equal to' if same else '**differs from**'} the {best} path's")
+        if isa == "avx2":
+            bound = targets["native_avx2_vs_floor_max"]
+            rows.append(row(what, fmt_q(q) + " the floor", bound, "<=", verdict(q, bound, True) if same else "not met"))
+        else:
+            rows.append(row(what, fmt_q(q) + " the floor"))
     return rows
 
 
@@ -77,56 +95,71 @@ def load(root: Path = RESULTS) -> dict:
             "export": json.loads((root / "results" / "export_time.json").read_text())}
 
 
+def header(b: dict, mach: dict) -> str:
+    """What the run ran on and under which conditions: CPU, ISA path, threads, date, load."""
+    start, end = b["conditions"]["start"], b["conditions"]["end"]
+    return (f"One run of `benchmarks/` on {machine_line(b['machine'])} (onnxruntime {mach['onnxruntime']}, torch "
+            f"{mach['torch']}), {start['date'][:10]}, load average {start['load_average'][0]:.2f} at the start and "
+            f"{end['load_average'][0]:.2f} at the end on {start['cpus_usable']} CPUs; bev_pool_v2 at BEVDet-R50 size "
+            f"({b['points']:,} points, {b['bytes_touched'] / 1e6:.2f} MB touched), {b['repeats']} rounds. The floor "
+            "is a kernel of bev_pool_v2's signature that reads each input byte once and writes each output byte once, "
+            "run in onnxruntime on the same intra-op threads as the native call it is held against "
+            "(`benchmarks/floor_op.py`). Each ratio: the median of its per-round ratios (the interquartile range in "
+            "brackets); a target is met only when the whole range meets it (`benchmarks/spread.py`). Generated by "
+            "`benchmarks/readme_perf.py` from the benchmarks' JSON:")
+
+
 def block(r: dict) -> str:
     run, body, export = r["run"], r["body"], r["export"]
     b = run["bevdet_r50"]
-    ms, ratios, targets = b["median_ms"], b["ratios"], b["targets"]
+    ms, spreads, targets, threads = b["median_ms"], b["ratio_quartiles"], b["targets"], b["threads"]
     demo = run["models"]["demo"]
     bev_nodes, node_max = body["bodies"]["bev::bev_pool_v2"]["nodes"], body["targets"]["bev_pool_v2_nodes_max"]
     fn_max = targets["function_vs_eager_max"]
     ex, warm = export["export"], export["check"]["warm"]
     first = max(c["ratio"] for c in ex["first_in_process"].values())
-    mach = run["machine"]
-    q1, q3 = b["floor_quartiles_ms"][FLOOR]
-    lone_target = targets["native_lone_vs_floor_lone_max"]
+    lone_max, compile_min = targets["native_lone_vs_floor_lone_max"], targets["compile_vs_native_lone_min"]
+    q_lone, q_fn = spreads["native lone / floor lone"], spreads["function / eager"]
+    q_py = demo["ratio_quartiles"][f"{PYTHON} / {EAGER}"]
     rows = [
-        (f"native bev_pool_v2 ({b['isa_paths'][NATIVE]} path), back to back: "
-         f"{fmt_ms(ms[NATIVE])} vs {fmt_ms(ms[FLOOR])} for a memcpy of the bytes it touches (its rounds' quartiles "
-         f"{q1:.3g}-{q3:.3g} ms)", fmt_x(ratios["native / floor"]) + " the memcpy", targets["native_vs_floor_max"],
-         ratios["native / floor"] <= targets["native_vs_floor_max"], "<="),
         *path_rows(b),
-        (f"... a lone call (after {b['lone_idle_ms']:g} ms idle): {fmt_ms(ms[NATIVE_LONE])}" + _one_thread(ms)
-         + f", vs a lone memcpy of the same bytes after the same idle: {fmt_ms(ms[FLOOR_LONE])}",
-         fmt_x(ratios["native lone / floor lone"]) + " the lone memcpy", lone_target,
-         ratios["native lone / floor lone"] <= lone_target, "<="),
-        (f"... torch.compile of the same sum in pure torch: {fmt_ms(ms[COMPILED])}",
-         fmt_x(ratios["torch.compile / native lone"]) + " a lone native call", targets["compile_vs_native_lone_min"],
-         ratios["torch.compile / native lone"] >= targets["compile_vs_native_lone_min"], ">="),
-        (f"function tier (portable ONNX body): {fmt_ms(ms[FUNCTION])} vs eager torch {fmt_ms(ms[EAGER])}",
-         fmt_x(ratios["function / eager"]) + " eager", fn_max, ratios["function / eager"] <= fn_max, "<="),
-        ("bev_pool_v2's portable body, inlined, with its input checks",
-         f"{bev_nodes} nodes", node_max, bev_nodes <= node_max, "<="),
-        (f"python tier on the demo model: {fmt_ms(demo['ms'][PYTHON])} vs eager torch {fmt_ms(demo['ms'][EAGER])}",
-         fmt_x(demo["vs_eager"][PYTHON]) + " eager", PYTHON_VS_EAGER_MAX,
-         demo["vs_eager"][PYTHON] <= PYTHON_VS_EAGER_MAX, "<="),
-        ("`bridge.export` vs plain `torch.onnx.export` of the same models (in one process; first export in a "
-         f"fresh process: up to {fmt_x(first)}; `benchmarks/export_time.py`'s own run of {export['date']}, its CPU "
-         "not recorded)", "up to " + fmt_x(ex["max_ratio"]), ex["target"],
-         ex["max_ratio"] <= ex["target"] and first <= ex["target"], "<="),
+        row(f"... {threads[NATIVE_1T]} intra-op thread: {fmt_ms(ms[NATIVE_1T])} vs {fmt_ms(ms[FLOOR_1T])} for the "
+            f"floor on {threads[FLOOR_1T]} thread", fmt_q(spreads["native 1 thread / floor 1 thread"]) + " the floor"),
+        row(f"... every index into a few L1-resident rows (the issue bound: same points, intervals and writes, "
+            f"`benchmarks/bound.py`'s run): {fmt_ms(ms[NATIVE_L1])}",
+            fmt_q(spreads["native indices in L1 / native"]) + " the real indices' time"),
+        row(f"... a lone call (after {b['lone_idle_ms']:g} ms idle): {fmt_ms(ms[NATIVE_LONE])} (1 intra-op thread: "
+            f"{fmt_ms(ms[NATIVE_1T_LONE])}) vs a lone floor call after the same idle: {fmt_ms(ms[FLOOR_LONE])}",
+            fmt_q(q_lone) + " the lone floor", lone_max, "<=", verdict(q_lone, lone_max, True)),
     ]
-    lines = [f"One run of `benchmarks/` on {machine_line(b['machine'])} (onnxruntime {mach['onnxruntime']}, torch "
-             f"{mach['torch']}), bev_pool_v2 at BEVDet-R50 size ({b['points']:,} points); generated by "
-             "`benchmarks/readme_perf.py` from the benchmarks' JSON:", "",
-             "| measure | result | target |", "|---|---|---|"]
-    for what, result, target, met, sense in rows:
-        unit = "" if "nodes" in result else "x"
-        lines.append(f"| {what} | {result} | " + ("for context |" if target is None else
-                                                   f"{sense} {target:g}{unit}: {fmt_ok(met)} |"))
+    if COMPILED in ms:
+        q = spreads["torch.compile / native lone"]
+        rows.append(row(f"... torch.compile of the same sum in pure torch: {fmt_ms(ms[COMPILED])} (its rounds and "
+                        "the lone calls' are apart: the range is the widest their quartiles allow)",
+                        fmt_q(q) + " a lone native call", compile_min, ">=", verdict(q, compile_min, False)))
+    rows += [
+        row(f"function tier (portable ONNX body): {fmt_ms(ms[FUNCTION])} vs eager torch {fmt_ms(ms[EAGER])}",
+            fmt_q(q_fn) + " eager", fn_max, "<=", verdict(q_fn, fn_max, True)),
+        row("bev_pool_v2's portable body, inlined, with its input checks", f"{bev_nodes} nodes", node_max, "<=",
+            "met" if bev_nodes <= node_max else "not met", unit=""),
+        row(f"python tier on the demo model: {fmt_ms(demo['ms'][PYTHON])} vs eager torch {fmt_ms(demo['ms'][EAGER])}",
+            fmt_q(q_py) + " eager", PYTHON_VS_EAGER_MAX, "<=", verdict(q_py, PYTHON_VS_EAGER_MAX, True)),
+        row("`bridge.export` vs plain `torch.onnx.export` of the same models (in one process; first export in a "
+            f"fresh process: up to {fmt_x(first)}; `benchmarks/export_time.py`'s own run of {export['date']}, "
+            f"{export_machine(export)})", "up to " + fmt_x(ex["max_ratio"]), ex["target"], "<=",
+            "met" if ex["max_ratio"] <= ex["target"] and first <= ex["target"] else "not met"),
+    ]
+    lines = [header(b, run["machine"]), "", "| measure | result | target |", "|---|---|---|", *rows]
     lines += ["", f"The first `opbridge check` on a warm cache takes {warm['median_s']['opbridge check']:.1f} s, "
               f"{fmt_x(warm['ratios']['check_vs_plain'])} the same export, session and run written by hand (export_time.py's "
-              "run). Details "
-              "and every other figure: [docs/evidence.md](docs/evidence.md)."]
+              f"run of {export['date']}). Details and every other figure: [docs/evidence.md](docs/evidence.md)."]
     return "\n".join(lines)
+
+
+def export_machine(export: dict) -> str:
+    """The CPU export_time.py's run names, or that it names none."""
+    m = export.get("machine", {})
+    return f"on {machine_line(m)}" if "cpu_model" in m else "its CPU not recorded"
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,14 +7,15 @@
 2. bridge.session() creation vs a plain onnxruntime.InferenceSession on the same file; target <= 5%
 3. whole models per frame (the demo and IdentityModel): eager torch, torch.compile, AOTInductor
    (where it can compile the model), ORT native / function / python
-4. bev_pool_v2 at BEVDet-R50 size: the floor (memcpy of the bytes the op touches), ORT native
+4. bev_pool_v2 at BEVDet-R50 size: the floor (each byte the op touches read or written once, on
+   the same threads: floor_op.py), ORT native
    (2 and 1 intra-op threads), ORT function, eager torch, torch.compile of gather + index_add, then
    lone calls (one call after 10 ms idle) of ORT native and of the floor (bev_pool_v2.measure, in a
    process of its own: on a VM the idle time before lone calls moves ORT's workers onto the calling
    thread's CPU for the calls that follow, bev_pool_v2's NOTE)
 5. bev_pool_v2 scaling with point count (10k..2M) per tier, more depth bins on BEVDet-R50's fixed
    grid; the log-log slope says if cost is linear (the floor's own slope shows what the fixed
-   grid's output allows)
+   grid's output allows; below 64k points the floor, as the kernel, runs on the calling thread)
 6. the same over B = 1..8 frames of BEVDet-R50 in one call (everything grows with the points)
 Each round times the second of two back-to-back calls of each contender (bev_pool_v2.round_robin;
 the lone calls of 4. are timed once each, after the idle).
@@ -38,8 +39,9 @@ import warnings
 
 # NOTE: torch's OpenMP threads block instead of spinning, as the ORT sessions here do (see
 # session_options): on 2 shared cores a spinning pool steals the cores from the runtime being
-# timed. Only effective when this script starts the process (torch not yet loaded).
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# timed. Only when this script starts the process (torch not yet loaded), never on import.
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 import numpy as np  # noqa: E402
 import onnxruntime as ort  # noqa: E402
@@ -49,13 +51,19 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import bev_pool_v2 as bev  # noqa: E402
+import floor_op  # noqa: E402
 import machine  # noqa: E402
 from contenders import EAGER, FLOOR, FUNCTION, NATIVE, PYTHON  # noqa: E402
+from spread import spread  # noqa: E402
 
 import bridge  # noqa: E402
 import custom_ops.demo as demo  # noqa: E402
 from bridge.core import files  # noqa: E402
 from exporters.bodies.translation import translation_table  # noqa: E402
+
+# the code this suite measures (machine.provenance): bev_pool_v2.py's, and for its export, session and
+# whole-model sections every library folder; the suite itself
+MEASURES = [*bev.MEASURES, "bridge", "exporters", "ort_kernels", "custom_ops", "benchmarks/run.py"]
 
 
 def median_s(fn, repeats: int, warmup: int = 1) -> float:
@@ -151,10 +159,13 @@ def model_runs(case, repeats: int, quick: bool, tiers=("native", "function", "py
             assert bridge.compare(tier, expected, sess.run(None, feed)[0]).passed
             fns[f"ORT {tier}"] = lambda s=sess, f=feed: s.run(None, f)
         with torch.no_grad():
-            ms = bev.round_robin(fns, repeats)
+            times = bev.rounds(fns, repeats)
+    ms = {k: statistics.median(v) for k, v in times.items()}
     eager, native = ms[EAGER], ms.get(NATIVE)
     return {"name": case.name, "ms": ms, "vs_eager": {k: v / eager for k, v in ms.items()},
-            "vs_native": {k: v / native for k, v in ms.items()} if native else {}, "notes": notes}
+            "vs_native": {k: v / native for k, v in ms.items()} if native else {}, "notes": notes,
+            "repeats": repeats, "ratio_quartiles": {f"{k} / {EAGER}": spread(v, times[EAGER])
+                                                    for k, v in times.items() if k != EAGER}}
 
 
 # NOTE: the order of each round, as in bev_pool_v2.measure: torch first, native last before the
@@ -163,10 +174,11 @@ def model_runs(case, repeats: int, quick: bool, tiers=("native", "function", "py
 ORDER = ("function", "python", "native")
 
 
-def floor_fn(inputs, shape):
-    """The floor at this size: a memcpy of the bytes the op touches (its float32 output on the
-    meta device: a size, no memory)."""
-    return bev.floor_copy(bev.bytes_touched(inputs, torch.empty(shape, device="meta")))
+def floor_fn(session, inputs):
+    """The floor at this size (floor_op.py: each byte read or written once, on the 2 intra-op threads
+    the native session has), in ``session`` (one per export), fed ``inputs``."""
+    feed = bridge.parity.ort_feed(session, inputs)
+    return lambda: session.run(None, feed)
 
 
 def loglog_slope(rows: list[dict], key: str, low: int = 0, minus: float = 0.0) -> float | None:
@@ -193,21 +205,23 @@ def scaling(points_targets, repeats: int, python_max: int | None = None) -> dict
     sessions = {}
     for tier in ("native", "function", "python"):
         sessions[tier] = bridge.session(proto, tier=tier, sess_options=bev.session_options())
+    floor = floor_op.floor_session(cases[0][1], cases[0][2], bev.session_options(),
+                                   dynamic_shapes=({2: d}, None, {0: p}, {0: p}, {0: p}, {0: i}, {0: i}))
     # NOTE: the grid is fixed (BEVDet's 128x128), so every call also writes the whole output: a
     # cost that does not depend on the points. It is measured at 0 points (same grid, empty ranks
-    # and intervals) and taken out for the slope of the per-point cost. The floor (a memcpy of the
-    # bytes touched at each size) shows what that fixed part allows.
+    # and intervals) and taken out for the slope of the per-point cost. The floor (each byte touched
+    # at each size read or written once) shows what that fixed part allows.
     first = cases[0][1]
     empty = (*first[:2], *(t[:0] for t in first[2:]))
     rows = []
-    for target, inputs, shape in [(0, empty, cases[0][2]), *cases]:
+    for target, inputs, _ in [(0, empty, cases[0][2]), *cases]:
         fns = {EAGER: lambda i=inputs: model(*i)}
         for tier in ORDER:
             if tier == "python" and python_max is not None and target > python_max:  # a shorter run only
                 continue
             feed = bridge.parity.ort_feed(sessions[tier], inputs)
             fns[f"ORT {tier}"] = lambda s=sessions[tier], f=feed: s.run(None, f)
-        fns[FLOOR] = floor_fn(inputs, shape)
+        fns[FLOOR] = floor_fn(floor, inputs)
         with torch.no_grad():
             rows.append({"target": target, "points": int(inputs[2].numel()), **bev.round_robin(fns, repeats)})
     fixed, rows = rows[0], rows[1:]
@@ -232,7 +246,7 @@ def scaling_frames(batches, repeats: int) -> dict:
             feed = bridge.parity.ort_feed(sess, inputs)
             assert bridge.compare(tier, expected, sess.run(None, feed)[0]).passed
             fns[f"ORT {tier}"] = lambda s=sess, f=feed: s.run(None, f)
-        fns[FLOOR] = floor_fn(inputs, shape)
+        fns[FLOOR] = floor_fn(floor_op.floor_session(inputs, shape, bev.session_options()), inputs)
         with torch.no_grad():
             rows.append({"batch": b, "points": int(inputs[2].numel()), **bev.round_robin(fns, repeats)})
     return {"rows": rows, "loglog_slope": _slopes(rows), "target": [0.9, 1.1]}
@@ -263,7 +277,7 @@ def main(argv=None) -> dict:
     reps = 2 if quick else 15
     targets = (10_000, 30_000, 100_000) if quick else (10_000, 30_000, 100_000, 300_000, 1_000_000, 2_000_000)
 
-    results = {"machine": {**machine.describe(), "torch_threads": torch.get_num_threads(),
+    results = {"machine": {**machine.describe(), **bev.conditions(), "torch_threads": torch.get_num_threads(),
                            "onnxruntime": ort.__version__, "torch": torch.__version__,
                            "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "ort_intra_op_spinning": False,
                            "load_average_at_start": list(os.getloadavg())}}
@@ -307,8 +321,10 @@ def main(argv=None) -> dict:
         print("   " + f"{row['batch']:>7}{row['points']:>9}" + "".join(f"{row[k]:>16.2f}" for k in keys))
     print("   log-log slope (1.0 = linear): " + ", ".join(f"{k} {v:.2f}" for k, v in f["loglog_slope"].items()))
     results["machine"]["load_average_at_end"] = list(os.getloadavg())
-    if args.json:
-        print(f"wrote {files.write_json(args.json, results)}")
+    results["provenance"] = machine.provenance(MEASURES)
+    path = machine.json_path(args.json, quick, None)
+    if path:
+        print(f"wrote {files.write_json(path, results)}")
     return results
 
 

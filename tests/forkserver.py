@@ -9,8 +9,14 @@ fresh in it (nothing of the project is imported in the server), it has its own o
 or a script path, with the interpreter's ``sys.path`` rules (the module's folder or the current one,
 then ``PYTHONPATH``), the given environment and current folder.
 
-NOTE: a test whose point is what a fresh interpreter imports (``--help`` loads no torch) or that sets
-an environment variable torch, onnx or onnxruntime read at import keeps ``subprocess.run``.
+What a fork of the server cannot give, ``run`` gives with a real ``subprocess.run`` (``fresh_only`` says
+why): interpreter options (``-W``, ``-X``, ...), a variable read when the interpreter or the
+preloaded stack starts (``AT_START``: warnings filters, hash seed, locale, thread counts) with another
+value than the server's, and any output the preloaded imports printed in the server (a fresh process
+would print it to its own stderr). Non-daemon threads are joined before exit, as the interpreter does.
+
+NOTE: a test whose point is what a fresh interpreter imports (``--help`` loads no torch) keeps
+``subprocess.run``.
 """
 
 from __future__ import annotations
@@ -31,28 +37,57 @@ import types
 from pathlib import Path
 
 PRELOAD = ("numpy", "torch", "onnx", "onnxruntime", "onnxscript")
+# NOTE: read when the interpreter starts (warnings, hash seed, locale coercion, I/O encoding) or when the
+# preloaded stack is imported (OpenMP and MKL thread pools, torch's thread count): a fork inherits the
+# server's
+AT_START = ("PYTHONWARNINGS", "PYTHONHASHSEED", "PYTHONDEVMODE", "PYTHONUTF8", "PYTHONIOENCODING", "PYTHONMALLOC",
+            "PYTHONOPTIMIZE", "PYTHONSAFEPATH", "LC_ALL", "LC_CTYPE", "LANG", "OMP_NUM_THREADS", "MKL_NUM_THREADS",
+            "OMP_WAIT_POLICY", "OMP_DYNAMIC", "KMP_AFFINITY", "GOMP_CPU_AFFINITY")
 _lock = threading.Lock()
 _server: subprocess.Popen | None = None
+_server_env: dict[str, str] = {}
+_import_output = ""  # what the server's preloaded imports printed (stdout and stderr)
 
 
 def _start() -> subprocess.Popen:
+    global _server_env, _import_output
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
     # NOTE: a process group of its own, which its forked children share: _kill ends a running child too
     server = subprocess.Popen([sys.executable, __file__], stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env,
                               text=True, bufsize=1, start_new_session=True)
     atexit.register(_kill, server)
+    _server_env, _import_output = env, _reply(server, 600)["import_output"]
     return server
+
+
+def fresh_only(args: list[str], env: dict[str, str]) -> str | None:
+    """Why a fork of the server cannot be what a fresh ``python ARGS`` with ``env`` is, or None."""
+    if args and args[0].startswith("-") and args[0] not in ("-m", "-c"):
+        return f"interpreter option {args[0]}"
+    changed = [k for k in AT_START if env.get(k) != _server_env.get(k)]
+    if changed:
+        return f"{', '.join(changed)} read at start"
+    if _import_output:
+        return "the preloaded imports printed output"
+    return None
 
 
 def run(args: list[str], *, cwd: str | Path | None = None, env: dict[str, str] | None = None,
         timeout: float = 600, umask: int | None = None) -> subprocess.CompletedProcess:
-    """``python ARGS`` in a process forked from the server: returncode, stdout and stderr as text."""
+    """``python ARGS`` in a process forked from the server, or a subprocess where a fork cannot be
+    one (``fresh_only``): returncode, stdout and stderr as text. ``env`` is the whole environment (``{}``
+    an empty one), as subprocess takes it; None passes this process's."""
     global _server
+    args = list(map(str, args))
+    env = dict(os.environ if env is None else env)
     with _lock, tempfile.TemporaryDirectory() as folder:
         if _server is None or _server.poll() is not None:
             _server = _start()
+        if fresh_only(args, env):
+            return subprocess.run([sys.executable, *args], cwd=cwd, env=env, capture_output=True, text=True,
+                                  timeout=timeout, umask=-1 if umask is None else umask)
         out, err = Path(folder, "out"), Path(folder, "err")
-        request = {"args": list(map(str, args)), "cwd": str(cwd or os.getcwd()), "env": dict(env or os.environ),
+        request = {"args": args, "cwd": str(cwd or os.getcwd()), "env": env,
                    "out": str(out), "err": str(err), "umask": umask}
         assert _server.stdin and _server.stdout
         _server.stdin.write(json.dumps(request) + "\n")
@@ -98,6 +133,7 @@ def _child(request: dict) -> None:
     sys.stderr = open(2, "w", closefd=False, buffering=1)
     code = _execute(request["args"])
     try:
+        threading._shutdown()  # type: ignore[attr-defined]  # NOTE: joins non-daemon threads, as the interpreter does at exit
         atexit._run_exitfuncs()
     finally:
         sys.stdout.flush()
@@ -135,10 +171,24 @@ def _execute(args: list[str]) -> int:
 
 
 def _serve() -> None:
-    for name in PRELOAD:
-        importlib.import_module(name)
     requests = os.fdopen(os.dup(0), "r")
     replies = os.fdopen(os.dup(1), "w", buffering=1)
+    # NOTE: what the imports print goes to a file (fds 1 and 2), reported to the parent: a fresh process
+    # would print it to its own output
+    with tempfile.TemporaryFile("w+") as printed:
+        saved = os.dup(1), os.dup(2)
+        os.dup2(printed.fileno(), 1)
+        os.dup2(printed.fileno(), 2)
+        try:
+            for name in PRELOAD:
+                importlib.import_module(name)
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+        printed.seek(0)
+        replies.write(json.dumps({"import_output": printed.read()}) + "\n")
     for line in requests:
         request = json.loads(line)
         pid = os.fork()

@@ -76,3 +76,56 @@ def test_a_run_past_its_timeout_ends_its_child_too(tmp_path):
         time.sleep(0.1)
     assert not _running(pid)
     assert forkserver.run(["-c", "print('next')"]).stdout == "next\n"  # NOTE: a new server serves the next run
+
+
+def _both(args, env=None, **kw):
+    """forkserver.run and subprocess.run of ``python ARGS``: (returncode, stdout, stderr) each."""
+    fork = forkserver.run(args, env=env, cwd=ROOT, **kw)
+    fresh = subprocess.run([sys.executable, *args], env=env, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    return (fork.returncode, fork.stdout, fork.stderr), (fresh.returncode, fresh.stdout, fresh.stderr)
+
+
+WARN = "import warnings; warnings.warn('careful'); print('after')"
+
+
+@pytest.mark.parametrize("case", ["empty", "one variable"])
+def test_the_environment_is_the_one_passed(case):
+    """``env={}`` is an empty environment, as subprocess gives it (it gave this process's; issue #46)."""
+    env = {} if case == "empty" else {"FS_ONLY": "1", "PATH": os.environ["PATH"]}
+    fork, fresh = _both(["-c", "import os; print(sorted(os.environ))"], env=env)
+    assert fork == fresh and "HOME" not in fork[1]
+
+
+@pytest.mark.parametrize("how", ["PYTHONWARNINGS", "-W"])
+def test_warnings_filters_are_the_fresh_processs(how):
+    """PYTHONWARNINGS=error or -W error turns a warning into an exception, as in a fresh interpreter."""
+    env = dict(os.environ, PYTHONWARNINGS="error") if how == "PYTHONWARNINGS" else dict(os.environ)
+    args = ["-c", WARN] if how == "PYTHONWARNINGS" else ["-W", "error", "-c", WARN]
+    fork, fresh = _both(args, env=env)
+    assert fork[0] == fresh[0] == 1 and fork[1] == fresh[1] == "" and "UserWarning: careful" in fork[2]
+    assert fork[2] == fresh[2]
+
+
+def test_hash_seed_and_thread_counts_are_read_as_at_start():
+    """PYTHONHASHSEED and OMP_NUM_THREADS act as in a fresh process (torch sizes its pool at import)."""
+    code = "import torch; print(hash('opbridge'), torch.get_num_threads())"
+    fork, fresh = _both(["-c", code], env=dict(os.environ, PYTHONHASHSEED="7", OMP_NUM_THREADS="1"))
+    assert fork == fresh and fork[1].split()[1] == "1"
+
+
+def test_non_daemon_threads_are_joined_before_exit():
+    code = ("import threading, time\n"
+            "def late():\n    time.sleep(0.3); print('joined', flush=True)\n"
+            "threading.Thread(target=late).start()\n")
+    fork, fresh = _both(["-c", code])
+    assert fork == fresh == (0, "joined\n", "")
+
+
+def test_what_imports_print_reaches_the_child_as_in_a_fresh_process():
+    """The preloaded stack printed nothing at import, so a fork's stderr is a fresh process's; were it
+    to print, forkserver.run would run a subprocess (fresh_only)."""
+    code = "import numpy, torch, onnx, onnxruntime, onnxscript; print('ok')"
+    fork, fresh = _both(["-c", code])
+    assert fork == fresh
+    assert forkserver.fresh_only(["-c", code], dict(os.environ)) is None or forkserver._import_output
+    assert forkserver.fresh_only(["-W", "error", "-c", code], dict(os.environ)) == "interpreter option -W"

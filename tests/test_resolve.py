@@ -3,6 +3,7 @@ their bodies is neither converted nor touched, and a model needing written, buil
 gets, node by node, the body each producer makes from protos (grouped by bytes, overloads named by them)."""
 
 import hashlib
+import re
 
 import numpy as np
 import onnx
@@ -155,3 +156,39 @@ def test_the_ir_entry_gives_an_onnx_ir_model_its_bodies(three_kinds):
     assert list(model.functions) == [(f.domain, f.name, f.overload) for f in through_proto.functions]
     assert [(n.op_type, n.overload) for n in model.graph] == [(n.op_type, n.overload)
                                                               for n in through_proto.graph.node]
+
+
+# NOTE: what each op computes, written here by hand from its definition in three_kinds (not from any
+# producer of bodies): the expectation of each attached body, node by node
+BY_HAND = {"double": lambda x, a: x * 2, "shift": lambda x, a: x + (2 * a["k"] if a["twice"] else a["k"]),
+           "scale": lambda x, a: x * a["k"] + 1}
+# the bodies each op gets, by hand: double one written body, shift one built body per set of attribute
+# values (2), scale one derived body per site (2: its k differs)
+OVERLOADS = {"double": (1, ""), "shift": (2, "built"), "scale": (2, "derived")}
+
+
+def test_each_attached_body_computes_its_node_as_written_by_hand(three_kinds):
+    """Expectations independent of the resolver: each node's attached body, run alone in onnxruntime on
+    the node's attribute values, computes what the op's definition says; overloads as counted by hand."""
+    registry, _, _, bare = three_kinds
+    attached = _copy(bare)
+    resolve.attach_functions(attached, registry)
+    nodes = list(custom_nodes(attached))
+    assert sorted(n.op_type for n in nodes) == ["double", "scale", "scale", "shift", "shift", "shift"]
+    for short, (count, kind) in OVERLOADS.items():
+        overloads = sorted({f.overload for f in attached.functions if f.name == short})
+        assert len(overloads) == count, (short, overloads)
+        assert all(re.fullmatch(rf"{kind}_[0-9a-f]{{10}}", o) for o in overloads) if kind else overloads == [""]
+    value = np.random.default_rng(0).standard_normal((1, 3, 4, 4)).astype(np.float32)
+    for node in nodes:
+        attrs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+        alone = onnx.helper.make_node(node.op_type, ["x"], ["y"], domain=node.domain, overload=node.overload,
+                                      **attrs)
+        info = lambda n: onnx.helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [1, 3, 4, 4])  # noqa: E731
+        graph = onnx.helper.make_graph([alone], "one", [info("x")], [info("y")])
+        model = onnx.helper.make_model(graph, opset_imports=list(attached.opset_import),
+                                       functions=list(attached.functions), ir_version=attached.ir_version)
+        got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, {"x": value})[0]
+        np.testing.assert_allclose(got, BY_HAND[node.op_type](value, attrs), rtol=1e-6,
+                                   atol=1e-6, err_msg=f"{node.op_type} {attrs}")

@@ -152,8 +152,17 @@ def test_quantize(files, tmp_path, static):
     onnxruntime session it opens itself, with no way to register a custom-op library: the native
     file is quantized dynamically only (docs/toolchain.md)."""
     kinds = ("function", "inline") if static else KINDS
-    got = {kind: run(_quantized(files, kind, tmp_path, static), files["feed"],
-                     files["lib"] if kind == "native" else None) for kind in kinds}
+    paths = {kind: _quantized(files, kind, tmp_path, static) for kind in kinds}
+    for kind, path in paths.items():  # NOTE: something was quantized: every convolution of the demo
+        nodes = onnx.load(path).graph.node
+        ops = [n.op_type for n in nodes]
+        if static:  # QDQ: each Conv reads its input and weights through DequantizeLinear
+            dequantized = {o for n in nodes if n.op_type == "DequantizeLinear" for o in n.output}
+            convs = [n for n in nodes if n.op_type == "Conv"]
+            assert convs and all(set(c.input[:2]) <= dequantized for c in convs), (kind, ops)
+        else:  # integer ops: no float Conv left
+            assert "ConvInteger" in ops and "Conv" not in ops, (kind, ops)
+    got = {kind: run(paths[kind], files["feed"], files["lib"] if kind == "native" else None) for kind in kinds}
     for kind in kinds:
         for q, f in zip(got[kind], files["expected"][kind], strict=True):
             assert float(np.abs(q - f).max()) <= 0.02 * float(np.ptp(f)), kind

@@ -8,10 +8,9 @@ writes for the same call; parity runs in every tier that applies."""
 
 import io
 import math
-import os
 import warnings
-from pathlib import Path
 
+import mmdeploy_lib
 import onnx
 import pytest
 import torch
@@ -160,24 +159,20 @@ def test_mmcv_deform_conv_parity(reg, tier):
                          extra_args=[(torch.randn(3, 4, 7, 6),)], rtol=1e-4, atol=1e-4)
 
 
-MMDEPLOY = os.environ.get("OPBRIDGE_TEST_MMDEPLOY_LIB") or str(
-    Path(__file__).resolve().parents[1] / "build" / "mmdeploy-1.3.1" / "libmmdeploy_onnxruntime_ops.so")
-
-
+@pytest.mark.long
 @pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
 def test_mmcv_deform_conv_runs_mmdeploys_own_kernel(reg, bias):
     """The INTS node is the one mmdeploy 1.3.1's kernel library serves: its C++ kernel runs it (in_channels x 3 x 3
-    a multiple of 8, which that kernel needs) and agrees with forward, with and without bias."""
-    if not Path(MMDEPLOY).is_file():
-        pytest.skip(f"mmdeploy's library is not fetched ({MMDEPLOY}): run `.venv/bin/python "
-                    "tests/scripts/fetch_mmdeploy.py`, or point $OPBRIDGE_TEST_MMDEPLOY_LIB at it")
+    a multiple of 8, which that kernel needs) and agrees with forward, with and without bias. (Long: it needs
+    mmdeploy's library, tests/mmdeploy_lib.py: failing without it, unless the run says it is offline.)"""
+    library = mmdeploy_lib.library()
     bridge.register(ModulatedDeformConv2dFunction, fake=deform_fake, registry=reg)
     model = ModulatedDeformConv2dPack(in_channels=8, out_channels=4, bias=bias).eval()
     report = bridge.check_parity(model, (torch.randn(2, 8, 7, 6),), registry=reg, tier="native",
-                                 native_library=MMDEPLOY, dynamic_shapes=({0: B},),
+                                 native_library=library, dynamic_shapes=({0: B},),
                                  extra_args=[(torch.randn(1, 8, 7, 6),)], rtol=1e-4, atol=1e-4)
     assert report.passed, str(report)
-    assert report.kernels == {"mmcv::MMCVModulatedDeformConv2d": MMDEPLOY}
+    assert report.kernels == {"mmcv::MMCVModulatedDeformConv2d": library}
 
 
 def test_mmcv_deform_conv_eager_and_gradients_unchanged(reg):
