@@ -438,3 +438,26 @@ def test_a_function_tier_session_of_a_complete_file_traces_nothing(registry, fre
     monkeypatch.setattr(torch.onnx, "export", no_tracing)
     sess = bridge.session(path, tier="function", registry=registry)
     _held_out_outputs(model, x, sess.run(None, {sess.get_inputs()[0].name: x.numpy()}))
+
+
+@pytest.mark.parametrize("tier", ("function", "python"))
+def test_an_optional_int_called_with_none_gets_a_body_of_its_own(registry, fresh_name, tmp_path, tier):
+    # NOTE: red team 4: `k: Optional[int] = 3` called with None died with a bare TypeError (int(None))
+    name = fresh_name("optional_k")
+
+    @bridge.op(name, fake=lambda x, k=3: torch.empty_like(x), registry=registry)
+    def optional_k(x: torch.Tensor, k: int | None = 3) -> torch.Tensor:
+        return x * (-2 if k is None else k)
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return optional_k(x, None), optional_k(x, 5), optional_k(x)
+
+    x = torch.randn(3, 4)
+    path = tmp_path / "optional.onnx"
+    bridge.export(M(), (x,), path, registry=registry)
+    _assert_matches(M(), [(x,)], _run_plain_ort(path, [(x,)]), rtol=0, atol=0)
+    sess = bridge.session(path, tier=tier, registry=registry)
+    _assert_matches(M(), [(x,)], [sess.run(None, {sess.get_inputs()[0].name: x.numpy()})], rtol=0, atol=0)
+    site = derive.Site((derive.TensorSig(torch.float32, ("n", 4)),), (("k", None),))
+    assert derive.derive(registry.get(name), site, registry=registry).fixed == (("k", None),)
