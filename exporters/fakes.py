@@ -29,10 +29,11 @@ def check_fake(spec: OpSpec) -> None:
         ...            sample_inputs=lambda dtype: [bridge.SampleInput((torch.ones(3, 4, dtype=dtype),))])
         ... def row_sums(x: torch.Tensor) -> torch.Tensor:
         ...     return x.sum(-1)
-        >>> check_fake(reg.get("doc43::row_sums"))  # doctest: +ELLIPSIS
-        Traceback (most recent call last):
-        ...
-        bridge.core.errors.OpBridgeError: opbridge: doc43::row_sums: its fake kernel says output 0 is float32[3,4], its forward gives float32[3] ...
+        >>> try:
+        ...     check_fake(reg.get("doc43::row_sums"))
+        ... except bridge.OpBridgeError as e:
+        ...     print(str(e).split(", its forward")[0])
+        opbridge: doc43::row_sums: its fake kernel says output 0 is float32[3,4]
     """
     entry = _CHECKED.get(id(spec))
     if entry is None or entry[0] is not spec:
