@@ -122,13 +122,17 @@ def serves(library: str, node: onnx.NodeProto, types: dict[str, onnx.TypeProto],
 
 
 def served_by(libraries: Sequence[str], model: onnx.ModelProto) -> dict[tuple[str, str], str]:
-    """(domain, op_type) of the model's custom nodes -> the first of ``libraries`` that serves it."""
+    """(domain, op_type) of the model's custom nodes -> the first of ``libraries`` that serves it: nodes
+    of the graph, its subgraphs (If/Loop bodies) and its local functions (other ops' bodies) alike.
+
+    NOTE: a node inside a function has no value types in the model: its probe's inputs are untyped
+    (float), which a library that serves the op still answers otherwise than "not registered"."""
     if not libraries:
         return {}
     types = model_value_types(model)
     found: dict[tuple[str, str], str] = {}
     first: dict[tuple[str, str], onnx.NodeProto] = {}
-    for node in custom_nodes(model):
+    for node in custom_nodes(model, functions=True):  # NOTE: the graph's first: their inputs are typed
         first.setdefault((node.domain, node.op_type), node)
     for key, node in first.items():
         owner = next((lib for lib in libraries if serves(lib, node, types, model)), None)
