@@ -334,3 +334,54 @@ def test_a_user_library_serves_its_op_inside_another_ops_body(registry, fresh_na
     assert sess.kernels == {inner_name: str(library), outer_name: "function body"}
     np.testing.assert_array_equal(sess.run(None, {sess.get_inputs()[0].name: np.full(3, 2.0, np.float32)})[0],
                                   np.full(3, 2009.0, np.float32))
+
+
+CRASH_OPS = """
+import torch, bridge
+from bridge.tools.testing import ModelCase
+
+
+@bridge.op(NAME, fake=lambda x: torch.empty_like(x))
+def boom(x: torch.Tensor) -> torch.Tensor:
+    return x * 5
+
+
+class M(torch.nn.Module):
+    def forward(self, x):
+        return boom(x) + 1
+
+
+def case():
+    return ModelCase(M(), (torch.ones(3),))
+"""
+
+
+def test_a_kernel_that_crashes_under_check_leaves_a_line_naming_its_library_and_op(fresh_name, tmp_path):
+    # NOTE: red team 4: a segfaulting kernel ended `opbridge check --native-library` (-11) with nothing
+    # naming the library or the op
+    from bridge.core.opnames import op_names
+
+    name = fresh_name("boom")
+    source = tmp_path / "boom.cc"
+    source.write_text(INNER_KERNEL.replace("SYMBOL", op_names(name).symbol)
+                      .replace("out[i] = in[i] * 1000.f + 8.f;", "out[i] = *static_cast<volatile float*>(nullptr);"))
+    theirs = bridge.Registry()
+
+    @bridge.op(name, fake=lambda x: torch.empty_like(x), native=str(source), registry=theirs,
+               sample_inputs=lambda dtype: [bridge.SampleInput((torch.ones(3, dtype=dtype),))])
+    def boom(x: torch.Tensor) -> torch.Tensor:
+        return x * 5
+
+    library = tmp_path / "libcrash.so"
+    shutil.copy(build.library_path(theirs), library)
+    (tmp_path / "crash_ops.py").write_text(CRASH_OPS.replace("NAME", repr(name)))
+    import forkserver
+
+    env = dict(ENV, PYTHONPATH=str(tmp_path) + os.pathsep + ENV["PYTHONPATH"])
+    r = forkserver.run(["-m", "bridge", "--ops", "crash_ops", "check", "--model", "crash_ops:case",
+                        "--native-library", str(library)], cwd=tmp_path, env=env, timeout=600)
+    assert r.returncode == -11, r.stdout + r.stderr
+    lines = r.stderr.splitlines()
+    crash = next(i for i, line in enumerate(lines) if "Segmentation fault" in line)
+    named = [line for line in lines[:crash] if f"native code: libcrash.so serves {name}" in line]
+    assert named and named[-1].endswith("..."), r.stderr  # the step that was running when it crashed
