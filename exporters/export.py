@@ -34,6 +34,7 @@ from bridge.core.registry import REGISTRY, Registry, fill_attributes
 from exporters.bodies.opsets import convert_model, onnx_opset
 from exporters.bodies.translation import symbolic_attribute_error, translation_table
 from exporters.derive.tracing import onnx_program, program_calls
+from exporters.fakes import check_fake
 from exporters.inline import inline_functions
 from exporters.names import (
     dim_names,
@@ -90,6 +91,7 @@ def check_program(program: torch.export.ExportedProgram, registry: Registry) -> 
                 f"functional rewrite. Got node {node.name}. Keep exporters.rewrites.functionalize_mutations "
                 "in `rewrites`."
             )
+        check_fake(spec)  # NOTE: the file declares what the fake says: it must be what the op gives
         bound = spec.bind(*node.args, **node.kwargs)
         for p in spec.attributes:
             if any(isinstance(v, torch.fx.Node) for v in _walk(bound[p.name])):

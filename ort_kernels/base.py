@@ -194,6 +194,25 @@ def with_library(options: ort.SessionOptions | None, path: str) -> ort.SessionOp
     return options
 
 
+def load_error(path: str, error: BaseException, fix: str) -> OpBridgeError:
+    """The error for onnxruntime refusing to load the custom-op library at ``path``: where the library
+    itself refused to register and said why (an ``opbridge: ...`` sentence, e.g. a bad $OPBRIDGE_ISA),
+    that sentence as it is (the library is fine); else onnxruntime's words and ``fix`` (what to do).
+
+    >>> str(load_error("lib.so", RuntimeError("[ONNXRuntimeError] : 2 : INVALID_ARGUMENT : opbridge: X is "
+    ...                "wrong. Got 'y'. Set it right."), "Rebuild it."))
+    "opbridge: X is wrong. Got 'y'. Set it right."
+    >>> str(load_error("lib.so", RuntimeError("not an ELF file"), "Rebuild it."))
+    "opbridge: onnxruntime could not load the native library 'lib.so'. Got RuntimeError: not an ELF file. Rebuild it."
+    """
+    text = " ".join(str(error).split())
+    own = text.find("opbridge: ")
+    if own >= 0:  # NOTE: the library's own refusal names its cause and its fix
+        return OpBridgeError(text[own:])
+    return OpBridgeError(f"onnxruntime could not load the native library {path!r}. Got {type(error).__name__}: "
+                         f"{text[:400].rstrip('.')}. {fix}")
+
+
 def private_domains(model: onnx.ModelProto, prefix: str) -> bool:
     """Move every custom domain of ``model`` (nodes, subgraphs, model-local functions and the calls
     in them, opset imports) to ``prefix + domain``; whether there was any.

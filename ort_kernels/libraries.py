@@ -20,10 +20,10 @@ from collections.abc import Sequence
 import onnx
 import onnxruntime as ort
 
-from bridge.core.errors import OpBridgeError
+from bridge.core.errors import OpBridgeError  # noqa: F401  (doctest)
 from bridge.core.files import check_library_file
 from bridge.core.graphs import custom_nodes, model_value_types
-from ort_kernels.base import Paths
+from ort_kernels.base import Paths, load_error
 
 _ANSWERS: dict[tuple, str | None] = {}
 _LOADS: set[tuple[str, int, int]] = set()
@@ -60,9 +60,8 @@ def check_library(path: str | os.PathLike) -> str:
     try:
         ort.SessionOptions().register_custom_ops_library(full)
     except Exception as e:  # noqa: BLE001  onnxruntime's own words say why (not ELF, a missing dependency, ...)
-        raise OpBridgeError(f"onnxruntime could not load the native library {text!r}. Got {type(e).__name__}: "
-                            f"{' '.join(str(e).split())[:400]}. Rebuild it for this onnxruntime "
-                            f"({ort.__version__}), or place the libraries it needs beside it.") from None
+        raise load_error(text, e, f"Rebuild it for this onnxruntime ({ort.__version__}), or place the libraries "
+                                  "it needs beside it.") from None
     _LOADS.add(key)
     return full
 
@@ -123,13 +122,17 @@ def serves(library: str, node: onnx.NodeProto, types: dict[str, onnx.TypeProto],
 
 
 def served_by(libraries: Sequence[str], model: onnx.ModelProto) -> dict[tuple[str, str], str]:
-    """(domain, op_type) of the model's custom nodes -> the first of ``libraries`` that serves it."""
+    """(domain, op_type) of the model's custom nodes -> the first of ``libraries`` that serves it: nodes
+    of the graph, its subgraphs (If/Loop bodies) and its local functions (other ops' bodies) alike.
+
+    NOTE: a node inside a function has no value types in the model: its probe's inputs are untyped
+    (float), which a library that serves the op still answers otherwise than "not registered"."""
     if not libraries:
         return {}
     types = model_value_types(model)
     found: dict[tuple[str, str], str] = {}
     first: dict[tuple[str, str], onnx.NodeProto] = {}
-    for node in custom_nodes(model):
+    for node in custom_nodes(model, functions=True):  # NOTE: the graph's first: their inputs are typed
         first.setdefault((node.domain, node.op_type), node)
     for key, node in first.items():
         owner = next((lib for lib in libraries if serves(lib, node, types, model)), None)

@@ -17,7 +17,7 @@ from bridge.core.opnames import spec_names
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
 from exporters.resolve import attach_functions
-from ort_kernels.base import FUNCTION_BODY, Paths, Prepared, Tier, with_library
+from ort_kernels.base import FUNCTION_BODY, Paths, Prepared, Tier, load_error, with_library
 from ort_kernels.build import library_path, native_library, native_source, served_ops
 from ort_kernels.libraries import served_by, user_libraries
 
@@ -85,9 +85,8 @@ class NativeTier(Tier):
         try:
             for path in libraries:
                 options = with_library(options, path)
-        except Exception as e:
-            raise OpBridgeError(f"onnxruntime could not load the native library {path!r}. Got "
-                                f"{type(e).__name__}: {str(e)[:300]}. Rebuild it for this onnxruntime.") from None
+        except Exception as e:  # noqa: BLE001  onnxruntime's words, or the library's own refusal
+            raise load_error(path, e, f"Rebuild it for this onnxruntime ({ort.__version__}).") from None
         return Prepared(options, changed=changed, kernels=kernels)
 
     def missing(self, registry: Registry) -> str | None:

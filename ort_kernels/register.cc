@@ -366,7 +366,7 @@ RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* api_base) {
   }
   if (const char* isa = isa_env_invalid()) {
     const std::string msg = std::string("opbridge: OPBRIDGE_ISA names no kernel path. Got '") + isa +
-                            "'. Set it to auto, avx512, avx2 or baseline, or unset it.";
+                            "'. Set it to auto, avx512, avx2 or baseline (any case), or unset it.";
     return api->CreateStatus(ORT_INVALID_ARGUMENT, msg.c_str());
   }
   if (lib == nullptr) return api->CreateStatus(ORT_FAIL, "opbridge: the op table could not be built (out of memory)");

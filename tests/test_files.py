@@ -369,7 +369,7 @@ def test_cli_artifacts_get_the_umask_mode(tmp_path, mask):
     assert sorted(p.name for p in tmp_path.rglob(".*")) == []  # no temp file anywhere
 
 
-def test_a_failed_re_export_keeps_the_old_inputs(tmp_path, tmpfs):
+def test_a_failed_re_export_keeps_the_old_pair(tmp_path, tmpfs):
     disk = tmpfs("small", "size=256k")
     (disk / "m.onnx").write_bytes(b"o")
     np.savez(disk / "m.inputs.npz", x=np.arange(5))
@@ -377,10 +377,57 @@ def test_a_failed_re_export_keeps_the_old_inputs(tmp_path, tmpfs):
     _fill(disk, leave=16 << 10)  # NOTE: room for the small .onnx, not for the 48 KiB .inputs.npz
     r = _cli("export", "--model", "tests.test_files:big_input_case", "-o", disk / "m.onnx")
     _one_line_error(r, "no space left on the device holding")
-    # NOTE: the .onnx fitted, the .inputs.npz write failed: the new model is taken back (no model beside
-    # inputs that are not its own), the old inputs stay whole
-    assert (disk / "m.inputs.npz").read_bytes() == old
-    assert _listing(disk) == ["filler", "m.inputs.npz"]
+    # NOTE: the .onnx fitted, the .inputs.npz write failed: neither lands, the old pair stays whole
+    assert (disk / "m.onnx").read_bytes() == b"o" and (disk / "m.inputs.npz").read_bytes() == old
+    assert _listing(disk) == ["filler", "m.inputs.npz", "m.onnx"]
+
+
+# NOTE: the CLI under a file-size limit (a fresh process: the limit is per process); Python ignores
+# SIGXFSZ, so a write past the limit is OSError EFBIG
+_LIMITED = """
+import resource, sys
+from bridge.tools.cli import main
+limit = int(sys.argv[1])
+resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+sys.exit(main(sys.argv[2:]))
+"""
+
+
+def test_a_re_export_failing_at_its_inputs_leaves_the_previous_model_and_inputs(tmp_path):
+    # NOTE: red team 4: failing while writing m.inputs.npz (a file-size limit) deleted the new m.onnx,
+    # which had already replaced the old one: no model was left
+    import forkserver  # NOTE: here, not at the top: see _cli
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    export = ["-q", "export", "--model", "tests.test_files:big_input_case", "-o", str(tmp_path / "m.onnx")]
+    r = forkserver.run(["-c", _LIMITED, str(1 << 30), *export], cwd=ROOT, env=env, timeout=600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    pair = {name: (tmp_path / name).read_bytes() for name in ("m.onnx", "m.inputs.npz")}
+    assert len(pair["m.onnx"]) < 24 << 10 < len(pair["m.inputs.npz"])
+    r = forkserver.run(["-c", _LIMITED, str(24 << 10), *export], cwd=ROOT, env=env, timeout=600)
+    _one_line_error(r, f"cannot write '{tmp_path}/m.inputs.npz': it is larger than this process may write")
+    assert {name: (tmp_path / name).read_bytes() for name in ("m.onnx", "m.inputs.npz")} == pair
+    assert _listing(tmp_path) == ["m.inputs.npz", "m.onnx"]  # no temp file either
+
+
+def test_a_pair_whose_second_move_fails_puts_the_first_back(tmp_path, monkeypatch):
+    model, inputs = tmp_path / "m.onnx", tmp_path / "m.inputs.npz"
+    files.save_model(_model(), model, also=[(inputs, files.npz_writer({"x": np.arange(4)}))])
+    before = model.read_bytes(), inputs.read_bytes()
+    real_replace, calls = os.replace, []
+
+    def second_move_fails(src, dst):
+        calls.append(dst)
+        if len(calls) == 2:
+            raise OSError(errno.EIO, "Input/output error")
+        real_replace(src, dst)
+
+    monkeypatch.setattr(files.os, "replace", second_move_fails)
+    with pytest.raises(OSError, match="Input/output error"):
+        files.save_model(_model(8), model, also=[(inputs, files.npz_writer({"x": np.arange(9)}))])
+    monkeypatch.undo()
+    assert (model.read_bytes(), inputs.read_bytes()) == before  # the first file moved, and was moved back
+    assert _listing(tmp_path) == ["m.inputs.npz", "m.onnx"]
 
 
 @pytest.mark.parametrize("case,needle", [

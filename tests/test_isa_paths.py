@@ -96,6 +96,32 @@ def test_a_value_naming_no_path_is_refused_at_registration(pool_file):
     assert "auto, avx512, avx2 or baseline" in out["error"]
 
 
+def test_a_path_named_in_capitals_is_that_path(pool_file):
+    lowest = machine.cpu_isa_paths()[-1]
+    assert run_path(pool_file, lowest.upper())["isa"] == lowest  # OPBRIDGE_ISA=AVX2 means avx2
+
+
+# NOTE: a session of opbridge's own library, in a child (the library reads $OPBRIDGE_ISA once per process)
+SESSION_CHILD = textwrap.dedent("""
+    import sys
+    import bridge, custom_ops
+    try:
+        bridge.session(sys.argv[1], tier="native")
+        print("opened")
+    except bridge.OpBridgeError as e:
+        print(e)
+""")
+
+
+def test_a_refused_value_is_one_sentence_that_blames_the_variable_not_the_library(pool_file):
+    # NOTE: red team 4: "... or unset it.. Rebuild it for this onnxruntime." although the library is fine
+    env = dict(os.environ, OPBRIDGE_ISA="sse9")
+    out = subprocess.run([sys.executable, "-c", SESSION_CHILD, str(pool_file[1])], env=env, capture_output=True,
+                         text=True, check=True).stdout.strip()
+    assert out == ("opbridge: OPBRIDGE_ISA names no kernel path. Got 'sse9'. Set it to auto, avx512, avx2 or "
+                   "baseline (any case), or unset it."), out
+
+
 def test_cpu_paths_from_flags():
     assert machine.cpu_isa_paths("fpu sse2 avx2 fma") == ["avx2", "baseline"]
     assert machine.cpu_isa_paths("avx2 fma avx512f avx512vl") == ["avx512", "avx2", "baseline"]

@@ -307,3 +307,127 @@ def test_the_pages_error_samples_are_the_messages(tmp_path, monkeypatch):
         said.append(str(e.value))
     lines = shown.splitlines()
     assert [lines[0], lines[1], lines[3]] == said
+
+
+INNER_KERNEL = """
+#include "opbridge_kernel.h"
+namespace opbridge {
+namespace {
+struct Inner {
+  static Status Read(const Attributes&, Inner*) { return Status::OK(); }
+  Status Compute(Context& ctx) const {
+    const TensorView& x = ctx.input(0);
+    Span<float> out;
+    OPBRIDGE_RETURN_IF_ERROR(ctx.output(0, x.shape, &out));
+    auto in = x.span<float>();
+    for (int64_t i = 0; i < out.size; ++i) out[i] = in[i] * 1000.f + 8.f;
+    return Status::OK();
+  }
+};
+}  // namespace
+extern const KernelDef SYMBOL = make_kernel<Inner>();
+}  // namespace opbridge
+"""
+
+
+def test_a_user_library_serves_its_op_inside_another_ops_body(registry, fresh_name, tmp_path):
+    # NOTE: red team 4: the library's op, called only inside another op's body, ran that body's function
+    # (10 where the library gives 2008) and session.kernels named only the outer op
+    from onnxscript import opset20 as op
+    from onnxscript import script, values
+
+    from bridge.core.opnames import op_names
+
+    inner_name = fresh_name("inner")
+
+    @script(values.Opset(inner_name.split("::")[0], 1), default_opset=op)
+    def inner(x):
+        return op.Mul(x, op.Constant(value_float=5.0))
+
+    inner_body = inner
+
+    source = tmp_path / "inner.cc"
+    source.write_text(INNER_KERNEL.replace("SYMBOL", op_names(inner_name).symbol))
+    theirs = bridge.Registry()  # NOTE: the user's library: built elsewhere, from its own registry
+
+    @bridge.op(inner_name, fake=lambda x: torch.empty_like(x), function=inner_body, native=str(source),
+               registry=theirs, sample_inputs=lambda dtype: [bridge.SampleInput((torch.ones(3, dtype=dtype),))])
+    def inner_op(x: torch.Tensor) -> torch.Tensor:
+        return x * 5
+
+    library = tmp_path / "libtheirs.so"
+    shutil.copy(build.library_path(theirs), library)
+    bridge.register(theirs.get(inner_name).overload, function=inner_body, registry=registry)
+    outer_name = fresh_name("outer")
+    inner_domain = values.Opset(inner_name.split("::")[0], 1)
+
+    @script(values.Opset(outer_name.split("::")[0], 1), default_opset=op)
+    def outer(x):
+        return op.Add(inner_domain.inner(x), op.Constant(value_float=1.0))  # NOTE: the inner op's node
+
+    @bridge.op(outer_name, fake=lambda x: torch.empty_like(x), function=outer, registry=registry)
+    def outer_op(x: torch.Tensor) -> torch.Tensor:
+        return inner_op(x) + 1
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return outer_op(x)
+
+    path = tmp_path / "nested.onnx"
+    proto = bridge.export(M(), (torch.full((3,), 2.0),), path, registry=registry)
+    assert [n.op_type for n in proto.graph.node] == ["outer"], [f.name for f in proto.functions]
+    sess = bridge.session(path, tier="native", registry=registry, native_library=library)
+    assert sess.kernels == {inner_name: str(library), outer_name: "function body"}
+    np.testing.assert_array_equal(sess.run(None, {sess.get_inputs()[0].name: np.full(3, 2.0, np.float32)})[0],
+                                  np.full(3, 2009.0, np.float32))
+
+
+CRASH_OPS = """
+import torch, bridge
+from bridge.tools.testing import ModelCase
+
+
+@bridge.op(NAME, fake=lambda x: torch.empty_like(x))
+def boom(x: torch.Tensor) -> torch.Tensor:
+    return x * 5
+
+
+class M(torch.nn.Module):
+    def forward(self, x):
+        return boom(x) + 1
+
+
+def case():
+    return ModelCase(M(), (torch.ones(3),))
+"""
+
+
+def test_a_kernel_that_crashes_under_check_leaves_a_line_naming_its_library_and_op(fresh_name, tmp_path):
+    # NOTE: red team 4: a segfaulting kernel ended `opbridge check --native-library` (-11) with nothing
+    # naming the library or the op
+    from bridge.core.opnames import op_names
+
+    name = fresh_name("boom")
+    source = tmp_path / "boom.cc"
+    source.write_text(INNER_KERNEL.replace("SYMBOL", op_names(name).symbol)
+                      .replace("out[i] = in[i] * 1000.f + 8.f;", "out[i] = *static_cast<volatile float*>(nullptr);"))
+    theirs = bridge.Registry()
+
+    @bridge.op(name, fake=lambda x: torch.empty_like(x), native=str(source), registry=theirs,
+               sample_inputs=lambda dtype: [bridge.SampleInput((torch.ones(3, dtype=dtype),))])
+    def boom(x: torch.Tensor) -> torch.Tensor:
+        return x * 5
+
+    library = tmp_path / "libcrash.so"
+    shutil.copy(build.library_path(theirs), library)
+    (tmp_path / "crash_ops.py").write_text(CRASH_OPS.replace("NAME", repr(name)))
+    import forkserver
+
+    env = dict(ENV, PYTHONPATH=str(tmp_path) + os.pathsep + ENV["PYTHONPATH"])
+    r = forkserver.run(["-m", "bridge", "--ops", "crash_ops", "check", "--model", "crash_ops:case",
+                        "--native-library", str(library)], cwd=tmp_path, env=env, timeout=600)
+    assert r.returncode == -11, r.stdout + r.stderr
+    lines = r.stderr.splitlines()
+    crash = next(i for i, line in enumerate(lines) if "Segmentation fault" in line)
+    named = [line for line in lines[:crash] if f"native code: libcrash.so serves {name}" in line]
+    assert named and named[-1].endswith("..."), r.stderr  # the step that was running when it crashed

@@ -3,8 +3,10 @@ rebuilt, locks are never followed through symlinks, unusable caches fall back wi
 missing kernel entry is named, and a built library loads with no compiler on PATH."""
 
 import os
+import shutil
 import subprocess
 import sys
+import time
 import warnings
 from pathlib import Path
 
@@ -133,3 +135,109 @@ def test_a_kernel_without_its_entry_symbol_is_named(cache, registry, fresh_name,
     with pytest.raises(bridge.OpBridgeError, match=rf"no entry symbol for {symbol}.*noentry.cc must define "
                                                    rf"`extern const KernelDef {symbol}"):
         build.library_path(registry)
+
+
+# -- a cache read as it is, and a clean beside a build (red team 4) ---------------------------------------
+# NOTE: the `small` registry, in a fresh process: the same op table, so the same library key
+_SMALL = f"""
+import sys, warnings
+warnings.simplefilter("error")  # NOTE: a fallback to a temp folder warns: that is a failure here
+import onnxruntime, torch, bridge, custom_ops
+from bridge.core import cppbuild
+from bridge.core.opnames import op_names
+from ort_kernels import build
+spec = bridge.REGISTRY.get("opbridge::identity_conv")
+reg = bridge.Registry()
+bridge.register(spec.overload, sample_inputs=spec.sample_inputs, dtypes=(torch.float32,), registry=reg,
+                native={str(ROOT / "ort_kernels")!r} + "/" + op_names(spec.qualname).source_file)
+path = build.library_path(reg)
+onnxruntime.SessionOptions().register_custom_ops_library(str(path))
+print(path, cppbuild.verified(path))
+"""
+
+
+def _small_in_subprocess(cache: Path, *, compiler: bool, cxx: str | None = None) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "CXX"}
+    env.update(OPBRIDGE_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT))
+    if cxx:
+        env["CXX"] = cxx
+    if not compiler:
+        env["PATH"] = str(Path(sys.executable).parent)  # python and the venv's tools: no g++, no c++
+    return subprocess.run([sys.executable, "-c", _SMALL], capture_output=True, text=True, env=env, timeout=600)
+
+
+@pytest.fixture
+def read_only_cache(cache, small, tmp_path):
+    """A read-only cache (a read-only tmpfs, as a container image or a shared mount is: root cannot write
+    it either) holding the small registry's library built here; its root."""
+    from tests.test_files import mount_tmpfs
+
+    built = build.library_path(small)
+    ro = mount_tmpfs(tmp_path / "ro", "size=16m,mode=0755")
+    try:
+        shutil.copytree(cache, ro, dirs_exist_ok=True, ignore=shutil.ignore_patterns("*.lock", "tmp*"))
+        subprocess.run(["mount", "-o", "remount,ro", str(ro)], check=True)
+        yield ro, built.relative_to(cache)
+    finally:
+        subprocess.run(["umount", "-l", str(ro)], check=False)
+
+
+@pytest.mark.parametrize("compiler", [False, True])
+def test_a_verified_library_in_a_read_only_cache_is_used_as_it_is(read_only_cache, compiler):
+    ro, relative = read_only_cache
+    r = _small_in_subprocess(ro, compiler=compiler)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == [str(ro / relative), "True"]  # no compiler asked for, nothing built, no warning
+    assert "building" not in r.stderr
+
+
+def test_a_verified_library_in_another_users_cache_is_used_without_a_compiler(cache, small):
+    built = build.library_path(small)
+    for path in (cache, *cache.rglob("*")):
+        os.chown(path, 12345, 12345, follow_symlinks=False)  # NOTE: as a shared mount another user filled
+    r = _small_in_subprocess(cache, compiler=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == [str(built), "True"]
+
+
+def test_a_clean_while_another_process_builds_waits_for_the_build(cache, tmp_path):
+    # NOTE: red team 4: `opbridge cache clean` beside a build failed it with "op_table.cc: No such file or
+    # directory. Fix the C++ source"; a compiler that takes seconds keeps the build running meanwhile
+    started = tmp_path / "compiling"
+    slow = tmp_path / "slow-g++"
+    slow.write_text(f"#!/bin/sh\nif [ \"$1\" = --version ]; then exec g++ --version; fi\n"
+                    f"touch {started}\nsleep 4\nexec g++ \"$@\"\n")
+    slow.chmod(0o755)
+    env = dict(os.environ, OPBRIDGE_CACHE_DIR=str(cache), PYTHONPATH=str(ROOT), CXX=str(slow))
+    # NOTE: the child only builds: the clean, once the build ends, removes what it built
+    code = _SMALL.split("onnxruntime.SessionOptions()")[0] + "print('built', path.name)\n"
+    builder = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True, env=env)
+    try:
+        deadline = time.monotonic() + 300
+        while not started.exists():
+            assert builder.poll() is None and time.monotonic() < deadline, builder.communicate()
+            time.sleep(0.1)
+        said = []
+        gone = cppbuild.clean_cache(waiting=lambda: said.append("waiting"))
+        out, err = builder.communicate(timeout=600)
+    finally:
+        if builder.poll() is None:
+            builder.kill()
+    assert builder.returncode == 0, err[-3000:]
+    assert out.split() == ["built", build.LIBRARY_NAME], err[-3000:]
+    assert said == ["waiting"] and [p.name for p in gone] == ["native"]  # the clean waited, then cleaned
+
+
+def test_a_build_whose_folder_is_removed_under_it_says_so(cache, small, monkeypatch):
+    real = build._compile
+
+    def removed_meanwhile(entries, tmp, cxx):
+        shutil.rmtree(tmp)  # NOTE: what a cleaner that ignores opbridge's lock does
+        return real(entries, tmp, cxx)
+
+    monkeypatch.setattr(build, "_compile", removed_meanwhile)
+    with pytest.raises(bridge.OpBridgeError, match="lost its build folder: .* was removed while the compiler ran") \
+            as info:
+        build.library_path(small)
+    assert info.value.cause == "removed" and "Fix the C++ source" not in str(info.value)

@@ -158,3 +158,40 @@ def test_a_difference_over_an_expected_zero_is_inf_relative_error_without_a_warn
         warnings.simplefilter("error")
         r = bridge.compare("x", torch.tensor([0.0, 5.0]), np.array([100.0, 5.0], np.float32))
     assert not r.passed and r.max_rel == math.inf and r.max_abs == 100.0
+
+
+def _lying_op(registry, fresh_name, *, samples: bool):
+    """An op whose fake says [n, 4] where it returns [n] (red team 4: the file declared [3, 4], parity said PASS)."""
+    name = fresh_name("liar")
+    sample_inputs = (lambda dtype: [bridge.SampleInput((torch.randn(5, 4, dtype=dtype),), name="rows")]) \
+        if samples else None
+
+    @bridge.op(name, fake=lambda x: x.new_empty(x.shape[0], 4), registry=registry, sample_inputs=sample_inputs)
+    def liar(x: torch.Tensor) -> torch.Tensor:
+        return x.sum(-1)
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return liar(x) * 2, x + 1
+
+    return name, M()
+
+
+def test_parity_fails_an_output_the_file_declares_otherwise_than_eager_gives(registry, fresh_name):
+    # NOTE: the python tier runs the op itself; the function tier refuses the body (it fails shape inference)
+    _, model = _lying_op(registry, fresh_name, samples=False)
+    report = bridge.check_parity(model, (torch.randn(3, 4),), registry=registry, tier="python")
+    lying, honest = report.outputs
+    assert not report.passed and not lying.passed and honest.passed
+    assert lying.mismatches == 0  # onnxruntime returned eager's values: only the declaration lies
+    assert "the file declares float32[3,4], eager gives float32[3]" in lying.note
+    assert "declared type differs from eager: mul" in str(report) and "make each fake return" in str(report)
+
+
+def test_export_names_the_output_a_fake_kernel_lies_about_on_the_samples(registry, fresh_name, tmp_path):
+    name, model = _lying_op(registry, fresh_name, samples=True)
+    message = (rf"opbridge: {name}: its fake kernel says output 0 is float32\[5,4\], its forward gives float32\[5\] "
+               r"on its float32 sample 'rows'; .* Make the fake return what the op returns")
+    with pytest.raises(bridge.OpBridgeError, match=message):
+        bridge.export(model, (torch.randn(3, 4),), tmp_path / "m.onnx", registry=registry)
+    assert not (tmp_path / "m.onnx").exists()

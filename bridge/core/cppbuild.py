@@ -39,12 +39,17 @@ import torch
 from bridge.core.cache import (  # noqa: F401
     CACHE_ENV,
     CACHE_MARKER,
+    LOCK_NAME,
     CacheEntry,
     cache_entries,
     cache_folder,
+    cache_lock,
     cache_root,
     clean_cache,
+    mark,
     private_folder,
+    readable_folder,
+    sealed_folder,
 )
 from bridge.core.errors import BuildError, OpBridgeError
 from bridge.core.progress import step
@@ -176,11 +181,28 @@ def _prebuilt(folder: Path, key: str, filename: str) -> Path | None:
     return max(found, key=lambda p: p.stat().st_mtime, default=None)
 
 
+def _shared(path: Path) -> Path | None:
+    """``path`` when it verifies in a folder only its owner can write, else None."""
+    return path if sealed_folder(path.parent) and verified(path) else None
+
+
 def cached_path(kind: str, key: str, filename: str) -> Path:
-    """Where ``cached_build`` keeps ``filename`` for ``key`` on this machine (built or not)."""
+    """Where ``cached_build`` keeps ``filename`` for ``key`` on this machine (built or not).
+
+    A verified file in the cache as it is (a read-only cache too: a container image, a shared mount,
+    whose folders only their owner can write) is used as it is: nothing is created, and no compiler is
+    needed. Only a build needs a folder this user can write (else a private temp folder)."""
+    shared, compiler_found = readable_folder(kind), find_compiler() is not None
+    if shared is not None:
+        found = _shared(shared / full_key(key) / filename)
+        if found is None and not compiler_found:
+            found = _prebuilt(shared, key, filename)
+            found = None if found is None else _shared(found)
+        if found is not None:
+            return found
     folder = cache_folder(kind)
     target = folder / full_key(key) / filename
-    if verified(target) or find_compiler() is not None:
+    if verified(target) or compiler_found:
         return target
     return _prebuilt(folder, key, filename) or target
 
@@ -206,21 +228,40 @@ def cached_build(kind: str, key: str, filename: str, build: Callable[[Path, str]
         return target
     cxx = compiler(purpose, fix)
     try:
-        folder = private_folder(target.parent)
-        # NOTE: O_NOFOLLOW: a lock planted as a symlink is refused instead of truncating its target
-        fd = os.open(folder / "build.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-        with os.fdopen(fd, "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)  # one build per key, even across processes
-            if not verified(target):
-                _clean_stale(folder)
-                with tempfile.TemporaryDirectory(dir=folder) as tmp:
-                    built = build(Path(tmp), cxx)
-                    _install(built, target)
+        # NOTE: the root's lock, shared: `opbridge cache clean` in another process waits for this build
+        # (it would remove the folder the compiler is writing), and no build starts while it cleans
+        with cache_lock(target.parents[2], exclusive=False):
+            mark(private_folder(target.parents[1]))  # NOTE: again: a clean may have removed it meanwhile
+            folder = private_folder(target.parent)
+            # NOTE: O_NOFOLLOW: a lock planted as a symlink is refused instead of truncating its target
+            fd = os.open(folder / "build.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            with os.fdopen(fd, "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)  # one build per key, even across processes
+                if not verified(target):
+                    _clean_stale(folder)
+                    with tempfile.TemporaryDirectory(dir=folder) as tmp:
+                        built = _lost_folder(build, Path(tmp), cxx, purpose)
+                        _install(built, target)
     except OSError as e:  # NOTE: the build's own file work (the compiler's is in its output): disk or folder
         where = f"{e.filename}: " if e.filename else ""
         raise build_failure(purpose, f"{where}{e.strerror or e}",
                             cause="disk" if e.errno in _DISK_ERRNOS else "permission") from None
     return target
+
+
+def _lost_folder(build: Callable[[Path, str], Path], tmp: Path, cxx: str, purpose: str) -> Path:
+    """``build(tmp, cxx)``; a failure after its folder was removed under it (by another process: a
+    manual rm, a cleaner that ignores opbridge's lock) says so, not that the C++ source is wrong."""
+    try:
+        return build(tmp, cxx)
+    except (BuildError, OSError) as e:
+        if tmp.is_dir():
+            raise
+        detail = e.detail if isinstance(e, BuildError) else str(e)
+        raise BuildError(f"building {purpose} lost its build folder: {str(tmp)!r} was removed while the compiler "
+                         f"ran (another process removed the cache). Got {_line(detail, ('No such file',))!r}. "
+                         "Build again; clean the cache with `opbridge cache clean`, which waits for builds.",
+                         "removed", detail) from None
 
 
 def _install(built: Path, target: Path) -> None:

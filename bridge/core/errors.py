@@ -23,7 +23,8 @@ class UnsupportedInTier(OpBridgeError):
 
 class BuildError(OpBridgeError):
     """A C++ build that failed; ``cause`` says why, each with its own fix: ``"disk"`` (no space left),
-    ``"permission"`` (a folder it cannot write), ``"compiler"`` (missing or broken) or ``"source"``;
+    ``"permission"`` (a folder it cannot write), ``"compiler"`` (missing or broken), ``"removed"`` (its
+    folder removed under it by another process) or ``"source"``;
     ``detail`` holds the compiler's own output, when there is one."""
 
     def __init__(self, message: str, cause: str, detail: str = ""):

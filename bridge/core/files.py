@@ -33,7 +33,7 @@ import shutil
 import stat
 import tempfile
 import zipfile
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import BinaryIO
 
 import numpy as np
@@ -245,6 +245,10 @@ def _translate(e: OSError, path: str) -> OSError | OpBridgeError:
                           "Free space there or write elsewhere.", e.errno)
     if e.errno in _NOT_WRITABLE:
         return WriteError(str(_not_writable(path, folder)), e.errno)
+    if e.errno == errno.EFBIG:
+        return WriteError(f"cannot write {path!r}: it is larger than this process may write (its file-size "
+                          f"limit, `ulimit -f`). Got [Errno {e.errno}] {os.strerror(e.errno)}; the existing file, "
+                          "if any, is unchanged. Raise the limit (ulimit -f unlimited) or write less.", e.errno)
     if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.EISDIR):
         try:
             check_writable(path)
@@ -278,42 +282,112 @@ def write_atomic(path: str | os.PathLike, write: Callable[[BinaryIO], object], *
         >>> write_atomic(target, lambda fh: fh.write(b"abc")) == target, open(target, "rb").read()
         (True, b'abc')
     """
-    def fill(tmp: str) -> None:
-        with open(tmp, "r+b") as fh:
-            write(fh)
-    return _replace_with(path, fill, executable=executable, keep_mode=keep_mode)
+    return _replace_with(path, _path_fill(write), executable=executable, keep_mode=keep_mode)
 
 
 def _replace_with(path: str | os.PathLike, fill: Callable[[str], object], *, executable: bool = False,
                   keep_mode: bool = False) -> str:
     """The one write: a new temp file beside ``path`` (mode from the umask), ``fill(temp_path)``,
     fsync, ``os.replace``; on failure the temp file goes and the target stays."""
-    target = check_writable(path)
-    folder = os.path.dirname(target) or "."
+    return _replace_all([(path, fill, executable, keep_mode)])[0]
+
+
+# (target, fill(temp path), executable, keep_mode): one file of a write
+_Entry = tuple["str | os.PathLike", Callable[[str], object], bool, bool]
+
+
+def _replace_all(entries: Sequence[_Entry]) -> list[str]:
+    """Several files written as one: every temp file is filled and fsynced first, then the files that
+    exist are kept aside (hard links), then each temp file replaces its target. A failure at any step
+    leaves every target as it was (those already replaced are put back) and no temp file."""
+    targets = [check_writable(e[0]) for e in entries]
+    staged: list[tuple[str, str]] = []  # (target, temp file)
+    try:
+        for target, (_, fill, executable, keep_mode) in zip(targets, entries):
+            with _translated(target):
+                staged.append((target, _stage(target, fill, executable, keep_mode)))
+        _commit(staged)
+    finally:
+        for _, tmp in staged:  # NOTE: only this call's temp files; those moved into place are gone already
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+    for folder in dict.fromkeys(os.path.dirname(t) or "." for t in targets):
+        _sync_folder(folder)
+    return targets
+
+
+def _hidden(target: str, kind: str) -> str:
+    return os.path.join(os.path.dirname(target) or ".", f".{os.path.basename(target)}.{secrets.token_hex(8)}.{kind}")
+
+
+def _stage(target: str, fill: Callable[[str], object], executable: bool, keep_mode: bool) -> str:
+    """A temp file beside ``target`` (mode from the umask, or the target's with ``keep_mode``), filled
+    by ``fill`` and fsynced; its path. On failure it is removed."""
     previous = os.stat(target) if keep_mode and os.path.isfile(target) else None
-    tmp, created = os.path.join(folder, f".{os.path.basename(target)}.{secrets.token_hex(8)}.tmp"), False
-    with _translated(target):
+    tmp, created = _hidden(target, "tmp"), False
+    try:
+        # NOTE: os.open applies the umask itself, as for any new file; O_EXCL never reuses a file
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                         0o777 if executable else 0o666))
+        created = True
+        fill(tmp)
+        fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         try:
-            # NOTE: os.open applies the umask itself, as for any new file; O_EXCL never reuses a file
-            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
-                             0o777 if executable else 0o666))
-            created = True
-            fill(tmp)
-            fd = os.open(tmp, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-            try:
-                os.fsync(fd)
-                if previous is not None:
-                    _keep(fd, previous)
-            finally:
-                os.close(fd)
-            os.replace(tmp, target)
-        except BaseException:
-            if created:  # NOTE: only the temp file this call made
+            os.fsync(fd)
+            if previous is not None:
+                _keep(fd, previous)
+        finally:
+            os.close(fd)
+    except BaseException:
+        if created:  # NOTE: only the temp file this call made
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+        raise
+    return tmp
+
+
+def _commit(staged: Sequence[tuple[str, str]]) -> None:
+    """Move each temp file onto its target; with more than one, all or none: the targets that exist are
+    first kept aside (a hard link, else a copy), and put back where a later move fails."""
+    kept: dict[str, str | None] = {}  # target -> its old file kept aside (None: there was none)
+    moved: list[str] = []
+    try:
+        if len(staged) > 1:
+            for target, _ in staged:
+                with _translated(target):
+                    kept[target] = _keep_aside(target)
+        for target, tmp in staged:
+            with _translated(target):
+                os.replace(tmp, target)
+            moved.append(target)
+    except BaseException:
+        for target in reversed(moved):  # NOTE: put the old files back: the user's pair stays a pair
+            with contextlib.suppress(OSError):
+                old = kept.get(target)
+                if old is None:
+                    os.unlink(target)
+                else:
+                    os.replace(old, target)
+                    kept[target] = None
+        raise
+    finally:
+        for old in kept.values():
+            if old is not None:
                 with contextlib.suppress(OSError):
-                    os.unlink(tmp)
-            raise
-    _sync_folder(folder)
-    return target
+                    os.unlink(old)
+
+
+def _keep_aside(target: str) -> str | None:
+    """A second name for the file at ``target`` (None where there is no file): a hard link, or, where the
+    file system has none, a copy."""
+    if not os.path.isfile(target):
+        return None
+    old = _hidden(target, "old")
+    try:
+        os.link(target, old)
+    except OSError:
+        shutil.copy2(target, old)
+    return old
 
 
 def _keep(fd: int, previous: os.stat_result) -> None:
@@ -360,13 +434,19 @@ def save_npz(path: str | os.PathLike, arrays: Mapping[str, np.ndarray]) -> str:
         >>> with np.load(target) as data: [(k, data[k].tolist()) for k in data.files]
         [('x', [0, 1, 2]), ('allow_pickle', [1.0])]
     """
+    return write_atomic(path, npz_writer(arrays))
+
+
+def npz_writer(arrays: Mapping[str, np.ndarray]) -> Callable[[BinaryIO], None]:
+    """What writes ``arrays`` as an uncompressed ``.npz`` into a binary file (``save_npz``, or one file
+    of ``save_model(..., also=...)``)."""
     def write(fh: BinaryIO) -> None:
         with zipfile.ZipFile(fh, "w", zipfile.ZIP_STORED, allowZip64=True) as archive:
             for name, array in arrays.items():
                 with archive.open(f"{name}.npy", "w", force_zip64=True) as member:
                     np.lib.format.write_array(member, np.asanyarray(array), allow_pickle=False)
 
-    return write_atomic(path, write)
+    return write
 
 
 def copy_file(src: str | os.PathLike, dst: str | os.PathLike, *, executable: bool = False) -> str:
@@ -380,28 +460,56 @@ def needs_external_data(proto: onnx.ModelProto) -> bool:
 
 
 def save_model(proto: onnx.ModelProto, path: str | os.PathLike, *, external: bool | None = None,
-               keep_mode: bool = False) -> str:
+               keep_mode: bool = False,
+               also: Sequence[tuple[str | os.PathLike, Callable[[BinaryIO], object]]] = ()) -> str:
     """Write ``proto`` to ``path`` atomically; return the path.
 
     One file, unless the model is past protobuf's 2 GiB (or ``external=True``): then its tensors go
-    to ``<name>.data`` beside it, written first, and each of the two files lands whole.
+    to ``<name>.data`` beside it. ``also``: more files, each ``(path, write(binary_file))``, written
+    with the model as one (its inputs beside it). The model's files and those land together or not at
+    all: a failure writing any of them leaves every one as it was.
+
+    Example:
+        >>> import os, tempfile
+        >>> folder = tempfile.mkdtemp()
+        >>> model = onnx.helper.make_model(onnx.helper.make_graph([], "g", [], []))
+        >>> def fails(fh):
+        ...     raise ValueError("no inputs to write")
+        >>> _ = save_model(model, os.path.join(folder, "m.onnx"), also=[(os.path.join(folder, "m.txt"),
+        ...                                                             lambda fh: fh.write(b"old"))])
+        >>> model.graph.name = "new"
+        >>> save_model(model, os.path.join(folder, "m.onnx"), also=[(os.path.join(folder, "m.txt"), fails)])
+        Traceback (most recent call last):
+        ...
+        ValueError: no inputs to write
+        >>> load_model(os.path.join(folder, "m.onnx")).graph.name, sorted(os.listdir(folder))
+        ('g', ['m.onnx', 'm.txt'])
     """
     target = check_writable(path, what="model")
+    others: list[_Entry] = [(p, _path_fill(write), False, False) for p, write in also]
     if not (needs_external_data(proto) if external is None else external):
-        return _replace_with(target, lambda tmp: onnx.save_model(proto, tmp, format="protobuf"),
-                             keep_mode=keep_mode)
+        return _replace_all([(target, lambda tmp: onnx.save_model(proto, tmp, format="protobuf"), False, keep_mode),
+                             *others])[0]
     folder, name = os.path.split(os.path.abspath(target))
-    # NOTE: onnx writes the model and its .data file into a private folder beside the target; each file
-    # is then written through write_atomic, so modes and failures follow the one rule
+    # NOTE: onnx writes the model and its .data file into a private folder beside the target; the files
+    # are then moved into place as one write, so modes and failures follow the one rule
     with _translated(target):
         staging = tempfile.mkdtemp(prefix=".opbridge-", dir=folder)
         try:
             onnx.save_model(proto, os.path.join(staging, name), save_as_external_data=True,
                             all_tensors_to_one_file=True, location=name + ".data", size_threshold=0)
-            copy_file(os.path.join(staging, name + ".data"), target + ".data")
-            return write_atomic(target, _copier(os.path.join(staging, name)), keep_mode=keep_mode)
+            return _replace_all([
+                (target + ".data", _path_fill(_copier(os.path.join(staging, name + ".data"))), False, False),
+                (target, _path_fill(_copier(os.path.join(staging, name))), False, keep_mode), *others])[1]
         finally:
             shutil.rmtree(staging, ignore_errors=True)
+
+
+def _path_fill(write: Callable[[BinaryIO], object]) -> Callable[[str], None]:
+    def fill(tmp: str) -> None:
+        with open(tmp, "r+b") as fh:
+            write(fh)
+    return fill
 
 
 def _copier(src: str | os.PathLike) -> Callable[[BinaryIO], None]:

@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import contextlib
+import faulthandler
 import importlib
 import os
 import sys
@@ -154,6 +156,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     """Run ``opbridge ARGV``; return the exit status (0 ok, 1 parity failure, 2 error)."""
     args = parse(argv)
+    # NOTE: native code that crashes (a user's kernel library) ends the process: the stack goes to stderr
+    # after the progress line that named the library and its ops
+    if not faulthandler.is_enabled():
+        with contextlib.suppress(AttributeError, ValueError, OSError, RuntimeError):  # NOTE: a stderr without a fd
+            faulthandler.enable()
     code = importlib.import_module(PREFLIGHT).run(args)
     return code if code is not None else importlib.import_module(COMMANDS).run(args)
 

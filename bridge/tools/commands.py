@@ -232,14 +232,12 @@ def cmd_export(args) -> int:
     files.check_writable(args.output, what="model")  # NOTE: both targets before the export, not after
     files.check_writable(inputs_path)
     case = _load_case(args.model)
-    proto = export(case.model, case.args, args.output, dynamic_shapes=case.dynamic_shapes,
+    proto = export(case.model, case.args, dynamic_shapes=case.dynamic_shapes,
                    functions=not args.no_functions, inline=args.inline, opset_version=args.opset)
-    try:  # NOTE: the tensor arguments only: a non-tensor one is a constant of the file
-        files.save_npz(inputs_path, input_arrays([i.name for i in proto.graph.input], case.args))
-    except BaseException:
-        with contextlib.suppress(OSError):  # NOTE: no model file without its inputs beside it
-            os.remove(args.output)
-        raise
+    # NOTE: the tensor arguments only: a non-tensor one is a constant of the file
+    arrays = input_arrays([i.name for i in proto.graph.input], case.args)
+    # NOTE: the model and its inputs as one write: a failure leaves the previous pair as it was
+    files.save_model(proto, args.output, also=[(inputs_path, files.npz_writer(arrays))])
     print(f"wrote {args.output} ({os.path.getsize(args.output) / 1024:.1f} KiB) and {inputs_path}")
     return 0
 

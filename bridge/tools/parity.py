@@ -12,9 +12,10 @@ import tempfile
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+import onnx
 import torch
 
-from bridge.core.dtypes import TORCH_TO_ONNX, numpy_dtype, to_numpy
+from bridge.core.dtypes import ONNX_TO_TORCH, TORCH_TO_ONNX, numpy_dtype, to_numpy
 from bridge.core.errors import OpBridgeError
 from bridge.core.files import write_bytes
 from bridge.core.graphs import random_nodes
@@ -24,7 +25,7 @@ from bridge.core.torch_compat import pytree
 from bridge.tools.localize import Localization, json_safe, wanted
 from bridge.tools.localize import localize as localize_run
 from bridge.tools.openvino_runtime import session as openvino_session
-from bridge.tools.sessions import ort_feed, run_feed, session
+from bridge.tools.sessions import native_code, ort_feed, run_feed, session
 from exporters.export import export_with_program
 from ort_kernels.base import Paths
 
@@ -132,6 +133,37 @@ def compare(name: str, expected: torch.Tensor, actual: np.ndarray, *, rtol=None,
         note = f"{nonfinite} NaN/inf mismatch{'es' if nonfinite > 1 else ''}; max abs/rel over finite pairs"
     return OutputParity(name, shape, dtype, max_abs, max_rel, n_bad, int(diff.size), r, a, n_bad == 0,
                         note, worst=_worst(diff, e64, a64), errors=diff, nonfinite=nonfinite)
+
+
+def declared_mismatch(declared: onnx.ValueInfoProto | None, expected: torch.Tensor) -> str | None:
+    """How the type the file declares for an output (element type, rank, the dims it holds static)
+    differs from eager's tensor; None where it agrees or declares nothing to compare.
+
+    NOTE: onnxruntime returns what its kernels computed, whatever the file declares (it only logs a
+    warning), so a file whose fake kernel lied passes a value-only comparison; tools that read the
+    file's declared shapes (allocators, TensorRT, Triton's config) then get them wrong.
+
+    >>> vi = onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [3, 4])
+    >>> declared_mismatch(vi, torch.zeros(3))
+    'the file declares float32[3,4], eager gives float32[3]'
+    >>> declared_mismatch(onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, ["n", 4]), torch.zeros(7, 4))
+    """
+    if declared is None or not declared.type.HasField("tensor_type"):
+        return None
+    t = declared.type.tensor_type
+    dtype = ONNX_TO_TORCH.get(t.elem_type) if t.elem_type else expected.dtype
+    dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in t.shape.dim]
+    shape_ok = not t.HasField("shape") or (
+        len(dims) == expected.dim() and all(not isinstance(d, int) or d == n for d, n in zip(dims, expected.shape)))
+    if (dtype is None or dtype == expected.dtype) and shape_ok:
+        return None
+
+    def shown(dt, ds) -> str:
+        name = str(dt).replace("torch.", "") if isinstance(dt, torch.dtype) else f"elem_type {t.elem_type}"
+        return f"{name}[{','.join(map(str, ds))}]" if ds is not None else name
+
+    return (f"the file declares {shown(dtype, dims if t.HasField('shape') else None)}, "
+            f"eager gives {shown(expected.dtype, list(expected.shape))}")
 
 
 def _compare_integers(name: str, expected: np.ndarray, actual: np.ndarray, dtype: str) -> OutputParity:
@@ -270,6 +302,11 @@ class ParityReport:
         if by_atol:
             lines.append(f"max rel past rtol, yet PASS: {', '.join(by_atol)}: only elements with a small |eager| are "
                          "past rtol, and they pass by atol (each element: |ort - eager| <= atol + rtol * |eager|)")
+        lying = [o.name for o in self.outputs if "the file declares" in o.note]
+        if lying:
+            lines.append(f"declared type differs from eager: {', '.join(lying)}: a custom op's output types and shapes "
+                         "in the file come from its fake kernel; make each fake return what its op returns (dtype, "
+                         "rank, sizes)")
         for o in self.outputs:
             if not o.passed and o.worst:
                 lines.append(f"worst elements of {o.name}:")
@@ -364,8 +401,10 @@ def check_parity(model: torch.nn.Module, args: Sequence, *, kwargs: dict | None 
                 else session(onnx_path, tier=tier, registry=registry, native_library=native_library))
         rows: list[OutputParity] = []
         localization = None
+        declared = {o.name: o for o in exported.proto.graph.output}
         for run, run_args in enumerate([tuple(args), *map(tuple, extra_args)]):
-            with step(f"eager + {runtime} run {run + 1}"), torch.no_grad():
+            with step(f"eager + {runtime} run {run + 1}{native_code(getattr(sess, 'kernels', {}))}"), \
+                    torch.no_grad():
                 # NOTE: eager on copies: every tier is fed the inputs as they were before eager ran
                 expected = _tensor_leaves(model(*_copies(run_args), **_copies(kwargs or {})))
                 actual = run_ort(sess, run_args, kwargs)
@@ -375,7 +414,12 @@ def check_parity(model: torch.nn.Module, args: Sequence, *, kwargs: dict | None 
                 raise OpBridgeError(f"ORT returned {len(actual)} outputs, eager {len(expected)}. "
                                     f"Got outputs {names}. Return tensors only from forward().")
             for out_name, e, a in zip(names, expected, actual):
-                rows.append(compare(out_name + suffix, e, a, rtol=rtol, atol=atol))
+                row = compare(out_name + suffix, e, a, rtol=rtol, atol=atol)
+                # NOTE: what the file declares is part of the answer: a fake kernel's lie fails here
+                lie = declared_mismatch(declared.get(out_name), e)
+                if lie:
+                    row = dataclasses.replace(row, passed=False, note="; ".join(filter(None, (lie, row.note))))
+                rows.append(row)
             # NOTE: intermediates are compared in onnxruntime; an OpenVINO check reports outputs only
             if (runtime == "onnxruntime" and localization is None
                     and wanted(localize, passed=all(r.passed for r in rows))):

@@ -83,7 +83,8 @@ def _age(seconds: float) -> str:
 def cmd_cache(args) -> int:
     """``opbridge cache``: what opbridge keeps under its cache root; ``cache clean``: remove it."""
     if args.action == "clean":
-        gone = cache.clean_cache(args.kind or None)
+        gone = cache.clean_cache(args.kind or None, waiting=lambda: print(
+            "a C++ build is running in another process: cleaning once it ends", flush=True))
         print(f"removed {len(gone)} cache folders under {cache.cache_root()}"
               + (f": {', '.join(p.name for p in gone)}" if gone else ""))
         return 0

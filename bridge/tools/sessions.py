@@ -188,7 +188,9 @@ def session(model: str | os.PathLike | onnx.ModelProto | bytes, *, tier: str = "
     prepared = kernels.prepare(proto, reg, sess_options, native_library)
     # NOTE: a file that needs no change goes to ORT by path: no second serialisation and parse
     path = model if isinstance(model, (str, os.PathLike)) and not (prepared.changed or filled) else None
-    with step(f"onnxruntime session ({tier} tier)"):
+    # NOTE: native code runs from here on: the line names each library and the ops it serves, so a crash
+    # (a segfault ends the process; the CLI's faulthandler then prints the stack) follows a line naming them
+    with step(f"onnxruntime session ({tier} tier{native_code(prepared.kernels)})"):
         try:
             content = os.fspath(path) if path is not None else _serialised(proto, model)
             return Session(content, prepared.options, providers=providers,
@@ -196,6 +198,20 @@ def session(model: str | os.PathLike | onnx.ModelProto | bytes, *, tier: str = "
         except Exception as e:
             raise OpBridgeError(f"onnxruntime could not load the model. Got {type(e).__name__}: "
                                 f"{str(e)[:500]}. Check the op kernels for tier {tier!r}.") from e
+
+
+def native_code(kernels: dict[str, str]) -> str:
+    """``; native code: LIB serves OPS; ...`` for each library in a session's ``kernels`` (op -> library
+    path or "function body"), for progress lines; "" when no library runs.
+
+    >>> native_code({"a::f": "/x/libu.so", "a::g": "function body", "a::h": "/x/libu.so"})
+    '; native code: libu.so serves a::f, a::h'
+    """
+    by_library: dict[str, list[str]] = {}
+    for op, where in kernels.items():
+        if os.path.isabs(where):
+            by_library.setdefault(where, []).append(op)
+    return "".join(f"; native code: {os.path.basename(lib)} serves {', '.join(ops)}" for lib, ops in by_library.items())
 
 
 def ort_feed(sess, args: Sequence, kwargs: dict | None = None) -> dict[str, np.ndarray]:

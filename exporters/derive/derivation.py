@@ -99,7 +99,7 @@ def _quiet():
 
 def _ints(spec: OpSpec, site: Site) -> list[int]:
     values = dict(site.attrs)
-    return [int(x) for p in spec.attributes if symbolic_int(p)
+    return [int(x) for p in spec.attributes if symbolic_int(p) and values[p.name] is not None
             for x in (values[p.name] if isinstance(values[p.name], tuple) else (values[p.name],))]
 
 

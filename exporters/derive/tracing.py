@@ -57,7 +57,8 @@ def flat_roles(spec: OpSpec, site: Site, symbolic: bool) -> list[tuple]:
             i, sig = next(tensors)
             if sig is not None:
                 roles.append(("tensor", i, p))
-        elif symbolic and symbolic_int(p):
+        elif symbolic and symbolic_int(p) and values[p.name] is not None:
+            # NOTE: an optional int passed None is no int to trace: it stays None (baked in, keyed by it)
             v = values[p.name]
             roles += [("int", p, j) for j in range(len(v))] if isinstance(v, tuple) else [("int", p, None)]
     return roles

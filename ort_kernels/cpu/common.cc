@@ -1,4 +1,5 @@
 // Shared helpers of the opbridge kernels (no ONNX Runtime dependency).
+#include <cctype>
 #include <cstdlib>
 
 #include "opbridge_kernel.h"
@@ -127,12 +128,19 @@ Isa cpu_isa() {
 #endif
 }
 
+// Whether `v` spells `name` (lower case), in any case: AVX2 and Avx2 name the avx2 path.
+bool same_name(const char* v, const char* name) {
+  for (; *v != '\0' && *name != '\0'; ++v, ++name)
+    if (std::tolower(static_cast<unsigned char>(*v)) != *name) return false;
+  return *v == '\0' && *name == '\0';
+}
+
 // $OPBRIDGE_ISA as a level: -1 no cap, -2 a value naming no path.
 int isa_cap() {
   const char* v = std::getenv("OPBRIDGE_ISA");
-  if (v == nullptr || *v == '\0' || std::strcmp(v, "auto") == 0) return -1;
+  if (v == nullptr || *v == '\0' || same_name(v, "auto")) return -1;
   for (Isa level : {Isa::kBaseline, Isa::kAvx2, Isa::kAvx512})
-    if (std::strcmp(v, isa_name(level)) == 0) return static_cast<int>(level);
+    if (same_name(v, isa_name(level))) return static_cast<int>(level);
   return -2;
 }
 
