@@ -38,6 +38,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import hashlib
 import inspect
 import keyword
 import operator
@@ -813,7 +814,11 @@ def define_proxy(fb: FunctionBridge) -> Any:
                 "forward calls.") from None
         return _outputs(fb, out, "forward")
 
-    return define_proxy_op(proxy_name("fn", fb.domain, fb.op_type), fb.schema, kernel, traced_fake, traced=True)
+    # NOTE: one proxy op per signature (a digest of it in the name): a call typed otherwise (a tuple where the first
+    # said int) gets its own op, never a redefinition of one another record or an earlier export still names
+    digest = hashlib.sha256(fb.schema.encode()).hexdigest()[:8]
+    return define_proxy_op(proxy_name("fn", fb.domain, fb.op_type, digest), fb.schema, kernel, traced_fake,
+                           traced=True)
 
 
 def export_forward(cls: type, at_call: Callable[[Mapping[str, Any]], tuple[FunctionBridge, Any, Callable]],
