@@ -209,3 +209,12 @@ def test_a_merged_body_of_an_op_the_registry_lacks_is_refused(three_kinds):
     with pytest.raises(bridge.OpBridgeError, match=r"^opbridge: node .* calls a function body made for other "
                                                    r"attribute values .*Got attributes k=.*Import the module"):
         bridge.session(slim, registry=bridge.Registry())
+
+
+def test_inlining_a_merged_file_inlines_each_nodes_own_body(three_kinds):
+    from exporters.inline import inline_functions
+
+    registry, model, x, _ = three_kinds
+    flat = inline_functions(_slimmed(three_kinds), registry)
+    plain = ort.InferenceSession(flat.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(plain.run(None, {"x": x.numpy()})[0], model(x).detach().numpy(), rtol=1e-6, atol=1e-6)
