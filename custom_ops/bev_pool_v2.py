@@ -164,7 +164,10 @@ def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts
     marker = op.ScatterElements(op.Tile(zero1, op.Add(n_rows, one1)), chunk_offsets,
                                 op.Expand(one, op.Shape(chunks)), reduction="add")
     owner = op.Sub(op.CumSum(op.Slice(marker, zero1, n_rows), zero), one)
-    done = op.Mul(op.Sub(op.Range(zero, op.Squeeze(n_rows), one), op.Gather(chunk_offsets, owner)), width)
+    # NOTE: the row index as a CumSum over the rows (not Range(0, n_rows)): onnxruntime's symbolic
+    # shape inference (quant_pre_process, no auto_merge) then sees it has owner's length
+    row = op.CumSum(op.Expand(one, op.Shape(owner)), zero, exclusive=1)
+    done = op.Mul(op.Sub(row, op.Gather(chunk_offsets, owner)), width)
     slots = op.Constant(value_ints=SLOTS)
     valid = op.LessOrEqual(slots, op.Unsqueeze(op.Sub(op.Gather(lengths, owner), done), minus1))
     point = op.Where(valid, op.Add(op.Unsqueeze(op.Add(op.Gather(starts, owner), done), minus1), slots), zero)

@@ -36,6 +36,7 @@ Example:
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Collection, Mapping
 from typing import NamedTuple
 
@@ -55,6 +56,69 @@ from exporters.derive.sites import NoPortableBody, Untraceable, site_of
 
 # NOTE: the overload prefix of each kind of body that can differ between nodes of one op
 _OVERLOAD = {"built": "built_", "derived": "derived_"}
+# NOTE: a built or derived body's doc_string names the attribute values it was made for (their
+# digest): tools drop overloads and keep one body per op (onnxslim 0.1.98), doc strings they keep
+_BODY_FOR = "opbridge body for attributes "
+_BODY_FOR_KEY = re.compile(re.escape(_BODY_FOR) + r"([0-9a-f]{12})")
+
+
+def _plain(value):
+    """An attribute value as a key or a message holds it: a tensor or graph as its bytes."""
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value.SerializeToString() if hasattr(value, "SerializeToString") else value
+
+
+def attributes_key(node: onnx.NodeProto, generic: Collection[str] = ()) -> str | None:
+    """The digest of ``node``'s attribute values as ONNX holds them (names sorted, values read with
+    ``onnx.helper.get_attribute_value``: -0.0 is not 0.0), but those in ``generic`` (the attributes a
+    body takes as function attributes: it serves any value of those): what a built or derived body
+    is made for. None when an attribute refers to a function attribute (known only at the call).
+
+    Example:
+        >>> from onnx import helper
+        >>> key = lambda k: attributes_key(helper.make_node("f", ["x"], ["y"], domain="d", k=k))
+        >>> key(2.0) == key(2.0), key(2.0) == key(-0.5), key(0.0) == key(-0.0)
+        (True, False, False)
+    """
+    if any(a.ref_attr_name for a in node.attribute):
+        return None
+    digest = hashlib.sha1()
+    for attr in sorted(node.attribute, key=lambda a: a.name):
+        if attr.name not in generic:
+            digest.update(repr((attr.name, attr.type, _plain(onnx.helper.get_attribute_value(attr)))).encode())
+    return digest.hexdigest()[:12]
+
+
+def body_for(doc_string: str) -> str | None:
+    """The attributes key (:func:`attributes_key`) a body's ``doc_string`` says it was made for, if any."""
+    found = _BODY_FOR_KEY.search(doc_string or "")
+    return found.group(1) if found else None
+
+
+def _describe(node: onnx.NodeProto) -> str:
+    """``node``'s attribute values, as a message shows them."""
+    text = ", ".join(f"{a.name}={onnx.helper.get_attribute_value(a)!r}" for a in node.attribute
+                     if not hasattr(onnx.helper.get_attribute_value(a), "SerializeToString"))
+    return text if len(text) <= 200 else text[:197] + "..."
+
+
+class _Local(NamedTuple):
+    """What the resolver reads of one of the model's functions: its doc_string and its attributes."""
+
+    doc: str
+    generic: frozenset[str]
+
+
+def _not_its_body(node: onnx.NodeProto, function: _Local) -> bool:
+    """Whether ``function`` (the one ``node`` calls) says it was made for other attribute values."""
+    made_for = body_for(function.doc)
+    return made_for is not None and made_for != attributes_key(node, function.generic)
+
+
+def _bakes(node: onnx.NodeProto, function: _Local) -> bool:
+    """Whether ``function`` holds some attribute value of ``node`` as a constant (not as a function attribute)."""
+    return any(a.name not in function.generic for a in node.attribute)
 
 
 def guarded_copy(proto: onnx.FunctionProto, spec: OpSpec) -> onnx.FunctionProto:
@@ -124,6 +188,29 @@ def _standard_opset(imports: Mapping[str, int]) -> int | None:
     return max(versions) if versions else None
 
 
+def _proto_local(function: onnx.FunctionProto) -> _Local:
+    names = [*function.attribute, *(a.name for a in function.attribute_proto)]
+    return _Local(function.doc_string, frozenset(names))
+
+
+def _ir_local(function: ir.Function) -> _Local:
+    return _Local(function.doc_string or "", frozenset(function.attributes))
+
+
+def body_doc(node: onnx.NodeProto, body: onnx.FunctionProto) -> str:
+    """``body``'s ``doc_string`` naming the attribute values of ``node`` it was made for (first line):
+    those it holds as constants; a body that takes every attribute of the node as a function
+    attribute serves every node and says nothing."""
+    doc_string, local = body.doc_string, _proto_local(body)
+    key = attributes_key(node, local.generic)
+    if key is None or not _bakes(node, local):
+        return doc_string
+    rest = "\n".join(line for line in (doc_string or "").splitlines() if not line.startswith(_BODY_FOR))
+    baked = onnx.NodeProto()
+    baked.attribute.extend(a for a in node.attribute if a.name not in local.generic)
+    return f"{_BODY_FOR}{key}: {_describe(baked)}" + (f"\n{rest}" if rest else "")
+
+
 class _Body(NamedTuple):
     """A body made for some nodes: its kind (``written``, ``built``, ``derived``), the function, and
     its bytes as made, with no overload (what tells two bodies of one op apart; serialized once)."""
@@ -141,23 +228,59 @@ def _content(function: ir.Function) -> bytes:
     return proto.SerializeToString()
 
 
-def _needs_body(key: tuple[str, str, str], local: Collection, registry: Registry, replace: bool,
-                ops: Collection | None) -> OpSpec | None:
-    """The op of a node ``(domain, op type, overload)`` when that node needs a body from the resolver."""
-    if (ops is not None and key[:2] not in ops) or (key in local and not replace):
+def _needs_body(node: onnx.NodeProto, local: Mapping[tuple[str, str, str], _Local], registry: Registry,
+                replace: bool, ops: Collection | None) -> OpSpec | None:
+    """The op of ``node`` when it needs a body from the resolver: it has none in ``local`` (the
+    model's functions: identifier -> doc_string), ``replace``, or the one it calls is not its own:
+    made for other attribute values (:func:`body_for`), or, for an op whose bodies depend on them
+    (built or derived), saying nothing of what it was made for."""
+    key = (node.domain, node.op_type, node.overload)
+    if ops is not None and key[:2] not in ops:
         return None
-    return registry.find(key[0], key[1])
+    spec = registry.find(key[0], key[1])
+    if key not in local or replace or spec is None:
+        return spec
+    function = local[key]
+    if _not_its_body(node, function) or (body_for(function.doc) is None and not isinstance(spec.function, Written)
+                                         and attributes_key(node) is not None and _bakes(node, function)):
+        return spec
+    return None
 
 
 def _complete(model: onnx.ModelProto, registry: Registry, replace: bool, ops: Collection | None) -> bool:
     """Whether the resolver has nothing to do on ``model``: every function at the model's opset and
-    every custom node of a registered op with its body (read from the protos: nothing converted)."""
+    every custom node of a registered op with its own body, none calling a body made for other
+    attribute values (read from the protos: nothing converted)."""
     opset = onnx_opset(model)
     if opset is not None and any(onnx_opset(f) not in (None, opset) for f in model.functions):
         return False
-    local = {(f.domain, f.name, f.overload) for f in model.functions}
-    return not any(_needs_body((n.domain, n.op_type, n.overload), local, registry, replace, ops)
-                   for n in custom_nodes(model, functions=True))
+    local = {(f.domain, f.name, f.overload): _proto_local(f) for f in model.functions}
+    for node in custom_nodes(model, functions=True):
+        if _needs_body(node, local, registry, replace, ops):
+            return False
+        key = (node.domain, node.op_type, node.overload)
+        if (ops is None or key[:2] in ops) and key in local and _not_its_body(node, local[key]):
+            return False  # NOTE: an op the registry lacks: refused by the resolver (_refuse_foreign_bodies)
+    return True
+
+
+def _refuse_foreign_bodies(model: ir.Model, ops: Collection | None) -> None:
+    """Raise when a custom node still calls a body made for other attribute values (its op is not
+    registered, or the registry gave it no body): onnxruntime would run another node's body."""
+    for node in ir_custom_nodes(model):
+        function = model.functions.get(node.op_identifier())
+        if function is None or (ops is not None and (node.domain, node.op_type) not in ops):
+            continue
+        proto = ir.serde.serialize_node(node)
+        if _not_its_body(proto, _ir_local(function)):
+            raise OpBridgeError(
+                f"node {node.name!r} of {node.domain}::{node.op_type} calls a function body made for other "
+                f"attribute values (a tool merged or renamed the op's bodies: onnxslim keeps one body per op and "
+                f"drops node overloads). Got attributes {_describe(proto)}; the body was made for attributes key "
+                f"{body_for(function.doc_string or '')}, the node's is "
+                f"{attributes_key(proto, frozenset(function.attributes))}. Import the module "
+                "that registers the op (the resolver then rebuilds the node's own body: `opbridge attach`, "
+                "bridge.session), or export the file again.")
 
 
 class _Resolver:
@@ -181,6 +304,8 @@ class _Resolver:
             key = (spec.qualname, "derived", id(node))
         if key not in self.made:
             made = self._make(spec, node)
+            if made is not None and made[0] != "written":
+                made[1].doc_string = body_doc(ir.serde.serialize_node(node), made[1])
             self.made[key] = None if made is None else _Body(
                 made[0], ir.serde.deserialize_function(made[1]), made[1].SerializeToString())
         return self.made[key]
@@ -219,13 +344,13 @@ class _Resolver:
 
     def round(self) -> list[str]:
         """Give bodies to the nodes that need them now; return the ops given one."""
-        local = set(self.model.functions)
+        local = {i: _ir_local(f) for i, f in self.model.functions.items()}
         uses: dict[tuple[str, str], list[tuple[ir.Node, _Body]]] = {}
         specs: dict[tuple[str, str], OpSpec] = {}
         for node in ir_custom_nodes(self.model):
             op = (node.domain, node.op_type)
             spec = None if op in self.resolved else _needs_body(
-                (*op, node.overload), local, self.registry, self.replace, self.ops)
+                ir.serde.serialize_node(node), local, self.registry, self.replace, self.ops)
             made = None if spec is None else self.body(spec, node)
             if spec is not None and made is not None:
                 uses.setdefault(op, []).append((node, made))
@@ -270,6 +395,7 @@ class _Resolver:
             source = _standard_opset(function.opset_imports)
             if self.opset is not None and source is not None and source != self.opset:
                 proto = portable_constants(convert_function(ir.serde.serialize_function(function), self.opset))
+                proto.doc_string = function.doc_string or ""  # NOTE: what the body was made for stays said
                 self.model.functions[identifier] = ir.serde.deserialize_function(proto)
                 spec = self.registry.find(function.domain, function.name)
                 changed.append(spec.qualname if spec is not None else f"{function.domain}::{function.name}")
@@ -331,4 +457,5 @@ def attach_functions_ir(model: ir.Model, registry: Registry | None = None, *, re
     changed = resolver.convert_stale()
     while added := resolver.round():  # NOTE: an attached body may call further custom ops
         changed += added
+    _refuse_foreign_bodies(model, ops)
     return list(dict.fromkeys(changed))

@@ -17,6 +17,7 @@ from op_db import F32, OPS
 import bridge
 import custom_ops  # noqa: F401
 from bridge import checks as C
+from bridge.core.check_guards import ordered, unguarded
 from exporters.resolve import written_body
 
 ATTR_TYPES = {"width": onnx.AttributeProto.INT, "box": onnx.AttributeProto.INTS}
@@ -349,7 +350,7 @@ def test_table_bad_inputs_follow_the_spec(entry):
 
 def test_guards_leave_the_body_alone_when_checks_hold():
     """One guard node names every guarded check; the body's own nodes follow, in order (its
-    constants, shared with the guards, go first)."""
+    constants, shared with the guards, go first), then its output's tie to the guard's result."""
     spec = bridge.REGISTRY.get("bev::bev_pool_v2")
     guarded, raw = written_body(spec), spec.function.to_function_proto()
     (name,) = [n.name for n in guarded.node if n.name.startswith(C.GUARD_PREFIX)]
@@ -357,7 +358,28 @@ def test_guards_leave_the_body_alone_when_checks_hold():
     assert entries[0] == "depth/0.rank" and entries == [
         f"{c.input}/{i}.{c.kind}" for i, c in enumerate(spec.checks) if c.guarded]
     ops = [n.op_type for n in raw.node if n.op_type != "Constant"]
-    assert [n.op_type for n in guarded.node if n.op_type != "Constant"][-len(ops):] == ops
+    body = [n.op_type for n in guarded.node if n.op_type != "Constant"]
+    assert body[-3:] == ["ReduceMax", "Cast", "Where"] and body[-3 - len(ops):-3] == ops
+    assert guarded.node[-1].name == "opbridge_tie/" + guarded.output[0]
+
+
+def test_the_tie_gives_the_guard_a_reader_and_comes_out_again():
+    """In the file each output reads the guard's result (optimizers then keep the guard); the
+    deployment body (unguarded) and the session's ordered body have no tie."""
+    spec = bridge.REGISTRY.get("bev::bev_pool_v2")
+    guarded = written_body(spec)
+    tie = guarded.node[-1]
+    assert tie.op_type == "Where" and tie.output[0] == guarded.output[0] and tie.input[1] == tie.input[2]
+    flag = next(n for n in guarded.node if tie.input[0] in n.output)
+    reduced = next(n for n in guarded.node if flag.input[0] in n.output)
+    assert any(reduced.input[0] in n.output for n in guarded.node if n.name.startswith(C.GUARD_PREFIX + "/"))
+    plain = unguarded(guarded)
+    assert not [n for n in plain.node if n.op_type == "Where" and n.name.startswith("opbridge_tie/")]
+    assert [n.op_type for n in plain.node if n.op_type != "Constant"] == \
+        [n.op_type for n in spec.function.to_function_proto().node if n.op_type != "Constant"]
+    order = onnx.FunctionProto()
+    order.CopyFrom(guarded)
+    assert ordered(order) and not [n for n in order.node if n.name.startswith("opbridge_tie/")]
 
 
 def test_derived_body_carries_the_guards(registry, fresh_name):

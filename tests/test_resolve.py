@@ -107,7 +107,9 @@ def _expected_bodies(bare: onnx.ModelProto, registry) -> dict[str, tuple[str, on
             kind, raw = "built", resolve.built_body(spec, node_attributes(spec, node))
         else:
             kind, raw = "derived", derive(spec, site_of(spec, node, types), opset, registry).proto
-        expected[node.name] = (kind, portable_constants(convert_function(resolve.guarded_copy(raw, spec), opset)))
+        body = portable_constants(convert_function(resolve.guarded_copy(raw, spec), opset))
+        body.doc_string = resolve.body_doc(node, body)  # NOTE: the attribute values it was made for
+        expected[node.name] = (kind, body)
     return expected
 
 
@@ -192,3 +194,64 @@ def test_each_attached_body_computes_its_node_as_written_by_hand(three_kinds):
             None, {"x": value})[0]
         np.testing.assert_allclose(got, BY_HAND[node.op_type](value, attrs), rtol=1e-6,
                                    atol=1e-6, err_msg=f"{node.op_type} {attrs}")
+
+
+def _slimmed(three_kinds):
+    """three_kinds' full file through onnxslim: node overloads dropped, one body kept per op."""
+    import onnxslim
+
+    registry, model, x, _ = three_kinds
+    slim = onnxslim.slim(bridge.export(model, (x,), registry=registry))
+    assert not any(n.overload for n in slim.graph.node)
+    assert len({(f.domain, f.name) for f in slim.functions}) == len(slim.functions)  # NOTE: one body per op
+    return slim
+
+
+def test_bodies_say_the_attribute_values_they_were_made_for(three_kinds):
+    registry, model, x, _ = three_kinds
+    full = bridge.export(model, (x,), registry=registry)
+    functions = {(f.domain, f.name, f.overload): f for f in full.functions}
+    for node in custom_nodes(full):
+        spec = registry.find(node.domain, node.op_type)
+        made_for = resolve.body_for(functions[(node.domain, node.op_type, node.overload)].doc_string)
+        function = functions[(node.domain, node.op_type, node.overload)]
+        assert made_for == (None if isinstance(spec.function, Written) else resolve.attributes_key(node, function.attribute))
+
+
+@pytest.mark.parametrize("tier", ["function", "native", "python"])
+def test_a_file_whose_bodies_a_tool_merged_runs_each_nodes_own_body(three_kinds, tier):
+    """onnxslim keeps one body per op: plain onnxruntime then runs one node's body for another's
+    attribute values; every tier rebuilds each node's own from the registry and gives eager's values."""
+    registry, model, x, _ = three_kinds
+    slim, feed = _slimmed(three_kinds), {"x": x.numpy()}
+    expected = model(x).detach().numpy()
+    plain = ort.InferenceSession(slim.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert not np.allclose(plain.run(None, feed)[0], expected)  # NOTE: the tool's damage, as measured
+    got = bridge.session(slim, registry=registry, tier=tier).run(None, feed)[0]
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_attach_repairs_a_merged_file_without_replace(three_kinds):
+    registry, model, x, _ = three_kinds
+    slim = _slimmed(three_kinds)
+    ops = resolve.attach_functions(slim, registry)  # NOTE: what `opbridge attach` calls (no --replace)
+    assert ops and resolve.attach_functions(slim, registry) == []
+    onnx.checker.check_model(slim, full_check=True)
+    plain = ort.InferenceSession(slim.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(plain.run(None, {"x": x.numpy()})[0], model(x).detach().numpy(), rtol=1e-6, atol=1e-6)
+
+
+def test_a_merged_body_of_an_op_the_registry_lacks_is_refused(three_kinds):
+    slim = _slimmed(three_kinds)
+    with pytest.raises(bridge.OpBridgeError, match=r"^opbridge: node .* calls a function body made for other "
+                                                   r"attribute values .*Got attributes k=.*Import the module"):
+        bridge.session(slim, registry=bridge.Registry())
+
+
+def test_inlining_a_merged_file_inlines_each_nodes_own_body(three_kinds):
+    from exporters.inline import inline_functions
+
+    registry, model, x, _ = three_kinds
+    flat = inline_functions(_slimmed(three_kinds), registry)
+    plain = ort.InferenceSession(flat.SerializeToString(), providers=["CPUExecutionProvider"])
+    np.testing.assert_allclose(plain.run(None, {"x": x.numpy()})[0], model(x).detach().numpy(), rtol=1e-6, atol=1e-6)

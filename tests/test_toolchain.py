@@ -250,3 +250,108 @@ def test_files_have_no_dtype_probe(files):
 
     for kind in ("function", "inline"):
         assert not [n for n in model_nodes(onnx.load(files["paths"][kind]), functions=True) if n.op_type == "If"]
+
+
+def test_no_noop_cast(files):
+    """No Cast to the type its input already has in a graph (onnxconverter-common's float16
+    converters retype such a Cast's output but not the Cast, and onnxruntime then refuses the file).
+    A function body keeps its Cast to the float32 accumulator: the converters retype the calls, not
+    the body, and the Cast is what makes the body serve float16 (test_float16_keep_io_types)."""
+    from bridge.core.graphs import model_value_types
+
+    model = onnx.shape_inference.infer_shapes(onnx.load(files["paths"]["inline"]))
+    types = model_value_types(model)
+    casts = [n for n in model.graph.node if n.op_type == "Cast"]
+    assert casts and all(n.input[0] in types for n in casts)
+    assert [n.name for n in casts if types[n.input[0]].tensor_type.elem_type == n.attribute[0].i] == []
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_float16_keep_io_types(files, kind):
+    """onnxconverter-common's convert_float_to_float16(keep_io_types=True): within 1% of the output's range."""
+    from onnxconverter_common import float16
+
+    model = float16.convert_float_to_float16(onnx.load(files["paths"][kind]), keep_io_types=True)
+    got = run(model, files["feed"], files["lib"] if kind == "native" else None)
+    for a, b in zip(got, files["expected"][kind], strict=True):
+        assert a.dtype == b.dtype and float(np.abs(a.astype(np.float64) - b).max()) <= 0.01 * float(np.ptp(b))
+
+
+@pytest.mark.parametrize("kind", ("function", "inline"))
+def test_float16_auto_mixed_precision(files, kind):
+    """onnxconverter-common's auto_convert_mixed_precision (it runs the file in its own onnxruntime
+    sessions, with no way to register a library: not the native file)."""
+    from onnxconverter_common import auto_mixed_precision
+
+    model = auto_mixed_precision.auto_convert_mixed_precision(onnx.load(files["paths"][kind]), files["feed"],
+                                                              rtol=0.01, atol=0.01, keep_io_types=True)
+    got = run(model, files["feed"], None)
+    for a, b in zip(got, files["expected"][kind], strict=True):
+        assert float(np.abs(a.astype(np.float64) - b).max()) <= 0.01 * float(np.ptp(b))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_quant_pre_process(files, kind, tmp_path, monkeypatch):
+    """onnxruntime's quant_pre_process (symbolic shape inference without auto_merge, then its
+    optimizer): the index arithmetic in bev_pool_v2's body is what that inference follows."""
+    from onnxruntime.quantization.shape_inference import quant_pre_process
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / f"{kind}.pre.onnx"
+    quant_pre_process(str(files["paths"][kind]), str(out), skip_optimization=kind == "native",
+                      guess_output_rank=kind == "native")
+    assert_same(files, kind, out)
+
+
+def _onnxscript_optimized(model: onnx.ModelProto) -> onnx.ModelProto:
+    import onnxscript
+
+    return onnxscript.optimizer.optimize(model)
+
+
+def _onnxscript_rewritten(model: onnx.ModelProto) -> onnx.ModelProto:
+    import onnxscript
+
+    return onnxscript.rewriter.rewrite(model)
+
+
+def _onnxoptimizer(model: onnx.ModelProto) -> onnx.ModelProto:
+    import onnxoptimizer
+
+    return onnxoptimizer.optimize(model)
+
+
+def _onnxslim(model: onnx.ModelProto) -> onnx.ModelProto:
+    import onnxslim
+
+    return onnxslim.slim(model)
+
+
+def _onnxsim(model: onnx.ModelProto) -> onnx.ModelProto:
+    import onnxsim
+
+    return onnxsim.simplify(model)[0]
+
+
+def _polygraphy(model: onnx.ModelProto) -> onnx.ModelProto:
+    from polygraphy.backend.onnx import fold_constants
+
+    return fold_constants(model, error_ok=False)
+
+
+OPTIMIZERS = {"onnxscript_optimizer": _onnxscript_optimized, "onnxscript_rewriter": _onnxscript_rewritten,
+              "onnxoptimizer": _onnxoptimizer, "onnxslim": _onnxslim, "onnxsim": _onnxsim, "polygraphy": _polygraphy}
+
+
+@pytest.mark.parametrize("tool", OPTIMIZERS)
+def test_checks_survive_optimizers(files, tool):
+    """The function file through each optimizer: the same outputs, and bad input (a ranks_depth
+    entry of -1) still refused in plain onnxruntime, at the guard named after the op and its checks."""
+    model = OPTIMIZERS[tool](onnx.load(files["paths"]["function"]))
+    assert_same(files, "function", model)
+    bad = dict(files["feed"])
+    name = next(n for n in bad if "ranks_depth" in n)
+    bad[name] = bad[name].copy()
+    bad[name][0] = -1
+    with pytest.raises(Exception, match=r"opbridge_check/bev::bev_pool_v2/.*ranks_depth/\d+\.values_in"):
+        run(model, bad, None)

@@ -324,7 +324,7 @@ def ordered(proto: onnx.FunctionProto) -> bool:
         ...                                  [onnx.helper.make_opsetid("", 20)])
         >>> out = guarded_body(body, Checks("d::f", [rank("x", 2)]), {})
         >>> [n.op_type for n in out.node][-2:], ordered(out), [n.op_type for n in out.node][-3:]
-        (['Gather', 'Neg'], True, ['Unsqueeze', 'Squeeze', 'Neg'])
+        (['Cast', 'Where'], True, ['Unsqueeze', 'Squeeze', 'Neg'])
     """
     if proto.ByteSize() > _ORDERED_BODY_MAX:
         return _order(proto)
@@ -347,7 +347,8 @@ _ORDERED_BODY_MAX = 1 << 20
 
 
 def _order(proto: onnx.FunctionProto) -> bool:
-    """:func:`ordered`'s work."""
+    """:func:`ordered`'s work: the file's ties (:func:`_tie`) out, the inputs' waits in."""
+    untied(proto)
     nodes = list(proto.node)
     at = next((i for i, n in enumerate(nodes) if is_guard(n)), None)
     if at is None:
@@ -397,6 +398,7 @@ def unguarded(proto: onnx.FunctionProto) -> onnx.FunctionProto:
         return proto
     out = onnx.FunctionProto()
     out.CopyFrom(proto)
+    untied(out)
     drop_unread(out, [n for n in out.node if all(_is_guard_value(o) for o in n.output)])
     return out
 
@@ -434,7 +436,8 @@ def _shared_constants(nodes: list[onnx.NodeProto], outputs: set[str]) -> list[on
 def guarded_body(proto: onnx.FunctionProto, checks: Checks, attr_types: dict[str, int],
                  skip: Sequence[int] = ()) -> onnx.FunctionProto:
     """``proto`` with one guard per check (but the indices in ``skip``): onnxruntime fails, at a
-    node named after the check, before the body runs, when a check fails.
+    node named after the check, before the body runs, when a check fails. Each output the body
+    writes reads the guard's result (:func:`_tie`): no tool removes the guard as dead code.
 
     Example:
         >>> import onnx
@@ -443,7 +446,7 @@ def guarded_body(proto: onnx.FunctionProto, checks: Checks, attr_types: dict[str
         ...                                  [onnx.helper.make_opsetid("", 20)])
         >>> out = guarded_body(body, Checks("d::f", [rank("x", 2)]), {})
         >>> [n.name for n in out.node if n.name]
-        ['opbridge_check/d::f/x/0.rank']
+        ['opbridge_check/d::f/x/0.rank', 'opbridge_tie/y']
     """
     guarded = [(i, c) for i, c in enumerate(checks) if c.guarded and i not in skip]
     if not guarded:
@@ -451,12 +454,58 @@ def guarded_body(proto: onnx.FunctionProto, checks: Checks, attr_types: dict[str
     integers = frozenset(c.input for c in checks if isinstance(c, DtypeIs)
                          and not any(d.is_floating_point or d.is_complex for d in c.dtypes))
     b = GuardBuilder(proto, attr_types, integers)
-    _guard_node(b, checks.qualname, guarded)
+    guard = _guard_node(b, checks.qualname, guarded)
     out = onnx.FunctionProto()
     out.CopyFrom(proto)
     del out.node[:]
     out.node.extend(_shared_constants([*b.nodes, *proto.node], set(proto.output)))
+    _tie(out, guard, b)
     return out
+
+
+def _tie(proto: onnx.FunctionProto, guard: str, b: GuardBuilder) -> None:
+    """Make each output of ``proto`` that a node writes read the guard's result, in place: the node
+    writes ``<y>_unchecked``, and ``y = Where(flag, y_unchecked, y_unchecked)`` with ``flag`` false
+    (the guard's zeros as a bool scalar): the same value, bit for bit, with the shape and type
+    inference sees.
+
+    NOTE: without it nothing reads the guard: onnxscript's optimizer and rewriter (what torch.onnx
+    runs) remove it as dead code. :func:`unguarded` and :func:`ordered` take the ties out again."""
+    produced = {o for n in proto.node for o in n.output}
+    outputs = [y for y in proto.output if y in produced]
+    if not outputs:
+        return
+    names = FreshNames(b.used | value_names(proto))
+    flag = names(f"{GUARD_PREFIX}_flag")
+    nodes = [helper.make_node("ReduceMax", [guard], [names(f"{GUARD_PREFIX}_max")], keepdims=0)]
+    nodes.append(helper.make_node("Cast", [nodes[0].output[0]], [flag], to=TensorProto.BOOL))
+    renames = {y: names(f"{y}_unchecked") for y in outputs}
+    for node in proto.node:
+        if any(o in renames for o in node.output):
+            node.output[:] = [renames.get(o, o) for o in node.output]
+    nodes += [helper.make_node("Where", [flag, renames[y], renames[y]], [y], name=f"{TIE_PREFIX}{y}") for y in outputs]
+    proto.node.extend(nodes)
+
+
+TIE_PREFIX = "opbridge_tie/"  # NOTE: not a guard node (is_guard): the body's outputs pass through it
+
+
+def untied(proto: onnx.FunctionProto) -> bool:
+    """Take :func:`_tie`'s nodes out of ``proto``, in place (each output written by its own node
+    again); whether there were any."""
+    ties = [n for n in proto.node if n.name.startswith(TIE_PREFIX)]
+    if not ties:
+        return False
+    back = {n.input[1]: n.output[0] for n in ties}
+    kept = [n for n in proto.node if not n.name.startswith(TIE_PREFIX)]
+    for node in kept:
+        if any(o in back for o in node.output):
+            node.output[:] = [back.get(o, o) for o in node.output]
+    del proto.node[:]
+    proto.node.extend(kept)
+    drop_unread(proto, [n for n in kept if all(o.startswith((f"{GUARD_PREFIX}_flag", f"{GUARD_PREFIX}_max"))
+                                               for o in n.output)])
+    return True
 
 
 def unreadable(proto: onnx.FunctionProto, checks: Checks, attr_types: dict[str, int]) -> dict[int, str]:

@@ -359,7 +359,8 @@ def fold_type_probes(model: onnx.ModelProto) -> int:
     """Replace each ``If`` of the model's graph whose condition constants and the inferred element
     types decide (a dtype probe such as ``Cast(CastLike(1e-300, x), to=BOOL)``: true for float64
     ``x`` only) by the nodes of the branch it takes; the probe's nodes go when nothing else reads
-    them. Needs the value types (``onnx.shape_inference``). Returns how many were folded.
+    them; then every Cast the known types make a no-op is an Identity (:func:`identity_casts`). Needs
+    the value types (``onnx.shape_inference``). Returns how many were folded.
 
     Example:
         >>> from onnx import helper, TensorProto as T
@@ -375,14 +376,28 @@ def fold_type_probes(model: onnx.ModelProto) -> int:
         >>> fold_type_probes(m), [(n.op_type, list(n.output)) for n in m.graph.node]
         (1, [('Abs', ['y'])])
     """
-    return _fold_probes(model.graph, model_value_types(model))
+    types = model_value_types(model)
+    folded = _fold_probes(model.graph, types)
+    opset = _onnx_opset(model.opset_import)
+    if opset is not None:
+        identity_casts(model.graph.node, element_types(walk(model.graph.node), types, opset))
+    return folded
+
+
+def _onnx_opset(imports: Iterable[onnx.OperatorSetIdProto]) -> int | None:
+    versions = [o.version for o in imports if o.domain in ONNX_DOMAINS]
+    return max(versions) if versions else None
 
 
 def fold_function_type_probes(model: onnx.ModelProto, types: dict[str, onnx.TypeProto]) -> int:
     """:func:`fold_type_probes` inside each local function whose every call (in the graph and its
     subgraphs) passes inputs of the same element types, read from ``types`` (value name -> type, as
     ``onnx.shape_inference`` gives them): its body then serves those types only, as its calls do.
-    Returns how many ``If`` nodes were folded."""
+    Returns how many ``If`` nodes were folded.
+
+    NOTE: a Cast these types make a no-op stays in the body (unlike :func:`fold_type_probes`'s
+    graph): onnxconverter-common's float16 converters retype the calls and leave bodies as they are,
+    and the Cast (float16 to the float32 accumulator) is what lets the body serve the new type."""
     calls: dict[tuple[str, str, str], set[tuple]] = {}
     for node in model_nodes(model):
         elems = tuple(types[i].tensor_type.elem_type if i in types else 0 for i in node.input)
@@ -396,6 +411,64 @@ def fold_function_type_probes(model: onnx.ModelProto, types: dict[str, onnx.Type
         inputs = {x: onnx.helper.make_tensor_type_proto(t, None) for x, t in zip(function.input, elems)}
         folded += _fold_probes(function, inputs)
     return folded
+
+
+def element_types(nodes: Iterable[onnx.NodeProto], types: dict[str, onnx.TypeProto], opset: int
+                  ) -> dict[str, onnx.TypeProto]:
+    """``types`` (value name -> type) with the types ONNX's own per-node inference gives the outputs
+    of ``nodes`` (standard ONNX ops at ``opset``, in order), where it can: a node with an input of
+    unknown type, a function attribute reference or a subgraph is skipped (its outputs stay unknown)."""
+    known = dict(types)
+    imports = [onnx.helper.make_opsetid("", opset)]
+    for node in nodes:
+        if all(o in known for o in node.output) or node.domain not in ONNX_DOMAINS or may_hold_subgraphs(node) \
+                or any(a.ref_attr_name for a in node.attribute) or any(i and i not in known for i in node.input):
+            continue
+        try:
+            schema = onnx.defs.get_schema(node.op_type, opset, node.domain)
+            known.update(onnx.shape_inference.infer_node_outputs(
+                schema, node, {i: known[i] for i in node.input if i}, opset_imports=imports))
+        except Exception:  # noqa: BLE001  what ONNX cannot infer here stays unknown
+            continue
+    return known
+
+
+def _elem(types: dict[str, onnx.TypeProto], name: str) -> int:
+    t = types.get(name)
+    return t.tensor_type.elem_type if t is not None and t.HasField("tensor_type") else 0
+
+
+def identity_casts(nodes: Iterable[onnx.NodeProto], types: dict[str, onnx.TypeProto]) -> int:
+    """Make each ``Cast`` among ``nodes`` (and their subgraphs) whose input already has the type it
+    casts to an ``Identity`` (a ``CastLike`` too, when its two inputs have one type), in place; return
+    how many. ``types`` gives the value types (unknown: the Cast stays). A body that takes the branch
+    its input types decide holds such Casts (float32 input cast to its float32 accumulator);
+    onnxconverter-common's float16 converters retype their outputs but not the Casts, and onnxruntime
+    then refuses the file.
+
+    Example:
+        >>> from onnx import helper, TensorProto as T
+        >>> nodes = [helper.make_node("Cast", ["x"], ["a"], to=T.FLOAT),
+        ...          helper.make_node("Cast", ["x"], ["b"], to=T.DOUBLE)]
+        >>> identity_casts(nodes, {"x": helper.make_tensor_type_proto(T.FLOAT, None)}), [n.op_type for n in nodes]
+        (1, ['Identity', 'Cast'])
+    """
+    count = 0
+    for node in walk(nodes):
+        if node.domain not in ONNX_DOMAINS or node.op_type not in ("Cast", "CastLike") or not node.input:
+            continue
+        if node.op_type == "Cast":
+            to = next((a for a in node.attribute if a.name == "to"), None)
+            target = 0 if to is None or to.ref_attr_name else to.i
+        else:
+            target = _elem(types, node.input[1]) if len(node.input) > 1 else 0
+        if not target or _elem(types, node.input[0]) != target:
+            continue
+        node.op_type = "Identity"
+        del node.input[1:]
+        del node.attribute[:]
+        count += 1
+    return count
 
 
 def _fold_probes(graph: onnx.GraphProto | onnx.FunctionProto, types: dict[str, onnx.TypeProto]) -> int:
