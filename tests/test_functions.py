@@ -479,7 +479,7 @@ def test_a_symbolic_failing_for_other_attribute_values_is_named(reg):
     never wrote) and the call's values, not a bare traceback."""
     bridge.register(FakeQuantize, name="qat::FakeQuantize", fake=quant_fake, registry=reg)
     with pytest.raises(bridge.OpBridgeError, match=r"FakeQuantize\.symbolic raised when run \(as the TorchScript "
-                       r"exporter runs it, at opset 17\) for the call's arguments \['<tensor>', '<tensor>', "
+                       r"exporter runs it, at opset 17\) with the arguments \['<tensor>', '<tensor>', "
                        r"'<tensor>', 0, 15\]\. Got ValueError: 8-bit ranges only\. Fix the symbolic"):
         bridge.export(QuantModel(0, 15), (torch.randn(3, 7),), registry=reg)
 
