@@ -297,16 +297,19 @@ def test_bevdet_trt_bev_pool(reg, tier, inner):
     assert sizes == {(1, OUT_H, OUT_W, 6)}
 
 
+class InnerModel(torch.nn.Module):
+    """BEVDet's training-time path: the model calls bev_pool_v2 (QuickCumsumCuda) itself."""
+
+    def forward(self, depth, feat, rd, rf, rb, starts, lengths):
+        return bev_pool_v2(depth.unsqueeze(0), feat.unsqueeze(0), rd, rf, rb, (1, 1, OUT_H, OUT_W, 6), starts,
+                           lengths)
+
+
 def test_bevdet_inner_function_alone(reg):
     """QuickCumsumCuda called by the model itself (BEVDet's training-time path) is its own node."""
     bridge.register(QuickCumsumCuda, name="bevdet::QuickCumsum", sample_inputs=quick_cumsum_samples,
                     native=BEV_KERNELS, registry=reg)
-
-    class M(torch.nn.Module):
-        def forward(self, depth, feat, rd, rf, rb, starts, lengths):
-            return bev_pool_v2(depth.unsqueeze(0), feat.unsqueeze(0), rd, rf, rb, (1, 1, OUT_H, OUT_W, 6), starts,
-                               lengths)
-
+    M = InnerModel
     proto = bridge.export(M(), bev_frame(0), registry=reg, dynamic_shapes=BEV_DYNAMIC)
     node = next(n for n in proto.graph.node if n.domain == "bevdet")
     assert node.op_type == "QuickCumsum"

@@ -19,9 +19,9 @@ from test_functions import (
     FEAT,
     OUT_H,
     OUT_W,
+    InnerModel,
     QuickCumsumCuda,
     bev_frame,
-    bev_pool_v2,
     roi_align_torch,
     rois,
 )
@@ -554,12 +554,7 @@ def test_bevdet_quick_cumsum_registered_alone_as_bevdet_ships_it(reg):
     """BEVDet's QuickCumsumCuda has no annotations and BEVDet no samples for it: registered with nothing but its
     node's name, the model's call tells which arguments are tensors and that bev_feat_shape is ints."""
     op = bridge.register(QuickCumsumCuda, name="bevdet::QuickCumsum", registry=reg)
-
-    class M(torch.nn.Module):
-        def forward(self, depth, feat, rd, rf, rb, starts, lengths):
-            return bev_pool_v2(depth.unsqueeze(0), feat.unsqueeze(0), rd, rf, rb, (1, 1, OUT_H, OUT_W, 6), starts,
-                               lengths)
-
+    M = InnerModel
     proto = bridge.export(M(), bev_frame(0), registry=reg, dynamic_shapes=BEV_DYNAMIC)
     node = next(n for n in proto.graph.node if n.domain == "bevdet")
     assert [p.name for p in op.spec.tensors] == ["depth", "feat", "ranks_depth", "ranks_feat", "ranks_bev",
