@@ -111,18 +111,15 @@ def proxy_targets(registry: Registry) -> dict:
     """``{op: (what runs, argument check)}`` during torch.export: an op bridged through a proxy
     (bridge.core.proxy) goes to the proxy, one opaque node; every other registered op runs as it is. The
     check names the op and argument when an ``int`` gets a size marked dynamic."""
-    targets = {s.overload: (s.overload, specialisation_check(s.qualname, s.overload)) for s in registry
-               if s.proxy_for is None}
-    targets.update({s.proxy_for: (s.overload, specialisation_check(s.qualname, s.overload)) for s in registry
-                    if isinstance(s.proxy_for, torch_compat.OpOverload)})
-    return targets
+    return {op: (s.overload, specialisation_check(s.qualname, s.overload)) for s in registry
+            if (op := s.origin.recorded(s.overload)) is not None}
 
 
 def function_routes(registry: Registry) -> dict:
     """``{Function class: export forward}`` for each ``torch.autograd.Function`` the registry bridges
     (``bridge.core.functions``): during torch.export its call is recorded as the op's node. A Function
     registered before a call told its node (``registry.deferred``) is described at its first call."""
-    routes = {s.proxy_for.cls: _route(s, registry) for s in registry if isinstance(s.proxy_for, FunctionBridge)}
+    routes = {fb.cls: _route(s, registry) for s in registry if (fb := s.origin.function) is not None}
     routes.update((cls, _first_call(cls, registry)) for cls in registry.deferred if isinstance(cls, type))
     return routes
 
@@ -152,7 +149,13 @@ def _first_call(cls: type, registry: Registry) -> Callable:
 
 
 def _route(spec, registry: Registry) -> Callable:
-    return export_forward(spec.proxy_for.cls, FunctionCalls(registry, spec.qualname), spec.proxy_for)
+    return export_forward(FunctionCalls(registry, spec.qualname), _function(spec))
+
+
+def _function(spec) -> FunctionBridge:
+    fb = spec.origin.function
+    assert fb is not None  # NOTE: asked of a Function's record only
+    return fb
 
 
 def symbolic_calls(registry: Registry, routes: dict[type, Callable]):
@@ -363,14 +366,14 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
 def _function_names(registry: Registry) -> dict[tuple[str, str], str]:
     """The name each Function's node gives its outputs: its op type (a standard-op symbolic's: its class's
     name), in snake case."""
-    return {(s.domain, s.name): snake_case(s.proxy_for.cls.__name__ if s.proxy_for.inline else s.name)
-            for s in registry if isinstance(s.proxy_for, FunctionBridge)}
+    return {(s.domain, s.name): snake_case(fb.cls.__name__ if fb.inline else s.name)
+            for s in registry if (fb := s.origin.function) is not None}
 
 
 def _inlined(registry: Registry) -> set[tuple[str, str]]:
     """(domain, name) of the ops whose nodes the file holds as their bodies: standard-op symbolics registered
     without name= (``FunctionBridge.inline``)."""
-    return {(s.domain, s.name) for s in registry if isinstance(s.proxy_for, FunctionBridge) and s.proxy_for.inline}
+    return {(s.domain, s.name) for s in registry if (fb := s.origin.function) is not None and fb.inline}
 
 
 def inline_symbolic_ops(proto: onnx.ModelProto, registry: Registry) -> tuple[onnx.ModelProto, tuple[str, ...]]:
@@ -380,7 +383,7 @@ def inline_symbolic_ops(proto: onnx.ModelProto, registry: Registry) -> tuple[onn
     ops = _inlined(registry) & {(n.domain, n.op_type) for n in custom_nodes(proto)}
     if not ops:
         return proto, ()
-    written = tuple(sorted(class_name(s.proxy_for.cls) for s in registry if (s.domain, s.name) in ops))
+    written = tuple(sorted(class_name(_function(s).cls) for s in registry if (s.domain, s.name) in ops))
     flat = onnx.inliner.inline_selected_functions(proto, [*ops], exclude=False)
     used = {(f.domain, f.name) for f in flat.functions}
     keep = [f for f in flat.functions if (f.domain, f.name) not in ops]

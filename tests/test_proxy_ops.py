@@ -424,7 +424,7 @@ def test_names_apply_to_an_op_with_kernels_of_its_own(registry, fresh_name):
     calls = []
     op_ = bridge.register(name, fake=lambda x, s: calls.append(s) or torch.empty_like(x),
                           names={"_0": "x", "_1": "scale"}, registry=registry)
-    assert [p.name for p in op_.spec.params] == ["x", "scale"] and op_.spec.proxy_for is not None
+    assert [p.name for p in op_.spec.params] == ["x", "scale"] and op_.spec.origin.proxied
 
     class M(torch.nn.Module):
         def forward(self, x):

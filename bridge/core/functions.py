@@ -821,7 +821,7 @@ def define_proxy(fb: FunctionBridge) -> Any:
                            traced=True)
 
 
-def export_forward(cls: type, at_call: Callable[[Mapping[str, Any]], tuple[FunctionBridge, Any, Callable]],
+def export_forward(at_call: Callable[[Mapping[str, Any]], tuple[FunctionBridge, Any, Callable]],
                    fb: FunctionBridge) -> Callable:
     """What ``cls.forward`` is during export: the call recorded as one node. ``at_call(values)`` gives, for
     ``forward``'s arguments of this call, the node typed for them, its proxy op and the argument check."""

@@ -32,6 +32,7 @@ from bridge.core.functions import (
     is_function_class,
     record_body,
 )
+from bridge.core.origins import Existing, FunctionClass, Proxied, RegisteredSymbolicOp, TorchbindMethod
 from bridge.core.proxy import (
     class_schemas,
     define_method_proxy,
@@ -420,12 +421,12 @@ def register(
         raise OpBridgeError(f"{qualname}: attributes= names a torchbind object's state. Got it for an op. Drop it: "
                             "an op's attributes come from its schema.")
     custom = op if torch_compat.is_custom_op_def(op) else None
-    target, proxy_for = _torch_side(qualname, overload, custom, fake, names)
-    signature = parse_params(qualname, torch_compat.schema_of(overload if proxy_for is None else target))
+    target, origin = _torch_side(qualname, overload, custom, fake, names)
+    signature = parse_params(qualname, torch_compat.schema_of(target if origin.proxied else overload))
     reg.add(_spec(qualname, target, signature, domain=domain or overload.namespace, version=version,
                   function=function, reference=reference, sample_inputs=sample_inputs, dtypes=dtypes,
-                  translation=translation, checks=checks, doc=f"{qualname} (existing op, bridged)",
-                  torchbind=tuple(torchbind), proxy_for=proxy_for,
+                  translation=translation, checks=checks, doc=origin.describe(qualname),
+                  torchbind=tuple(torchbind), origin=origin,
                   native_source=resolve_native(native, base, qualname)))
     return BridgeOp(qualname, reg, custom)
 
@@ -444,14 +445,14 @@ def _spec(qualname: str, custom_op: Any, signature: tuple, *, domain: str, versi
 
 
 def _torch_side(qualname: str, overload, custom, fake: Callable | None, names: dict[str, str] | None) -> tuple:
-    """(the op export records, the original when that is a proxy): the fake registered or checked,
+    """(the op export records, its origin: ``Proxied`` when that is a proxy): the fake registered or checked,
     a proxy op defined where torch cannot keep the op opaque or ``names=`` renames it."""
     target = custom if custom is not None else overload
     composite = custom is None and is_composite_only(overload)
     if composite and fake is not None:
         # NOTE: torch refuses a fake for a composite-only op and export traces into its (C++)
         # code; a proxy op carries the fake and export records the call through it.
-        return define_op_proxy(overload, fake, names), overload
+        return define_op_proxy(overload, fake, names), Proxied(op=overload)
     if composite and names:
         raise OpBridgeError(f"{qualname}: names= renames through a proxy op, which a composite-only op gets with its "
                             "fake. Got names= without fake=. Pass fake= as well.")
@@ -465,8 +466,8 @@ def _torch_side(qualname: str, overload, custom, fake: Callable | None, names: d
                             f"none. Pass fake= to bridge.register, or call torch.library.register_fake({qualname!r}).")
     if names:
         # NOTE: readable names for an op with kernels of its own: a proxy whose fake is the op's own
-        return define_op_proxy(overload, overload, names), overload
-    return target, None
+        return define_op_proxy(overload, overload, names), Proxied(op=overload)
+    return target, Existing()
 
 
 def _register_function(cls: type, *, function, reference, sample_inputs, native, fake, dtypes, version, name,
@@ -477,7 +478,7 @@ def _register_function(cls: type, *, function, reference, sample_inputs, native,
     ``call``: that call's arguments)."""
     if name is not None:
         validate_qualname(name)
-    taken = next((s for s in registry if getattr(s.proxy_for, "cls", None) is cls), None)
+    taken = registry.for_function(cls)
     if taken is not None or (call is None and cls in registry.deferred):
         raise OpBridgeError(f"{class_name(cls)} is already registered{f' (as {taken.qualname})' if taken else ''}. "
                             "Got a second bridge.register. Register it once.")
@@ -525,7 +526,7 @@ def _register_symbolic(origin: RegisteredSymbolic, *, function, reference, sampl
                                    name=None, use_symbolic=True)
     if needs_call(cls):
         if samples is None:
-            if cls in registry.deferred or any(getattr(spec.proxy_for, "cls", None) is cls for spec in registry):
+            if cls in registry.deferred or registry.for_function(cls) is not None:
                 raise OpBridgeError(f"{origin.qualname} is already registered. Got a second bridge.register. "
                                     "Register it once.")
             call_defaults(cls, {})  # NOTE: the first call in an export gives them (exporters.export)
@@ -546,7 +547,7 @@ class PendingFunction(BridgeOp):
 
     @property
     def spec(self) -> OpSpec:
-        found = next((s for s in self._registry if getattr(s.proxy_for, "cls", None) is self.cls), None)
+        found = self._registry.for_function(self.cls)
         if found is None:
             raise OpBridgeError(f"{class_name(self.cls)}: its node is described at its first call in an export. Got "
                                 "no export of a model calling it yet. Export one (bridge.export), or register it "
@@ -570,20 +571,15 @@ def _function_spec(fb, *, version: int, function, reference, sample_inputs, dtyp
     """The record of a Function's node ``fb``: its proxy op and the user's pieces, written against ``apply``'s
     arguments (reference, samples), called with the node's."""
     proxy = define_proxy(fb)
+    symbolic = origin_of(fb.cls)
+    origin = FunctionClass(fb) if symbolic is None else RegisteredSymbolicOp(fb, symbolic)
     return _spec(fb.qualname, proxy, parse_params(fb.qualname, torch_compat.schema_of(proxy)), domain=fb.domain,
                  version=version, function=function,
                  reference=None if reference is None else _via_apply(fb, reference),
                  sample_inputs=None if sample_inputs is None else _samples_via_apply(fb, sample_inputs),
                  dtypes=dtypes, translation=None, checks=None,
-                 doc=_function_doc(fb.cls), proxy_for=fb, onnx_name=fb.op_type,
+                 doc=origin.describe(fb.qualname), origin=origin, onnx_name=fb.op_type,
                  native_source=native)
-
-
-def _function_doc(cls: type) -> str:
-    origin = origin_of(cls)
-    if origin is not None:
-        return f"{origin.qualname} (its symbolic {origin.symbolic_name}, registered with torch.onnx, bridged)"
-    return f"{class_name(cls)} (torch.autograd.Function, bridged)"
 
 
 class FunctionCalls:
@@ -598,7 +594,8 @@ class FunctionCalls:
 
     def __call__(self, values) -> tuple:
         spec = self.registry.get(self.qualname)
-        fb = spec.proxy_for
+        fb = spec.origin.function
+        assert fb is not None  # NOTE: FunctionCalls is made for a Function's record only
         node = fb.for_call(values)
         if self.schema is not None and node.schema != self.schema:
             raise OpBridgeError(
@@ -660,14 +657,15 @@ def _register_method(target: str, *, function, reference, sample_inputs, fake, d
     if fake is None:
         raise OpBridgeError(f"{target} needs a fake (meta) kernel for export. Got neither fake= nor a fake class. "
                             f"Pass fake=(tensors..., {', '.join(attributes)}) -> empty outputs.")
+    origin = TorchbindMethod(target)
     proxy = define_method_proxy(target, attributes, fake, names)
     ensure_fake_class(class_name, method, proxy, attributes)
     ns, _, cls_name = class_name.partition("::")
     registry.add(_spec(target, proxy, parse_params(target, torch_compat.schema_of(proxy)), domain=domain or ns,
                        version=version, function=function, reference=reference, sample_inputs=sample_inputs,
                        dtypes=dtypes, translation=translation, checks=checks,
-                       doc=f"{target} (torchbind method, bridged)", onnx_name=f"{cls_name}_{method}",
-                       torchbind=(target,), proxy_for=target, native_source=native))
+                       doc=origin.describe(target), onnx_name=f"{cls_name}_{method}",
+                       torchbind=(target,), origin=origin, native_source=native))
     return BridgeOp(target, registry)
 
 

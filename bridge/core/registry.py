@@ -102,7 +102,11 @@ class Registry:
         """The spec of a torch OpOverload (a declared op or a functional twin), if registered."""
         name = overload.name().split(".")[0] if hasattr(overload, "name") else ""  # NOTE: no op or twin is named ""
         return (self._ops.get(name) or next((t for t in self._twins.values() if t.qualname == name), None)
-                or next((s for s in self._ops.values() if s.proxy_for is not None and s.overload == overload), None))
+                or next((s for s in self._ops.values() if s.origin.proxied and s.overload == overload), None))
+
+    def for_function(self, cls: type) -> OpSpec | None:
+        """The record of the ``torch.autograd.Function`` class ``cls``, if registered."""
+        return next((s for s in self._ops.values() if (fb := s.origin.function) is not None and fb.cls is cls), None)
 
     def check_free(self, qualname: str) -> None:
         """Raise if ``qualname`` is taken: a second declaration is an error, not an override."""

@@ -22,6 +22,7 @@ from onnxscript import values
 
 from bridge.core import torch_compat
 from bridge.core.errors import OpBridgeError
+from bridge.core.origins import Declared, Origin
 from bridge.core.schema import build_onnx_schema
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -165,9 +166,7 @@ class OpSpec:
     onnx_name: str = ""  # the ONNX op_type; defaults to the torch name
     torchbind: tuple[str, ...] = ()  # "ns::Class.method" calls this op stands for (state -> attributes)
     native_source: str | None = None  # the op's C++ kernel file, if not ort_kernels/cpu/<name>.cc
-    # the op (OpOverload) or torchbind method ("ns::Class.method") that ``custom_op``, a bridge proxy
-    # op (bridge.core.proxy), stands for; None when ``custom_op`` is the op itself
-    proxy_for: Any = None
+    origin: Origin = Declared()  # the form the op was given in (bridge.core.origins)
     checks: Any = None  # bridge.core.checks.Checks: the input checks every tier applies
 
     def __post_init__(self):  # NOTE: function= as given (onnxscript, a builder function) becomes a typed Body
@@ -185,7 +184,7 @@ class OpSpec:
 
     @property
     def overload(self) -> torch_compat.OpOverload:
-        """The torch op the exported graph calls (a proxy's, for ``proxy_for`` ops)."""
+        """The torch op the exported graph calls (a proxy's, for ``origin.proxied`` ops)."""
         return torch_compat.overload_of(self.custom_op) or self.custom_op
 
     @property
@@ -207,7 +206,7 @@ class OpSpec:
 
     @property
     def has_autograd(self) -> bool:
-        backward = getattr(self.proxy_for, "has_backward", None)  # NOTE: a torch.autograd.Function's own
+        backward = self.origin.has_backward  # NOTE: a torch.autograd.Function's own
         if backward is not None:
             return backward
         if hasattr(self.custom_op, "_backward_fn"):

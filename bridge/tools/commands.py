@@ -25,7 +25,7 @@ import torch
 
 from bridge.core import cppbuild, files
 from bridge.core.errors import OpBridgeError
-from bridge.core.functions import FunctionBridge, class_name
+from bridge.core.functions import class_name
 from bridge.core.graphs import nonstandard_ops
 from bridge.core.progress import enable as enable_progress
 from bridge.core.progress import format_table
@@ -171,7 +171,7 @@ def _op_row(spec, thorough: bool) -> dict:
                            if runs[name] and (why := tier.why_not(onnx_spec, d, thorough=thorough))}
                     for name, tier in tiers.TIERS.items()},
         "missing": REGISTRY.missing(spec),
-        "function_class": class_name(spec.proxy_for.cls) if isinstance(spec.proxy_for, FunctionBridge) else None,
+        "function_class": class_name(fb.cls) if (fb := spec.origin.function) is not None else None,
     }
 
 

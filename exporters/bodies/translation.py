@@ -70,7 +70,7 @@ def torch_translation(spec: OpSpec):
     >>> torch_translation(bridge.REGISTRY.get("opbridge::crop")) is None
     True
     """
-    if spec.function is not None or spec.custom_translation is not None or spec.proxy_for is not None:
+    if spec.function is not None or spec.custom_translation is not None or spec.origin.proxied:
         return None
     return torchlib_translation(spec.qualname)
 
