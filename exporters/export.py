@@ -18,7 +18,15 @@ import torch
 
 from bridge.core import files, torch_compat
 from bridge.core.errors import OpBridgeError
-from bridge.core.functions import FunctionBridge, class_name, export_forward, function_classes, swap_forwards
+from bridge.core.functions import (
+    Declined,
+    FunctionBridge,
+    class_name,
+    dispatched,
+    export_forward,
+    function_classes,
+    swap_forwards,
+)
 from bridge.core.graphs import (
     custom_nodes,
     fold_function_type_probes,
@@ -192,11 +200,14 @@ class _Watch:
 
     def __init__(self, registry: Registry, register_functions: bool):
         self.registry, self.register_functions = registry, register_functions
-        self.registered: dict[type, Callable] = {}
+        self.registered: dict[type, Callable | None] = {}
 
     def __call__(self, cls: type, args: tuple, kwargs: dict) -> Callable | None:
         if cls in self.registered:
             return self.registered[cls]
+        if dispatched(cls):
+            self.registered[cls] = route = self._dispatched(cls, args, kwargs)
+            return route
         if not self.register_functions:
             if cls not in _WARNED_FUNCTIONS:
                 _WARNED_FUNCTIONS.add(cls)
@@ -207,6 +218,24 @@ class _Watch:
             return None
         self.registered[cls] = route = _route(register(cls, registry=self.registry).spec, self.registry)
         return route
+
+    def _dispatched(self, cls: type, args: tuple, kwargs: dict) -> Callable | None:
+        """A Function the symbolic registered for ``prim::PythonOp`` exports (as the TorchScript exporter did):
+        registered (described from this call where it needs one), with a warning once; None (traced as plain
+        torch code) where that symbolic passes it by."""
+        try:
+            op = register(cls, registry=self.registry)
+            spec = described(cls, self.registry, args, kwargs) if cls in self.registry.deferred else op.spec
+        except Declined:
+            self.registry.deferred.pop(cls, None)
+            return None
+        if cls not in _WARNED_FUNCTIONS:
+            _WARNED_FUNCTIONS.add(cls)
+            warnings.warn(f"opbridge: {class_name(cls)} is exported as the node the symbolic registered with "
+                          "torch.onnx.register_custom_op_symbolic('prim::PythonOp', ...) writes for it, as the "
+                          "TorchScript exporter did; torch.onnx.export(dynamo=True) alone ignores that symbolic.",
+                          stacklevel=2)
+        return _route(spec, self.registry)
 
 
 DEFAULT_REWRITES: tuple[Callable, ...] = (torchbind_to_ops, functionalize_mutations)

@@ -211,6 +211,96 @@ def _static(cls: type, name: str) -> Callable | None:
     return fn.__func__ if isinstance(fn, staticmethod) else fn
 
 
+class Declined(OpBridgeError):
+    """The symbolic registered for ``prim::PythonOp`` writes nothing for this Function (it returned None or
+    raised torch.onnx's "Unsupported" for the class's name)."""
+
+
+# (class, registered symbolic) -> the symbolic a call of the class runs (one object per pair: bodies key on it)
+_DISPATCHED: dict[tuple[type, Callable], Callable] = {}
+
+
+def symbolic_of(cls: type) -> Callable | None:
+    """The symbolic the TorchScript exporter ran for a call of ``cls``: its own ``symbolic``, else the one
+    registered with ``torch.onnx.register_custom_op_symbolic("prim::PythonOp", ...)`` (which dispatches on the
+    class's name, ``kwargs["name"]`` or ``g.original_node.pyname()``), else None.
+
+    Example:
+        >>> class Twice(torch.autograd.Function):
+        ...     @staticmethod
+        ...     def forward(ctx, x):
+        ...         return x * 2
+        >>> symbolic_of(Twice) is None  # no symbolic, none registered for prim::PythonOp
+        True
+    """
+    own = _static(cls, "symbolic")
+    if own is not None:
+        return own
+    dispatcher = torch_compat.registered_symbolic("prim::PythonOp", SYMBOLIC_OPSET)
+    if dispatcher is None or str(cls.__module__).startswith("torch."):
+        return None
+    return _DISPATCHED.setdefault((cls, dispatcher), _dispatched(cls, dispatcher))
+
+
+def symbolic_name(cls: type) -> str:
+    """How messages name the symbolic of ``cls`` (:func:`symbolic_of`)."""
+    if not dispatched(cls):
+        return f"{class_name(cls)}.symbolic"
+    dispatcher = torch_compat.registered_symbolic("prim::PythonOp", SYMBOLIC_OPSET)
+    return (f"the symbolic registered for prim::PythonOp ({getattr(dispatcher, '__module__', '?')}."
+            f"{getattr(dispatcher, '__qualname__', '?')}) for {class_name(cls)}")
+
+
+def dispatched(cls: type) -> bool:
+    """Is the symbolic of ``cls`` the one registered for ``prim::PythonOp`` (it has none of its own)?"""
+    return _static(cls, "symbolic") is None and symbolic_of(cls) is not None
+
+
+def _dispatched(cls: type, dispatcher: Callable) -> Callable:
+    """``dispatcher`` (a ``prim::PythonOp`` symbolic) as the symbolic of ``cls``: called as the TorchScript
+    exporter called it, ``dispatcher(g, *args, inplace=0, module=..., name=...)`` with ``g.original_node`` the
+    call's node (:class:`PythonOpNode`)."""
+    attributes = {"inplace": 0, "module": cls.__module__, "name": cls.__name__}
+
+    def symbolic(g, *args):
+        g.original_node = PythonOpNode(cls, torch_compat.python_op_node(g, args, attributes))
+        try:
+            out = dispatcher(g, *args, **attributes)
+        except Exception as e:
+            if str(e).startswith("Unsupported: ONNX export of operator"):
+                raise Declined(f"{class_name(cls)}: the symbolic registered for prim::PythonOp does not export it. "
+                               f"Got {str(e).splitlines()[0][:200]}. Give the class a symbolic, or register it "
+                               "with name= and function=.") from None
+            raise
+        if out is None:
+            raise Declined(f"{class_name(cls)}: the symbolic registered for prim::PythonOp writes nothing for it. "
+                           "Got None. Give the class a symbolic, or register it with name= and function=.")
+        return out
+    symbolic.__qualname__ = f"{getattr(dispatcher, '__qualname__', 'symbolic')}[{cls.__name__}]"
+    return symbolic
+
+
+class PythonOpNode:
+    """The ``prim::PythonOp`` node a ``prim::PythonOp`` symbolic reads as ``g.original_node``: a TorchScript
+    node with the call's tensor inputs and the attributes ``inplace``, ``module``, ``name``, whose ``pyname()``
+    is the class's name. Its outputs are what the symbolic writes, so reading them is refused."""
+
+    def __init__(self, cls: type, node: Any):
+        self._cls, self._node = cls, node
+
+    def pyname(self) -> str:
+        return self._cls.__name__
+
+    def kind(self) -> str:
+        return "prim::PythonOp"
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("outputs", "output", "outputsSize", "outputsAt"):
+            raise _Unsupported(f"g.original_node.{name}() (the prim::PythonOp's outputs, which are what the symbolic "
+                               "writes)")
+        return getattr(self._node, name)
+
+
 def original_forward(cls: type) -> Callable | None:
     """The Function's own ``forward`` (a plain function), also while :func:`swap_forwards` replaces it."""
     return _SWAPPED[cls][0] if cls in _SWAPPED else _static(cls, "forward")
@@ -327,7 +417,7 @@ class FunctionBridge:
         if attrs == self.attrs and containers == dict(self.containers):
             return self
         fb = dataclasses.replace(self, attrs=attrs, containers=tuple(containers.items()))
-        symbolic = _static(self.cls, "symbolic")
+        symbolic = symbolic_of(self.cls)
         return fb if self.body is None or symbolic is None else dataclasses.replace(fb, body=_builder(fb, symbolic))
 
     def to_node(self, values: Mapping[str, Any]) -> list:
@@ -425,17 +515,18 @@ def _run_symbolic(cls: type, symbolic: Callable, args: list) -> tuple[Recorder, 
         if isinstance(cause, (OpBridgeError, _NeedsValue, _IsTensor)):
             raise cause from None
         if isinstance(cause, _Unsupported):
-            raise _symbolic_error(cls, "uses g.op in a way opbridge cannot read", str(cause)) from None
+            raise _symbolic_error(cls, "uses torch.onnx's graph context in a way opbridge cannot read", str(cause)) \
+                from None
         raise
     if not all(any(o in n.outputs for n in rec.nodes) for o in outs):
-        raise OpBridgeError(f"{class_name(cls)}.symbolic must return the values g.op gave. Got {outs!r}. Return "
+        raise OpBridgeError(f"{symbolic_name(cls)} must return the values g.op gave. Got {outs!r}. Return "
                             "the output(s) of its g.op calls.")
     return rec, outs
 
 
 def _symbolic_error(cls: type, what: str, cause: str) -> OpBridgeError:
     return OpBridgeError(
-        f"{class_name(cls)}.symbolic {what}, which opbridge cannot read back into the call of forward. Got {cause}. "
+        f"{symbolic_name(cls)} {what}, which opbridge cannot read back into the call of forward. Got {cause}. "
         "Write the node with g.op only, passing forward's tensors as inputs and its other arguments (or their "
         "elements, x[0]) as attributes; or register with symbolic=False, name='ns::op' and function=... .")
 
@@ -467,8 +558,13 @@ def describe(cls: type, *, name: str | None = None, use_symbolic: bool = True,
         raise OpBridgeError(f"{class_name(cls)}.forward takes *args/**kwargs ({bad}); a node needs named arguments. "
                             "Got a variadic forward. Name each argument.")
     base: dict[str, Any] = dict(cls=cls, forward=forward, setup_style=setup_style(cls), params=tuple(params))
-    symbolic = _static(cls, "symbolic") if use_symbolic else None
-    read = None if symbolic is None else _read_symbolic(cls, symbolic, params, sample)
+    symbolic = symbolic_of(cls) if use_symbolic else None
+    try:
+        read = None if symbolic is None else _read_symbolic(cls, symbolic, params, sample)
+    except Declined:
+        if _static(cls, "symbolic") is not None or name is None:
+            raise
+        symbolic, read = None, None  # NOTE: the prim::PythonOp symbolic passes it by; name= names its node
     if read is not None and any(is_custom(n.domain) for n in read[0].nodes):
         found = _from_symbolic(cls, *read, params)
         if name is not None:
@@ -498,13 +594,13 @@ def symbolic_raised(cls: type, args: Sequence, opset: int, cause: str) -> OpBrid
     constant = _CONSTANT.search(cause)
     if constant is not None:
         return OpBridgeError(
-            f"{class_name(cls)}.symbolic reads tensor argument '{constant.group(1)}' as a constant (parse_args 't', "
+            f"{symbolic_name(cls)} reads tensor argument '{constant.group(1)}' as a constant (parse_args 't', "
             "_get_const, .numel() on it), as the TorchScript exporter could for a module's buffer; opbridge gives a "
             f"symbolic tensors as graph inputs only. Got {cause.splitlines()[0][:200]}. Pass that value as a Python "
             "number or list (an attribute), or register with name= and function= (a body of your own).")
     shown = ["<tensor>" if isinstance(a, torch_compat.GraphInput) else f"<{a!r}: a call's value>"
              if isinstance(a, _Arg) else a for a in args]
-    return OpBridgeError(f"{class_name(cls)}.symbolic raised when run (as the TorchScript exporter runs it, at opset "
+    return OpBridgeError(f"{symbolic_name(cls)} raised when run (as the TorchScript exporter runs it, at opset "
                          f"{opset}) with the arguments {shown}. Got {cause.splitlines()[0][:300]}. Fix the symbolic "
                          f"for these arguments, or call {cls.__name__}.apply with values it accepts.")
 
@@ -525,6 +621,8 @@ def _read_symbolic(cls, symbolic, params, sample) -> tuple[Recorder, list]:
         except _IsTensor as e:
             tensors.add(e.name)
             continue
+        except Declined:
+            raise  # NOTE: the prim::PythonOp symbolic passes the class by its name, whatever the values
         except _NeedsValue as e:
             if needs is not None:
                 raise NeedsCall(cls, f"it computes with {e}, whose value the registration does not know") from None
@@ -759,7 +857,7 @@ def _body(fb: FunctionBridge, symbolic: Callable, values: Mapping[str, Any],
         if invalid is None:
             return Written(_as_function(fb, graph, opset))
         why.append(invalid)
-    raise OpBridgeError(f"{class_name(fb.cls)}.symbolic writes nodes that are valid ONNX at neither opset "
+    raise OpBridgeError(f"{symbolic_name(fb.cls)} writes nodes that are valid ONNX at neither opset "
                         f"{SYMBOLIC_OPSET} nor {LEGACY_OPSET}, so no model opset can hold them. Got {'; '.join(why)}. "
                         "Write the node as the ONNX operator documentation gives it for one of those opsets.")
 
@@ -838,7 +936,7 @@ def record_body(fb: FunctionBridge, values: Mapping[str, Any]) -> None:
     """For a standard-op symbolic's node: the body for the call ``values`` (forward's arguments), built with
     the call's tensor types and kept for the node's attribute values (the builder gives it); one call whose
     types give the same values another body is refused, as one node cannot hold two."""
-    symbolic = _static(fb.cls, "symbolic")
+    symbolic = symbolic_of(fb.cls)
     if fb.body is None or symbolic is None:
         return
     attrs = {a.name: a.of(values) for a in fb.attrs}
@@ -847,7 +945,7 @@ def record_body(fb: FunctionBridge, values: Mapping[str, Any]) -> None:
     seen = fb.bodies.setdefault(key, body)
     if seen.to_function_proto().SerializeToString() != body.to_function_proto().SerializeToString():
         raise OpBridgeError(
-            f"{class_name(fb.cls)}.symbolic writes other ops for inputs of other types with the same attribute "
+            f"{symbolic_name(fb.cls)} writes other ops for inputs of other types with the same attribute "
             f"values {attrs}, and one {fb.qualname} node holds one body for them. Got two calls whose tensors "
             "differ in dtype or rank. Call it with one dtype per set of values, or register with name= and "
             "function= (a body of your own).")
@@ -870,7 +968,7 @@ def check_written(fb: FunctionBridge, values: Mapping[str, Any], opset: int = SY
     symbolic writes for that call on torch.onnx's own TorchScript graph context (what
     ``torch.onnx.export(dynamo=False)`` writes): its domain, type, inputs and attributes (names, types,
     values)."""
-    symbolic = _static(fb.cls, "symbolic")
+    symbolic = symbolic_of(fb.cls)
     if symbolic is None or not fb.symbolic_node:
         return
     args = [_graph_input(p.name, values[p.name]) if isinstance(values[p.name], torch.Tensor) else values[p.name]
@@ -896,7 +994,7 @@ def check_written(fb: FunctionBridge, values: Mapping[str, Any], opset: int = SY
                      f"the node read first holds {mine!r}: it computes the attribute from something other than "
                      "forward's arguments (an input's type), and one node type holds one value")
             raise OpBridgeError(
-                f"{class_name(fb.cls)}.symbolic writes attribute '{name}' = {its!r} for this call, where {where}. Got "
+                f"{symbolic_name(fb.cls)} writes attribute '{name}' = {its!r} for this call, where {where}. Got "
                 f"the call { {k: v for k, v in values.items() if not isinstance(v, torch.Tensor)} }. Pass the "
                 "argument to g.op as it is (or an element of it), or register with symbolic=False, name='ns::op'.")
     if (node.domain, node.op_type, list(node.input)) != (fb.domain, fb.op_type, inputs):
@@ -919,13 +1017,14 @@ def _same_attribute(mine: Any, its: Any) -> bool:
 
 
 def function_classes() -> list[type]:
-    """Every ``torch.autograd.Function`` subclass loaded in this process that has a ``symbolic``."""
+    """Every ``torch.autograd.Function`` subclass loaded in this process that has a ``symbolic`` (its own, or
+    the one registered for ``prim::PythonOp``: :func:`symbolic_of`)."""
     def below(cls: type) -> Iterator[type]:
         sub: type
         for sub in cls.__subclasses__():
             yield sub
             yield from below(sub)
-    return sorted({cls for cls in below(torch.autograd.Function) if _static(cls, "symbolic") is not None},
+    return sorted({cls for cls in below(torch.autograd.Function) if symbolic_of(cls) is not None},
                   key=class_name)
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 # NOTE: importing the ops package fills onnxscript's torch_lib registry (onnxscript 0.5-0.7)
@@ -344,6 +344,20 @@ if TORCHSCRIPT:
             def write(*inputs, outputs=outputs, **attributes):
                 return super(_HookedContext, self).op(opname, *inputs, outputs=outputs, **attributes)
             return self.hook(write, opname, raw_args, outputs, kwargs)
+
+
+def python_op_node(g: Any, args: Sequence, attributes: Mapping[str, Any]) -> Any:
+    """A node on ``g``'s graph (not inserted) with the graph values in ``args`` as inputs and ``attributes`` (str:
+    ``s``, int: ``i``), as a ``prim::PythonOp`` symbolic reads the node it converts. Its kind is
+    ``opbridge::PythonOp``: torch's methods of a real ``prim::PythonOp`` (``pyname``, ``scalar_args``) then refuse
+    it rather than read memory it does not have."""
+    node = g.graph.create("opbridge::PythonOp", [a for a in args if isinstance(a, torch._C.Value)], 0)
+    for key, value in attributes.items():
+        if isinstance(value, str):
+            node.s_(key, value)
+        else:
+            node.i_(key, value)
+    return node
 
 
 def registered_symbolic(qualname: str, opset: int) -> Callable | None:
