@@ -343,6 +343,12 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
             violation = constraint_violation(e, model, args, kwargs, dynamic_shapes)
             if violation is not None:
                 raise violation from e
+            if "fake tensor in the exported program constant" in str(e):
+                raise OpBridgeError(
+                    "torch.export cannot trace a value the model takes from a tensor's .data (pytorch-quantization's "
+                    "TensorQuantizer reads its amax buffer as self._amax.data): the value is cut from the graph, "
+                    f"and torch.export refuses it. Got: {str(e).splitlines()[0].rstrip('.')}. Read it with "
+                    ".detach() instead (newer TensorQuantizers do so under export).") from e
             if "data is not allocated" not in str(e):
                 raise
             raise OpBridgeError(

@@ -605,3 +605,22 @@ def test_pytorch_quantization_amax_read_as_a_constant_is_named(reg):
     with pytest.raises(bridge.OpBridgeError, match=r"FakeTensorQuantFunction\.symbolic reads tensor argument 'amax' "
                                                    r"as a constant .* Pass that value as a Python number"):
         bridge.export(TensorQuantizer(), (torch.randn(3, 4),), registry=reg)
+
+
+class DataTensorQuantizer(TensorQuantizer):
+    """pytorch-quantization's TensorQuantizer before its export mode: ``_get_amax`` reads ``self._amax.data``."""
+
+    def forward(self, x):
+        amax = self._amax.data
+        if amax.dtype not in (torch.double, torch.float):
+            amax = amax.float()
+        return FakeTensorQuantFunction.apply(x, amax, 8, False, False)
+
+
+def test_pytorch_quantization_amax_data_names_dot_data_and_detach(reg):
+    """``.data`` cuts the value from torch.export's graph, which then refuses it from inside torch; the error says
+    what the model does and the fix (a registered FakeTensorQuantFunction stops before, at its symbolic)."""
+    with warnings.catch_warnings(), pytest.raises(bridge.OpBridgeError, match=r"a tensor's \.data .*self\._amax\.data.* Read it with "
+                                                   r"\.detach\(\) instead"):
+        warnings.simplefilter("ignore")  # NOTE: the unregistered Function's symbolic is not used (warned once)
+        bridge.export(DataTensorQuantizer(), (torch.randn(3, 4),), registry=reg)
