@@ -31,6 +31,7 @@ from torch.onnx import symbolic_helper
 from vision_ops import deform_conv2d
 
 import bridge
+from bridge.core.graphs import custom_nodes
 
 B = torch.export.Dim("batch")
 
@@ -624,3 +625,80 @@ def test_pytorch_quantization_amax_data_names_dot_data_and_detach(reg):
                                                    r"\.detach\(\) instead"):
         warnings.simplefilter("ignore")  # NOTE: the unregistered Function's symbolic is not used (warned once)
         bridge.export(DataTensorQuantizer(), (torch.randn(3, 4),), registry=reg)
+
+
+# -- mmcv 2.x mmcv/ops/roi_align_rotated.py: a symbolic that checks its arguments, and writes output_width_i=out_h --
+class RoIAlignRotatedFunction(Function):
+    @staticmethod
+    def symbolic(g, input, rois, output_size, spatial_scale, sampling_ratio, aligned, clockwise):
+        if isinstance(output_size, int):
+            out_h = output_size
+            out_w = output_size
+        elif isinstance(output_size, tuple):
+            assert len(output_size) == 2
+            assert isinstance(output_size[0], int)
+            assert isinstance(output_size[1], int)
+            out_h, out_w = output_size
+        else:
+            raise TypeError('"output_size" must be an integer or tuple of integers')
+        return g.op("mmcv::MMCVRoIAlignRotated", input, rois, output_height_i=out_h, output_width_i=out_h,
+                    spatial_scale_f=spatial_scale, sampling_ratio_i=sampling_ratio, aligned_i=aligned,
+                    clockwise_i=clockwise)
+
+    @staticmethod
+    def forward(ctx, input, rois, output_size, spatial_scale, sampling_ratio=0, aligned=True, clockwise=False):
+        ctx.output_size = _pair(output_size)  # NOTE: mmcv's compiled kernel stood in by pooling each roi's image
+        pooled = torch.nn.functional.adaptive_avg_pool2d(input, list(ctx.output_size)) * spatial_scale
+        return pooled[rois[:, 0].long()] + rois[:, 5, None, None, None]
+
+
+class FixedRoIAlignRotatedFunction(RoIAlignRotatedFunction):
+    """The same Function with the symbolic writing output_width_i=out_w."""
+
+    @staticmethod
+    def symbolic(g, input, rois, output_size, spatial_scale, sampling_ratio, aligned, clockwise):
+        out_h, out_w = (output_size, output_size) if isinstance(output_size, int) else output_size
+        return g.op("mmcv::MMCVRoIAlignRotated", input, rois, output_height_i=out_h, output_width_i=out_w,
+                    spatial_scale_f=spatial_scale, sampling_ratio_i=sampling_ratio, aligned_i=aligned,
+                    clockwise_i=clockwise)
+
+
+class RoIAlignRotated(torch.nn.Module):
+    def __init__(self, function, output_size, spatial_scale, sampling_ratio=0, aligned=True, clockwise=False):
+        super().__init__()
+        self.function, self.output_size, self.spatial_scale = function, _pair(output_size), float(spatial_scale)
+        self.sampling_ratio, self.aligned, self.clockwise = int(sampling_ratio), aligned, clockwise
+
+    def forward(self, input, rois):
+        return self.function.apply(input, rois, self.output_size, self.spatial_scale, self.sampling_ratio,
+                                   self.aligned, self.clockwise)
+
+
+ROTATED_ARGS = (torch.randn(2, 3, 8, 8), torch.tensor([[0, 1., 2, 3, 4, 0.5], [1, 2, 2, 5, 3, 0.1]]))
+
+
+@pytest.mark.parametrize("size", [(7, 7), (7, 5)])
+def test_mmcv_rotated_roi_align_symbolic_writing_out_h_for_width_is_named(reg, size):
+    """The symbolic checks its arguments (isinstance), so it is read with the call's values; it writes output_width
+    from output_size[0], so output_size[1] reaches no attribute and no tier could call forward with it: export
+    refuses, naming the symbolic and the element (at (7, 7) too: the node cannot tell the two apart)."""
+    bridge.register(RoIAlignRotatedFunction, registry=reg)
+    with pytest.raises(bridge.OpBridgeError, match=r"RoIAlignRotatedFunction.symbolic writes no attribute from "
+                                                   r"output_size\[1\].*Got output_size=\(7, [75]\).*'output_width', "
+                                                   r"'output_size\[0\]'"):
+        bridge.export(RoIAlignRotated(RoIAlignRotatedFunction, size, 0.5), ROTATED_ARGS, registry=reg)
+
+
+@pytest.mark.parametrize("size", [(7, 7), (7, 5), 3])
+def test_mmcv_rotated_roi_align_symbolic_that_checks_its_arguments_is_the_node_torchscript_wrote(reg, size):
+    bridge.register(FixedRoIAlignRotatedFunction, registry=reg)
+    model = RoIAlignRotated(FixedRoIAlignRotatedFunction, size, 0.5)
+    model.output_size = size  # NOTE: an int reaches the symbolic's isinstance(output_size, int) branch
+    ours = bridge.export(model, ROTATED_ARGS, registry=reg, opset_version=17)
+    legacy = legacy_export(model, ROTATED_ARGS, 17)
+    (mine,), (theirs,) = custom_nodes(ours), custom_nodes(legacy)
+    h, w = _pair(size)
+    assert node_identity(mine, ours.graph) == node_identity(theirs, legacy.graph)
+    assert [(a.name, onnx.helper.get_attribute_value(a)) for a in mine.attribute][:4] == \
+        [("aligned", 1), ("clockwise", 0), ("output_height", h), ("output_width", w)]
+    bridge.assert_parity(model, ROTATED_ARGS, registry=reg, tier="python")

@@ -118,6 +118,58 @@ class _Arg:
     __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _value  # type: ignore[assignment]
 
 
+class _HeldInt(int):
+    """A call's int for argument ``source`` (an :class:`_Arg`): an int to symbolic (``isinstance`` checks pass,
+    arithmetic gives plain ints, which read as constants), its source to the recorder."""
+
+    source: _Arg
+
+
+class _HeldFloat(float):
+    """As :class:`_HeldInt`, for a float."""
+
+    source: _Arg
+
+
+class _HeldStr(str):
+    """As :class:`_HeldInt`, for a str."""
+
+    source: _Arg
+
+
+_HELD = {int: _HeldInt, float: _HeldFloat, str: _HeldStr}
+
+
+def _held(value: Any, source: _Arg) -> Any:
+    """``value`` (a call's argument, or an element of one) as symbolic gets it in a read with the call's values:
+    ints, floats and strs tagged with their source, tuples and lists rebuilt of tagged elements, bools and None as
+    placeholders (``if aligned:`` then asks for a call, as with no value), anything else as it is."""
+    if isinstance(value, (tuple, list)):
+        return type(value)(_held(v, _Arg(source.name, source.path + (i,))) for i, v in enumerate(value))
+    kind = _HELD.get(type(value))
+    if kind is None:
+        return source if value is None or isinstance(value, bool) else value
+    held = kind(value)
+    held.source = source
+    return held
+
+
+def _untag(value: Any) -> Any:
+    """An attribute value as recorded: a tagged value as its source placeholder; a tuple or list whose elements
+    are the elements of one argument, in order, as that argument's placeholder."""
+    if isinstance(value, (_HeldInt, _HeldFloat, _HeldStr)):
+        return value.source
+    if isinstance(value, (tuple, list)):
+        items = [_untag(v) for v in value]
+        sources = {(x.name, x.path[:-1]) for x in items if isinstance(x, _Arg) and x.path}
+        if items and len(sources) == 1 and all(isinstance(x, _Arg) and x.path and x.path[-1] == i
+                                               for i, x in enumerate(items)):
+            name, path = sources.pop()
+            return _Arg(name, path)
+        return type(value)(items)
+    return value
+
+
 @dataclasses.dataclass
 class Node:
     op_type: str
@@ -155,7 +207,7 @@ class Recorder:
                 raise _Unsupported(f"g.op({opname!r}, {key}=...): an attribute name without a type suffix "
                                    "(_i, _f, _s, _t, _is, _fs, _ss)")
             if value is not None:  # NOTE: the TorchScript exporter leaves a None attribute out
-                parsed[m.group(1)] = (m.group(2), value)
+                parsed[m.group(1)] = (m.group(2), _untag(value))
             concrete[key] = _stand_in(value, m.group(2))
         for x in inputs:
             if isinstance(x, _Arg):
@@ -566,7 +618,7 @@ def describe(cls: type, *, name: str | None = None, use_symbolic: bool = True,
             raise
         symbolic, read = None, None  # NOTE: the prim::PythonOp symbolic passes it by; name= names its node
     if read is not None and any(is_custom(n.domain) for n in read[0].nodes):
-        found = _from_symbolic(cls, *read, params)
+        found = _from_symbolic(cls, *read, params, _given(params, sample))
         if name is not None:
             raise OpBridgeError(f"{class_name(cls)}: its symbolic names the node "
                                 f"{found['domain']}::{found['op_type']}. Got name={name!r} as well. Drop name=, or "
@@ -613,9 +665,10 @@ def _read_symbolic(cls, symbolic, params, sample) -> tuple[Recorder, list]:
     given = _given(params, sample)
     tensors = {p.name for p in params
                if isinstance(given.get(p.name), torch.Tensor) or _kind_of_annotation(p.annotation) == "tensor"}
-    needs = None
+    needs, held = None, False
     while True:
-        args = (_placeholders(params, tensors, given) if needs is None else _known_values(params, sample, tensors))
+        args = (_placeholders(params, tensors, given) if needs is None
+                else _known_values(params, sample, tensors, held=held))
         try:
             g, outs = _read(cls, symbolic, args, (_NeedsValue, _IsTensor))
         except _IsTensor as e:
@@ -624,14 +677,20 @@ def _read_symbolic(cls, symbolic, params, sample) -> tuple[Recorder, list]:
         except Declined:
             raise  # NOTE: the prim::PythonOp symbolic passes the class by its name, whatever the values
         except _NeedsValue as e:
+            if held:
+                held = False  # NOTE: it branches on a bool (if aligned:): read with the values as they are
+                continue
             if needs is not None:
                 raise NeedsCall(cls, f"it computes with {e}, whose value the registration does not know") from None
-            needs = f"a use of {e}"
+            needs, held = f"a use of {e}", True
             continue
         except OpBridgeError as e:
+            if held and not isinstance(e, NeedsCall):
+                held = False
+                continue
             cause = str(e).split(". Got ", 1)[-1].split(". Fix the symbolic", 1)[0]
             if needs is None and not isinstance(e, NeedsCall):  # NOTE: it may check the values (isinstance)
-                needs = f"what it raised with placeholders ({cause})"
+                needs, held = f"what it raised with placeholders ({cause})", True
                 continue
             unknown = [p.name for p in params if p.name not in tensors and p.name not in given
                        and p.default in (_NO_DEFAULT, None) and _kind_of_annotation(p.annotation) is None]
@@ -639,8 +698,9 @@ def _read_symbolic(cls, symbolic, params, sample) -> tuple[Recorder, list]:
                 raise NeedsCall(cls, f"which of {unknown} are tensors only a call tells, and symbolic fails without "
                                      f"({cause})") from None
             raise
-        if needs is not None and any(is_custom(n.domain) for n in g.nodes):
-            raise _symbolic_error(cls, "computes a custom node's attributes from an argument's value", needs) from None
+        if held and not any(is_custom(n.domain) for n in g.nodes):
+            held = False  # NOTE: standard ops only: read as before, with the values as they are
+            continue
         return g, outs
 
 
@@ -654,7 +714,7 @@ def _tensor_input(name: str, given: Mapping[str, Any]) -> torch_compat.GraphInpu
     return _graph_input(name, value) if isinstance(value, torch.Tensor) else torch_compat.GraphInput(name)
 
 
-def _from_symbolic(cls, g: Recorder, outs: list, params) -> dict[str, Any]:
+def _from_symbolic(cls, g: Recorder, outs: list, params, given: Mapping[str, Any]) -> dict[str, Any]:
     """The custom node symbolic writes (a dict of FunctionBridge fields)."""
     node = next(n for n in g.nodes if is_custom(n.domain))
     if len(g.nodes) != 1 or outs != node.outputs:
@@ -677,7 +737,7 @@ def _from_symbolic(cls, g: Recorder, outs: list, params) -> dict[str, Any]:
     if missing:
         raise _symbolic_error(cls, f"never passes argument(s) {missing} to its node (they have no default)",
                               f"node inputs {[n for n, _ in inputs]}, attributes {[a.name for a in attrs]}")
-    _check_paths(cls, attrs)
+    _check_paths(cls, attrs, given)
     containers = tuple((p.name, type(p.default)) for p in params if isinstance(p.default, (tuple, list)))
     return dict(domain=node.domain, op_type=node.op_type, inputs=tuple(inputs), attrs=tuple(attrs),
                 num_outputs=len(outs), containers=containers)
@@ -694,8 +754,9 @@ def _node_attr(cls, key: str, kind: str, value) -> Attr:
     return Attr(key, kind, None, (), _as_kind(value, kind))
 
 
-def _check_paths(cls, attrs: list[Attr]) -> None:
-    """Each argument that reaches the node by elements reaches it by all of them (0..n-1)."""
+def _check_paths(cls, attrs: list[Attr], given: Mapping[str, Any]) -> None:
+    """Each argument that reaches the node by elements reaches it by all of them (0..n-1; n: the length of the
+    call's value in ``given``, where a call gave one)."""
     by_source: dict[str, list[tuple]] = {}
     for a in attrs:
         if a.source is not None:
@@ -707,6 +768,15 @@ def _check_paths(cls, attrs: list[Attr]) -> None:
         if firsts != list(range(len(firsts))):
             raise _symbolic_error(cls, f"passes only some elements of '{source}' to its node",
                                   f"indices {sorted(paths)}")
+        value = given.get(source)
+        if isinstance(value, (tuple, list)) and len(firsts) < len(value):
+            lost = ", ".join(f"{source}[{i}]" for i in range(len(firsts), len(value)))
+            raise OpBridgeError(
+                f"{symbolic_name(cls)} writes no attribute from {lost}, so no tier can call forward with the value "
+                f"the call gave (the node does not carry it). Got {source}={value!r}, attributes "
+                f"{[(a.name, f'{a.source}' + ''.join(f'[{i}]' for i in a.path)) for a in attrs if a.source]}. Fix "
+                "the symbolic to write it (an attribute from each element), or register with symbolic=False, name= "
+                "and function=.")
 
 
 def _given(params, sample) -> dict[str, Any]:
@@ -716,17 +786,20 @@ def _given(params, sample) -> dict[str, Any]:
     return dict(inspect.Signature(list(params)).bind_partial(*sample[0], **sample[1]).arguments)
 
 
-def _known_values(params, sample, tensors: set[str]) -> list:
+def _known_values(params, sample, tensors: set[str], held: bool = False) -> list:
     """Values to run symbolic with: tensors stay graph inputs, other arguments from ``sample`` or their
-    defaults; a placeholder where one has neither."""
+    defaults; a placeholder where one has neither. ``held``: each value tagged with its argument (:func:`_held`),
+    for a symbolic that checks its arguments (``isinstance(output_size, tuple)``) before passing them to g.op."""
     given = _given(params, sample)
     out: list[Any] = []
     for p in params:
         v = given.get(p.name, p.default)
         if p.name in tensors or isinstance(v, torch.Tensor):
             out.append(_tensor_input(p.name, given))
-        else:  # NOTE: an argument symbolic must pass through as it is stays a placeholder
-            out.append(_Arg(p.name) if v is _NO_DEFAULT or (v is None and p.name not in given) else v)
+        elif v is _NO_DEFAULT or (v is None and p.name not in given):
+            out.append(_Arg(p.name))  # NOTE: an argument symbolic must pass through as it is stays a placeholder
+        else:
+            out.append(_held(v, _Arg(p.name)) if held else v)
     return out
 
 
