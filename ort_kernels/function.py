@@ -19,7 +19,7 @@ from bridge.core.files import load_model
 from bridge.core.graphs import custom_nodes, model_nodes, subgraphs, value_types, walk
 from bridge.core.registry import Registry
 from bridge.core.spec import BodyBuilder, OpSpec
-from exporters.derive import body_status, last_failure
+from exporters.derive import Crash, body_status, crashes_of, last_failure
 from exporters.export import DEFAULT_OPSET
 from exporters.resolve import attach_functions
 from ort_kernels.base import Paths, Prepared, Tier, libraries, private_domains
@@ -69,8 +69,67 @@ class FunctionTier(Tier):
         # NOTE: a file's guards wait for nothing (tools see through its Identity waits): the
         # session's copy makes every body wait for its guard, so a bad input fails there first
         waits = [ordered(f) for f in model.functions]
+        crashes = _crash_sizes(model, registry)
         return Prepared(options, changed=bool(added) or private or any(waits),
-                        explain=(functools.partial(_explain, calls, guards),))
+                        explain=(functools.partial(_explain, calls, guards),),
+                        refuse=(functools.partial(_refuse, crashes),) if crashes else ())
+
+
+@dataclasses.dataclass(frozen=True)
+class _CrashSize:
+    """A size a node's body makes onnxruntime die at (:class:`exporters.derive.Crash`), as the model input
+    dim that carries it (``feed``, ``axis``: the same dim name)."""
+
+    qualname: str
+    crash: Crash
+    feed: str
+    axis: int
+    dim: str
+
+
+def _crash_sizes(model: onnx.ModelProto, registry: Registry) -> tuple[_CrashSize, ...]:
+    """The sizes the main graph's custom nodes' bodies make onnxruntime die at (their doc strings say,
+    ``exporters.derive.crashes_of``), each as the model input dim the node's input dim is named after.
+
+    NOTE: a dim no model input carries (computed inside the model) is known only while the model
+    runs: it is not refused here."""
+    bodies = {(f.domain, f.name, f.overload): crashes_of(f.doc_string) for f in model.functions}
+    if not any(bodies.values()):
+        return ()
+    types = value_types(model.graph)
+    inputs: dict[str, tuple[str, int]] = {}
+    for value in model.graph.input:
+        for axis, d in enumerate(value.type.tensor_type.shape.dim):
+            if d.dim_param:
+                inputs.setdefault(d.dim_param, (value.name, axis))
+    found = []
+    for node in model.graph.node:
+        spec = registry.find(node.domain, node.op_type)
+        if spec is None:
+            continue
+        for crash in bodies.get((node.domain, node.op_type, node.overload), ()):
+            index = next((i for i, p in enumerate(spec.tensors) if p.name == crash.input), len(node.input))
+            value = types.get(node.input[index]) if index < len(node.input) else None
+            dims = value.tensor_type.shape.dim if value is not None else []
+            name = dims[crash.axis].dim_param if crash.axis < len(dims) else ""
+            if name in inputs:
+                feed, axis = inputs[name]
+                found.append(_CrashSize(spec.qualname, crash, feed, axis, name))
+    return tuple(found)
+
+
+def _refuse(crashes: tuple[_CrashSize, ...], shapes: dict) -> str | None:
+    """The function tier's refusal of a feed whose sizes make onnxruntime die in a body (the process
+    would end), with what eager does there."""
+    for c in crashes:
+        shape = shapes.get(c.feed)
+        if shape is not None and c.axis < len(shape) and shape[c.axis] == c.crash.size:
+            return (f"{c.qualname}: its function body makes onnxruntime die ({c.crash.how}, which would end this "
+                    f"process) where input '{c.crash.input}' has size {c.crash.size} in dim {c.crash.axis}; eager "
+                    f"gives a result there. Got model input '{c.feed}' of size {c.crash.size} in dim {c.axis} "
+                    f"('{c.dim}'). Run such inputs with tier='python' or 'native' (or eagerly), or give the op a "
+                    f"function= body that handles size {c.crash.size}.")
+    return None
 
 
 def _check_optional_inputs(model: onnx.ModelProto, registry: Registry) -> None:

@@ -461,3 +461,35 @@ def test_an_optional_int_called_with_none_gets_a_body_of_its_own(registry, fresh
     _assert_matches(M(), [(x,)], [sess.run(None, {sess.get_inputs()[0].name: x.numpy()})], rtol=0, atol=0)
     site = derive.Site((derive.TensorSig(torch.float32, ("n", 4)),), (("k", None),))
     assert derive.derive(registry.get(name), site, registry=registry).fixed == (("k", None),)
+
+
+def test_a_body_that_drops_an_empty_input_branch_is_refused(registry, fresh_name, tmp_path):
+    # NOTE: red team 4: `if x.shape[0] == 0` was traced away (torch assumes dynamic sizes of 2 or more):
+    # at 0 rows plain onnxruntime gave 1.0 where eager gives 8.0, while 4 and 1 rows agreed
+    name = fresh_name("rows_or_eight")
+
+    @bridge.op(name, fake=lambda x: x.new_empty(x.shape[1]), registry=registry)
+    def rows_or_eight(x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 0:
+            return x.new_full((x.shape[1],), 8.0)
+        return x.sum(0) * 0 + 1
+
+    site = derive.Site((derive.TensorSig(torch.float32, ("n", 3)),), ())
+    with pytest.raises(derive.NoPortableBody, match=r"differs from eager at dynamic sizes \{'n': 0\}"):
+        derive.derive(registry.get(name), site, registry=registry)
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return rows_or_eight(x)
+
+    empty = torch.zeros(0, 3)
+    path = tmp_path / "rows.onnx"
+    bridge.export(M(), (torch.randn(4, 3),), path, registry=registry, dynamic_shapes=({0: Dim("n")},))
+    with pytest.raises(bridge.OpBridgeError, match=r"differs from eager at dynamic sizes \{'n': 0\}"):
+        bridge.session(path, tier="function", registry=registry)
+    sess = bridge.session(path, tier="python", registry=registry)
+    np.testing.assert_array_equal(sess.run(None, {sess.get_inputs()[0].name: empty.numpy()})[0], np.full(3, 8.0))
+    # NOTE: plain onnxruntime: the file holds no body for the op, so it refuses the file (never 1.0)
+    assert not onnx.load(path).functions
+    with pytest.raises(Exception, match="rows_or_eight"):
+        _run_plain_ort(path, [(empty,)])

@@ -403,6 +403,30 @@ def test_mmcv_roi_align(reg, tier):
                          extra_args=[(FEAT, rois(9, 1)), (FEAT, rois(1, 2))])
 
 
+def test_mmcv_roi_align_at_zero_rois_is_right_or_refused_in_every_tier(reg):
+    """onnxruntime dies (SIGFPE) running the derived roi_align body at 0 rois: the body's check at 0 and 1
+    rois runs in a child process, so the export lives on, and the body records the size; the function tier
+    refuses that size (the process would end) and the other tiers give eager's empty result."""
+    bridge.register(RoIAlignFunction, fake=roi_fake, native="user_ops/roi_align.cc", sample_inputs=roi_samples,
+                    registry=reg)
+    model = bridge.export(RoIModel(), (FEAT, rois(5, 0)), registry=reg, dynamic_shapes=(None, {0: K}))
+    expected = RoIModel()(FEAT, rois(0, 0)).numpy()
+    assert expected.shape == (0, 3, 3, 2)
+    crashed = [f.doc_string for f in model.functions if "onnxruntime dies" in f.doc_string]
+    for tier in ("python", "native", "function"):
+        sess = bridge.session(model.SerializeToString(), tier=tier, registry=reg)
+        if tier == "function" and crashed:
+            assert "where input 'rois' has size 0 in dim 0" in crashed[0]
+            with pytest.raises(bridge.OpBridgeError, match=r"^opbridge: mmcv::MMCVRoiAlign: its function body makes "
+                               r"onnxruntime die \(SIG\w+.*Got model input 'rois' of size 0 in dim 0.*Run such inputs"):
+                bridge.parity.run_ort(sess, (FEAT, rois(0, 0)))
+        else:
+            np.testing.assert_array_equal(bridge.parity.run_ort(sess, (FEAT, rois(0, 0)))[0], expected)
+        # NOTE: the refusal is of that size only
+        np.testing.assert_allclose(bridge.parity.run_ort(sess, (FEAT, rois(1, 2)))[0],
+                                   RoIModel()(FEAT, rois(1, 2)).numpy(), rtol=1e-5, atol=1e-5)
+
+
 def test_mmcv_roi_align_forward_gets_original_arguments(reg):
     """The python tier calls forward with output_size as the tuple apply took, aligned as a bool."""
     seen = []

@@ -194,7 +194,8 @@ def session(model: str | os.PathLike | onnx.ModelProto | bytes, *, tier: str = "
         try:
             content = os.fspath(path) if path is not None else _serialised(proto, model)
             return Session(content, prepared.options, providers=providers,
-                           explain=(*prepared.explain, wrong_type), guard=prepared.guard, kernels=prepared.kernels)
+                           explain=(*prepared.explain, wrong_type), guard=prepared.guard, kernels=prepared.kernels,
+                           refuse=prepared.refuse)
         except Exception as e:
             raise OpBridgeError(f"onnxruntime could not load the model. Got {type(e).__name__}: "
                                 f"{str(e)[:500]}. Check the op kernels for tier {tier!r}.") from e

@@ -44,6 +44,7 @@ from exporters.derive.derivation import derive, last_failure
 from exporters.derive.implementation import implementation
 from exporters.derive.sites import Derived, NoPortableBody, Site, TensorSig, sample_site, site_of
 from exporters.derive.status import body_status, show_body
+from exporters.derive.verify import Crash, crashes_of
 
-__all__ = ["Derived", "NoPortableBody", "Site", "TensorSig", "body_status", "derive",
+__all__ = ["Crash", "Derived", "NoPortableBody", "Site", "TensorSig", "body_status", "crashes_of", "derive",
            "implementation", "last_failure", "sample_site", "show_body", "site_of"]
