@@ -32,9 +32,9 @@ Paths = str | os.PathLike | Sequence[str | os.PathLike]
 # runs: its bytes or path) -> the OpBridgeError message for it, or None when it is not about what
 # this explainer knows.
 Explain = Callable[[BaseException, dict, "bytes | str"], "str | None"]
-# A refusal: (each input's shape by input name, where the feed says) -> the OpBridgeError message of a
-# feed the tier must not hand onnxruntime (it would die on it), or None. Runs before every run.
-Refuse = Callable[[dict], "str | None"]
+# A refusal: (each input's shape by input name, where the feed says; the feed) -> the OpBridgeError
+# message of a feed the tier must not hand onnxruntime (it would die on it), or None. Runs before every run.
+Refuse = Callable[[dict, dict], "str | None"]
 
 
 @dataclasses.dataclass
@@ -103,7 +103,7 @@ class Session(ort.InferenceSession):
     def _checked(self, call: Callable, feed: dict):
         if self._refusals:
             shapes = _shapes(feed)
-            message = next((m for m in (refuse(shapes) for refuse in self._refusals) if m), None)
+            message = next((m for m in (refuse(shapes, feed) for refuse in self._refusals) if m), None)
             if message is not None:
                 raise OpBridgeError(message)
         with self._guard():

@@ -72,27 +72,28 @@ class FunctionTier(Tier):
         crashes = _crash_sizes(model, registry)
         return Prepared(options, changed=bool(added) or private or any(waits),
                         explain=(functools.partial(_explain, calls, guards),),
-                        refuse=(functools.partial(_refuse, crashes),) if crashes else ())
+                        refuse=(_Refusal(crashes, model),) if crashes else ())
 
 
 @dataclasses.dataclass(frozen=True)
 class _CrashSize:
-    """A size a node's body makes onnxruntime die at (:class:`exporters.derive.Crash`), as the model input
-    dim that carries it (``feed``, ``axis``: the same dim name)."""
+    """A size a node's body makes onnxruntime die at (:class:`exporters.derive.Crash`): the node's input
+    ``value``, and the model input dim that carries its size (``feed``, ``axis``: the same dim name),
+    None where no model input does (a size computed inside the model)."""
 
     qualname: str
     crash: Crash
-    feed: str
+    value: str
+    feed: str | None
     axis: int
     dim: str
 
 
 def _crash_sizes(model: onnx.ModelProto, registry: Registry) -> tuple[_CrashSize, ...]:
     """The sizes the main graph's custom nodes' bodies make onnxruntime die at (their doc strings say,
-    ``exporters.derive.crashes_of``), each as the model input dim the node's input dim is named after.
+    ``exporters.derive.crashes_of``), each with the model input dim the node's input dim is named after.
 
-    NOTE: a dim no model input carries (computed inside the model) is known only while the model
-    runs: it is not refused here."""
+    NOTE: a node inside an If/Loop body is not looked at: its inputs cannot be computed before the run."""
     bodies = {(f.domain, f.name, f.overload): crashes_of(f.doc_string) for f in model.functions}
     if not any(bodies.values()):
         return ()
@@ -109,27 +110,51 @@ def _crash_sizes(model: onnx.ModelProto, registry: Registry) -> tuple[_CrashSize
             continue
         for crash in bodies.get((node.domain, node.op_type, node.overload), ()):
             index = next((i for i, p in enumerate(spec.tensors) if p.name == crash.input), len(node.input))
-            value = types.get(node.input[index]) if index < len(node.input) else None
+            if index >= len(node.input) or not node.input[index]:
+                continue
+            value = types.get(node.input[index])
             dims = value.tensor_type.shape.dim if value is not None else []
             name = dims[crash.axis].dim_param if crash.axis < len(dims) else ""
-            if name in inputs:
-                feed, axis = inputs[name]
-                found.append(_CrashSize(spec.qualname, crash, feed, axis, name))
+            feed, axis = inputs.get(name, (None, crash.axis))
+            found.append(_CrashSize(spec.qualname, crash, node.input[index], feed, axis, name))
     return tuple(found)
 
 
-def _refuse(crashes: tuple[_CrashSize, ...], shapes: dict) -> str | None:
+class _Refusal:
     """The function tier's refusal of a feed whose sizes make onnxruntime die in a body (the process
-    would end), with what eager does there."""
-    for c in crashes:
-        shape = shapes.get(c.feed)
-        if shape is not None and c.axis < len(shape) and shape[c.axis] == c.crash.size:
-            return (f"{c.qualname}: its function body makes onnxruntime die ({c.crash.how}, which would end this "
-                    f"process) where input '{c.crash.input}' has size {c.crash.size} in dim {c.crash.axis}; eager "
-                    f"gives a result there. Got model input '{c.feed}' of size {c.crash.size} in dim {c.axis} "
-                    f"('{c.dim}'). Run such inputs with tier='python' or 'native' (or eagerly), or give the op a "
-                    f"function= body that handles size {c.crash.size}.")
-    return None
+    would end), with what eager does there: a size a model input carries is read from the feed; one
+    computed inside the model, by running the part of the model that computes it (``_computed``)."""
+
+    def __init__(self, crashes: tuple[_CrashSize, ...], model: onnx.ModelProto):
+        self.crashes, self._model = crashes, model
+        self._content: bytes | None = None
+
+    def __call__(self, shapes: dict, feed: dict) -> str | None:
+        for c in self.crashes:
+            shape = shapes.get(c.feed) if c.feed is not None else None
+            if shape is not None and c.axis < len(shape) and shape[c.axis] == c.crash.size:
+                return self._message(c, f"model input '{c.feed}' of size {c.crash.size} in dim {c.axis} ('{c.dim}')")
+        inside = [c for c in self.crashes if c.feed is None]
+        if not inside:
+            return None
+        if self._content is None:
+            self._content = self._model.SerializeToString()
+        arrays = {k: v.numpy() if isinstance(v, ort.OrtValue) else v for k, v in feed.items()}
+        values = _computed(self._content, list(dict.fromkeys(c.value for c in inside)), arrays)
+        for c in inside:
+            value = values.get(c.value)
+            shape = getattr(value, "shape", None)
+            if shape is not None and c.crash.axis < len(shape) and shape[c.crash.axis] == c.crash.size:
+                return self._message(c, f"'{c.value}' (its input '{c.crash.input}', computed in the model) of "
+                                        f"size {c.crash.size} in dim {c.crash.axis}")
+        return None
+
+    @staticmethod
+    def _message(c: _CrashSize, got: str) -> str:
+        return (f"{c.qualname}: its function body makes onnxruntime die ({c.crash.how}, which would end this "
+                f"process) where input '{c.crash.input}' has size {c.crash.size} in dim {c.crash.axis}; eager "
+                f"gives a result there. Got {got}. Run such inputs with tier='python' or 'native' (or eagerly), "
+                f"or give the op a function= body that handles size {c.crash.size}.")
 
 
 def _check_optional_inputs(model: onnx.ModelProto, registry: Registry) -> None:

@@ -427,6 +427,35 @@ def test_mmcv_roi_align_at_zero_rois_is_right_or_refused_in_every_tier(reg):
                                    RoIModel()(FEAT, rois(1, 2)).numpy(), rtol=1e-5, atol=1e-5)
 
 
+class KeptRoIModel(torch.nn.Module):
+    """roi_align on the rois the model keeps (left edge at ``low`` or more): their count is computed inside."""
+
+    def forward(self, x, rois, low):
+        return roi_align(x, rois[rois[:, 1] >= low], (3, 2), 0.5, 2, "avg", True)
+
+
+def test_mmcv_roi_align_at_zero_rois_computed_in_the_model_is_refused_by_the_function_tier(reg):
+    """The rois count that makes onnxruntime die is computed inside the model (no model input carries it):
+    the function tier runs the part of the model that computes it first, and refuses that size."""
+    bridge.register(RoIAlignFunction, fake=roi_fake, native="user_ops/roi_align.cc", sample_inputs=roi_samples,
+                    registry=reg)
+    model = bridge.export(KeptRoIModel(), (FEAT, rois(5, 0), torch.tensor(0.0)), registry=reg,
+                          dynamic_shapes=(None, {0: K}, None))
+    none_kept, all_kept = (FEAT, rois(5, 0), torch.tensor(100.0)), (FEAT, rois(5, 0), torch.tensor(0.0))
+    assert KeptRoIModel()(*none_kept).shape == (0, 3, 3, 2)
+    crashed = any("onnxruntime dies" in f.doc_string for f in model.functions)
+    for tier in ("python", "function"):
+        sess = bridge.session(model.SerializeToString(), tier=tier, registry=reg)
+        if tier == "function" and crashed:
+            with pytest.raises(bridge.OpBridgeError, match=r"die \(SIG\w+.*its input 'rois', computed in the model\) "
+                                                           r"of size 0 in dim 0"):
+                bridge.parity.run_ort(sess, none_kept)
+        else:
+            np.testing.assert_array_equal(bridge.parity.run_ort(sess, none_kept)[0], KeptRoIModel()(*none_kept).numpy())
+        np.testing.assert_allclose(bridge.parity.run_ort(sess, all_kept)[0], KeptRoIModel()(*all_kept).numpy(),
+                                   rtol=1e-5, atol=1e-5)
+
+
 def test_mmcv_roi_align_forward_gets_original_arguments(reg):
     """The python tier calls forward with output_size as the tuple apply took, aligned as a bool."""
     seen = []
