@@ -12,6 +12,7 @@ NOTE: this module imports nothing of the project: the child runs this very file 
 from __future__ import annotations
 
 import atexit
+import os
 import pickle
 import signal
 import struct
@@ -75,12 +76,19 @@ class Runner:
         self._lock = threading.Lock()
         self._child: subprocess.Popen | None = None
         self._loaded: bytes | None = None  # NOTE: the model the live child holds a session of
+        self._pid = os.getpid()  # NOTE: a forked process starts a child of its own
 
     def run(self, model: bytes, feeds: Sequence[dict]) -> list[tuple[str, Any]]:
-        """Each feed's outcome on ``model``: ("ok", outputs), ("error", onnxruntime's one line), or
-        ("crash", how the child ended: a signal name); a crash costs the child, the next feed a new one."""
+        """Each feed's outcome on ``model``: ("ok", outputs), ("error", onnxruntime's one line),
+        ("crash", how the child ended: a signal name; the next feed gets a new child), or ("unrun", why)
+        where no child process can be started."""
         with self._lock:
-            return [self._run_one(model, feed) for feed in feeds]
+            if self._pid != os.getpid():
+                self._child, self._loaded, self._pid = None, None, os.getpid()
+            try:
+                return [self._run_one(model, feed) for feed in feeds]
+            except OSError as e:  # NOTE: from starting the child (no interpreter to run, no processes left)
+                return [("unrun", f"{type(e).__name__}: {e}")] * len(feeds)
 
     def _run_one(self, model: bytes, feed: dict) -> tuple[str, Any]:
         if self._loaded is not model:

@@ -204,6 +204,9 @@ def _edges(spec: OpSpec, fn: Callable, site: Site, roles: list[tuple], model: on
     for (symbol, trial, expected, _), (kind, value) in zip(runs, outcomes):
         if kind == "ok":
             _compare(expected, value, f" at dynamic sizes {trial}")
+        elif kind == "unrun":
+            raise Untraceable(f"the derived body could not be checked at dynamic sizes {trial}: no child process "
+                              f"to run it in ({value})")
         elif kind == "crash":
             crashes += [Crash(p.name, axis, trial[symbol], value) for p, t in zip(spec.tensors, site.tensors)
                         if t is not None for axis, dim in enumerate(t.dims) if dim == symbol]
