@@ -48,7 +48,6 @@ class Prepared:
     guard: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
     # by domain::op_type, where the tier says: the library (its path) or FUNCTION_BODY that runs the op
     kernels: dict[str, str] = dataclasses.field(default_factory=dict)
-    refuse: tuple[Refuse, ...] = ()  # feeds refused before onnxruntime runs them
 
 
 # NOTE: what ``Prepared.kernels`` says of a custom op that runs its model-local function body.

@@ -22,7 +22,7 @@ from bridge.core.spec import BodyBuilder, OpSpec
 from exporters.derive import Crash, body_status, crashes_of, last_failure
 from exporters.export import DEFAULT_OPSET
 from exporters.resolve import attach_functions
-from ort_kernels.base import Paths, Prepared, Tier, libraries, private_domains
+from ort_kernels.base import Paths, Prepared, Refuse, Tier, libraries, private_domains
 
 # NOTE: the prefix of the private domains the tier's nodes move to when the options carry a library
 FUNCTION_DOMAIN = "opbridge.function."
@@ -69,10 +69,8 @@ class FunctionTier(Tier):
         # NOTE: a file's guards wait for nothing (tools see through its Identity waits): the
         # session's copy makes every body wait for its guard, so a bad input fails there first
         waits = [ordered(f) for f in model.functions]
-        crashes = _crash_sizes(model, registry)
         return Prepared(options, changed=bool(added) or private or any(waits),
-                        explain=(functools.partial(_explain, calls, guards),),
-                        refuse=(_Refusal(crashes, model),) if crashes else ())
+                        explain=(functools.partial(_explain, calls, guards),))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -120,8 +118,16 @@ def _crash_sizes(model: onnx.ModelProto, registry: Registry) -> tuple[_CrashSize
     return tuple(found)
 
 
+def crash_refusal(model: onnx.ModelProto, registry: Registry) -> tuple[Refuse, ...]:
+    """The refusal (``Session(refuse=...)``) of the feeds that make onnxruntime die in a body ``model``
+    (as a tier prepared it) runs: the sizes its bodies' doc strings name, at the nodes that run them
+    (a tier that serves an op with a kernel has dropped its body); () when there are none."""
+    crashes = _crash_sizes(model, registry)
+    return (_Refusal(crashes, model),) if crashes else ()
+
+
 class _Refusal:
-    """The function tier's refusal of a feed whose sizes make onnxruntime die in a body (the process
+    """The refusal of a feed whose sizes make onnxruntime die in a body (the process
     would end), with what eager does there: a size a model input carries is read from the feed; one
     computed inside the model, by running the part of the model that computes it (``_computed``)."""
 

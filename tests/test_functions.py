@@ -427,6 +427,24 @@ def test_mmcv_roi_align_at_zero_rois_is_right_or_refused_in_every_tier(reg):
                                    RoIModel()(FEAT, rois(1, 2)).numpy(), rtol=1e-5, atol=1e-5)
 
 
+def test_mmcv_roi_align_at_zero_rois_is_refused_by_the_native_tier_running_its_body(reg):
+    """Without a C++ kernel the native tier runs the op's function body: it refuses the size onnxruntime dies
+    at as the function tier does."""
+    bridge.register(RoIAlignFunction, fake=roi_fake, sample_inputs=roi_samples, registry=reg)
+    model = bridge.export(RoIModel(), (FEAT, rois(5, 0)), registry=reg, dynamic_shapes=(None, {0: K}))
+    sess = bridge.session(model.SerializeToString(), tier="native", registry=reg)
+    assert sess.kernels == {"mmcv::MMCVRoiAlign": "function body"}
+    if any("onnxruntime dies" in f.doc_string for f in model.functions):
+        with pytest.raises(bridge.OpBridgeError, match=r"function body makes onnxruntime die .*Got model input 'rois' "
+                                                       r"of size 0 in dim 0"):
+            bridge.parity.run_ort(sess, (FEAT, rois(0, 0)))
+    else:
+        np.testing.assert_array_equal(bridge.parity.run_ort(sess, (FEAT, rois(0, 0)))[0],
+                                      RoIModel()(FEAT, rois(0, 0)).numpy())
+    np.testing.assert_allclose(bridge.parity.run_ort(sess, (FEAT, rois(1, 2)))[0], RoIModel()(FEAT, rois(1, 2)).numpy(),
+                               rtol=1e-5, atol=1e-5)
+
+
 class KeptRoIModel(torch.nn.Module):
     """roi_align on the rois the model keeps (left edge at ``low`` or more): their count is computed inside."""
 

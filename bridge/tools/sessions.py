@@ -24,6 +24,7 @@ from bridge.core.registry import REGISTRY, Registry, fill_attributes
 from bridge.core.torch_compat import pytree
 from ort_kernels import tiers
 from ort_kernels.base import Explain, Paths, Session
+from ort_kernels.function import crash_refusal
 
 
 def load_model(model: str | os.PathLike | onnx.ModelProto | bytes) -> onnx.ModelProto:
@@ -195,7 +196,7 @@ def session(model: str | os.PathLike | onnx.ModelProto | bytes, *, tier: str = "
             content = os.fspath(path) if path is not None else _serialised(proto, model)
             return Session(content, prepared.options, providers=providers,
                            explain=(*prepared.explain, wrong_type), guard=prepared.guard, kernels=prepared.kernels,
-                           refuse=prepared.refuse)
+                           refuse=crash_refusal(proto, reg))
         except Exception as e:
             raise OpBridgeError(f"onnxruntime could not load the model. Got {type(e).__name__}: "
                                 f"{str(e)[:500]}. Check the op kernels for tier {tier!r}.") from e
