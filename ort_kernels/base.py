@@ -65,6 +65,7 @@ class Session(ort.InferenceSession):
         self._explainers = tuple(explain)
         self._refusals = tuple(refuse)
         self.kernels = dict(kernels or {})  # NOTE: Prepared.kernels: what runs each custom op
+        self.unserved: dict[str, str] = {}  # NOTE: op -> why the user's libraries do not serve it (sessions)
         self._guard = guard
         self._content = content  # NOTE: the bytes onnxruntime keeps too (no copy), for explainers
         super().__init__(content, options, providers=list(providers))

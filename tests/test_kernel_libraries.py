@@ -221,12 +221,30 @@ def test_a_prebuilt_opbridge_library_serves_every_node_it_knows(tmp_path):
     assert set(sess.kernels.values()) == {library}
 
 
-def test_a_library_serving_none_of_the_nodes_is_not_loaded(tmp_path):
-    """onnxruntime-extensions' library serves ai.onnx.contrib ops only: opbridge's library runs the node."""
-    sess = bridge.session(_identity_file(tmp_path), tier="native", native_library=get_library_path())
+def test_a_library_serving_none_of_the_nodes_is_not_loaded(tmp_path, capsys):
+    """onnxruntime-extensions' library serves ai.onnx.contrib ops only: opbridge's library runs the node, and
+    the session, its progress line and a parity report say the library does not serve it, and why."""
+    bridge.progress.enable()
+    try:
+        sess = bridge.session(_identity_file(tmp_path), tier="native", native_library=get_library_path())
+    finally:
+        bridge.progress.enable(False)
     assert sess.kernels == {"opbridge::identity_conv": str(build.library_path())}
+    why = (f"is not served by {os.path.basename(get_library_path())} (onnxruntime finds no kernel for it there): "
+           f"{os.path.basename(build.library_path())} runs it")
+    assert sess.unserved == {"opbridge::identity_conv": why}
+    assert f"; opbridge::identity_conv {why}) ..." in capsys.readouterr().err
     x = torch.randn(1, 2, 3, 3)
     assert torch.equal(torch.from_numpy(sess.run(None, {"x": x.numpy()})[0]), x)
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.opbridge.identity_conv(x, 2)
+
+    report = bridge.check_parity(M(), (x,), tier="native", native_library=get_library_path())
+    assert report.passed and report.unserved == {"opbridge::identity_conv": why}
+    assert f"opbridge::identity_conv {why}" in str(report).splitlines()
+    assert report.to_dict()["unserved"] == {"opbridge::identity_conv": why}
 
 
 @pytest.mark.long
