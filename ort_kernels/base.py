@@ -32,6 +32,9 @@ Paths = str | os.PathLike | Sequence[str | os.PathLike]
 # runs: its bytes or path) -> the OpBridgeError message for it, or None when it is not about what
 # this explainer knows.
 Explain = Callable[[BaseException, dict, "bytes | str"], "str | None"]
+# A refusal: (each input's shape by input name, where the feed says; the feed) -> the OpBridgeError
+# message of a feed the tier must not hand onnxruntime (it would die on it), or None. Runs before every run.
+Refuse = Callable[[dict, dict], "str | None"]
 
 
 @dataclasses.dataclass
@@ -58,9 +61,11 @@ class Session(ort.InferenceSession):
 
     def __init__(self, content, options, *, providers, explain: Sequence[Explain] = (),
                  guard: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-                 kernels: dict[str, str] | None = None):
+                 kernels: dict[str, str] | None = None, refuse: Sequence[Refuse] = ()):
         self._explainers = tuple(explain)
+        self._refusals = tuple(refuse)
         self.kernels = dict(kernels or {})  # NOTE: Prepared.kernels: what runs each custom op
+        self.unserved: dict[str, str] = {}  # NOTE: op -> why the user's libraries do not serve it (sessions)
         self._guard = guard
         self._content = content  # NOTE: the bytes onnxruntime keeps too (no copy), for explainers
         super().__init__(content, options, providers=list(providers))
@@ -96,6 +101,11 @@ class Session(ort.InferenceSession):
         threading.Thread(target=work, name="opbridge-run-async", daemon=True).start()
 
     def _checked(self, call: Callable, feed: dict):
+        if self._refusals:
+            shapes = _shapes(feed)
+            message = next((m for m in (refuse(shapes, feed) for refuse in self._refusals) if m), None)
+            if message is not None:
+                raise OpBridgeError(message)
         with self._guard():
             try:
                 return call()
@@ -108,6 +118,16 @@ class Session(ort.InferenceSession):
                 if message is None:
                     raise
                 raise OpBridgeError(message) from e
+
+
+def _shapes(feed: dict) -> dict[str, tuple]:
+    """Each fed value's shape where it has one (arrays, OrtValues)."""
+    out = {}
+    for name, value in feed.items():
+        shape = value.shape() if isinstance(value, ort.OrtValue) else getattr(value, "shape", None)
+        if shape is not None:
+            out[name] = tuple(shape)
+    return out
 
 
 def _arrays(feed: dict) -> dict:

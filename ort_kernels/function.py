@@ -19,10 +19,10 @@ from bridge.core.files import load_model
 from bridge.core.graphs import custom_nodes, model_nodes, subgraphs, value_types, walk
 from bridge.core.registry import Registry
 from bridge.core.spec import BodyBuilder, OpSpec
-from exporters.derive import body_status, last_failure
+from exporters.derive import Crash, body_status, crashes_of, last_failure
 from exporters.export import DEFAULT_OPSET
 from exporters.resolve import attach_functions
-from ort_kernels.base import Paths, Prepared, Tier, libraries, private_domains
+from ort_kernels.base import Paths, Prepared, Refuse, Tier, libraries, private_domains
 
 # NOTE: the prefix of the private domains the tier's nodes move to when the options carry a library
 FUNCTION_DOMAIN = "opbridge.function."
@@ -71,6 +71,96 @@ class FunctionTier(Tier):
         waits = [ordered(f) for f in model.functions]
         return Prepared(options, changed=bool(added) or private or any(waits),
                         explain=(functools.partial(_explain, calls, guards),))
+
+
+@dataclasses.dataclass(frozen=True)
+class _CrashSize:
+    """A size a node's body makes onnxruntime die at (:class:`exporters.derive.Crash`): the node's input
+    ``value``, and the model input dim that carries its size (``feed``, ``axis``: the same dim name),
+    None where no model input does (a size computed inside the model)."""
+
+    qualname: str
+    crash: Crash
+    value: str
+    feed: str | None
+    axis: int
+    dim: str
+
+
+def _crash_sizes(model: onnx.ModelProto, registry: Registry) -> tuple[_CrashSize, ...]:
+    """The sizes the main graph's custom nodes' bodies make onnxruntime die at (their doc strings say,
+    ``exporters.derive.crashes_of``), each with the model input dim the node's input dim is named after.
+
+    NOTE: a node inside an If/Loop body is not looked at: its inputs cannot be computed before the run."""
+    bodies = {(f.domain, f.name, f.overload): crashes_of(f.doc_string) for f in model.functions}
+    if not any(bodies.values()):
+        return ()
+    types = value_types(model.graph)
+    inputs: dict[str, tuple[str, int]] = {}
+    for value in model.graph.input:
+        for axis, d in enumerate(value.type.tensor_type.shape.dim):
+            if d.dim_param:
+                inputs.setdefault(d.dim_param, (value.name, axis))
+    found = []
+    for node in model.graph.node:
+        spec = registry.find(node.domain, node.op_type)
+        if spec is None:
+            continue
+        for crash in bodies.get((node.domain, node.op_type, node.overload), ()):
+            index = next((i for i, p in enumerate(spec.tensors) if p.name == crash.input), len(node.input))
+            if index >= len(node.input) or not node.input[index]:
+                continue
+            value = types.get(node.input[index])
+            dims = value.tensor_type.shape.dim if value is not None else []
+            name = dims[crash.axis].dim_param if crash.axis < len(dims) else ""
+            feed, axis = inputs.get(name, (None, crash.axis))
+            found.append(_CrashSize(spec.qualname, crash, node.input[index], feed, axis, name))
+    return tuple(found)
+
+
+def crash_refusal(model: onnx.ModelProto, registry: Registry) -> tuple[Refuse, ...]:
+    """The refusal (``Session(refuse=...)``) of the feeds that make onnxruntime die in a body ``model``
+    (as a tier prepared it) runs: the sizes its bodies' doc strings name, at the nodes that run them
+    (a tier that serves an op with a kernel has dropped its body); () when there are none."""
+    crashes = _crash_sizes(model, registry)
+    return (_Refusal(crashes, model),) if crashes else ()
+
+
+class _Refusal:
+    """The refusal of a feed whose sizes make onnxruntime die in a body (the process
+    would end), with what eager does there: a size a model input carries is read from the feed; one
+    computed inside the model, by running the part of the model that computes it (``_computed``)."""
+
+    def __init__(self, crashes: tuple[_CrashSize, ...], model: onnx.ModelProto):
+        self.crashes, self._model = crashes, model
+        self._content: bytes | None = None
+
+    def __call__(self, shapes: dict, feed: dict) -> str | None:
+        for c in self.crashes:
+            shape = shapes.get(c.feed) if c.feed is not None else None
+            if shape is not None and c.axis < len(shape) and shape[c.axis] == c.crash.size:
+                return self._message(c, f"model input '{c.feed}' of size {c.crash.size} in dim {c.axis} ('{c.dim}')")
+        inside = [c for c in self.crashes if c.feed is None]
+        if not inside:
+            return None
+        if self._content is None:
+            self._content = self._model.SerializeToString()
+        arrays = {k: v.numpy() if isinstance(v, ort.OrtValue) else v for k, v in feed.items()}
+        values = _computed(self._content, list(dict.fromkeys(c.value for c in inside)), arrays)
+        for c in inside:
+            value = values.get(c.value)
+            shape = getattr(value, "shape", None)
+            if shape is not None and c.crash.axis < len(shape) and shape[c.crash.axis] == c.crash.size:
+                return self._message(c, f"'{c.value}' (its input '{c.crash.input}', computed in the model) of "
+                                        f"size {c.crash.size} in dim {c.crash.axis}")
+        return None
+
+    @staticmethod
+    def _message(c: _CrashSize, got: str) -> str:
+        return (f"{c.qualname}: its function body makes onnxruntime die ({c.crash.how}, which would end this "
+                f"process) where input '{c.crash.input}' has size {c.crash.size} in dim {c.crash.axis}; eager "
+                f"gives a result there. Got {got}. Run such inputs with tier='python' or 'native' (or eagerly), "
+                f"or give the op a function= body that handles size {c.crash.size}.")
 
 
 def _check_optional_inputs(model: onnx.ModelProto, registry: Registry) -> None:

@@ -15,6 +15,8 @@ from torch.export import Dim
 import bridge
 from bridge.tools.testing import OpModule, cases
 from exporters import derive, resolve
+from exporters.derive import contained
+from exporters.derive import verify as derive_verify
 from ort_kernels.tiers import TIERS
 from tests.models import HeldOut, crop_in_a_branch, held_out_ops
 from tests.vendor import plain_ops
@@ -461,3 +463,75 @@ def test_an_optional_int_called_with_none_gets_a_body_of_its_own(registry, fresh
     _assert_matches(M(), [(x,)], [sess.run(None, {sess.get_inputs()[0].name: x.numpy()})], rtol=0, atol=0)
     site = derive.Site((derive.TensorSig(torch.float32, ("n", 4)),), (("k", None),))
     assert derive.derive(registry.get(name), site, registry=registry).fixed == (("k", None),)
+
+
+def test_a_body_that_drops_an_empty_input_branch_is_refused(registry, fresh_name, tmp_path):
+    # NOTE: red team 4: `if x.shape[0] == 0` was traced away (torch assumes dynamic sizes of 2 or more):
+    # at 0 rows plain onnxruntime gave 1.0 where eager gives 8.0, while 4 and 1 rows agreed
+    name = fresh_name("rows_or_eight")
+
+    @bridge.op(name, fake=lambda x: x.new_empty(x.shape[1]), registry=registry)
+    def rows_or_eight(x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 0:
+            return x.new_full((x.shape[1],), 8.0)
+        return x.sum(0) * 0 + 1
+
+    site = derive.Site((derive.TensorSig(torch.float32, ("n", 3)),), ())
+    with pytest.raises(derive.NoPortableBody, match=r"differs from eager at dynamic sizes \{'n': 0\}"):
+        derive.derive(registry.get(name), site, registry=registry)
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return rows_or_eight(x)
+
+    empty = torch.zeros(0, 3)
+    path = tmp_path / "rows.onnx"
+    bridge.export(M(), (torch.randn(4, 3),), path, registry=registry, dynamic_shapes=({0: Dim("n")},))
+    with pytest.raises(bridge.OpBridgeError, match=r"differs from eager at dynamic sizes \{'n': 0\}"):
+        bridge.session(path, tier="function", registry=registry)
+    sess = bridge.session(path, tier="python", registry=registry)
+    np.testing.assert_array_equal(sess.run(None, {sess.get_inputs()[0].name: empty.numpy()})[0], np.full(3, 8.0))
+    # NOTE: plain onnxruntime: the file holds no body for the op, so it refuses the file (never 1.0)
+    assert not onnx.load(path).functions
+    with pytest.raises(Exception, match="rows_or_eight"):
+        _run_plain_ort(path, [(empty,)])
+
+
+def _identity_bytes() -> bytes:
+    value = onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [None])
+    graph = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["y"])], "g", [value],
+                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [None])])
+    return onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)]).SerializeToString()
+
+
+def test_the_contained_runner_reports_each_outcome_and_outlives_a_child_that_dies(monkeypatch):
+    model, x = _identity_bytes(), np.array([1.0, -2.0], np.float32)
+    runner = contained.Runner()
+    (ok, bad) = runner.run(model, [{"x": x}, {"nope": x}])
+    assert ok[0] == "ok" and np.array_equal(ok[1][0], x) and bad[0] == "error" and "nope" in bad[1]
+    # NOTE: a child that dies on its first message, as onnxruntime dies on a body: each feed says how, and
+    # each gets a child of its own
+    monkeypatch.setattr(contained, "_CHILD", "import os, signal, sys; sys.stdin.buffer.read(1); "
+                                             "os.kill(os.getpid(), signal.SIGSEGV)")
+    assert contained.Runner().run(model, [{"x": x}, {"x": x}]) == [("crash", "SIGSEGV")] * 2
+    assert runner.run(model, [{"x": x}])[0][0] == "ok"  # NOTE: the first runner's child lives on
+
+
+def test_a_body_whose_size_check_cannot_run_is_refused(registry, fresh_name, monkeypatch):
+    # NOTE: no child process to run the check at 0 and 1 rows in: the body is refused, not used unchecked
+    name = fresh_name("twice")
+
+    @bridge.op(name, fake=lambda x: torch.empty_like(x), registry=registry)
+    def twice(x: torch.Tensor) -> torch.Tensor:
+        return x * 2
+
+    monkeypatch.setattr(derive_verify, "RUNNER", contained.Runner())
+    monkeypatch.setattr(contained.sys, "executable", "/nonexistent/python")
+    site = derive.Site((derive.TensorSig(torch.float32, ("n", 3)),), ())
+    with pytest.raises(derive.NoPortableBody, match=r"could not be checked at dynamic sizes \{'n': 0\}: no child "
+                                                    r"process to run it in \(FileNotFoundError"):
+        derive.derive(registry.get(name), site, registry=registry)
+    monkeypatch.undo()
+    monkeypatch.setattr(derive_verify, "RUNNER", contained.Runner())
+    site = derive.Site((derive.TensorSig(torch.float32, ("m", 3)),), ())  # NOTE: another site: not the cached failure
+    assert derive.derive(registry.get(name), site, registry=registry).proto.name == name.split("::")[1]

@@ -403,6 +403,77 @@ def test_mmcv_roi_align(reg, tier):
                          extra_args=[(FEAT, rois(9, 1)), (FEAT, rois(1, 2))])
 
 
+def test_mmcv_roi_align_at_zero_rois_is_right_or_refused_in_every_tier(reg):
+    """onnxruntime dies (SIGFPE) running the derived roi_align body at 0 rois: the body's check at 0 and 1
+    rois runs in a child process, so the export lives on, and the body records the size; the function tier
+    refuses that size (the process would end) and the other tiers give eager's empty result."""
+    bridge.register(RoIAlignFunction, fake=roi_fake, native="user_ops/roi_align.cc", sample_inputs=roi_samples,
+                    registry=reg)
+    model = bridge.export(RoIModel(), (FEAT, rois(5, 0)), registry=reg, dynamic_shapes=(None, {0: K}))
+    expected = RoIModel()(FEAT, rois(0, 0)).numpy()
+    assert expected.shape == (0, 3, 3, 2)
+    crashed = [f.doc_string for f in model.functions if "onnxruntime dies" in f.doc_string]
+    for tier in ("python", "native", "function"):
+        sess = bridge.session(model.SerializeToString(), tier=tier, registry=reg)
+        if tier == "function" and crashed:
+            assert "where input 'rois' has size 0 in dim 0" in crashed[0]
+            with pytest.raises(bridge.OpBridgeError, match=r"^opbridge: mmcv::MMCVRoiAlign: its function body makes "
+                               r"onnxruntime die \(SIG\w+.*Got model input 'rois' of size 0 in dim 0.*Run such inputs"):
+                bridge.parity.run_ort(sess, (FEAT, rois(0, 0)))
+        else:
+            np.testing.assert_array_equal(bridge.parity.run_ort(sess, (FEAT, rois(0, 0)))[0], expected)
+        # NOTE: the refusal is of that size only
+        np.testing.assert_allclose(bridge.parity.run_ort(sess, (FEAT, rois(1, 2)))[0],
+                                   RoIModel()(FEAT, rois(1, 2)).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_mmcv_roi_align_at_zero_rois_is_refused_by_the_native_tier_running_its_body(reg):
+    """Without a C++ kernel the native tier runs the op's function body: it refuses the size onnxruntime dies
+    at as the function tier does."""
+    bridge.register(RoIAlignFunction, fake=roi_fake, sample_inputs=roi_samples, registry=reg)
+    model = bridge.export(RoIModel(), (FEAT, rois(5, 0)), registry=reg, dynamic_shapes=(None, {0: K}))
+    sess = bridge.session(model.SerializeToString(), tier="native", registry=reg)
+    assert sess.kernels == {"mmcv::MMCVRoiAlign": "function body"}
+    if any("onnxruntime dies" in f.doc_string for f in model.functions):
+        with pytest.raises(bridge.OpBridgeError, match=r"function body makes onnxruntime die .*Got model input 'rois' "
+                                                       r"of size 0 in dim 0"):
+            bridge.parity.run_ort(sess, (FEAT, rois(0, 0)))
+    else:
+        np.testing.assert_array_equal(bridge.parity.run_ort(sess, (FEAT, rois(0, 0)))[0],
+                                      RoIModel()(FEAT, rois(0, 0)).numpy())
+    np.testing.assert_allclose(bridge.parity.run_ort(sess, (FEAT, rois(1, 2)))[0], RoIModel()(FEAT, rois(1, 2)).numpy(),
+                               rtol=1e-5, atol=1e-5)
+
+
+class KeptRoIModel(torch.nn.Module):
+    """roi_align on the rois the model keeps (left edge at ``low`` or more): their count is computed inside."""
+
+    def forward(self, x, rois, low):
+        return roi_align(x, rois[rois[:, 1] >= low], (3, 2), 0.5, 2, "avg", True)
+
+
+def test_mmcv_roi_align_at_zero_rois_computed_in_the_model_is_refused_by_the_function_tier(reg):
+    """The rois count that makes onnxruntime die is computed inside the model (no model input carries it):
+    the function tier runs the part of the model that computes it first, and refuses that size."""
+    bridge.register(RoIAlignFunction, fake=roi_fake, native="user_ops/roi_align.cc", sample_inputs=roi_samples,
+                    registry=reg)
+    model = bridge.export(KeptRoIModel(), (FEAT, rois(5, 0), torch.tensor(0.0)), registry=reg,
+                          dynamic_shapes=(None, {0: K}, None))
+    none_kept, all_kept = (FEAT, rois(5, 0), torch.tensor(100.0)), (FEAT, rois(5, 0), torch.tensor(0.0))
+    assert KeptRoIModel()(*none_kept).shape == (0, 3, 3, 2)
+    crashed = any("onnxruntime dies" in f.doc_string for f in model.functions)
+    for tier in ("python", "function"):
+        sess = bridge.session(model.SerializeToString(), tier=tier, registry=reg)
+        if tier == "function" and crashed:
+            with pytest.raises(bridge.OpBridgeError, match=r"die \(SIG\w+.*its input 'rois', computed in the model\) "
+                                                           r"of size 0 in dim 0"):
+                bridge.parity.run_ort(sess, none_kept)
+        else:
+            np.testing.assert_array_equal(bridge.parity.run_ort(sess, none_kept)[0], KeptRoIModel()(*none_kept).numpy())
+        np.testing.assert_allclose(bridge.parity.run_ort(sess, all_kept)[0], KeptRoIModel()(*all_kept).numpy(),
+                                   rtol=1e-5, atol=1e-5)
+
+
 def test_mmcv_roi_align_forward_gets_original_arguments(reg):
     """The python tier calls forward with output_size as the tuple apply took, aligned as a bool."""
     seen = []

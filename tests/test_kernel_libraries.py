@@ -20,6 +20,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import forkserver
 import mmdeploy_lib
 import numpy as np
 import onnx
@@ -32,6 +33,7 @@ from test_doc_blocks import BLOCKS, CODE, DocRun, doc_block
 import bridge
 import custom_ops.demo as demo
 from bridge.core.errors import OpBridgeError
+from bridge.core.opnames import op_names
 from ort_kernels import build
 from ort_kernels.libraries import check_library
 
@@ -219,12 +221,30 @@ def test_a_prebuilt_opbridge_library_serves_every_node_it_knows(tmp_path):
     assert set(sess.kernels.values()) == {library}
 
 
-def test_a_library_serving_none_of_the_nodes_is_not_loaded(tmp_path):
-    """onnxruntime-extensions' library serves ai.onnx.contrib ops only: opbridge's library runs the node."""
-    sess = bridge.session(_identity_file(tmp_path), tier="native", native_library=get_library_path())
+def test_a_library_serving_none_of_the_nodes_is_not_loaded(tmp_path, capsys):
+    """onnxruntime-extensions' library serves ai.onnx.contrib ops only: opbridge's library runs the node, and
+    the session, its progress line and a parity report say the library does not serve it, and why."""
+    bridge.progress.enable()
+    try:
+        sess = bridge.session(_identity_file(tmp_path), tier="native", native_library=get_library_path())
+    finally:
+        bridge.progress.enable(False)
     assert sess.kernels == {"opbridge::identity_conv": str(build.library_path())}
+    why = (f"is not served by {os.path.basename(get_library_path())} (onnxruntime finds no kernel for it there): "
+           f"{os.path.basename(build.library_path())} runs it")
+    assert sess.unserved == {"opbridge::identity_conv": why}
+    assert f"; opbridge::identity_conv {why}) ..." in capsys.readouterr().err
     x = torch.randn(1, 2, 3, 3)
     assert torch.equal(torch.from_numpy(sess.run(None, {"x": x.numpy()})[0]), x)
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.opbridge.identity_conv(x, 2)
+
+    report = bridge.check_parity(M(), (x,), tier="native", native_library=get_library_path())
+    assert report.passed and report.unserved == {"opbridge::identity_conv": why}
+    assert f"opbridge::identity_conv {why}" in str(report).splitlines()
+    assert report.to_dict()["unserved"] == {"opbridge::identity_conv": why}
 
 
 @pytest.mark.long
@@ -336,8 +356,6 @@ def test_a_user_library_serves_its_op_inside_another_ops_body(registry, fresh_na
     from onnxscript import opset20 as op
     from onnxscript import script, values
 
-    from bridge.core.opnames import op_names
-
     inner_name = fresh_name("inner")
 
     @script(values.Opset(inner_name.split("::")[0], 1), default_opset=op)
@@ -382,6 +400,64 @@ def test_a_user_library_serves_its_op_inside_another_ops_body(registry, fresh_na
                                   np.full(3, 2009.0, np.float32))
 
 
+def _inner_library(theirs: bridge.Registry, name: str, tmp_path: Path, kernel: str = INNER_KERNEL) -> Path:
+    """A user's library serving ``name`` (x * 1000 + 8), built from its own registry and copied out."""
+    source = tmp_path / "inner.cc"
+    source.write_text(kernel.replace("SYMBOL", op_names(name).symbol))
+
+    @bridge.op(name, fake=lambda x: torch.empty_like(x), native=str(source), registry=theirs,
+               sample_inputs=lambda dtype: [bridge.SampleInput((torch.ones(3, dtype=dtype),))])
+    def inner_op(x: torch.Tensor) -> torch.Tensor:
+        return x * 5
+
+    library = tmp_path / "libtheirs.so"
+    shutil.copy(build.library_path(theirs), library)
+    return library
+
+
+def test_a_user_library_serves_its_op_inside_if_and_loop_bodies(registry, fresh_name, tmp_path, capsys):
+    # NOTE: the library's op only inside an If branch and a Loop body: the library runs it there (x * 1000 + 8,
+    # where the op's own body gives x * 5), session.kernels says so, and the progress line names it first
+    name = fresh_name("inner")
+    theirs = bridge.Registry()  # NOTE: the user's library: built elsewhere, from its own registry
+    library = _inner_library(theirs, name, tmp_path)
+    bridge.register(theirs.get(name).overload, registry=registry)  # NOTE: its body is derived (x * 5)
+    domain, op_type = name.split("::")
+    vec = onnx.helper.make_tensor_value_info
+    then_branch = onnx.helper.make_graph([onnx.helper.make_node(op_type, ["x"], ["t"], domain=domain)], "then", [],
+                                         [vec("t", onnx.TensorProto.FLOAT, [3])])
+    else_branch = onnx.helper.make_graph([onnx.helper.make_node("Identity", ["x"], ["e"])], "else", [],
+                                         [vec("e", onnx.TensorProto.FLOAT, [3])])
+    body = onnx.helper.make_graph(
+        [onnx.helper.make_node(op_type, ["v"], ["v_out"], domain=domain),
+         onnx.helper.make_node("Identity", ["c"], ["c_out"])], "body",
+        [vec("i", onnx.TensorProto.INT64, []), vec("c", onnx.TensorProto.BOOL, []), vec("v", onnx.TensorProto.FLOAT, [3])],
+        [vec("c_out", onnx.TensorProto.BOOL, []), vec("v_out", onnx.TensorProto.FLOAT, [3])])
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("If", ["cond"], ["y_if"], then_branch=then_branch, else_branch=else_branch),
+         onnx.helper.make_node("Constant", [], ["trips"], value=onnx.helper.make_tensor("n", onnx.TensorProto.INT64,
+                                                                                           [], [1])),
+         onnx.helper.make_node("Loop", ["trips", "cond", "x"], ["y_loop"], body=body)], "g",
+        [vec("x", onnx.TensorProto.FLOAT, [3]), vec("cond", onnx.TensorProto.BOOL, [])],
+        [vec("y_if", onnx.TensorProto.FLOAT, [3]), vec("y_loop", onnx.TensorProto.FLOAT, [3])])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18),
+                                                         onnx.helper.make_opsetid(domain, 1)], ir_version=9)
+    bridge.progress.enable()
+    try:
+        sess = bridge.session(model.SerializeToString(), tier="native", registry=registry, native_library=library)
+    finally:
+        bridge.progress.enable(False)
+    assert sess.kernels == {name: str(library)}
+    assert f"onnxruntime session (native tier; native code: libtheirs.so serves {name}) ..." in capsys.readouterr().err
+    x = np.array([1.0, 2.0, -3.0], np.float32)
+    y_if, y_loop = sess.run(None, {"x": x, "cond": np.array(True)})
+    np.testing.assert_array_equal(y_if, x * 1000 + 8)
+    np.testing.assert_array_equal(y_loop, x * 1000 + 8)
+    # NOTE: without the library the op's own body runs: the figures above are the library's
+    plain = bridge.session(model.SerializeToString(), tier="function", registry=registry)
+    np.testing.assert_array_equal(plain.run(None, {"x": x, "cond": np.array(True)})[0], x * 5)
+
+
 CRASH_OPS = """
 import torch, bridge
 from bridge.tools.testing import ModelCase
@@ -405,8 +481,6 @@ def case():
 def test_a_kernel_that_crashes_under_check_leaves_a_line_naming_its_library_and_op(fresh_name, tmp_path):
     # NOTE: red team 4: a segfaulting kernel ended `opbridge check --native-library` (-11) with nothing
     # naming the library or the op
-    from bridge.core.opnames import op_names
-
     name = fresh_name("boom")
     source = tmp_path / "boom.cc"
     source.write_text(INNER_KERNEL.replace("SYMBOL", op_names(name).symbol)
@@ -421,8 +495,6 @@ def test_a_kernel_that_crashes_under_check_leaves_a_line_naming_its_library_and_
     library = tmp_path / "libcrash.so"
     shutil.copy(build.library_path(theirs), library)
     (tmp_path / "crash_ops.py").write_text(CRASH_OPS.replace("NAME", repr(name)))
-    import forkserver
-
     env = dict(ENV, PYTHONPATH=str(tmp_path) + os.pathsep + ENV["PYTHONPATH"])
     r = forkserver.run(["-m", "bridge", "--ops", "crash_ops", "check", "--model", "crash_ops:case",
                         "--native-library", str(library)], cwd=tmp_path, env=env, timeout=600)

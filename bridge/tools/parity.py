@@ -223,6 +223,8 @@ class ParityReport:
     runtime: str = "onnxruntime"
     localization: Localization | None = None  # node by node, when check_parity(localize=...) ran it
     kernels: dict[str, str] = dataclasses.field(default_factory=dict)  # op -> library path or "function body"
+    # op -> why none of the user's libraries (native_library=) serves it, and what runs it instead
+    unserved: dict[str, str] = dataclasses.field(default_factory=dict)
     # torch.autograd.Function classes whose symbolic's standard ops the file holds in place of their forward
     symbolics: tuple[str, ...] = ()
 
@@ -240,7 +242,7 @@ class ParityReport:
         return {"model": self.model, "tier": self.tier, "runtime": self.runtime, "passed": self.passed,
                 "onnx_path": self.onnx_path, "outputs": [o.to_dict() for o in self.outputs],
                 "localization": None if self.localization is None else self.localization.to_dict(),
-                "kernels": dict(self.kernels), "symbolics": list(self.symbolics)}
+                "kernels": dict(self.kernels), "unserved": dict(self.unserved), "symbolics": list(self.symbolics)}
 
     def to_json(self, **kwargs) -> str:
         d = self.to_dict()  # NOTE: the localization's outputs are JSON-safe already
@@ -293,6 +295,7 @@ class ParityReport:
         lines = [f"parity: {self.model} | {runner} tier {self.tier} vs eager torch | "
                  f"{'PASS' if self.passed else 'FAIL'}", format_table(rows)]
         lines += [f"kernel of {op}: {where}" for op, where in self.kernels.items()]
+        lines += [f"{op} {why}" for op, why in self.unserved.items()]
         lines += [f"standard ops written by {name}.symbolic stand for its forward here"
                   + ("" if self.passed else ": where they compute a failing output, the symbolic disagrees with its "
                      "own forward (no opbridge kernel runs them); compare the two for these inputs")
@@ -428,7 +431,8 @@ def check_parity(model: torch.nn.Module, args: Sequence, *, kwargs: dict | None 
                                             native_library=native_library)
     return ParityReport(name or type(model).__name__, "inlined" if inline else tier, rows,
                         onnx_path if path is not None else None, runtime, localization=localization,
-                        kernels=dict(getattr(sess, "kernels", {})), symbolics=exported.symbolics)
+                        kernels=dict(getattr(sess, "kernels", {})),
+                        unserved=dict(getattr(sess, "unserved", {})), symbolics=exported.symbolics)
 
 
 def assert_parity(model: torch.nn.Module, args: Sequence, **kwargs) -> ParityReport:

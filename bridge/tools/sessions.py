@@ -23,7 +23,9 @@ from bridge.core.progress import step
 from bridge.core.registry import REGISTRY, Registry, fill_attributes
 from bridge.core.torch_compat import pytree
 from ort_kernels import tiers
-from ort_kernels.base import Explain, Paths, Session
+from ort_kernels.base import FUNCTION_BODY, Explain, Paths, Session
+from ort_kernels.function import crash_refusal
+from ort_kernels.libraries import user_libraries
 
 
 def load_model(model: str | os.PathLike | onnx.ModelProto | bytes) -> onnx.ModelProto:
@@ -190,11 +192,16 @@ def session(model: str | os.PathLike | onnx.ModelProto | bytes, *, tier: str = "
     path = model if isinstance(model, (str, os.PathLike)) and not (prepared.changed or filled) else None
     # NOTE: native code runs from here on: the line names each library and the ops it serves, so a crash
     # (a segfault ends the process; the CLI's faulthandler then prints the stack) follows a line naming them
-    with step(f"onnxruntime session ({tier} tier{native_code(prepared.kernels)})"):
+    unserved = not_served(prepared.kernels, user_libraries(native_library))
+    with step(f"onnxruntime session ({tier} tier{native_code(prepared.kernels)}"
+              f"{''.join(f'; {op} {why}' for op, why in unserved.items())})"):
         try:
             content = os.fspath(path) if path is not None else _serialised(proto, model)
-            return Session(content, prepared.options, providers=providers,
-                           explain=(*prepared.explain, wrong_type), guard=prepared.guard, kernels=prepared.kernels)
+            sess = Session(content, prepared.options, providers=providers,
+                           explain=(*prepared.explain, wrong_type), guard=prepared.guard, kernels=prepared.kernels,
+                           refuse=crash_refusal(proto, reg))
+            sess.unserved = unserved
+            return sess
         except Exception as e:
             raise OpBridgeError(f"onnxruntime could not load the model. Got {type(e).__name__}: "
                                 f"{str(e)[:500]}. Check the op kernels for tier {tier!r}.") from e
@@ -212,6 +219,21 @@ def native_code(kernels: dict[str, str]) -> str:
         if os.path.isabs(where):
             by_library.setdefault(where, []).append(op)
     return "".join(f"; native code: {os.path.basename(lib)} serves {', '.join(ops)}" for lib, ops in by_library.items())
+
+
+def not_served(kernels: dict[str, str], libraries: Sequence[str]) -> dict[str, str]:
+    """Each custom op of a session's ``kernels`` that none of the user's ``libraries`` serves -> why,
+    and what runs it instead ({} when no library was given).
+
+    >>> not_served({"a::f": "/x/libu.so", "a::g": "function body"}, ["/x/libu.so"])
+    {'a::g': 'is not served by libu.so (onnxruntime finds no kernel for it there): its function body runs it'}
+    """
+    if not libraries:
+        return {}
+    names = ", ".join(os.path.basename(lib) for lib in libraries)
+    return {op: f"is not served by {names} (onnxruntime finds no kernel for it there): "
+                f"{'its function body' if where == FUNCTION_BODY else os.path.basename(where)} runs it"
+            for op, where in kernels.items() if where not in libraries}
 
 
 def ort_feed(sess, args: Sequence, kwargs: dict | None = None) -> dict[str, np.ndarray]:

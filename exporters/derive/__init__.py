@@ -16,8 +16,10 @@ in the op's domain with the op's input and attribute names:
   onnxruntime's threaded CPU kernel runs nondeterministically over duplicate indices, is rewritten to
   ScatterElements over the flattened data, which accumulates in a fixed order.
 - before use, every body passes ``onnx.checker`` (full) and runs in onnxruntime against eager at the
-  traced sizes and, where the site has dynamic dims, at other sizes; an implementation returning
-  (a view of) an input, which torch forbids for custom ops, is an OpBridgeError naming the op.
+  traced sizes and, where the site has dynamic dims, at other sizes, each dim at 0 and 1 too (in a
+  child process: a size onnxruntime dies at is named in the body's doc_string, and sessions refuse
+  it); an implementation returning (a view of) an input, which torch forbids for custom ops, is an
+  OpBridgeError naming the op.
 
 An op torch.onnx already translates (onnxscript's torch_lib, e.g. torchvision's ``nms``, ``roi_align``,
 ``deform_conv2d``) and given no body is traced as itself, kept opaque, and exported with that
@@ -29,7 +31,8 @@ kernel) gives no body; :func:`body_status` says why in one line and the other ti
 
 Modules, bottom up: ``sites`` (what a body is derived for, the errors), ``implementation`` (the
 code traced), ``cache`` (every cache, one object tied to the registry's generation), ``tracing``
-(the op alone under torch.export and torch.onnx), ``scatter`` (racy ScatterND rewritten), ``body``
+(the op alone under torch.export and torch.onnx), ``contained`` (onnxruntime in a child process),
+``scatter`` (racy ScatterND rewritten), ``body``
 (the trace as a FunctionProto), ``verify`` (no aliasing, checker, eager match), ``derivation`` (per
 exact site, cached), ``status`` (``opbridge ops`` and ``--show-body``). Bodies go into a model through
 ``exporters.resolve`` (with check guards, at the model's opset).
@@ -44,6 +47,7 @@ from exporters.derive.derivation import derive, last_failure
 from exporters.derive.implementation import implementation
 from exporters.derive.sites import Derived, NoPortableBody, Site, TensorSig, sample_site, site_of
 from exporters.derive.status import body_status, show_body
+from exporters.derive.verify import Crash, crashes_of
 
-__all__ = ["Derived", "NoPortableBody", "Site", "TensorSig", "body_status", "derive",
+__all__ = ["Crash", "Derived", "NoPortableBody", "Site", "TensorSig", "body_status", "crashes_of", "derive",
            "implementation", "last_failure", "sample_site", "show_body", "site_of"]

@@ -24,7 +24,7 @@ from exporters.derive.implementation import implementation
 from exporters.derive.scatter import avoid_racy_scatter, racy_nodes
 from exporters.derive.sites import Derived, NoPortableBody, Site, TensorSig, Untraceable  # noqa: F401  (doctest)
 from exporters.derive.tracing import example_sizes, export_program, flat_roles, symbolic_int, to_onnx
-from exporters.derive.verify import loads, refuse_aliases, verify
+from exporters.derive.verify import crash_lines, loads, refuse_aliases, verify
 
 
 def derive(spec: OpSpec, site: Site, opset: int = 20, registry: Registry | None = None) -> Derived:
@@ -162,7 +162,9 @@ def _derive(spec: OpSpec, fn: Callable, site: Site, opset: int, registry: Regist
     proto = function_body(spec, model, by_name, parametric)
     out_types = [(o.meta["val"].dtype, o.meta["val"].dim()) for o in outputs]
     if reused is None:
-        verify(spec, fn, site, roles, proto, sizes, out_types)
+        crashes = verify(spec, fn, site, roles, proto, sizes, out_types)
+        if crashes:  # NOTE: said in the body itself: the function tier refuses those sizes (files keep doc strings)
+            proto.doc_string = "\n".join(filter(None, [proto.doc_string, crash_lines(crashes)]))
     else:
         # NOTE: torch.onnx's own translation: random example values are no valid input for such ops
         # (box indices, sorted scores), so it is only loaded here; parity runs on the model's inputs

@@ -1,9 +1,14 @@
 """Checks of a derived body before use: the implementation must not return (a view of) an input,
 and the body must pass ``onnx.checker`` (full) and match eager in onnxruntime at the traced sizes
-and, where the site has dynamic dims, at other sizes."""
+and, where the site has dynamic dims, at other sizes: each dim at 0 and at 1 too (where eager
+accepts that size), run in a child process (``contained``), so that onnxruntime dying on the body at
+such a size ends the child, not the export: a size it dies at is recorded (:class:`Crash`) and refused
+by the function tier."""
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from collections.abc import Callable, Sequence
 
 import numpy as np
@@ -16,10 +21,12 @@ from bridge.core import torch_compat
 from bridge.core.dtypes import TORCH_TO_ONNX, numpy_dtype
 from bridge.core.errors import OpBridgeError
 from bridge.core.spec import OpSpec
+from exporters.derive.contained import RUNNER
 from exporters.derive.sites import Site, Untraceable, one_line
 from exporters.derive.tracing import call_args, example, example_inputs, flat_values
 
 _ALT_STEP = 3  # verification also runs the dynamic dims at size + this
+_EDGE_SIZES = (0, 1)  # ... and each dynamic dim at these sizes (torch's trace assumes 2 or more)
 # NOTE: (rtol, atol) for the self-check against eager: it catches wrong bodies, not ulps
 _VERIFY_TOL = {torch.float16: (2e-2, 2e-2), torch.bfloat16: (5e-2, 5e-2), torch.float32: (1e-4, 1e-5),
                torch.float64: (1e-7, 1e-9)}
@@ -105,30 +112,105 @@ def loads(spec: OpSpec, site: Site, proto: onnx.FunctionProto, outputs: Sequence
     _session(_wrap(spec, site, proto, outputs))
 
 
+@dataclasses.dataclass(frozen=True)
+class Crash:
+    """onnxruntime dies running a body where input ``input`` has size ``size`` in dim ``axis``
+    (eager gives a result there): ``how`` is the signal that ended the process."""
+
+    input: str
+    axis: int
+    size: int
+    how: str
+
+
 def verify(spec: OpSpec, fn: Callable, site: Site, roles: list[tuple], proto: onnx.FunctionProto, sizes: dict,
-           outputs: Sequence[tuple[torch.dtype, int]]) -> None:
+           outputs: Sequence[tuple[torch.dtype, int]]) -> tuple[Crash, ...]:
     """Raise ``Untraceable`` where ``proto`` does not load or differs from ``fn`` at ``sizes`` (and,
-    with dynamic dims, at other sizes); ``outputs`` gives each output's dtype and rank."""
-    sess = _session(_wrap(spec, site, proto, outputs))
+    with dynamic dims, at other sizes, each at 0 and 1 too); ``outputs`` gives each output's dtype
+    and rank. Returns the sizes onnxruntime dies at (run in a child process: the export lives on)."""
+    model = _wrap(spec, site, proto, outputs)
+    sess = _session(model)
     trials = [sizes] + ([{s: n + _ALT_STEP for s, n in sizes.items()}] if sizes else [])
     for trial in trials:
-        g = torch.Generator().manual_seed(0)
-        tensors = [None if t is None else example(t, trial, g) for t in site.tensors]
-        expected = _eager(spec, fn, site, roles, tensors)
+        expected, feed = _trial(spec, fn, site, roles, trial)
         if expected is None:
             continue
-        feed = {p.name: t.numpy() if t.dtype != torch.bfloat16 else t.float().numpy()
-                for p, t in zip(spec.tensors, tensors) if t is not None}
         try:
             got = sess.run(None, feed)
         except Exception as exc:  # noqa: BLE001
             raise Untraceable(f"the derived body fails in onnxruntime at sizes {trial} ({one_line(exc)})") from None
-        for i, (e, a) in enumerate(zip(expected, got)):
-            problem = _differs(e, a)
-            if problem:
-                where = f" at dynamic sizes {trial}" if trial is not sizes else ""
-                raise Untraceable(f"the derived body differs from eager{where}: output {i} {problem} "
-                                  "(the trace fixed a size- or value-dependent choice)")
+        _compare(expected, got, "" if trial is sizes else f" at dynamic sizes {trial}")
+    return _edges(spec, fn, site, roles, model, sizes)
+
+
+_CRASH_LINE = re.compile(r"^opbridge: onnxruntime dies \((\w+)\) running this body where input '([^']+)' has "
+                         r"size (\d+) in dim (\d+)", re.MULTILINE)
+
+
+def crash_lines(crashes: Sequence[Crash]) -> str:
+    """The lines a body's ``doc_string`` says ``crashes`` in (:func:`crashes_of` reads them back).
+
+    Example:
+        >>> text = crash_lines([Crash("rois", 0, 0, "SIGFPE")])
+        >>> text.startswith("opbridge: onnxruntime dies (SIGFPE) running this body where input 'rois' has size 0")
+        True
+        >>> crashes_of("opbridge body for attributes k=1\\n" + text)
+        (Crash(input='rois', axis=0, size=0, how='SIGFPE'),)
+    """
+    return "\n".join(f"opbridge: onnxruntime dies ({c.how}) running this body where input '{c.input}' has size "
+                     f"{c.size} in dim {c.axis} (eager gives a result)" for c in crashes)
+
+
+def crashes_of(doc_string: str) -> tuple[Crash, ...]:
+    """The crashes a body's ``doc_string`` records (:func:`crash_lines`)."""
+    return tuple(Crash(m[2], int(m[4]), int(m[3]), m[1]) for m in _CRASH_LINE.finditer(doc_string or ""))
+
+
+def _trial(spec: OpSpec, fn: Callable, site: Site, roles: list[tuple], trial: dict) -> tuple[tuple | None, dict]:
+    """Eager's outputs at the sizes ``trial`` (None where eager refuses them) and the body's feed."""
+    g = torch.Generator().manual_seed(0)
+    tensors = [None if t is None else example(t, trial, g) for t in site.tensors]
+    feed = {p.name: t.numpy() if t.dtype != torch.bfloat16 else t.float().numpy()
+            for p, t in zip(spec.tensors, tensors) if t is not None}
+    return _eager(spec, fn, site, roles, tensors), feed
+
+
+def _compare(expected: tuple, got: Sequence[np.ndarray], where: str) -> None:
+    for i, (e, a) in enumerate(zip(expected, got)):
+        problem = _differs(e, a)
+        if problem:
+            raise Untraceable(f"the derived body differs from eager{where}: output {i} {problem} "
+                              "(the trace fixed a size- or value-dependent choice)")
+
+
+def _edges(spec: OpSpec, fn: Callable, site: Site, roles: list[tuple], model: onnx.ModelProto,
+           sizes: dict) -> tuple[Crash, ...]:
+    """Each dynamic dim at 0 and at 1 (the others as traced), where eager takes that size: torch traces
+    as if every dynamic size were 2 or more (its 0/1 specialisation), so a branch on an empty or single
+    row (``if x.shape[0] == 0``) is dropped unseen. A body that differs there is refused; one that
+    onnxruntime fails on is kept (an error at run time, not a wrong answer); the sizes onnxruntime dies
+    at are returned."""
+    runs = []
+    for symbol in sizes:
+        for n in _EDGE_SIZES:
+            trial = {**sizes, symbol: n}
+            expected, feed = _trial(spec, fn, site, roles, trial)
+            if expected is not None:
+                runs.append((symbol, trial, expected, feed))
+    if not runs:
+        return ()
+    outcomes = RUNNER.run(model.SerializeToString(), [feed for *_, feed in runs])
+    crashes = []
+    for (symbol, trial, expected, _), (kind, value) in zip(runs, outcomes):
+        if kind == "ok":
+            _compare(expected, value, f" at dynamic sizes {trial}")
+        elif kind == "unrun":
+            raise Untraceable(f"the derived body could not be checked at dynamic sizes {trial}: no child process "
+                              f"to run it in ({value})")
+        elif kind == "crash":
+            crashes += [Crash(p.name, axis, trial[symbol], value) for p, t in zip(spec.tensors, site.tensors)
+                        if t is not None for axis, dim in enumerate(t.dims) if dim == symbol]
+    return tuple(crashes)
 
 
 def _differs(expected: torch.Tensor, actual: np.ndarray) -> str | None:
