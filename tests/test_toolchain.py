@@ -13,6 +13,7 @@ the same custom op; static QDQ quantization also quantizes inside the inlined bo
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 import numpy as np
@@ -343,15 +344,37 @@ OPTIMIZERS = {"onnxscript_optimizer": _onnxscript_optimized, "onnxscript_rewrite
               "onnxoptimizer": _onnxoptimizer, "onnxslim": _onnxslim, "onnxsim": _onnxsim, "polygraphy": _polygraphy}
 
 
+def assert_refused_naming(files, model, name: str) -> None:
+    """``model`` (the function file, or a tool's result) run in plain onnxruntime with ``name``'s
+    first entry -1 fails at the guard node of bev_pool_v2's input ``name``: the node onnxruntime's
+    message names states that input's checks only, and its ``idx=`` is the check eager reports
+    (``name``'s first check reading values; every check before it holds)."""
+    checks = list(bridge.REGISTRY.get("bev::bev_pool_v2").checks)
+    index = next(i for i, c in enumerate(checks) if c.input == name and c.reads_values)
+    bad = dict(files["feed"])
+    bad[name] = bad[name].copy()
+    bad[name][0] = -1
+    with pytest.raises(Exception) as info:
+        run(model, bad, None)
+    message = str(info.value)
+    (node,) = re.findall(r"Name:'([^']*)'", message)
+    prefix = "opbridge_check/bev::bev_pool_v2/"
+    assert prefix in node, message
+    parts = node.split(prefix, 1)[1].split("+")
+    assert {part.split("/")[0] for part in parts} == {name}, message
+    assert f"{name}/{index}.{checks[index].kind}" in parts and f"idx={index + 1} " in message, message
+
+
+@pytest.mark.parametrize("name", ["ranks_depth", "ranks_feat", "ranks_bev", "interval_starts", "interval_lengths"])
+def test_plain_onnxruntime_names_the_op_and_input_of_a_failed_check(files, name):
+    """Not only an index error: the failing node is the guard of bev_pool_v2's input ``name``."""
+    assert_refused_naming(files, files["paths"]["function"], name)
+
+
 @pytest.mark.parametrize("tool", OPTIMIZERS)
 def test_checks_survive_optimizers(files, tool):
     """The function file through each optimizer: the same outputs, and bad input (a ranks_depth
-    entry of -1) still refused in plain onnxruntime, at the guard named after the op and its checks."""
+    entry of -1) still refused in plain onnxruntime, at the guard named after the op and the input."""
     model = OPTIMIZERS[tool](onnx.load(files["paths"]["function"]))
     assert_same(files, "function", model)
-    bad = dict(files["feed"])
-    name = next(n for n in bad if "ranks_depth" in n)
-    bad[name] = bad[name].copy()
-    bad[name][0] = -1
-    with pytest.raises(Exception, match=r"opbridge_check/bev::bev_pool_v2/.*ranks_depth/\d+\.values_in"):
-        run(model, bad, None)
+    assert_refused_naming(files, model, "ranks_depth")
