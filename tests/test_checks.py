@@ -4,6 +4,7 @@ calls (judged against predicates written out here), and every tier reports a fai
 import copy
 import doctest
 import importlib
+import re
 
 import numpy as np
 import onnx
@@ -170,6 +171,22 @@ def test_guards_fail_in_list_order():
     assert "opbridge_check/t::f/a/0.same_len+a/1.values_ge" in error and "idx=1 " in error, error
     env = {"a": torch.tensor([-1, -2]), "b": torch.tensor([1])}
     assert "must have equal length" in C.Checks("t::f", checks).first_failure(env)
+
+
+@pytest.mark.parametrize("a,b", [(ints(-1), ints(-1)), (ints(1), ints(-1)), (ints(-1), ints(1)),
+                                 (ints(1, 1), ints(-1)), (ints(1), ints(1, -1))])
+def test_guards_of_two_inputs_fail_at_the_first_failing_check(a, b):
+    """Checks of two inputs, interleaved in the list: plain onnxruntime stops at the guard node of the
+    input whose check fails first in list order (eager's), with that check as ``idx=``; only that node."""
+    checks = [C.same_len("a", "b"), C.values_ge("b", 0), C.values_ge("a", 0), C.rank("b", 1)]
+    env = {"a": torch.from_numpy(a), "b": torch.from_numpy(b)}
+    index = next(i for i, c in enumerate(checks) if c.violation(env) is not None)
+    error = run_guarded(checks, a, b, 0, [])
+    (node,) = re.findall(r"Name:'[^']*?(opbridge_check/[^']*)'", error)
+    names = {i: f"{c.input}/{i}.{c.kind}" for i, c in enumerate(checks)}
+    assert node == "opbridge_check/t::f/" + "+".join(v for i, v in names.items() if checks[i].input ==
+                                                     checks[index].input), error
+    assert f"idx={index + 1} " in error, error
 
 
 def test_eager_message_names_op_and_input_and_is_a_value_error():
@@ -524,11 +541,11 @@ def test_ordered_bodies_are_kept_by_content():
 
 
 def test_bev_pool_v2_guards_stay_lean():
-    """The same 19 guarded checks in at most 130 nodes (220 with a node pair per check, 292 with
-    1.17-safe reductions before the guards were first made leaner; 13 more than with one guard node
+    """The same 19 guarded checks in at most 125 nodes (220 with a node pair per check, 292 with
+    1.17-safe reductions before the guards were first made leaner; 10 more than with one guard node
     since each of the 8 inputs checked has its own, for a message naming it); the whole guarded
-    body in at most 220, about half of the 421 it had (benchmarks/body_size.py counts it inlined)."""
+    body in at most 215, about half of the 421 it had (benchmarks/body_size.py counts it inlined)."""
     spec = bridge.REGISTRY.get("bev::bev_pool_v2")
     guarded, raw = written_body(spec), spec.function.to_function_proto()
     assert len([c for c in spec.checks if c.guarded]) == 19
-    assert len(guarded.node) - len(raw.node) <= 130 and len(guarded.node) <= 220
+    assert len(guarded.node) - len(raw.node) <= 125 and len(guarded.node) <= 215

@@ -248,9 +248,10 @@ class GuardBuilder:
 
 # -- guarded bodies ------------------------------------------------------------------------------------
 
-def _holds(b: GuardBuilder, items: Sequence[str | Compare]) -> str:
+def _holds(b: GuardBuilder, items: Sequence[str | Compare], positions: list[int] | None = None) -> str:
     """One bool vector, item by item in order, of ``items``: bool [1] values, and comparisons made
-    one node per (op, types) with their right-hand numbers in one constant, then put in order.
+    one node per (op, types) with their right-hand numbers in one constant, then put in order;
+    given ``positions``, left as made and the item of each entry put in ``positions``.
 
     NOTE: what makes the guards lean: the ranks, lengths and bounds of every check of an op are
     compared in a handful of nodes, not one node (and one And) each."""
@@ -278,7 +279,9 @@ def _holds(b: GuardBuilder, items: Sequence[str | Compare]) -> str:
             rhs = rhs if rhs_type == dtype else b.node("Cast", [rhs], to=dtype)
         parts.append(b.node(op_type, [vector([c.lhs for c in compares]), rhs]))
     holds = vector(parts)
-    if order != sorted(order):
+    if positions is not None:
+        positions += order
+    elif order != sorted(order):
         holds = b.node("Gather", [holds, b.const([order.index(k) for k in range(len(items))])])
     return holds
 
@@ -289,9 +292,9 @@ def _guard_node(b: GuardBuilder, qualname: str, guarded: Sequence[tuple[int, Che
     reads it in the file: onnxruntime runs it all the same, :func:`ordered` reads it).
 
     NOTE: ONNX has no Assert. A guard is ``Gather([0], i)``: index 0 is the only one in bounds.
-    ``codes`` holds, per condition in list order, ``M`` (past every check) where it holds and its
-    check's ``index + 1`` where it fails; its least item is the first failing check, as in the
-    eager check, and a constant table gives each input's guard that code when the check is one of
+    Per condition, 0 where it holds and ``M - (index + 1)`` where it fails (``M`` past every
+    check): the greatest is the first failing check, as in the eager check (conditions in any
+    order), and a constant table gives each input's guard its ``index + 1`` when the check is one of
     that input's (0 otherwise): exactly one guard fails, whatever order onnxruntime runs them in,
     and onnxruntime's message gives its name (the op and the input) and ``idx=<index + 1>`` (the
     check). Each guard gathers from the one before it (its zeros, [0] again): the last one's
@@ -310,12 +313,15 @@ def _guard_node(b: GuardBuilder, qualname: str, guarded: Sequence[tuple[int, Che
         codes_if_failing = b.node("Where", [_holds(b, items), b.const([0]), b.const(codes)])  # NOTE: [0] broadcasts
         return b.node("Gather", [b.const([0]), codes_if_failing], name=guards_node_name(qualname, guarded))
     past = max(codes) + 1
-    first = b.node("ReduceMin", [b.node("Where", [_holds(b, items), b.const([past]), b.const(codes)])], keepdims=0)
-    table = [[0] * len(groups) for _ in range(past + 1)]  # NOTE: row ``past``: every check holds
+    positions: list[int] = []
+    holds = _holds(b, items, positions)
+    first = b.node("ReduceMax", [b.node("Where", [holds, b.const([0]), b.const([past - codes[k] for k in positions])])],
+                   keepdims=0)
+    table = [[0] * len(groups) for _ in range(past)]  # NOTE: row 0: every check holds
     for g, group in enumerate(groups):
         for index, _ in group:
-            table[index + 1][g] = index + 1
-    tensor = helper.make_tensor("value", TensorProto.INT64, [past + 1, len(groups)], [c for row in table for c in row])
+            table[past - (index + 1)][g] = index + 1
+    tensor = helper.make_tensor("value", TensorProto.INT64, [past, len(groups)], [c for row in table for c in row])
     indices = b.node("Gather", [b.node("Constant", [], value=tensor), first])
     split = helper.make_node("Split", [indices, b.const([1] * len(groups))], [b.fresh() for _ in groups], axis=0)
     b.nodes.append(split)
