@@ -69,6 +69,9 @@ KERNELS_1_17 = {
     ("Slice", "T"): {"DOUBLE", "FLOAT", "INT32", "INT64"},
     ("Slice", "Tind"): {"INT64"},
     ("Softmax", "T"): {"FLOAT"},
+    # NOTE: onnxruntime's CPU Split is typed for float, int32, int64, uint8 and string (split.cc; int32
+    # and int64 even in reduced builds)
+    ("Split", "T"): {"INT64"},
     ("Squeeze", "T"): {"DOUBLE", "FLOAT", "INT32", "INT64"},
     # NOTE: onnxruntime's CPU Tile (6-12, 13) is typed for every fixed-size numeric type and bool (tile.cc)
     ("Tile", "T"): {"INT64"},

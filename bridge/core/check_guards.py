@@ -2,10 +2,11 @@
 
 Each check kind builds its condition (``Check.guard``) with the :class:`GuardBuilder` here, which
 makes each shared value once (one Shape, Size, min and max per input, whatever the checks reading
-it); :func:`guarded_body` gathers the conditions into one guard node that makes onnxruntime fail
-when a check fails. The node is named after every check it states,
-``opbridge_check/<qualname>/<input>/<index>.<kind>+<input>/<index>.<kind>...``, and plain
-onnxruntime's error gives the first failing check as ``idx=<index + 1>``. A session words a failure
+it); :func:`guarded_body` gathers the conditions into one guard node per input (or attribute) the
+checks read, that makes onnxruntime fail when the first failing check is one of that input's.
+Each node is named after the checks it states, ``opbridge_check/<qualname>/<input>/<index>.<kind>+...``,
+and plain onnxruntime's error names it (the op and the input) and gives the check as
+``idx=<index + 1>``. A session words a failure
 by running the checks themselves on the op's inputs (``ort_kernels.function``); where it cannot read
 them, :func:`guard_failure` words it from the node's name.
 
@@ -41,7 +42,7 @@ def _part(index: int, check: Check) -> str:
 
 
 def guards_node_name(qualname: str, guarded: Sequence[tuple[int, Check]]) -> str:
-    """The name of the one guard node of ``guarded`` ((index, check) pairs): each check's part, joined by '+'."""
+    """The name of the guard node of ``guarded`` ((index, check) pairs): each check's part, joined by '+'."""
     return f"{GUARD_PREFIX}/{qualname}/" + "+".join(_part(i, c) for i, c in guarded)
 
 
@@ -247,9 +248,10 @@ class GuardBuilder:
 
 # -- guarded bodies ------------------------------------------------------------------------------------
 
-def _holds(b: GuardBuilder, items: Sequence[str | Compare]) -> str:
+def _holds(b: GuardBuilder, items: Sequence[str | Compare], positions: list[int] | None = None) -> str:
     """One bool vector, item by item in order, of ``items``: bool [1] values, and comparisons made
-    one node per (op, types) with their right-hand numbers in one constant, then put in order.
+    one node per (op, types) with their right-hand numbers in one constant, then put in order;
+    given ``positions``, left as made and the item of each entry put in ``positions``.
 
     NOTE: what makes the guards lean: the ranks, lengths and bounds of every check of an op are
     compared in a handful of nodes, not one node (and one And) each."""
@@ -277,28 +279,56 @@ def _holds(b: GuardBuilder, items: Sequence[str | Compare]) -> str:
             rhs = rhs if rhs_type == dtype else b.node("Cast", [rhs], to=dtype)
         parts.append(b.node(op_type, [vector([c.lhs for c in compares]), rhs]))
     holds = vector(parts)
-    if order != sorted(order):
+    if positions is not None:
+        positions += order
+    elif order != sorted(order):
         holds = b.node("Gather", [holds, b.const([order.index(k) for k in range(len(items))])])
     return holds
 
 
 def _guard_node(b: GuardBuilder, qualname: str, guarded: Sequence[tuple[int, Check]]) -> str:
-    """The one guard node of ``guarded`` ((index, check) pairs); its output, int64 zeros (one per
-    condition; nothing reads it in the file: onnxruntime runs it all the same, :func:`ordered` reads it).
+    """The guard nodes of ``guarded`` ((index, check) pairs), one per input (or attribute) the
+    checks read, each named after its checks; the output of the last, int64 zeros [1] (nothing
+    reads it in the file: onnxruntime runs it all the same, :func:`ordered` reads it).
 
-    NOTE: ONNX has no Assert. The guard is ``Gather([0], codes)``: ``codes`` holds, per condition
-    in list order, 0 where it holds and its check's ``index + 1`` where it fails; index 0 is the
-    only one in bounds, and onnxruntime checks the indices in order and names the first one out of
-    bounds (``idx=<index + 1>``): the first failing check, as in the eager check. One node for
-    every check, rather than a node pair per check."""
+    NOTE: ONNX has no Assert. A guard is ``Gather([0], i)``: index 0 is the only one in bounds.
+    Per condition, 0 where it holds and ``M - (index + 1)`` where it fails (``M`` past every
+    check): the greatest is the first failing check, as in the eager check (conditions in any
+    order), and a constant table gives each input's guard its ``index + 1`` when the check is one of
+    that input's (0 otherwise): exactly one guard fails, whatever order onnxruntime runs them in,
+    and onnxruntime's message gives its name (the op and the input) and ``idx=<index + 1>`` (the
+    check). Each guard gathers from the one before it (its zeros, [0] again): the last one's
+    output waits for them all. One input: one guard over the codes, with 0 where a condition holds."""
     items: list[str | Compare] = []
     codes: list[int] = []
     for index, check in guarded:
         conditions = check.guard(b)
         items += conditions
         codes += [index + 1] * len(conditions)
-    codes_if_failing = b.node("Where", [_holds(b, items), b.const([0]), b.const(codes)])  # NOTE: [0] broadcasts
-    return b.node("Gather", [b.const([0]), codes_if_failing], name=guards_node_name(qualname, guarded))
+    by_input: dict[str, list[tuple[int, Check]]] = {}
+    for index, check in guarded:
+        by_input.setdefault(check.input, []).append((index, check))
+    groups = list(by_input.values())
+    if len(groups) == 1:
+        codes_if_failing = b.node("Where", [_holds(b, items), b.const([0]), b.const(codes)])  # NOTE: [0] broadcasts
+        return b.node("Gather", [b.const([0]), codes_if_failing], name=guards_node_name(qualname, guarded))
+    past = max(codes) + 1
+    positions: list[int] = []
+    holds = _holds(b, items, positions)
+    first = b.node("ReduceMax", [b.node("Where", [holds, b.const([0]), b.const([past - codes[k] for k in positions])])],
+                   keepdims=0)
+    table = [[0] * len(groups) for _ in range(past)]  # NOTE: row 0: every check holds
+    for g, group in enumerate(groups):
+        for index, _ in group:
+            table[past - (index + 1)][g] = index + 1
+    tensor = helper.make_tensor("value", TensorProto.INT64, [past, len(groups)], [c for row in table for c in row])
+    indices = b.node("Gather", [b.node("Constant", [], value=tensor), first])
+    split = helper.make_node("Split", [indices, b.const([1] * len(groups))], [b.fresh() for _ in groups], axis=0)
+    b.nodes.append(split)
+    out = b.const([0])
+    for group, index in zip(groups, split.output):
+        out = b.node("Gather", [out, index], name=guards_node_name(qualname, group))
+    return out
 
 
 def _is_guard_value(name: str) -> bool:
@@ -350,7 +380,8 @@ def _order(proto: onnx.FunctionProto) -> bool:
     """:func:`ordered`'s work: the file's ties (:func:`_tie`) out, the inputs' waits in."""
     untied(proto)
     nodes = list(proto.node)
-    at = next((i for i, n in enumerate(nodes) if is_guard(n)), None)
+    # NOTE: the last guard: its output reads every guard before it (_guard_node)
+    at = max((i for i, n in enumerate(nodes) if is_guard(n)), default=None)
     if at is None:
         return False
     produced = {o for n in nodes for o in n.output}  # NOTE: top-level: the outputs that may wait

@@ -9,8 +9,9 @@ the bridge derives:
   (which runs eager) gives the same error; it raises :class:`CheckError` with
   ``opbridge: <qualname>: <what is wrong>. Got <actual>. <fix>``;
 - the function-body guards (:func:`guarded_body`): ONNX nodes put before the op's function body,
-  one guard node for all its checks, that make onnxruntime fail on a violation at the node named
-  ``opbridge_check/<qualname>/<input>/<index>.<kind>+...`` (every check it states); the function
+  one guard node per input checked, that make onnxruntime fail on a violation at the node named
+  ``opbridge_check/<qualname>/<input>/<index>.<kind>+...`` (the input's checks; ``idx=<index + 1>`` in
+  onnxruntime's message: the first failing check); the function
   tier's session then runs the checks themselves on the values the op was given, for eager's
   message (:func:`guard_failure` words it where those values cannot be read back);
 - the text the native kernels' messages are held to (tests/op_db.py's bad inputs).
