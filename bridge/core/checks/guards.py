@@ -13,7 +13,7 @@ NOTE: guard nodes use only (op, type) pairs every supported onnxruntime (1.17 on
 CPU; tests/test_ort_kernels_coverage.py holds every registered op's body to that table.
 
 Example:
-    >>> from bridge.core.check_vocabulary import Checks, rank
+    >>> from bridge.core.checks.vocabulary import Checks, rank
     >>> guards_node_name("d::f", [(0, rank("x", 1)), (2, rank("y", 2))])
     'opbridge_check/d::f/x/0.rank+y/2.rank'
 """
@@ -27,7 +27,7 @@ from typing import cast
 import onnx
 from onnx import TensorProto, helper
 
-from bridge.core.check_vocabulary import Check, Checks, Compare, DtypeIs
+from bridge.core.checks.vocabulary import Check, Checks, Compare, DtypeIs
 from bridge.core.domains import is_onnx
 from bridge.core.errors import OpBridgeError
 from bridge.core.graphs import FreshNames, ProtoMemo, drop_unread, value_names, walk
@@ -54,7 +54,7 @@ def guard_failure(checks: Checks, node: str) -> str:
     what the checks it states require, without values.
 
     Example:
-        >>> from bridge.core.check_vocabulary import rank
+        >>> from bridge.core.checks.vocabulary import rank
         >>> checks = Checks("d::f", [rank("x", 2)])
         >>> guard_failure(checks, "opbridge_check/d::f/x/0.rank")  # doctest: +NORMALIZE_WHITESPACE
         "opbridge: d::f: input 'x' must have 2 dims. Got a value that fails it inside the model
@@ -319,7 +319,7 @@ def ordered(proto: onnx.FunctionProto) -> bool:
 
     Example:
         >>> import onnx
-        >>> from bridge.core.check_vocabulary import Checks, rank
+        >>> from bridge.core.checks.vocabulary import Checks, rank
         >>> body = onnx.helper.make_function("d", "f", ["x"], ["y"], [onnx.helper.make_node("Neg", ["x"], ["y"])],
         ...                                  [onnx.helper.make_opsetid("", 20)])
         >>> out = guarded_body(body, Checks("d::f", [rank("x", 2)]), {})
@@ -388,7 +388,7 @@ def unguarded(proto: onnx.FunctionProto) -> onnx.FunctionProto:
 
     Example:
         >>> import onnx
-        >>> from bridge.core.check_vocabulary import Checks, rank
+        >>> from bridge.core.checks.vocabulary import Checks, rank
         >>> body = onnx.helper.make_function("d", "f", ["x"], ["y"], [onnx.helper.make_node("Neg", ["x"], ["y"])],
         ...                                  [onnx.helper.make_opsetid("", 20)])
         >>> [(n.op_type, list(n.input)) for n in unguarded(guarded_body(body, Checks("d::f", [rank("x", 2)]), {})).node]
@@ -441,7 +441,7 @@ def guarded_body(proto: onnx.FunctionProto, checks: Checks, attr_types: dict[str
 
     Example:
         >>> import onnx
-        >>> from bridge.core.check_vocabulary import Checks, rank
+        >>> from bridge.core.checks.vocabulary import Checks, rank
         >>> body = onnx.helper.make_function("d", "f", ["x"], ["y"], [onnx.helper.make_node("Neg", ["x"], ["y"])],
         ...                                  [onnx.helper.make_opsetid("", 20)])
         >>> out = guarded_body(body, Checks("d::f", [rank("x", 2)]), {})
@@ -516,7 +516,7 @@ def unreadable(proto: onnx.FunctionProto, checks: Checks, attr_types: dict[str, 
 
     Example:
         >>> import onnx
-        >>> from bridge.core.check_vocabulary import Checks, rank
+        >>> from bridge.core.checks.vocabulary import Checks, rank
         >>> body = onnx.helper.make_function("d", "f", ["x"], ["y"], [onnx.helper.make_node("Neg", ["x"], ["y"])],
         ...                                  [onnx.helper.make_opsetid("", 20)])
         >>> list(unreadable(body, Checks("d::f", [rank("x", 1), rank("z", 1)]), {}))
