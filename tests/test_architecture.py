@@ -129,3 +129,85 @@ def test_graph_walks_only_in_graphs():
     hits = _scan(_GRAPH_WALK, {"bridge/core/graphs.py"})
     assert not hits, "graph walks outside bridge/core/graphs.py:\n" + "\n".join(hits)
 
+
+# -- the folder graph: no cycle, counting modules named by a string (importlib, a --model default) --------------
+
+_FOLDERS = ("bridge.core", "bridge.tools", "exporters", "ort_kernels", "custom_ops", "bridge")  # most specific first
+_MODULE_NAME = re.compile(r"^(bridge|exporters|ort_kernels|custom_ops)(\.[A-Za-z_]\w*)*(:[A-Za-z_]\w*)?$")
+
+
+def _folder(module: str) -> str | None:
+    """The folder (floor) ``module`` sits in: a subfolder counts as its floor (exporters.derive: exporters)."""
+    return next((f for f in _FOLDERS if module == f or module.startswith(f + ".")), None)
+
+
+def _docstrings(tree: ast.AST) -> set[int]:
+    owners = [tree, *(n for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)))]
+    firsts = [o.body[0] for o in owners if o.body]  # type: ignore[attr-defined]
+    return {id(f.value) for f in firsts if isinstance(f, ast.Expr) and isinstance(f.value, ast.Constant)}
+
+
+def _named_modules(tree: ast.AST) -> set[str]:
+    """The project modules ``tree`` imports, or names in a string (a module imported at run time by name)."""
+    docs, out = _docstrings(tree), set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            out.add(node.module)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs \
+                and _MODULE_NAME.match(node.value):
+            out.add(node.value.partition(":")[0])
+    return out
+
+
+def _folder_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {f: set() for f in _FOLDERS}
+    for package in (*LIBRARY, "custom_ops"):
+        for name, path in _modules(package).items():
+            source = _folder(name)
+            for target in map(_folder, _named_modules(ast.parse(path.read_text(), str(path)))):
+                if source and target and target != source:
+                    graph[source].add(target)
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str]:
+    """A cycle of ``graph`` (its nodes, the first repeated at the end), or [] when there is none."""
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+
+    def visit(node: str, path: list[str]) -> list[str]:
+        state[node] = 1
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [node, nxt] if nxt in path else [node, nxt]
+            if nxt not in state:
+                found = visit(nxt, path + [node])
+                if found:
+                    return found
+        state[node] = 2
+        return []
+
+    for start in sorted(graph):
+        if start not in state:
+            found = visit(start, [])
+            if found:
+                return found
+    return []
+
+
+def test_cycle_finder_finds_a_cycle_through_a_module_named_by_a_string():
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": set()}) == []
+    tree = ast.parse('"""custom_ops in a docstring"""\nimport importlib\nimportlib.import_module("custom_ops")\n'
+                     'DEFAULT = "custom_ops.demo:build"\nHELP = "custom_ops is always loaded"\n')
+    assert _named_modules(tree) == {"importlib", "custom_ops", "custom_ops.demo"}
+
+
+def test_the_folder_graph_has_no_cycle():
+    # NOTE: the seed ops and the CLI's demo are named in pyproject.toml's entry points (bridge/tools/preflight.py),
+    # not in the library: custom_ops -> bridge, never back
+    graph = _folder_graph()
+    assert "bridge" in graph["custom_ops"] and "custom_ops" not in set().union(*(graph[f] for f in _FOLDERS[:-2]))
+    assert not _cycle(graph), f"folder cycle {' -> '.join(_cycle(graph))} ({graph})"
+
