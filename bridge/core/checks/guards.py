@@ -353,25 +353,13 @@ def _order(proto: onnx.FunctionProto) -> bool:
     at = next((i for i, n in enumerate(nodes) if is_guard(n)), None)
     if at is None:
         return False
-    produced = {o for n in nodes for o in n.output}  # NOTE: top-level: the outputs that may wait
     body = [n for n in nodes if not all(_is_guard_value(o) for o in n.output)]
     read = {i for n in walk(body) for i in n.input}  # NOTE: what the body (every node but the guard's) reads
     names = FreshNames(value_names(proto))
     chain, zero = names(f"{GUARD_PREFIX}_chain"), names(f"{GUARD_PREFIX}_zero")
     waits = [helper.make_node("ReduceMax", [nodes[at].output[0]], [chain], keepdims=1),
              helper.make_node("Constant", [], [zero], value=helper.make_tensor("value", TensorProto.INT64, [1], [0]))]
-    pairs = [(x, names(f"{x}_checked")) for x in proto.input if x in read]
-    if not pairs:  # NOTE: a body that reads no input: its outputs wait instead
-        pairs = [(names(f"{y}_unchecked"), y) for y in proto.output if y in produced]
-        outputs = {b: a for a, b in pairs}
-        for node in body:
-            if any(o in outputs for o in node.output):
-                node.output[:] = [outputs.get(o, o) for o in node.output]
-    else:
-        renames = dict(pairs)
-        for node in body:
-            _rename_inputs(node, renames)
-    for source, waited in pairs:
+    for source, waited in _waiting(proto, nodes, body, read, names):
         lifted = names(f"{GUARD_PREFIX}_lifted")
         waits += [helper.make_node("Unsqueeze", [source, chain], [lifted]),
                   helper.make_node("Squeeze", [lifted, zero], [waited])]
@@ -380,6 +368,25 @@ def _order(proto: onnx.FunctionProto) -> bool:
     for k, wait in enumerate(waits):
         proto.node.insert(at + k, wait)  # NOTE: in place: rebuilding the list copies every node (sessions pay it)
     return True
+
+
+def _waiting(proto: onnx.FunctionProto, nodes: list[onnx.NodeProto], body: list[onnx.NodeProto], read: set[str],
+             names: FreshNames) -> list[tuple[str, str]]:
+    """(value, the name it has once it waited for the guard), the body renamed to read the second: the inputs the
+    body reads; for a body that reads no input, its outputs (the body then writes ``<y>_unchecked``)."""
+    pairs = [(x, names(f"{x}_checked")) for x in proto.input if x in read]
+    if pairs:
+        renames = dict(pairs)
+        for node in body:
+            _rename_inputs(node, renames)
+        return pairs
+    produced = {o for n in nodes for o in n.output}  # NOTE: top-level: the outputs that may wait
+    pairs = [(names(f"{y}_unchecked"), y) for y in proto.output if y in produced]
+    outputs = {b: a for a, b in pairs}
+    for node in body:
+        if any(o in outputs for o in node.output):
+            node.output[:] = [outputs.get(o, o) for o in node.output]
+    return pairs
 
 
 def unguarded(proto: onnx.FunctionProto) -> onnx.FunctionProto:
