@@ -50,7 +50,7 @@ from exporters.inline import inline_functions  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # the code this run measures (machine.provenance): the ops' bodies and checks, inlining, the benchmark
-MEASURES = ["custom_ops", "bridge/core/check_guards.py", "bridge/core/check_vocabulary.py", "exporters/inline.py",
+MEASURES = ["custom_ops", "bridge/core/checks/guards.py", "bridge/core/checks/vocabulary.py", "exporters/inline.py",
             "exporters/resolve.py", "exporters/bodies", "benchmarks/body_size.py"]
 DEFAULT_JSON = os.path.join(ROOT, "benchmarks", "results", "body_size.json")
 BEV = "bev::bev_pool_v2"

@@ -507,8 +507,7 @@ def constraint_violation(error: BaseException, model, args: Sequence, kwargs: di
 # holds what torch.export traced: a Dropout becomes ONNX Dropout(training_mode=True), random on every
 # run; a BatchNorm (torch 2.13) its running statistics, never updated; an InstanceNorm with running
 # statistics the batch's own (tests/test_parity_exact.py measures the Dropout case).
-_MODE_DEPENDENT = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.modules.dropout._DropoutNd,
-                   torch.nn.modules.instancenorm._InstanceNorm)
+_MODE_DEPENDENT = torch_compat.MODE_DEPENDENT_MODULES
 
 
 def warn_training_mode(model: torch.nn.Module, proto: onnx.ModelProto) -> None:

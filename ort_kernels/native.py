@@ -44,24 +44,7 @@ class NativeTier(Tier):
         has C++ kernels for, then function bodies."""
         users = user_libraries(library or os.environ.get(LIBRARY_ENV) or None)
         theirs = served_by(users, model)
-        # NOTE: nodes inside model-local functions count: a body may call an op the library serves
-        rest = [key for key in custom_ops(model, functions=True) if key not in theirs]
-        # NOTE: the library's op table (each op's types, through its fake kernel) only when a node needs it
-        needed = any((spec := registry.find(*key)) is not None and native_source(spec) is not None for key in rest)
-        served = {k: v for k, v in served_ops(registry).items() if k in rest} if needed else {}
-        # NOTE: a node with neither a C++ kernel nor a model-local body runs its registered body,
-        # attached at the file's opset (helper functions the model carries run as they are)
-        unserved = [key for key in sorted(custom_ops(model)) if key not in served and key not in theirs]
-        attached = bool(unserved) and bool(attach_functions(model, registry, ops=unserved))
-        local = {(f.domain, f.name) for f in model.functions}
-        missing = [f"{d}::{t}" for d, t in unserved if (d, t) not in local]
-        if missing:
-            raise UnsupportedInTier(
-                f"tier 'native' has no C++ kernel for {', '.join(missing)}, nor a function body to run instead"
-                f"{'; no library given serves it' if users else ''}. Got ops {missing}. "
-                "Give each a C++ kernel (native= on @bridge.op, or op.register_native) or a function body"
-                f"{'' if users else ', or pass native_library= a custom-op library that serves it'}."
-            )
+        served, unserved, attached = _served(model, registry, theirs, users)
         # NOTE: drop the model-local functions a library serves, so that the C++ kernels, not the
         # function bodies, are what this session runs.
         keep = [f for f in model.functions if (f.domain, f.name) not in served and (f.domain, f.name) not in theirs]
@@ -72,21 +55,11 @@ class NativeTier(Tier):
         kernels = {f"{d}::{t}": path for (d, t), path in theirs.items()}
         libraries = list(dict.fromkeys(theirs.values()))
         if ours:
-            _one_library_per_domain(theirs, {d for d, _ in served_ops(registry)})
-            # NOTE: an op whose own C++ kernel does not build fails only the sessions whose model uses it
-            built = native_library(registry)
-            broken = [built.broken[key] for key in sorted(custom_ops(model)) if key in built.broken]
-            if broken:
-                raise broken[0]
-            own = os.fspath(built.path)
+            own = _own_library(model, registry, theirs)
             kernels.update({f"{d}::{t}": own for d, t in ours})
             libraries.append(own)
         kernels.update({f"{d}::{t}": FUNCTION_BODY for d, t in unserved})
-        try:
-            for path in libraries:
-                options = with_library(options, path)
-        except Exception as e:  # noqa: BLE001  onnxruntime's words, or the library's own refusal
-            raise load_error(path, e, f"Rebuild it for this onnxruntime ({ort.__version__}).") from None
+        options = _with_libraries(options, libraries)
         return Prepared(options, changed=changed, kernels=kernels)
 
     def missing(self, registry: Registry) -> str | None:
@@ -112,6 +85,53 @@ class NativeTier(Tier):
                          f"{','.join(str(d).replace('torch.', '') for d in dtypes)}"
                          f"{'' if op == f'{domain}::{name}' else f' (op {op})'}")
         return lines
+
+
+def _served(model: onnx.ModelProto, registry: Registry, theirs: dict[tuple[str, str], str],
+            users: list[str]) -> tuple[dict, list[tuple[str, str]], bool]:
+    """What serves the model's custom nodes besides the user's libraries (``theirs``): the ops opbridge's
+    library serves (with their types), the nodes nothing serves, and whether their bodies were attached (a node
+    with neither a C++ kernel nor a body is refused)."""
+    # NOTE: nodes inside model-local functions count: a body may call an op the library serves
+    rest = [key for key in custom_ops(model, functions=True) if key not in theirs]
+    # NOTE: the library's op table (each op's types, through its fake kernel) only when a node needs it
+    needed = any((spec := registry.find(*key)) is not None and native_source(spec) is not None for key in rest)
+    served = {k: v for k, v in served_ops(registry).items() if k in rest} if needed else {}
+    # NOTE: a node with neither a C++ kernel nor a model-local body runs its registered body,
+    # attached at the file's opset (helper functions the model carries run as they are)
+    unserved = [key for key in sorted(custom_ops(model)) if key not in served and key not in theirs]
+    attached = bool(unserved) and bool(attach_functions(model, registry, ops=unserved))
+    local = {(f.domain, f.name) for f in model.functions}
+    missing = [f"{d}::{t}" for d, t in unserved if (d, t) not in local]
+    if missing:
+        raise UnsupportedInTier(
+            f"tier 'native' has no C++ kernel for {', '.join(missing)}, nor a function body to run instead"
+            f"{'; no library given serves it' if users else ''}. Got ops {missing}. "
+            "Give each a C++ kernel (native= on @bridge.op, or op.register_native) or a function body"
+            f"{'' if users else ', or pass native_library= a custom-op library that serves it'}."
+        )
+    return served, unserved, attached
+
+
+def _own_library(model: onnx.ModelProto, registry: Registry, theirs: dict[tuple[str, str], str]) -> str:
+    """The path of opbridge's library, built for the registry (beside the user's, one library per domain)."""
+    _one_library_per_domain(theirs, {d for d, _ in served_ops(registry)})
+    # NOTE: an op whose own C++ kernel does not build fails only the sessions whose model uses it
+    built = native_library(registry)
+    broken = [built.broken[key] for key in sorted(custom_ops(model)) if key in built.broken]
+    if broken:
+        raise broken[0]
+    return os.fspath(built.path)
+
+
+def _with_libraries(options: ort.SessionOptions | None, libraries: list[str]) -> ort.SessionOptions | None:
+    """``options`` with each library registered in onnxruntime; a library it refuses fails in its words."""
+    try:
+        for path in libraries:
+            options = with_library(options, path)
+    except Exception as e:  # noqa: BLE001  onnxruntime's words, or the library's own refusal
+        raise load_error(path, e, f"Rebuild it for this onnxruntime ({ort.__version__}).") from None
+    return options
 
 
 def _one_library_per_domain(theirs: dict[tuple[str, str], str], domains: set[str]) -> None:

@@ -18,7 +18,7 @@ from op_db import F32, OPS
 import bridge
 import custom_ops  # noqa: F401
 from bridge import checks as C
-from bridge.core.check_guards import ordered, unguarded
+from bridge.core.checks.guards import ordered, unguarded
 from exporters.resolve import written_body
 
 ATTR_TYPES = {"width": onnx.AttributeProto.INT, "box": onnx.AttributeProto.INTS}
@@ -489,7 +489,7 @@ def test_checks_over_an_omitted_optional_input_do_not_apply(registry, fresh_name
         weighted(torch.ones(3), torch.ones(2))
 
 
-@pytest.mark.parametrize("module", ["bridge.core.check_vocabulary", "bridge.core.check_guards"])
+@pytest.mark.parametrize("module", ["bridge.core.checks.vocabulary", "bridge.core.checks.guards"])
 def test_check_modules_examples_run(module):
     """The examples of the two check modules (vocabulary, guards) run."""
     result = doctest.testmod(importlib.import_module(module), optionflags=doctest.ELLIPSIS)
@@ -502,7 +502,7 @@ def test_attr_prod_le_refuses_a_limit_an_int64_product_cannot_be_checked_against
 
 
 def test_a_session_opened_again_on_a_file_checks_as_the_first(tmp_path):
-    """Sessions opened again on a file take its ordered bodies from the first (check_guards.ordered
+    """Sessions opened again on a file take its ordered bodies from the first (checks.guards.ordered
     keeps them by content): the same bad input fails with the same message, good input runs."""
     class M(torch.nn.Module):
         def forward(self, image, patch):

@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 from cli_runner import run as in_process
 
-from bridge.core import cppbuild
+from bridge.core import cppbuild, installed
+from bridge.core.errors import OpBridgeError
+from bridge.tools import preflight
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -424,3 +426,14 @@ def test_plot_without_matplotlib_is_named_before_any_export(monkeypatch, tmp_pat
     r = in_process("check", "--plot", str(tmp_path / "errors.png"))
     _one_line_error(r, f'plotting needs matplotlib. Got no matplotlib. Install it with `{sys.executable} -m pip install')
     assert r.stdout == ""  # no check ran
+
+
+def test_the_seed_ops_and_the_demo_come_from_opbridges_entry_points(monkeypatch):
+    # NOTE: pyproject.toml names them ([project.entry-points]); the library itself never does
+    assert preflight.seed_modules() == ["custom_ops"]
+    assert preflight.default_model() == "custom_ops.demo:build"
+    monkeypatch.setattr(installed, "entry_points", lambda group: {})  # not installed, or installed before them
+    assert preflight.seed_modules() == []
+    with pytest.raises(OpBridgeError, match=r"^opbridge: no default --model\. Got no 'demo' entry point in group "
+                                                   r"'opbridge\.models'.*Pass --model MODULE:FACTORY"):
+        preflight.default_model()

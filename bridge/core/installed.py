@@ -42,6 +42,20 @@ def _origin() -> dict | None:
     return None
 
 
+def entry_points(group: str) -> dict[str, str]:
+    """The entry points opbridge's own metadata declares in ``group`` (name -> ``module[:attr]``, as
+    pyproject.toml's ``[project.entry-points."<group>"]`` states them); ``{}`` when opbridge is not installed.
+
+    >>> entry_points("no.such.group")
+    {}
+    """
+    try:
+        declared = importlib.metadata.distribution(DISTRIBUTION).entry_points
+    except importlib.metadata.PackageNotFoundError:
+        return {}
+    return {e.name: e.value for e in declared if e.group == group}
+
+
 def _local_path(url: str) -> str | None:
     parsed = urlparse(url)
     return unquote(parsed.path) if parsed.scheme == "file" else None

@@ -209,8 +209,9 @@ class OpSpec:
         backward = self.origin.has_backward  # NOTE: a torch.autograd.Function's own
         if backward is not None:
             return backward
-        if hasattr(self.custom_op, "_backward_fn"):
-            return self.custom_op._backward_fn is not None
+        backward = torch_compat.custom_op_backward(self.custom_op)  # NOTE: a torch.library.custom_op's
+        if backward is not None:
+            return backward
         return any(torch_compat.has_kernel(self.overload.name(), key)
                    for key in ("Autograd", "AutogradCPU", "CompositeImplicitAutograd"))
 

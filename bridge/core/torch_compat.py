@@ -123,6 +123,14 @@ def custom_op_fake(custom_op: Any) -> Callable | None:
     return custom_op._abstract_fn
 
 
+def custom_op_backward(custom_op: Any) -> bool | None:
+    """Whether a ``CustomOpDef`` has a backward registered (``register_autograd``: its ``_backward_fn``);
+    None for an op without that record (an OpOverload, whose autograd is a dispatch key)."""
+    if not hasattr(custom_op, "_backward_fn"):
+        return None
+    return custom_op._backward_fn is not None
+
+
 def destroy_custom_op(custom_op: Any) -> None:
     """Undefine a ``CustomOpDef`` from torch (its private library's ``_destroy``), so a failed
     declaration leaves torch as it was."""
@@ -238,6 +246,12 @@ def function_has_setup_context(cls: type) -> bool:
         False
     """
     return _autograd_function._is_setup_context_defined(getattr(cls, "setup_context", None))
+
+
+# NOTE: the base classes (private in torch.nn.modules) of the layers whose forward differs between train()
+# and eval(): BatchNorm*, Dropout*, InstanceNorm* (2.12-2.15)
+MODE_DEPENDENT_MODULES: tuple[type, ...] = (torch.nn.modules.batchnorm._BatchNorm, torch.nn.modules.dropout._DropoutNd,
+                                            torch.nn.modules.instancenorm._InstanceNorm)
 
 
 # -- symbolic functions of the TorchScript exporter, run on its own graph context ----------------------

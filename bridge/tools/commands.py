@@ -127,10 +127,13 @@ def _import_alone(name: str, load, option: str = "--ops"):
 
 
 def _load_ops(modules: list[str]) -> None:
-    try:  # NOTE: opbridge's own seed ops, imported plainly: their progress lines show as they come
-        importlib.import_module("custom_ops")
-    except Exception as e:  # noqa: BLE001
-        raise _import_error("custom_ops", e) from None
+    # NOTE: opbridge's own seed ops (entry points: preflight.seed_modules), imported plainly: their progress
+    # lines show as they come
+    for seed in preflight.seed_modules():
+        try:
+            importlib.import_module(seed)
+        except Exception as e:  # noqa: BLE001
+            raise _import_error(seed, e) from None
     for name in modules:
         import_ops(name)
 
@@ -506,7 +509,7 @@ def _complete(args) -> None:
     """Defaults the parser leaves open (it loads nothing), and every prerequisite of the command
     checked before any export: the tier's package or compiler, OpenVINO."""
     if getattr(args, "model", None) is None and args.command in ("export", "check"):
-        args.model = preflight.DEFAULT_MODEL
+        args.model = preflight.default_model()
     if getattr(args, "opset", None) is None and args.command == "export":
         args.opset = DEFAULT_OPSET
     if getattr(args, "native_library", None):

@@ -319,27 +319,41 @@ def localize(program: torch.export.ExportedProgram, model, args: Sequence, kwarg
     with step("localize: eager intermediates"):
         eager = eager_values(program, args, kwargs)
     graph = proto.graph
-    exact = {i.name for i in graph.input} | {t.name for t in graph.initializer}
-    candidates = [out for node in graph.node for out in node.output
-                  if out and out in eager and out not in exact]
     with step(f"localize: onnxruntime intermediates ({tier} tier)"):
-        sess = session(add_outputs(proto, candidates), tier=tier, registry=registry, native_library=native_library)
-        available = {o.name for o in sess.get_outputs()}
-        names = [n for n in candidates if n in available]
-        try:
-            values = dict(zip(names, run_feed(sess, names, ort_feed(sess, args, kwargs))))
-        except Exception as e:
-            raise OpBridgeError(f"onnxruntime failed to run the model with its intermediate values as outputs. "
-                                f"Got {type(e).__name__}: {str(e)[:500]}. Check the inputs against the kernels' "
-                                "contract (the check itself ran them).") from e
-    results = {n: compare(n, eager[n], values[n], rtol=rtol, atol=atol) for n in names}
+        values = _onnxruntime_values(proto, _candidates(graph, eager), args, kwargs, tier=tier, registry=registry,
+                                     native_library=native_library)
+    results = {n: compare(n, eager[n], v, rtol=rtol, atol=atol) for n, v in values.items()}
     # NOTE: only the function tier runs the bodies; the other tiers drop the ones they serve
     bodies = {(f.domain, f.name): [n.op_type for n in f.node] for f in proto.functions if tier == FunctionTier.name}
     targets = {n.name: str(n.target) for n in program.graph.nodes if n.op == "call_function"}
     nodes, uncompared = _walk(graph, results, targets, bodies)
-    first = next((n for n in nodes if not n.passed and n.inputs_ok), None) or \
+    return Localization(tier, run, nodes, _first_divergence(nodes), uncompared, time.perf_counter() - start)
+
+
+def _candidates(graph: onnx.GraphProto, eager: dict) -> list[str]:
+    """The values of ``graph`` worth comparing: node outputs eager has, but the graph's inputs and initializers."""
+    exact = {i.name for i in graph.input} | {t.name for t in graph.initializer}
+    return [out for node in graph.node for out in node.output if out and out in eager and out not in exact]
+
+
+def _onnxruntime_values(proto: onnx.ModelProto, candidates: list[str], args: Sequence, kwargs: dict | None, *,
+                        tier: str, registry, native_library) -> dict:
+    """The values of ``candidates`` onnxruntime computes (those the session can give as outputs), by name."""
+    sess = session(add_outputs(proto, candidates), tier=tier, registry=registry, native_library=native_library)
+    available = {o.name for o in sess.get_outputs()}
+    names = [n for n in candidates if n in available]
+    try:
+        return dict(zip(names, run_feed(sess, names, ort_feed(sess, args, kwargs))))
+    except Exception as e:
+        raise OpBridgeError(f"onnxruntime failed to run the model with its intermediate values as outputs. "
+                            f"Got {type(e).__name__}: {str(e)[:500]}. Check the inputs against the kernels' "
+                            "contract (the check itself ran them).") from e
+
+
+def _first_divergence(nodes: list[NodeParity]) -> NodeParity | None:
+    """The first failing node whose inputs passed, else the first failing node, else None."""
+    return next((n for n in nodes if not n.passed and n.inputs_ok), None) or \
         next((n for n in nodes if not n.passed), None)
-    return Localization(tier, run, nodes, first, uncompared, time.perf_counter() - start)
 
 
 def _lineage(node: onnx.NodeProto, i: int, producer: dict, results: dict, depends: dict) -> tuple[set, set]:

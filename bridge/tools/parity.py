@@ -284,6 +284,22 @@ class ParityReport:
         return write_bytes(path, image.getvalue())
 
     def __str__(self) -> str:
+        runner = {"onnxruntime": "ORT", "openvino": "OpenVINO"}.get(self.runtime, self.runtime)
+        lines = [f"parity: {self.model} | {runner} tier {self.tier} vs eager torch | "
+                 f"{'PASS' if self.passed else 'FAIL'}", self._table()]
+        lines += [f"kernel of {op}: {where}" for op, where in self.kernels.items()]
+        lines += [f"{op} {why}" for op, why in self.unserved.items()]
+        lines += [f"standard ops written by {name}.symbolic stand for its forward here"
+                  + ("" if self.passed else ": where they compute a failing output, the symbolic disagrees with its "
+                     "own forward (no opbridge kernel runs them); compare the two for these inputs")
+                  for name in self.symbolics]
+        lines += self._notes()
+        if self.localization is not None:
+            lines.append(str(self.localization))
+        return "\n".join(lines)
+
+    def _table(self) -> str:
+        """One row per output: shape, dtype, errors, mismatches, tolerances and the result."""
         head = ("output", "shape", "dtype", "max abs", "max rel", "mismatch", "rtol/atol", "result")
         rows = [head]
         for o in self.outputs:
@@ -291,15 +307,12 @@ class ParityReport:
                          "-" if math.isnan(o.max_rel) else f"{o.max_rel:.3g}", f"{o.mismatches}/{o.numel}",
                          f"{o.rtol:g}/{o.atol:g}",
                          ("PASS" if o.passed else "FAIL") + (f" ({o.note})" if o.note else "")))
-        runner = {"onnxruntime": "ORT", "openvino": "OpenVINO"}.get(self.runtime, self.runtime)
-        lines = [f"parity: {self.model} | {runner} tier {self.tier} vs eager torch | "
-                 f"{'PASS' if self.passed else 'FAIL'}", format_table(rows)]
-        lines += [f"kernel of {op}: {where}" for op, where in self.kernels.items()]
-        lines += [f"{op} {why}" for op, why in self.unserved.items()]
-        lines += [f"standard ops written by {name}.symbolic stand for its forward here"
-                  + ("" if self.passed else ": where they compute a failing output, the symbolic disagrees with its "
-                     "own forward (no opbridge kernel runs them); compare the two for these inputs")
-                  for name in self.symbolics]
+        return format_table(rows)
+
+    def _notes(self) -> list[str]:
+        """What the table alone would leave a reader to guess: which bound a PASS held by, an output type the file
+        declares wrongly, the worst elements of each failing output."""
+        lines = []
         # NOTE: a max rel past rtol beside PASS reads as a contradiction: say which bound held
         by_atol = [o.name for o in self.outputs if o.passed and not math.isnan(o.max_rel) and o.max_rel > o.rtol]
         if by_atol:
@@ -315,9 +328,7 @@ class ParityReport:
                 lines.append(f"worst elements of {o.name}:")
                 lines += [f"  at {tuple(w['index'])}: eager {_number(w['eager'], '.6g')}  "
                           f"ort {_number(w['ort'], '.6g')}  abs err {_number(w['abs_err'], '.3g')}" for w in o.worst]
-        if self.localization is not None:
-            lines.append(str(self.localization))
-        return "\n".join(lines)
+        return lines
 
     def assert_ok(self) -> None:
         """Raise AssertionError with the table (first line: the divergent node, if localized) when any output fails."""
@@ -390,11 +401,7 @@ def check_parity(model: torch.nn.Module, args: Sequence, *, kwargs: dict | None 
         >>> report.passed, report.outputs[0].max_abs
         (True, 0.0)
     """
-    if runtime not in RUNTIMES:
-        raise OpBridgeError(f"unknown runtime. Got {runtime!r}. Use one of {RUNTIMES}.")
-    if inline and tier != "function":
-        raise OpBridgeError(f"an inlined file has no custom nodes for tier {tier!r} to run. Got inline=True, "
-                            f"tier={tier!r}. Drop tier= to check the inlined file, or inline= to check the tier.")
+    _check_options(runtime, tier, inline)
     with tempfile.TemporaryDirectory() as tmp:
         onnx_path = os.fspath(path) if path is not None else os.path.join(tmp, "model.onnx")
         exported = export_with_program(model, args, onnx_path, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
@@ -412,17 +419,8 @@ def check_parity(model: torch.nn.Module, args: Sequence, *, kwargs: dict | None 
                 expected = _tensor_leaves(model(*_copies(run_args), **_copies(kwargs or {})))
                 actual = run_ort(sess, run_args, kwargs)
             suffix = f" [run {run + 1}]" if extra_args else ""
-            names = [o.name for o in sess.get_outputs()]
-            if len(actual) != len(expected):
-                raise OpBridgeError(f"ORT returned {len(actual)} outputs, eager {len(expected)}. "
-                                    f"Got outputs {names}. Return tensors only from forward().")
-            for out_name, e, a in zip(names, expected, actual):
-                row = compare(out_name + suffix, e, a, rtol=rtol, atol=atol)
-                # NOTE: what the file declares is part of the answer: a fake kernel's lie fails here
-                lie = declared_mismatch(declared.get(out_name), e)
-                if lie:
-                    row = dataclasses.replace(row, passed=False, note="; ".join(filter(None, (lie, row.note))))
-                rows.append(row)
+            rows += _output_rows([o.name for o in sess.get_outputs()], expected, actual, declared, suffix,
+                                 rtol=rtol, atol=atol)
             # NOTE: intermediates are compared in onnxruntime; an OpenVINO check reports outputs only
             if (runtime == "onnxruntime" and localization is None
                     and wanted(localize, passed=all(r.passed for r in rows))):
@@ -433,6 +431,33 @@ def check_parity(model: torch.nn.Module, args: Sequence, *, kwargs: dict | None 
                         onnx_path if path is not None else None, runtime, localization=localization,
                         kernels=dict(getattr(sess, "kernels", {})),
                         unserved=dict(getattr(sess, "unserved", {})), symbolics=exported.symbolics)
+
+
+def _check_options(runtime: str, tier: str, inline: bool) -> None:
+    """Refuse a runtime check_parity does not know, and a tier asked of an inlined file."""
+    if runtime not in RUNTIMES:
+        raise OpBridgeError(f"unknown runtime. Got {runtime!r}. Use one of {RUNTIMES}.")
+    if inline and tier != "function":
+        raise OpBridgeError(f"an inlined file has no custom nodes for tier {tier!r} to run. Got inline=True, "
+                            f"tier={tier!r}. Drop tier= to check the inlined file, or inline= to check the tier.")
+
+
+def _output_rows(names: list[str], expected: list, actual: list, declared: dict, suffix: str, *, rtol,
+                 atol) -> list[OutputParity]:
+    """One row per output of one run (named ``<output><suffix>``); an output the file declares otherwise than eager
+    returns it fails."""
+    if len(actual) != len(expected):
+        raise OpBridgeError(f"ORT returned {len(actual)} outputs, eager {len(expected)}. "
+                            f"Got outputs {names}. Return tensors only from forward().")
+    rows = []
+    for out_name, e, a in zip(names, expected, actual):
+        row = compare(out_name + suffix, e, a, rtol=rtol, atol=atol)
+        # NOTE: what the file declares is part of the answer: a fake kernel's lie fails here
+        lie = declared_mismatch(declared.get(out_name), e)
+        if lie:
+            row = dataclasses.replace(row, passed=False, note="; ".join(filter(None, (lie, row.note))))
+        rows.append(row)
+    return rows
 
 
 def assert_parity(model: torch.nn.Module, args: Sequence, **kwargs) -> ParityReport:

@@ -12,11 +12,30 @@ import os
 import sys
 import traceback
 
-from bridge.core import cache, files
+from bridge.core import cache, files, installed
 from bridge.core.errors import OpBridgeError
 from bridge.core.progress import format_table
 
-DEFAULT_MODEL = "custom_ops.demo:build"
+# NOTE: what the CLI loads unasked (the seed ops, the demo model) sits above the library (ARCHITECTURE.md):
+# pyproject.toml names it as entry points of opbridge's own distribution, read here, so no library module
+# names it. `opbridge.ops`: modules every command imports (they register ops); `opbridge.models`: the default
+# --model (its `demo` entry).
+OPS_GROUP, MODELS_GROUP, DEFAULT_MODEL = "opbridge.ops", "opbridge.models", "demo"
+
+
+def default_model() -> str:
+    """The ``--model`` of ``opbridge export``/``check`` when none is given: the ``demo`` entry point."""
+    found = installed.entry_points(MODELS_GROUP).get(DEFAULT_MODEL)
+    if found is None:
+        raise OpBridgeError(f"no default --model. Got no {DEFAULT_MODEL!r} entry point in group {MODELS_GROUP!r} of "
+                            "opbridge's metadata (opbridge not installed, or installed before pyproject.toml declared "
+                            "it). Pass --model MODULE:FACTORY, or reinstall opbridge (pip install -e CHECKOUT).")
+    return found
+
+
+def seed_modules() -> list[str]:
+    """The op modules every command imports first (the ``opbridge.ops`` entry points, in name order)."""
+    return [module for _, module in sorted(installed.entry_points(OPS_GROUP).items())]
 
 
 def inputs_path(onnx_path: str) -> str:
@@ -28,7 +47,8 @@ def model_factory(spec: str) -> tuple[str, str]:
     """``--model MODULE:FACTORY`` split in two; anything else is an error naming the form."""
     module_name, _, attr = spec.partition(":")
     if not attr:
-        raise OpBridgeError(f"--model must be MODULE:FACTORY. Got {spec!r}. Use e.g. {DEFAULT_MODEL}.")
+        example = installed.entry_points(MODELS_GROUP).get(DEFAULT_MODEL, "mypackage.models:build")
+        raise OpBridgeError(f"--model must be MODULE:FACTORY. Got {spec!r}. Use e.g. {example}.")
     return module_name, attr
 
 

@@ -16,8 +16,8 @@ the bridge derives:
   message (:func:`guard_failure` words it where those values cannot be read back);
 - the text the native kernels' messages are held to (tests/op_db.py's bad inputs).
 
-Two modules hold it: ``check_vocabulary`` (the kinds, one class each, their constructors and the
-op's list) and ``check_guards`` (guard nodes).
+Two modules of this package hold it: ``vocabulary`` (the kinds, one class each, their constructors and
+the op's list) and ``guards`` (guard nodes).
 
 Example:
     >>> import torch
@@ -31,8 +31,16 @@ Example:
 
 from __future__ import annotations
 
-from bridge.core.check_guards import GUARD_PREFIX, guard_failure, guarded_body, is_guard, ordered, unguarded, unreadable
-from bridge.core.check_vocabulary import (
+from bridge.core.checks.guards import (
+    GUARD_PREFIX,
+    guard_failure,
+    guarded_body,
+    is_guard,
+    ordered,
+    unguarded,
+    unreadable,
+)
+from bridge.core.checks.vocabulary import (
     PRODUCT_LIMIT_MAX,
     Check,
     CheckError,

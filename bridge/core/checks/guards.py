@@ -14,7 +14,7 @@ NOTE: guard nodes use only (op, type) pairs every supported onnxruntime (1.17 on
 CPU; tests/test_ort_kernels_coverage.py holds every registered op's body to that table.
 
 Example:
-    >>> from bridge.core.check_vocabulary import Checks, rank
+    >>> from bridge.core.checks.vocabulary import Checks, rank
     >>> guards_node_name("d::f", [(0, rank("x", 1)), (2, rank("y", 2))])
     'opbridge_check/d::f/x/0.rank+y/2.rank'
 """
@@ -28,7 +28,7 @@ from typing import cast
 import onnx
 from onnx import TensorProto, helper
 
-from bridge.core.check_vocabulary import Check, Checks, Compare, DtypeIs
+from bridge.core.checks.vocabulary import Check, Checks, Compare, DtypeIs
 from bridge.core.domains import is_onnx
 from bridge.core.errors import OpBridgeError
 from bridge.core.graphs import FreshNames, ProtoMemo, drop_unread, value_names, walk
@@ -55,7 +55,7 @@ def guard_failure(checks: Checks, node: str) -> str:
     what the checks it states require, without values.
 
     Example:
-        >>> from bridge.core.check_vocabulary import rank
+        >>> from bridge.core.checks.vocabulary import rank
         >>> checks = Checks("d::f", [rank("x", 2)])
         >>> guard_failure(checks, "opbridge_check/d::f/x/0.rank")  # doctest: +NORMALIZE_WHITESPACE
         "opbridge: d::f: input 'x' must have 2 dims. Got a value that fails it inside the model
@@ -349,7 +349,7 @@ def ordered(proto: onnx.FunctionProto) -> bool:
 
     Example:
         >>> import onnx
-        >>> from bridge.core.check_vocabulary import Checks, rank
+        >>> from bridge.core.checks.vocabulary import Checks, rank
         >>> body = onnx.helper.make_function("d", "f", ["x"], ["y"], [onnx.helper.make_node("Neg", ["x"], ["y"])],
         ...                                  [onnx.helper.make_opsetid("", 20)])
         >>> out = guarded_body(body, Checks("d::f", [rank("x", 2)]), {})
@@ -384,25 +384,13 @@ def _order(proto: onnx.FunctionProto) -> bool:
     at = max((i for i, n in enumerate(nodes) if is_guard(n)), default=None)
     if at is None:
         return False
-    produced = {o for n in nodes for o in n.output}  # NOTE: top-level: the outputs that may wait
     body = [n for n in nodes if not all(_is_guard_value(o) for o in n.output)]
     read = {i for n in walk(body) for i in n.input}  # NOTE: what the body (every node but the guard's) reads
     names = FreshNames(value_names(proto))
     chain, zero = names(f"{GUARD_PREFIX}_chain"), names(f"{GUARD_PREFIX}_zero")
     waits = [helper.make_node("ReduceMax", [nodes[at].output[0]], [chain], keepdims=1),
              helper.make_node("Constant", [], [zero], value=helper.make_tensor("value", TensorProto.INT64, [1], [0]))]
-    pairs = [(x, names(f"{x}_checked")) for x in proto.input if x in read]
-    if not pairs:  # NOTE: a body that reads no input: its outputs wait instead
-        pairs = [(names(f"{y}_unchecked"), y) for y in proto.output if y in produced]
-        outputs = {b: a for a, b in pairs}
-        for node in body:
-            if any(o in outputs for o in node.output):
-                node.output[:] = [outputs.get(o, o) for o in node.output]
-    else:
-        renames = dict(pairs)
-        for node in body:
-            _rename_inputs(node, renames)
-    for source, waited in pairs:
+    for source, waited in _waiting(proto, nodes, body, read, names):
         lifted = names(f"{GUARD_PREFIX}_lifted")
         waits += [helper.make_node("Unsqueeze", [source, chain], [lifted]),
                   helper.make_node("Squeeze", [lifted, zero], [waited])]
@@ -413,13 +401,32 @@ def _order(proto: onnx.FunctionProto) -> bool:
     return True
 
 
+def _waiting(proto: onnx.FunctionProto, nodes: list[onnx.NodeProto], body: list[onnx.NodeProto], read: set[str],
+             names: FreshNames) -> list[tuple[str, str]]:
+    """(value, the name it has once it waited for the guard), the body renamed to read the second: the inputs the
+    body reads; for a body that reads no input, its outputs (the body then writes ``<y>_unchecked``)."""
+    pairs = [(x, names(f"{x}_checked")) for x in proto.input if x in read]
+    if pairs:
+        renames = dict(pairs)
+        for node in body:
+            _rename_inputs(node, renames)
+        return pairs
+    produced = {o for n in nodes for o in n.output}  # NOTE: top-level: the outputs that may wait
+    pairs = [(names(f"{y}_unchecked"), y) for y in proto.output if y in produced]
+    outputs = {b: a for a, b in pairs}
+    for node in body:
+        if any(o in outputs for o in node.output):
+            node.output[:] = [outputs.get(o, o) for o in node.output]
+    return pairs
+
+
 def unguarded(proto: onnx.FunctionProto) -> onnx.FunctionProto:
     """``proto`` without its guard (what a file written for deployment carries): every guard value
     nothing but the guard reads removed. A body without a guard comes back as it is.
 
     Example:
         >>> import onnx
-        >>> from bridge.core.check_vocabulary import Checks, rank
+        >>> from bridge.core.checks.vocabulary import Checks, rank
         >>> body = onnx.helper.make_function("d", "f", ["x"], ["y"], [onnx.helper.make_node("Neg", ["x"], ["y"])],
         ...                                  [onnx.helper.make_opsetid("", 20)])
         >>> [(n.op_type, list(n.input)) for n in unguarded(guarded_body(body, Checks("d::f", [rank("x", 2)]), {})).node]
@@ -472,7 +479,7 @@ def guarded_body(proto: onnx.FunctionProto, checks: Checks, attr_types: dict[str
 
     Example:
         >>> import onnx
-        >>> from bridge.core.check_vocabulary import Checks, rank
+        >>> from bridge.core.checks.vocabulary import Checks, rank
         >>> body = onnx.helper.make_function("d", "f", ["x"], ["y"], [onnx.helper.make_node("Neg", ["x"], ["y"])],
         ...                                  [onnx.helper.make_opsetid("", 20)])
         >>> out = guarded_body(body, Checks("d::f", [rank("x", 2)]), {})
@@ -547,7 +554,7 @@ def unreadable(proto: onnx.FunctionProto, checks: Checks, attr_types: dict[str, 
 
     Example:
         >>> import onnx
-        >>> from bridge.core.check_vocabulary import Checks, rank
+        >>> from bridge.core.checks.vocabulary import Checks, rank
         >>> body = onnx.helper.make_function("d", "f", ["x"], ["y"], [onnx.helper.make_node("Neg", ["x"], ["y"])],
         ...                                  [onnx.helper.make_opsetid("", 20)])
         >>> list(unreadable(body, Checks("d::f", [rank("x", 1), rank("z", 1)]), {}))

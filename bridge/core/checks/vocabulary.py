@@ -3,7 +3,7 @@ call (``rank``, ``dim_eq``, ...), and an op's check list (:class:`Checks`).
 
 Each kind states, in one class, what must hold (``what``; a failure's message is ``opbridge:
 <qualname>: <what>. Got <violation>. <fix>``), its eager violation (``violation``), its ONNX guard
-(``guard``, over a builder from ``bridge.core.check_guards``) and whether it reads tensor values
+(``guard``, over a builder from ``bridge.core.checks.guards``) and whether it reads tensor values
 (``reads_values``). A new kind is a subclass here plus a constructor.
 
 Example:
@@ -278,7 +278,7 @@ class Check:
         raise NotImplementedError
 
     def guard(self, b: Any) -> list[str | Compare]:
-        """What must hold in ONNX (built with ``b``, a ``check_guards`` builder): bool [1] values and
+        """What must hold in ONNX (built with ``b``, a ``checks.guards`` builder): bool [1] values and
         :class:`Compare` that must all hold."""
         raise NotImplementedError
 
