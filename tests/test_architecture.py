@@ -217,13 +217,9 @@ def test_the_folder_graph_has_no_cycle():
 # -- no function over radon's cyclomatic complexity 20 (it counts boolean operators) --------------------------------
 
 COMPLEXITY_MAX = 20
-# NOTE: the lead's files for #41 (bridge/core/functions.py, opdef.py, exporters/export.py) are not split here; each
-# entry is (file, function): its complexity today, which it may not exceed, and the issue that removes it
-COMPLEXITY_ALLOWED = {
-    ("bridge/core/functions.py", "_from_symbolic"): (28, "#44 item 5, once #41 (the lead's functions.py) lands"),
-    ("bridge/core/functions.py", "check_written"): (26, "#44 item 5, once #41 (the lead's functions.py) lands"),
-    ("bridge/core/functions.py", "_read_symbolic"): (23, "#44 item 5, once #41 (the lead's functions.py) lands"),
-}
+# NOTE: each entry is (file, function): its complexity today, which it may not exceed, and the issue that removes
+# it; none today
+COMPLEXITY_ALLOWED: dict[tuple[str, str], tuple[int, str]] = {}
 
 
 def _complexities() -> dict[tuple[str, str], int]:

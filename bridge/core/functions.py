@@ -677,31 +677,43 @@ def _read_symbolic(cls, symbolic, params, sample) -> tuple[Recorder, list]:
         except Declined:
             raise  # NOTE: the prim::PythonOp symbolic passes the class by its name, whatever the values
         except _NeedsValue as e:
-            if held:
-                held = False  # NOTE: it branches on a bool (if aligned:): read with the values as they are
-                continue
-            if needs is not None:
-                raise NeedsCall(cls, f"it computes with {e}, whose value the registration does not know") from None
-            needs, held = f"a use of {e}", True
+            needs, held = _after_use(cls, e, needs, held)
             continue
         except OpBridgeError as e:
-            if held and not isinstance(e, NeedsCall):
-                held = False
-                continue
-            cause = str(e).split(". Got ", 1)[-1].split(". Fix the symbolic", 1)[0]
-            if needs is None and not isinstance(e, NeedsCall):  # NOTE: it may check the values (isinstance)
-                needs, held = f"what it raised with placeholders ({cause})", True
-                continue
-            unknown = [p.name for p in params if p.name not in tensors and p.name not in given
-                       and p.default in (_NO_DEFAULT, None) and _kind_of_annotation(p.annotation) is None]
-            if sample is None and unknown and not isinstance(e, NeedsCall):
-                raise NeedsCall(cls, f"which of {unknown} are tensors only a call tells, and symbolic fails without "
-                                     f"({cause})") from None
-            raise
+            needs, held = _after_failure(cls, e, needs, held, params, tensors, given, sample)
+            continue
         if held and not any(is_custom(n.domain) for n in g.nodes):
             held = False  # NOTE: standard ops only: read as before, with the values as they are
             continue
         return g, outs
+
+
+def _after_use(cls, e: _NeedsValue, needs: str | None, held: bool) -> tuple[str, bool]:
+    """The next read of :func:`_read_symbolic` after symbolic computed with a placeholder: with the values known
+    (first tagged, then as they are: it may branch on a bool, ``if aligned:``), or none (a call tells)."""
+    if held:
+        return needs or "", False
+    if needs is not None:
+        raise NeedsCall(cls, f"it computes with {e}, whose value the registration does not know") from None
+    return f"a use of {e}", True
+
+
+def _after_failure(cls, e: OpBridgeError, needs: str | None, held: bool, params, tensors: set[str],
+                   given: Mapping[str, Any], sample) -> tuple[str, bool]:
+    """The next read of :func:`_read_symbolic` after symbolic raised: with placeholders it may check the values
+    (``isinstance``), so with the values known (first tagged, then as they are); else the error, or a deferral to
+    the first call where only a call tells which arguments are tensors."""
+    if held and not isinstance(e, NeedsCall):
+        return needs or "", False
+    cause = str(e).split(". Got ", 1)[-1].split(". Fix the symbolic", 1)[0]
+    if needs is None and not isinstance(e, NeedsCall):
+        return f"what it raised with placeholders ({cause})", True
+    unknown = [p.name for p in params if p.name not in tensors and p.name not in given
+               and p.default in (_NO_DEFAULT, None) and _kind_of_annotation(p.annotation) is None]
+    if sample is None and unknown and not isinstance(e, NeedsCall):
+        raise NeedsCall(cls, f"which of {unknown} are tensors only a call tells, and symbolic fails without "
+                             f"({cause})") from None
+    raise e
 
 
 def _placeholders(params, tensors: set[str], given: Mapping[str, Any]) -> list:
@@ -720,15 +732,18 @@ def _from_symbolic(cls, g: Recorder, outs: list, params, given: Mapping[str, Any
     if len(g.nodes) != 1 or outs != node.outputs:
         raise _symbolic_error(cls, "writes a custom node together with other nodes",
                               f"{[f'{n.domain}::{n.op_type}' if n.domain else n.op_type for n in g.nodes]}")
-    defaults = {p.name: p.default for p in params}
-    inputs = []
-    for x in node.inputs:
-        if x is None:
-            raise _symbolic_error(cls, "passes None as an input", "g.op(..., None, ...)")
-        if not isinstance(x, _Arg) or x.path:
-            raise _symbolic_error(cls, "gives the custom node an input that is not one of forward's tensors", repr(x))
-        inputs.append((x.name, defaults[x.name] is None))
+    inputs = _node_inputs(cls, node, {p.name: p.default for p in params})
     attrs = [_node_attr(cls, key, kind, value) for key, (kind, value) in node.attrs.items()]
+    _check_names(cls, inputs, attrs, params)
+    _check_paths(cls, attrs, given)
+    containers = tuple((p.name, type(p.default)) for p in params if isinstance(p.default, (tuple, list)))
+    return dict(domain=node.domain, op_type=node.op_type, inputs=tuple(inputs), attrs=tuple(attrs),
+                num_outputs=len(outs), containers=containers)
+
+
+def _check_names(cls, inputs: list[tuple[str, bool]], attrs: list[Attr], params) -> None:
+    """The node's inputs and attributes have distinct names (no Python keyword) and every argument of forward
+    without a default reaches it."""
     names = [n for n, _ in inputs] + [a.name for a in attrs]
     if len(set(names)) != len(names) or any(keyword.iskeyword(n) for n in names):
         raise _symbolic_error(cls, "names two inputs or attributes alike (or with a Python keyword)", str(names))
@@ -737,10 +752,18 @@ def _from_symbolic(cls, g: Recorder, outs: list, params, given: Mapping[str, Any
     if missing:
         raise _symbolic_error(cls, f"never passes argument(s) {missing} to its node (they have no default)",
                               f"node inputs {[n for n, _ in inputs]}, attributes {[a.name for a in attrs]}")
-    _check_paths(cls, attrs, given)
-    containers = tuple((p.name, type(p.default)) for p in params if isinstance(p.default, (tuple, list)))
-    return dict(domain=node.domain, op_type=node.op_type, inputs=tuple(inputs), attrs=tuple(attrs),
-                num_outputs=len(outs), containers=containers)
+
+
+def _node_inputs(cls, node: Node, defaults: Mapping[str, Any]) -> list[tuple[str, bool]]:
+    """The custom node's inputs: (forward's tensor argument, optional) each."""
+    inputs = []
+    for x in node.inputs:
+        if x is None:
+            raise _symbolic_error(cls, "passes None as an input", "g.op(..., None, ...)")
+        if not isinstance(x, _Arg) or x.path:
+            raise _symbolic_error(cls, "gives the custom node an input that is not one of forward's tensors", repr(x))
+        inputs.append((x.name, defaults[x.name] is None))
+    return inputs
 
 
 def _node_attr(cls, key: str, kind: str, value) -> Attr:
@@ -1052,28 +1075,34 @@ def check_written(fb: FunctionBridge, values: Mapping[str, Any], opset: int = SY
         raise _symbolic_error(fb.cls, "writes other nodes for this call than for the arguments it was read with",
                               str([f"{n.domain}::{n.op_type}" if n.domain else n.op_type for n in graph.node]))
     node = theirs[0]
-    ours = {a.name: a.of(values) for a in fb.attrs}
-    written = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    _check_attributes(fb, values, {a.name: helper.get_attribute_value(a) for a in node.attribute})
     inputs = [name if values[name] is not None else "" for name, _ in fb.inputs]
     while inputs and not inputs[-1]:
         inputs.pop()
-    for name in sorted(set(ours) | set(written)):
-        mine, its = ours.get(name), written.get(name)
-        its = its.decode() if isinstance(its, bytes) else its
-        if not _same_attribute(mine, its):
-            source = next((a.source for a in fb.attrs if a.name == name), None)
-            where = (f"the argument it was read from gives {mine!r}: it computes the attribute from the call's "
-                     "values, so the kernel tiers could not call forward with them again" if source is not None else
-                     f"the node read first holds {mine!r}: it computes the attribute from something other than "
-                     "forward's arguments (an input's type), and one node type holds one value")
-            raise OpBridgeError(
-                f"{symbolic_name(fb.cls)} writes attribute '{name}' = {its!r} for this call, where {where}. Got "
-                f"the call { {k: v for k, v in values.items() if not isinstance(v, torch.Tensor)} }. Pass the "
-                "argument to g.op as it is (or an element of it), or register with symbolic=False, name='ns::op'.")
     if (node.domain, node.op_type, list(node.input)) != (fb.domain, fb.op_type, inputs):
         raise _symbolic_error(fb.cls, "writes another node for this call than for the arguments it was read with",
                               f"{node.domain}::{node.op_type}{list(node.input)}, read as "
                               f"{fb.domain}::{fb.op_type}{inputs}")
+
+
+def _check_attributes(fb: FunctionBridge, values: Mapping[str, Any], written: Mapping[str, Any]) -> None:
+    """Raise unless the attributes ``fb`` writes for the call ``values`` are ``written`` (the TorchScript
+    exporter's, by name)."""
+    ours = {a.name: a.of(values) for a in fb.attrs}
+    for name in sorted(set(ours) | set(written)):
+        mine, its = ours.get(name), written.get(name)
+        its = its.decode() if isinstance(its, bytes) else its
+        if _same_attribute(mine, its):
+            continue
+        source = next((a.source for a in fb.attrs if a.name == name), None)
+        where = (f"the argument it was read from gives {mine!r}: it computes the attribute from the call's "
+                 "values, so the kernel tiers could not call forward with them again" if source is not None else
+                 f"the node read first holds {mine!r}: it computes the attribute from something other than "
+                 "forward's arguments (an input's type), and one node type holds one value")
+        raise OpBridgeError(
+            f"{symbolic_name(fb.cls)} writes attribute '{name}' = {its!r} for this call, where {where}. Got "
+            f"the call { {k: v for k, v in values.items() if not isinstance(v, torch.Tensor)} }. Pass the "
+            "argument to g.op as it is (or an element of it), or register with symbolic=False, name='ns::op'.")
 
 
 def _same_attribute(mine: Any, its: Any) -> bool:
