@@ -133,15 +133,12 @@ def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts
                 bev_feat_shape: Sequence[int]):
     # NOTE: segment sums that never mix cells and that onnxruntime runs fast and deterministically.
     # The guards (CHECKS) run first: every index below is in range.
-    # 1. Intervals, in the order given, are cut into chunks of CHUNK points, the last one padded;
-    #    padding reads a zero depth element and a zero feature row put in front (0 * 0 = 0).
+    # 1. Intervals are sorted by cell (TopK), then cut into chunks of CHUNK points, the last one
+    #    padded; padding reads a zero depth element and a zero feature row put in front (0 * 0 = 0).
     #    A chunk's sum is one batched MatMul row: [1, CHUNK] depth values x [CHUNK, C] feature rows.
-    # 2. Each cell's first row is written with one ScatterND (every cell once: deterministic), the
-    #    others (long cells, ~1/3 of the rows at BEVDet size) are added in row order with
-    #    ScatterElements-add (serial in onnxruntime: deterministic). No sort: the rows write their
-    #    indices into their cells last row first, and the row a cell holds is the one ScatterND
-    #    writes. Whichever row a runtime leaves there (ONNX leaves duplicate writes unordered),
-    #    every row is summed once; onnxruntime writes serially, so it is the first.
+    # 2. Chunk rows of one cell are consecutive: each cell's first row is written with one
+    #    ScatterND (every cell once: deterministic), the others (long cells, ~1/3 of the rows at
+    #    BEVDet size) are added with ScatterElements-add (serial in onnxruntime: deterministic).
     # Only a cell's own points meet in a sum, so an Inf/NaN/huge value stays in its cell (global
     # prefix-sum differences were tried and dropped: one Inf/NaN or huge value spoils every later
     # cell). Chunk sums accumulate in float64 for float64 input, else in float32 (float16 too);
@@ -154,6 +151,10 @@ def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts
     starts = op.Cast(interval_starts, to=INT64.dtype)
     # an empty interval may start at the end: the pad entry
     cell = op.Gather(op.Concat(ranks_bev, op.Constant(value=INT32_ZERO), axis=0), starts)
+    _, order = op.TopK(cell, op.Shape(starts), largest=0)
+    lengths = op.Gather(lengths, order)
+    starts = op.Gather(starts, order)
+    cell = op.Gather(cell, order)
     # 1. chunks: the interval (owner) of each row, the points of its slots (1-based; 0 pads)
     chunks = op.Div(op.Add(lengths, op.Constant(value_ints=[CHUNK - 1])), width)
     chunk_offsets = op.CumSum(chunks, zero, exclusive=1)
@@ -193,16 +194,12 @@ def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts
     part = op.Squeeze(part, one1)
     # 2. each cell's first row, then the rest
     row_cell = op.Cast(op.Gather(cell, owner), to=INT64.dtype)
-    # NOTE: Flatten of the zero grid (not a Reshape to [-1, C], ambiguous with C = 0): [cells, C]
-    grid = op.Flatten(op.Expand(op.Constant(value=DOUBLE_ZERO), shape), axis=4)
-    # NOTE: not ScatterElements-min (opset 18: bodies run at opset 17 too), nor Unique (17x the TopK it replaces)
-    backwards = op.Constant(value_ints=[-(2**62)])
-    held = op.ScatterElements(op.Expand(minus1, op.Shape(grid, end=1)), op.Slice(row_cell, minus1, backwards, zero1,
-                              minus1), op.Slice(row, minus1, backwards, zero1, minus1))
-    first = op.Equal(op.Gather(held, row_cell), row)
+    first = op.Greater(row_cell, op.Concat(minus1, op.Slice(row_cell, zero1, minus1), axis=0))
     firsts = op.Reshape(op.NonZero(first), minus1)
     rest = op.Reshape(op.NonZero(op.Not(first)), minus1)
-    acc = op.ScatterND(grid, op.Unsqueeze(op.Gather(row_cell, firsts), minus1), op.Gather(part, firsts))
+    # NOTE: Flatten of the zero grid (not a Reshape to [-1, C], ambiguous with C = 0): [cells, C]
+    acc = op.ScatterND(op.Flatten(op.Expand(op.Constant(value=DOUBLE_ZERO), shape), axis=4),
+                       op.Unsqueeze(op.Gather(row_cell, firsts), minus1), op.Gather(part, firsts))
     rest_part = op.Gather(part, rest)
     rest_cells = op.Expand(op.Unsqueeze(op.Gather(row_cell, rest), minus1), op.Shape(rest_part))
     acc = op.ScatterElements(acc, rest_cells, rest_part, axis=0, reduction="add")
