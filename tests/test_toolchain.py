@@ -378,3 +378,76 @@ def test_checks_survive_optimizers(files, tool):
     model = OPTIMIZERS[tool](onnx.load(files["paths"]["function"]))
     assert_same(files, "function", model)
     assert_refused_naming(files, model, "ranks_depth")
+
+
+# -- bev_pool_v2's body: buffers sized from shapes, any interval order ---------------------
+
+# NOTE: the inputs that give a node's output its size, by op type (every op the body uses that has one)
+SIZE_INPUTS = {"Tile": (1,), "ConstantOfShape": (0,), "Expand": (1,), "Reshape": (1,), "Range": (0, 1, 2),
+               "Slice": (1, 2, 3, 4), "Pad": (1,), "TopK": (1,), "Split": (1,)}
+DATA_SIZED = {"NonZero", "Compress", "Unique"}  # NOTE: the output's size is the count of its input's values
+SAME_SIZE = {"ScatterND", "ScatterElements"}  # NOTE: the output has input 0's shape, whatever else it reads
+
+
+def value_dependence(function: onnx.FunctionProto) -> tuple[set[str], set[str]]:
+    """(valued, sized) of ``function``'s values: ``valued`` values whose values depend on the
+    function's input values (a Shape or Size reads its input's size only), ``sized`` values whose
+    size does (a size input that is valued, a NonZero's count, a sized input)."""
+    valued, sized = set(function.input), set()
+    for node in function.node:
+        reads = [i for i in node.input if i]
+        if node.op_type in ("Shape", "Size"):
+            is_valued, is_sized = reads[0] in sized, False
+        else:
+            is_valued = any(i in valued or i in sized for i in reads)
+            size_inputs = [node.input[k] for k in SIZE_INPUTS.get(node.op_type, ()) if k < len(node.input)]
+            shaped = reads[:1] if node.op_type in SAME_SIZE else reads
+            is_sized = (node.op_type in DATA_SIZED or any(i in valued for i in size_inputs if i)
+                        or any(i in sized for i in shaped))
+        valued |= set(node.output) if is_valued else set()
+        sized |= set(node.output) if is_sized else set()
+    return valued, sized
+
+
+def _bev_body(files) -> onnx.FunctionProto:
+    return next(f for f in onnx.load(files["paths"]["function"]).functions if f.name == "bev_pool_v2")
+
+
+def test_bev_pool_v2_buffers_are_sized_from_shapes(files):
+    """The buffers bev_pool_v2's body scatters into (the output grid, each cell's first row) are sized
+    from the attribute and input shapes, all but the chunk rows' marker: rows are sum(ceil(length / 16))
+    over the intervals, which no input shape bounds (intervals may overlap). No ConstantOfShape, and the
+    one Tile sized from values is that marker."""
+    body = _bev_body(files)
+    valued, sized = value_dependence(body)
+    assert "interval_lengths" in valued and body.output[0] in valued  # NOTE: the walk follows the values
+    producer = {o: n for n in body.node for o in n.output}
+    scatters = [n for n in body.node if n.op_type in SAME_SIZE]
+    from_values = [n for n in scatters if n.input[0] in sized]
+    assert len(scatters) >= 3 and len(from_values) == 1, [(n.op_type, list(n.input)) for n in scatters]
+    buffers = [n for n in body.node if n.op_type in ("Tile", "ConstantOfShape")
+               and n.input[SIZE_INPUTS[n.op_type][0]] in valued]
+    assert [n.op_type for n in buffers] == ["Tile"] and producer[from_values[0].input[0]] is buffers[0]
+
+
+@pytest.mark.parametrize("kind", ("function", "inline"))
+def test_bev_pool_v2_any_interval_order_gives_the_same_bits(files, kind):
+    """Intervals need no sort: each of the demo's intervals (one per cell) cut in two, then every
+    first half in a random order followed by every second half in the same order (a cell's two
+    intervals apart, in their order), give the output of the halves in place bit for bit; both within
+    TOL of the file's output on the intervals as prepared."""
+    feed = dict(files["feed"])
+    starts, lengths, ranks_bev = feed["interval_starts"], feed["interval_lengths"], feed["ranks_bev"]
+    half = lengths // 2
+    cut_starts = np.stack([starts, starts + half], 1).reshape(-1).astype(np.int32)
+    cut_lengths = np.stack([half, lengths - half], 1).reshape(-1).astype(np.int32)
+    perm = np.random.default_rng(0).permutation(len(starts))
+    order = np.r_[2 * perm, 2 * perm + 1]
+    cell = np.r_[ranks_bev, 0][starts]
+    assert len(np.unique(cell)) == len(cell) > 2 and not np.all(np.diff(cell[perm]) >= 0)
+    cut = run(files["paths"][kind], {**feed, "interval_starts": cut_starts, "interval_lengths": cut_lengths}, None)
+    shuffled = run(files["paths"][kind], {**feed, "interval_starts": cut_starts[order],
+                                          "interval_lengths": cut_lengths[order]}, None)
+    for a, b, expected in zip(cut, shuffled, files["expected"][kind], strict=True):
+        assert a.tobytes() == b.tobytes()
+        np.testing.assert_allclose(a, expected, rtol=0, atol=TOL)
