@@ -143,7 +143,8 @@ _HELD = {int: _HeldInt, float: _HeldFloat, str: _HeldStr}
 def _held(value: Any, source: _Arg) -> Any:
     """``value`` (a call's argument, or an element of one) as symbolic gets it in a read with the call's values:
     ints, floats and strs tagged with their source, tuples and lists rebuilt of tagged elements, bools and None as
-    placeholders (``if aligned:`` then asks for a call, as with no value), anything else as it is."""
+    placeholders (a symbolic branching on one, ``if aligned:``, is read again with the values as they are),
+    anything else as it is."""
     if isinstance(value, (tuple, list)):
         return type(value)(_held(v, _Arg(source.name, source.path + (i,))) for i, v in enumerate(value))
     kind = _HELD.get(type(value))
