@@ -482,18 +482,8 @@ def test_a_kernel_that_crashes_under_check_leaves_a_line_naming_its_library_and_
     # NOTE: red team 4: a segfaulting kernel ended `opbridge check --native-library` (-11) with nothing
     # naming the library or the op
     name = fresh_name("boom")
-    source = tmp_path / "boom.cc"
-    source.write_text(INNER_KERNEL.replace("SYMBOL", op_names(name).symbol)
-                      .replace("out[i] = in[i] * 1000.f + 8.f;", "out[i] = *static_cast<volatile float*>(nullptr);"))
-    theirs = bridge.Registry()
-
-    @bridge.op(name, fake=lambda x: torch.empty_like(x), native=str(source), registry=theirs,
-               sample_inputs=lambda dtype: [bridge.SampleInput((torch.ones(3, dtype=dtype),))])
-    def boom(x: torch.Tensor) -> torch.Tensor:
-        return x * 5
-
-    library = tmp_path / "libcrash.so"
-    shutil.copy(build.library_path(theirs), library)
+    library = _inner_library(bridge.Registry(), name, tmp_path, INNER_KERNEL.replace(
+        "out[i] = in[i] * 1000.f + 8.f;", "out[i] = *static_cast<volatile float*>(nullptr);"))
     (tmp_path / "crash_ops.py").write_text(CRASH_OPS.replace("NAME", repr(name)))
     env = dict(ENV, PYTHONPATH=str(tmp_path) + os.pathsep + ENV["PYTHONPATH"])
     r = forkserver.run(["-m", "bridge", "--ops", "crash_ops", "check", "--model", "crash_ops:case",
@@ -501,5 +491,5 @@ def test_a_kernel_that_crashes_under_check_leaves_a_line_naming_its_library_and_
     assert r.returncode == -11, r.stdout + r.stderr
     lines = r.stderr.splitlines()
     crash = next(i for i, line in enumerate(lines) if "Segmentation fault" in line)
-    named = [line for line in lines[:crash] if f"native code: libcrash.so serves {name}" in line]
+    named = [line for line in lines[:crash] if f"native code: {library.name} serves {name}" in line]
     assert named and named[-1].endswith("..."), r.stderr  # the step that was running when it crashed
