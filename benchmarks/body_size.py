@@ -40,9 +40,9 @@ from contenders import EAGER, FUNCTION  # noqa: E402
 
 import bridge  # noqa: E402
 import custom_ops  # noqa: E402,F401
-from bridge.core import files  # noqa: E402
-from bridge.core.domains import ONNX_DOMAINS  # noqa: E402
-from bridge.core.graphs import walk  # noqa: E402
+from bridge.core.basics import files  # noqa: E402
+from bridge.core.basics.domains import ONNX_DOMAINS  # noqa: E402
+from bridge.core.basics.graphs import walk  # noqa: E402
 from bridge.core.spec import Written  # noqa: E402
 from bridge.tools.testing import OpModule  # noqa: E402
 from exporters.bodies.opsets import convert_function, onnx_opset, portable_constants  # noqa: E402

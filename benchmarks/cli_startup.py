@@ -22,7 +22,7 @@ import doc_markers
 import machine
 from readme_table import machine_line
 
-from bridge.core import files
+from bridge.core.basics import files
 
 ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_JSON = ROOT / "benchmarks" / "results" / "cli_startup.json"
@@ -30,7 +30,7 @@ BLOCK = "cli-startup"
 HELP, TORCH, CACHE = "opbridge --help", "python -c 'import torch'", "opbridge cache"
 # the code this run measures (machine.provenance): what `opbridge --help` and `opbridge cache` import
 MEASURES = ["bridge/__init__.py", "bridge/__main__.py", "bridge/tools/cli.py", "bridge/tools/commands.py",
-            "bridge/core/cache.py", "benchmarks/cli_startup.py"]
+            "bridge/core/basics/cache.py", "benchmarks/cli_startup.py"]
 COMMANDS = {HELP: [sys.executable, "-m", "bridge", "--help"], TORCH: [sys.executable, "-c", "import torch"],
             CACHE: [sys.executable, "-m", "bridge", "cache"]}
 

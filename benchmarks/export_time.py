@@ -81,9 +81,10 @@ import vision_ops  # noqa: E402  (tests/vision_ops.py: torchvision's ops by name
 
 import bridge  # noqa: E402
 import custom_ops.demo as demo  # noqa: E402
-from bridge.core import cppbuild, files  # noqa: E402
-from bridge.core.domains import is_onnx  # noqa: E402
-from bridge.core.torch_compat import torchlib_translation  # noqa: E402
+from bridge.core import cppbuild  # noqa: E402
+from bridge.core.basics import files  # noqa: E402
+from bridge.core.basics.domains import is_onnx  # noqa: E402
+from bridge.core.basics.torch_compat import torchlib_translation  # noqa: E402
 from exporters.bodies.translation import translation_table  # noqa: E402
 from exporters.export import DEFAULT_OPSET  # noqa: E402
 from ort_kernels import build  # noqa: E402

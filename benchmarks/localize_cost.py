@@ -25,7 +25,7 @@ import bridge  # noqa: E402
 import bridge.tools.localize  # noqa: E402
 import bridge.tools.parity  # noqa: E402
 import custom_ops.demo as demo  # noqa: E402
-from bridge.core import files  # noqa: E402
+from bridge.core.basics import files  # noqa: E402
 from tests import test_localize as broken  # noqa: E402
 
 

@@ -58,7 +58,7 @@ from spread import spread  # noqa: E402
 
 import bridge  # noqa: E402
 import custom_ops.demo as demo  # noqa: E402
-from bridge.core import files  # noqa: E402
+from bridge.core.basics import files  # noqa: E402
 from exporters.bodies.translation import translation_table  # noqa: E402
 
 # the code this suite measures (machine.provenance): bev_pool_v2.py's, and for its export, session and

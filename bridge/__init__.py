@@ -20,8 +20,8 @@ import sys
 
 # NOTE: public name -> (module, attribute); a name is defined in exactly one module.
 _PUBLIC: dict[str, tuple[str, str]] = {
-    "OpBridgeError": ("bridge.core.errors", "OpBridgeError"),
-    "UnsupportedInTier": ("bridge.core.errors", "UnsupportedInTier"),
+    "OpBridgeError": ("bridge.core.basics.errors", "OpBridgeError"),
+    "UnsupportedInTier": ("bridge.core.basics.errors", "UnsupportedInTier"),
     "REGISTRY": ("bridge.core.registry", "REGISTRY"),
     "Registry": ("bridge.core.registry", "Registry"),
     "OpSpec": ("bridge.core.spec", "OpSpec"),
@@ -44,9 +44,9 @@ _PUBLIC: dict[str, tuple[str, str]] = {
 # user-facing floor in bridge/tools/ (ARCHITECTURE.md).
 _SUBMODULES: dict[str, str] = {
     **{name: f"bridge.core.{name}" for name in (
-        "checks", "cppbuild", "domains", "dtypes", "errors", "files", "functional", "functions", "graphs", "opnames",
-        "opdef",
-        "progress", "proxy", "registry", "schema", "spec", "torch_compat")},
+        "checks", "cppbuild", "functional", "functions", "opdef", "proxy", "registry", "schema", "spec")},
+    **{name: f"bridge.core.basics.{name}" for name in (
+        "domains", "dtypes", "errors", "files", "graphs", "opnames", "progress", "torch_compat")},
     **{name: f"bridge.tools.{name}" for name in (
         "cli", "commands", "localize", "openvino_runtime", "parity", "sessions", "testing", "triton")},
 }

@@ -16,8 +16,16 @@ from typing import Any
 import onnx
 import torch
 
-from bridge.core import files, torch_compat
-from bridge.core.errors import OpBridgeError
+from bridge.core.basics import files, torch_compat
+from bridge.core.basics.errors import OpBridgeError
+from bridge.core.basics.graphs import (
+    custom_nodes,
+    fold_function_type_probes,
+    model_tensor_constants,
+    model_value_types,
+    random_nodes,
+)
+from bridge.core.basics.progress import step
 from bridge.core.functions import (
     Declined,
     FunctionBridge,
@@ -27,15 +35,7 @@ from bridge.core.functions import (
     function_classes,
     swap_forwards,
 )
-from bridge.core.graphs import (
-    custom_nodes,
-    fold_function_type_probes,
-    model_tensor_constants,
-    model_value_types,
-    random_nodes,
-)
 from bridge.core.opdef import FunctionCalls, described, described_method, register
-from bridge.core.progress import step
 from bridge.core.proxy import proxy_name, redirect, specialisation_check
 from bridge.core.registered import call_defaults, function_class, op_calls, origin_of, registered_origin
 from bridge.core.registry import REGISTRY, Registry, fill_attributes

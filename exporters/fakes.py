@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import torch
 
-from bridge.core.errors import OpBridgeError
+from bridge.core.basics.errors import OpBridgeError
+from bridge.core.basics.torch_compat import fake_mode, pytree
 from bridge.core.spec import OpSpec, SampleInput
-from bridge.core.torch_compat import fake_mode, pytree
 
 # NOTE: id -> (the spec, held so that its id stays its own; the lie found, or None)
 _CHECKED: dict[int, tuple[OpSpec, str | None]] = {}

@@ -12,12 +12,12 @@ import os
 import onnx
 import onnx.inliner
 
-from bridge.core import files
+from bridge.core.basics import files
+from bridge.core.basics.domains import ONNX_DOMAINS
+from bridge.core.basics.errors import OpBridgeError
+from bridge.core.basics.graphs import fold_type_probes, model_nodes, model_tensor_constants, nonstandard_ops
+from bridge.core.basics.progress import step
 from bridge.core.checks import unguarded
-from bridge.core.domains import ONNX_DOMAINS
-from bridge.core.errors import OpBridgeError
-from bridge.core.graphs import fold_type_probes, model_nodes, model_tensor_constants, nonstandard_ops
-from bridge.core.progress import step
 from bridge.core.registry import REGISTRY, Registry, fill_attributes
 from exporters.resolve import attach_functions
 
@@ -93,7 +93,7 @@ def inline_functions(model: onnx.ModelProto, registry: Registry | None = None, *
 
 
 def save_atomic(model: onnx.ModelProto, path: str | os.PathLike) -> None:
-    """Write ``model`` to ``path`` as one file, whole or not at all (``bridge.core.files``): readers
+    """Write ``model`` to ``path`` as one file, whole or not at all (``bridge.core.basics.files``): readers
     see the old file or the whole new one, never half of it."""
     size = model.ByteSize()
     if size >= files.SINGLE_FILE_LIMIT:

@@ -10,8 +10,8 @@ from collections.abc import Mapping, Sequence
 import onnx
 import torch
 
-from bridge.core.errors import OpBridgeError
-from bridge.core.graphs import FreshNames, custom_nodes, graphs, value_names
+from bridge.core.basics.errors import OpBridgeError
+from bridge.core.basics.graphs import FreshNames, custom_nodes, graphs, value_names
 
 
 def rename_values(model: onnx.ModelProto, mapping: dict[str, str]) -> None:

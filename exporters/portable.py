@@ -27,7 +27,7 @@ from collections.abc import Iterator
 import onnx
 from onnx import helper
 
-from bridge.core.graphs import graphs, model_graphs, model_nodes
+from bridge.core.basics.graphs import graphs, model_graphs, model_nodes
 
 # NOTE: element types by the IR version that introduced them (onnx.proto's IR history).
 _TYPE_IR = {getattr(onnx.TensorProto, name): ir for name, ir in (

@@ -43,10 +43,10 @@ from typing import NamedTuple
 import onnx
 import onnx_ir as ir
 
+from bridge.core.basics.domains import is_onnx
+from bridge.core.basics.errors import OpBridgeError
+from bridge.core.basics.graphs import ProtoMemo, custom_nodes, ir_custom_nodes, model_value_types
 from bridge.core.checks import guarded_body, unreadable
-from bridge.core.domains import is_onnx
-from bridge.core.errors import OpBridgeError
-from bridge.core.graphs import ProtoMemo, custom_nodes, ir_custom_nodes, model_value_types
 from bridge.core.registry import REGISTRY, Registry, validate_body
 from bridge.core.spec import BodyBuilder, OpSpec, Written, bind_attribute_defaults, node_attributes, values_key
 from exporters.bodies.opsets import convert_function, onnx_opset, portable_constants

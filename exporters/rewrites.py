@@ -11,8 +11,8 @@ import operator
 
 import torch
 
-from bridge.core import torch_compat
-from bridge.core.errors import OpBridgeError
+from bridge.core.basics import torch_compat
+from bridge.core.basics.errors import OpBridgeError
 
 
 def is_auto_functionalized(target) -> bool:

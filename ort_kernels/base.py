@@ -19,9 +19,9 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from bridge.core.domains import is_custom
-from bridge.core.errors import OpBridgeError
-from bridge.core.graphs import model_nodes
+from bridge.core.basics.domains import is_custom
+from bridge.core.basics.errors import OpBridgeError
+from bridge.core.basics.graphs import model_nodes
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
 

@@ -12,11 +12,11 @@ import onnx
 import onnxruntime as ort
 import torch
 
+from bridge.core.basics.domains import is_custom
+from bridge.core.basics.errors import OpBridgeError, UnsupportedInTier
+from bridge.core.basics.files import load_model
+from bridge.core.basics.graphs import custom_nodes, model_nodes, subgraphs, value_types, walk
 from bridge.core.checks import Checks, guard_failure, is_guard, ordered
-from bridge.core.domains import is_custom
-from bridge.core.errors import OpBridgeError, UnsupportedInTier
-from bridge.core.files import load_model
-from bridge.core.graphs import custom_nodes, model_nodes, subgraphs, value_types, walk
 from bridge.core.registry import Registry
 from bridge.core.spec import BodyBuilder, OpSpec
 from exporters.derive import Crash, body_status, crashes_of, last_failure

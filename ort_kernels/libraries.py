@@ -20,9 +20,9 @@ from collections.abc import Sequence
 import onnx
 import onnxruntime as ort
 
-from bridge.core.errors import OpBridgeError  # noqa: F401  (doctest)
-from bridge.core.files import check_library_file
-from bridge.core.graphs import custom_nodes, model_value_types
+from bridge.core.basics.errors import OpBridgeError  # noqa: F401  (doctest)
+from bridge.core.basics.files import check_library_file
+from bridge.core.basics.graphs import custom_nodes, model_value_types
 from ort_kernels.base import Paths, load_error
 
 _ANSWERS: dict[tuple, str | None] = {}

@@ -1,6 +1,6 @@
 """The native tier: custom nodes run in the C++ custom-op library (``libopbridge_ort.so``), built from
 each op's ``native=`` file or its seed kernel ``ort_kernels/cpu/<domain>_op_<op type>.cc``
-(names from ``bridge.core.opnames``, so a kernel belongs to one full ONNX name) on first use, or prebuilt."""
+(names from ``bridge.core.basics.opnames``, so a kernel belongs to one full ONNX name) on first use, or prebuilt."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import onnx
 import onnxruntime as ort
 import torch
 
+from bridge.core.basics.errors import OpBridgeError, UnsupportedInTier
+from bridge.core.basics.graphs import custom_ops
+from bridge.core.basics.opnames import spec_names
 from bridge.core.cppbuild import compiler, find_compiler, verified
-from bridge.core.errors import OpBridgeError, UnsupportedInTier
-from bridge.core.graphs import custom_ops
-from bridge.core.opnames import spec_names
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
 from exporters.resolve import attach_functions

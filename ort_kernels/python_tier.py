@@ -46,10 +46,10 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from bridge.core.dtypes import ONNX_TO_TORCH, numpy_dtype
-from bridge.core.errors import OpBridgeError, UnsupportedInTier
-from bridge.core.graphs import FreshNames, custom_nodes, model_graphs, model_value_types, value_names
-from bridge.core.installed import pip_line
+from bridge.core.basics.dtypes import ONNX_TO_TORCH, numpy_dtype
+from bridge.core.basics.errors import OpBridgeError, UnsupportedInTier
+from bridge.core.basics.graphs import FreshNames, custom_nodes, model_graphs, model_value_types, value_names
+from bridge.core.basics.installed import pip_line
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec, node_attributes
 from ort_kernels.base import Paths, Prepared, Tier, helper_functions, libraries, with_library

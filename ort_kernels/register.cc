@@ -2,7 +2,7 @@
 // point ONNX Runtime hosts call for a custom-op library (SessionOptions.register_custom_ops_library
 // in Python, RegisterCustomOpsLibrary in C/C++). Every op of the generated table is added to its
 // own domain; kernels see only the ORT-independent interface of opbridge_kernel.h. The table (domain,
-// op type, entry symbol per op) is generated with the names of bridge/core/opnames.py, so an entry
+// op type, entry symbol per op) is generated with the names of bridge/core/basics/opnames.py, so an entry
 // belongs to one full ONNX name.
 #include <algorithm>
 #include <atomic>

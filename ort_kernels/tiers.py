@@ -8,12 +8,12 @@ Example:
     >>> get("gpu")
     Traceback (most recent call last):
     ...
-    bridge.core.errors.OpBridgeError: opbridge: unknown kernel tier. Got 'gpu'. Use one of ('function', 'native', ...).
+    bridge.core.basics.errors.OpBridgeError: opbridge: unknown kernel tier. Got 'gpu'. Use one of ('function', ...
 """
 
 from __future__ import annotations
 
-from bridge.core.errors import OpBridgeError
+from bridge.core.basics.errors import OpBridgeError
 from ort_kernels.base import Tier
 from ort_kernels.function import FunctionTier
 from ort_kernels.native import NativeTier

@@ -24,7 +24,7 @@ import traceback
 import warnings
 from pathlib import Path
 
-from bridge.core import progress
+from bridge.core.basics import progress
 from bridge.tools import cli
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -111,8 +111,8 @@ def _scan(pattern: re.Pattern, allowed: set[str]) -> list[str]:
 
 
 def test_private_torch_api_only_in_torch_compat():
-    hits = _scan(_PRIVATE_TORCH, {"bridge/core/torch_compat.py"})
-    assert not hits, "private torch API outside bridge/core/torch_compat.py:\n" + "\n".join(hits)
+    hits = _scan(_PRIVATE_TORCH, {"bridge/core/basics/torch_compat.py"})
+    assert not hits, "private torch API outside bridge/core/basics/torch_compat.py:\n" + "\n".join(hits)
 
 
 @pytest.mark.parametrize("line", ["return op._backward_fn is not None",
@@ -128,8 +128,8 @@ def test_public_torch_reads_are_not_flagged(line):
 
 
 def test_graph_walks_only_in_graphs():
-    hits = _scan(_GRAPH_WALK, {"bridge/core/graphs.py"})
-    assert not hits, "graph walks outside bridge/core/graphs.py:\n" + "\n".join(hits)
+    hits = _scan(_GRAPH_WALK, {"bridge/core/basics/graphs.py"})
+    assert not hits, "graph walks outside bridge/core/basics/graphs.py:\n" + "\n".join(hits)
 
 
 # -- the folder graph: no cycle, counting modules named by a string (importlib, a --model default) --------------

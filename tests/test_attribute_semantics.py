@@ -17,7 +17,7 @@ import torch
 from onnx import helper
 
 import bridge
-from bridge.core import torch_compat
+from bridge.core.basics import torch_compat
 from bridge.core.spec import OpSpec, explicit_attributes, parse_params
 from exporters.inline import inline_functions
 from ort_kernels import build

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 from cli_runner import run as in_process
 
-from bridge.core import cppbuild, installed
-from bridge.core.errors import OpBridgeError
+from bridge.core import cppbuild
+from bridge.core.basics import installed
+from bridge.core.basics.errors import OpBridgeError
 from bridge.tools import preflight
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -311,7 +312,7 @@ def test_export_of_a_case_with_a_non_tensor_argument(tmp_path):
 
 # --- the first hour (issue #45): -q quiet, public names, doctor, arguments before work -------------------
 
-BUILDS_AT_IMPORT = ("from bridge.core import progress\n"
+BUILDS_AT_IMPORT = ("from bridge.core.basics import progress\n"
                     "with progress.step('building the C++ library of mine::slow', always=True):\n"
                     "    pass\n")
 

@@ -163,7 +163,7 @@ def test_a_truncated_native_library_is_rebuilt_not_loaded_in_a_fresh_process(tmp
     r = _run("""
         import bridge, custom_ops, onnxruntime
         from bridge.core import cppbuild
-        from bridge.core.opnames import op_names
+        from bridge.core.basics.opnames import op_names
         from ort_kernels import build
         spec = bridge.REGISTRY.get("opbridge::identity_conv")
         reg = bridge.Registry()

@@ -25,8 +25,8 @@ from onnxscript import FLOAT
 from onnxscript import opset20 as op
 
 import bridge
-from bridge.core.errors import OpBridgeError, UnsupportedInTier
-from bridge.core.opnames import spec_names
+from bridge.core.basics.errors import OpBridgeError, UnsupportedInTier
+from bridge.core.basics.opnames import spec_names
 from ort_kernels.build import io_types, library_path, served_ops
 from ort_kernels.tiers import get as get_tier
 

@@ -16,7 +16,7 @@ from op_db import TIERS
 
 import bridge
 import custom_ops.demo as demo
-from bridge.core import torch_compat
+from bridge.core.basics import torch_compat
 from exporters.bodies.translation import translation_table
 from exporters.derive.cache import CACHE
 from exporters.export import DEFAULT_OPSET, to_onnx

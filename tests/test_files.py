@@ -1,4 +1,4 @@
-"""bridge.core.files: the one model loader and the one atomic writer, and every CLI artifact through it.
+"""bridge.core.basics.files: the one model loader and the one atomic writer, and every CLI artifact through it.
 
 File modes are checked under umask 022 and 077 in a fresh process (the umask is per process); a full
 disk is a small tmpfs and a read-only folder a read-only tmpfs (root writes into a chmod-ed folder,
@@ -24,8 +24,8 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 
 import bridge
-from bridge.core import files
-from bridge.core.errors import OpBridgeError
+from bridge.core.basics import files
+from bridge.core.basics.errors import OpBridgeError
 from bridge.tools import openvino_runtime
 from bridge.tools.testing import ModelCase
 from ort_kernels import build
@@ -297,12 +297,12 @@ def _library_sources():
 def test_the_2_gib_limit_is_written_once():
     spelled = [str(p.relative_to(ROOT)) for p in _library_sources()
                if any(s in p.read_text() for s in ("1 << 31", "2**31", "2 ** 31", "2147483648"))]
-    assert spelled == ["bridge/core/files.py"]
+    assert spelled == ["bridge/core/basics/files.py"]
 
 
 # NOTE: the native library's build cache (ort_kernels/build.py) keeps its own private files
 # NOTE: cppbuild and the native build stage C++ builds in private cache folders (digest after the file), not user files
-_WRITERS_ALLOWED = {"bridge/core/files.py", "bridge/core/cppbuild.py", "ort_kernels/build.py"}
+_WRITERS_ALLOWED = {"bridge/core/basics/files.py", "bridge/core/cppbuild.py", "ort_kernels/build.py"}
 _WRITE_CALLS = {"os.replace", "os.rename", "np.savez", "np.savez_compressed", "numpy.savez", "onnx.save",
                 "onnx.save_model", "tempfile.mkstemp", "tempfile.NamedTemporaryFile", "json.dump", "shutil.copy",
                 "shutil.copyfile", "shutil.copy2", "shutil.copyfileobj"}
@@ -324,7 +324,7 @@ def test_every_writer_goes_through_files():
     found = [f"{p.relative_to(ROOT)}:{node.lineno} {ast.unparse(node.func)}" for p in _library_sources()
              if str(p.relative_to(ROOT)) not in _WRITERS_ALLOWED
              for node in ast.walk(ast.parse(p.read_text())) if isinstance(node, ast.Call) and _writes(node)]
-    assert not found, f"writers outside bridge.core.files: {found}"
+    assert not found, f"writers outside bridge.core.basics.files: {found}"
 
 
 def test_files_docstring_examples_run():

@@ -28,7 +28,7 @@ from test_functions import (
 )
 
 import bridge
-from bridge.core.graphs import custom_nodes
+from bridge.core.basics.graphs import custom_nodes
 
 USER_OPS = Path(__file__).resolve().parent / "user_ops"
 

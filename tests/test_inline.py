@@ -19,7 +19,7 @@ import torch
 import bridge
 import custom_ops.demo as demo
 import exporters.inline
-from bridge.core.graphs import nonstandard_ops
+from bridge.core.basics.graphs import nonstandard_ops
 from bridge.tools import openvino_runtime
 from bridge.tools.cli import main
 from bridge.tools.parity import TOLERANCES, run_ort
@@ -228,7 +228,7 @@ def test_missing_openvino_names_the_install(monkeypatch):
         [onnx.helper.make_node("Relu", ["x"], ["y"])], "g",
         [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2])],
         [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [2])]))
-    # NOTE: the install line is the one for the way opbridge was installed (bridge/core/installed.py)
+    # NOTE: the install line is the one for the way opbridge was installed (bridge/core/basics/installed.py)
     with pytest.raises(bridge.OpBridgeError, match=r"^opbridge: running a model in OpenVINO needs the openvino "
                                                    r"package\. Got .*\. Install it with `.*pip install .*openvino"):
         session(proto)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from bridge.core import installed
+from bridge.core.basics import installed
 from bridge.tools import openvino_runtime
 from ort_kernels import python_tier
 

@@ -32,8 +32,8 @@ from test_doc_blocks import BLOCKS, CODE, DocRun, doc_block
 
 import bridge
 import custom_ops.demo as demo
-from bridge.core.errors import OpBridgeError
-from bridge.core.opnames import op_names
+from bridge.core.basics.errors import OpBridgeError
+from bridge.core.basics.opnames import op_names
 from ort_kernels import build
 from ort_kernels.libraries import check_library
 

@@ -15,7 +15,7 @@ import torch
 
 import bridge
 from bridge.core import cppbuild
-from bridge.core.opnames import op_names
+from bridge.core.basics.opnames import op_names
 from ort_kernels import build
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -144,7 +144,7 @@ import sys, warnings
 warnings.simplefilter("error")  # NOTE: a fallback to a temp folder warns: that is a failure here
 import onnxruntime, torch, bridge, custom_ops
 from bridge.core import cppbuild
-from bridge.core.opnames import op_names
+from bridge.core.basics.opnames import op_names
 from ort_kernels import build
 spec = bridge.REGISTRY.get("opbridge::identity_conv")
 reg = bridge.Registry()

@@ -1,4 +1,4 @@
-"""An op's names across tiers come from its full ONNX name (bridge.core.opnames): a user op named like a
+"""An op's names across tiers come from its full ONNX name (bridge.core.basics.opnames): a user op named like a
 seed op never gets the seed's kernel, and two ops that differ only by domain each run their own kernel
 in one library."""
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import bridge
-from bridge.core.opnames import op_names
+from bridge.core.basics.opnames import op_names
 from ort_kernels import build
 from ort_kernels.native import NativeTier
 

@@ -15,7 +15,7 @@ import torch.onnx.symbolic_helper as sym_help
 from torch.onnx import register_custom_op_symbolic, unregister_custom_op_symbolic
 
 import bridge
-from bridge.core.graphs import custom_nodes
+from bridge.core.basics.graphs import custom_nodes
 
 HANDLERS = []
 

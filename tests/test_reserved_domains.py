@@ -7,7 +7,7 @@ from onnx import defs
 from torch._library import simple_registry
 
 import bridge
-from bridge.core.domains import ONNX_DOMAINS, RUNTIME_DOMAINS
+from bridge.core.basics.domains import ONNX_DOMAINS, RUNTIME_DOMAINS
 
 RESERVED = ["", "ai.onnx", "ai.onnx.ml", "com.microsoft"]
 

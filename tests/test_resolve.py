@@ -14,7 +14,7 @@ import torch
 from onnxscript import opset20 as op
 
 import bridge
-from bridge.core.graphs import custom_nodes, model_value_types
+from bridge.core.basics.graphs import custom_nodes, model_value_types
 from bridge.core.spec import BodyBuilder, Written, node_attributes
 from exporters import resolve
 from exporters.bodies.opsets import convert_function, onnx_opset, portable_constants

@@ -236,7 +236,7 @@ def test_inline_and_native_files_carry_no_guards(files):
 
 def test_every_constant_is_a_tensor(files):
     """No Constant with value_float/value_int(s) anywhere: graph, subgraphs and function bodies."""
-    from bridge.core.graphs import model_nodes
+    from bridge.core.basics.graphs import model_nodes
 
     for kind, path in files["paths"].items():
         literal = [(n.op_type, a.name) for n in model_nodes(onnx.load(path), functions=True)
@@ -247,7 +247,7 @@ def test_every_constant_is_a_tensor(files):
 def test_files_have_no_dtype_probe(files):
     """bev_pool_v2's body takes the branch its (float32) input types decide: no If left, in the
     function file's body as in the inlined file."""
-    from bridge.core.graphs import model_nodes
+    from bridge.core.basics.graphs import model_nodes
 
     for kind in ("function", "inline"):
         assert not [n for n in model_nodes(onnx.load(files["paths"][kind]), functions=True) if n.op_type == "If"]
@@ -258,7 +258,7 @@ def test_no_noop_cast(files):
     converters retype such a Cast's output but not the Cast, and onnxruntime then refuses the file).
     A function body keeps its Cast to the float32 accumulator: the converters retype the calls, not
     the body, and the Cast is what makes the body serve float16 (test_float16_keep_io_types)."""
-    from bridge.core.graphs import model_value_types
+    from bridge.core.basics.graphs import model_value_types
 
     model = onnx.shape_inference.infer_shapes(onnx.load(files["paths"]["inline"]))
     types = model_value_types(model)

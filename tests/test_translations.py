@@ -22,7 +22,7 @@ from onnxscript import INT64
 from onnxscript import opset20 as op
 
 import bridge
-from bridge.core.errors import OpBridgeError
+from bridge.core.basics.errors import OpBridgeError
 from bridge.core.spec import AttrType, BodyBuilder, Param
 from exporters.derive import body_status, show_body
 from exporters.resolve import attach_functions

@@ -17,7 +17,7 @@ from tritonclient.utils import np_to_triton_dtype
 
 import bridge.tools.triton as triton
 import custom_ops.demo as demo
-from bridge.core.errors import OpBridgeError
+from bridge.core.basics.errors import OpBridgeError
 from bridge.tools import cli
 from exporters.export import export
 from ort_kernels import build

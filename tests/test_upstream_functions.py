@@ -31,7 +31,7 @@ from torch.onnx import symbolic_helper
 from vision_ops import deform_conv2d
 
 import bridge
-from bridge.core.graphs import custom_nodes
+from bridge.core.basics.graphs import custom_nodes
 
 B = torch.export.Dim("batch")
 

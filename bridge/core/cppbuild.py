@@ -34,9 +34,9 @@ from pathlib import Path
 
 import torch
 
-# NOTE: the cache's folders live in bridge/core/cache.py (no torch: `opbridge cache` is a light command);
+# NOTE: the cache's folders live in bridge/core/basics/cache.py (no torch: `opbridge cache` is a light command);
 # its names are this module's too, as the one place builds reach them
-from bridge.core.cache import (  # noqa: F401
+from bridge.core.basics.cache import (  # noqa: F401
     CACHE_ENV,
     CACHE_MARKER,
     LOCK_NAME,
@@ -51,8 +51,8 @@ from bridge.core.cache import (  # noqa: F401
     readable_folder,
     sealed_folder,
 )
-from bridge.core.errors import BuildError, OpBridgeError
-from bridge.core.progress import step
+from bridge.core.basics.errors import BuildError, OpBridgeError
+from bridge.core.basics.progress import step
 
 # NOTE: the environment variables this module reads, each named once.
 CXX_ENV = "CXX"

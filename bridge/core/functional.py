@@ -13,7 +13,7 @@ import re
 
 import torch
 
-from bridge.core import torch_compat
+from bridge.core.basics import torch_compat
 from bridge.core.spec import OpSpec
 
 SUFFIX = "_functional"

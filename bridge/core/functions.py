@@ -50,9 +50,10 @@ import onnx
 import torch
 from onnx import helper
 
-from bridge.core import torch_compat
-from bridge.core.domains import ONNX_DOMAINS, is_custom
-from bridge.core.errors import OpBridgeError
+from bridge.core.basics import torch_compat
+from bridge.core.basics.domains import ONNX_DOMAINS, is_custom
+from bridge.core.basics.errors import OpBridgeError
+from bridge.core.origins import class_name
 from bridge.core.proxy import define_proxy_op, proxy_name, schema_text
 from bridge.core.spec import Written, value_key, values_key
 
@@ -248,10 +249,6 @@ def is_function_class(value: Any) -> bool:
     """
     return (isinstance(value, type) and issubclass(value, torch.autograd.Function)
             and value is not torch.autograd.Function)
-
-
-def class_name(cls: type) -> str:
-    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 # class -> (its own forward, whether it has its own setup_context), while swap_forwards replaces them

@@ -19,10 +19,11 @@ from typing import Any
 import onnx
 import torch
 
-from bridge.core import torch_compat
+from bridge.core.basics import torch_compat
+from bridge.core.basics.domains import refuse_reserved
+from bridge.core.basics.errors import OpBridgeError
+from bridge.core.basics.torch_compat import torchlib_translation
 from bridge.core.checks import Check, Checks, unreadable
-from bridge.core.domains import refuse_reserved
-from bridge.core.errors import OpBridgeError
 from bridge.core.functions import (
     NeedsCall,
     check_written,
@@ -64,7 +65,6 @@ from bridge.core.spec import (
     parse_params,
     validate_qualname,
 )
-from bridge.core.torch_compat import torchlib_translation
 
 
 def resolve_native(path: str | os.PathLike | None, base: str | os.PathLike | None, qualname: str) -> str | None:

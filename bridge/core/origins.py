@@ -24,6 +24,11 @@ if TYPE_CHECKING:
     from bridge.core.registered import RegisteredSymbolic
 
 
+def class_name(cls: type) -> str:
+    """A class's dotted name, as error messages and descriptions name a Function."""
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
 @dataclasses.dataclass(frozen=True)
 class Origin:
     """An op declared with ``@bridge.op``: the op export records is the op itself."""
@@ -111,8 +116,7 @@ class FunctionClass(Origin):
 
     def describe(self, qualname: str) -> str:
         assert self.bridge is not None
-        cls = self.bridge.cls
-        return f"{cls.__module__}.{cls.__qualname__} (torch.autograd.Function, bridged)"
+        return f"{class_name(self.bridge.cls)} (torch.autograd.Function, bridged)"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -28,8 +28,8 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from bridge.core import torch_compat
-from bridge.core.errors import OpBridgeError
+from bridge.core.basics import torch_compat
+from bridge.core.basics.errors import OpBridgeError
 
 PROXY_NAMESPACE = "opbridge_proxy"
 _OWN_KERNEL_KEYS = ("Meta", "CPU", "CUDA", "CompositeExplicitAutograd", "CompositeExplicitAutogradNonFunctional")

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from bridge.core import torch_compat
-from bridge.core.errors import OpBridgeError
+from bridge.core.basics import torch_compat
+from bridge.core.basics.errors import OpBridgeError
 from bridge.core.functions import SYMBOLIC_OPSET, original_forward
 from bridge.core.spec import SampleInput
 

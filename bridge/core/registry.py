@@ -10,10 +10,10 @@ from typing import Any
 import onnx
 from onnx import defs
 
-from bridge.core import torch_compat
-from bridge.core.errors import OpBridgeError
+from bridge.core.basics import torch_compat
+from bridge.core.basics.errors import OpBridgeError
+from bridge.core.basics.graphs import custom_nodes
 from bridge.core.functional import define_twin, twin_spec
-from bridge.core.graphs import custom_nodes
 from bridge.core.spec import OpSpec, Written, explicit_attributes, function_signature
 
 
@@ -28,7 +28,7 @@ class Registry:
         >>> reg.get("nope::op")
         Traceback (most recent call last):
         ...
-        bridge.core.errors.OpBridgeError: opbridge: op 'nope::op' is not registered. Got 'nope::op'. ...
+        bridge.core.basics.errors.OpBridgeError: opbridge: op 'nope::op' is not registered. Got 'nope::op'. ...
     """
 
     def __init__(self) -> None:

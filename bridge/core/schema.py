@@ -6,8 +6,8 @@ import onnx
 import torch
 from onnx import defs, helper
 
-from bridge.core.dtypes import ALL_TENSOR_TYPES, TORCH_TO_ONNX, torch_dtype
-from bridge.core.torch_compat import DimDynamic, FakeTensorMode, ShapeEnv, StatelessSymbolicContext
+from bridge.core.basics.dtypes import ALL_TENSOR_TYPES, TORCH_TO_ONNX, torch_dtype
+from bridge.core.basics.torch_compat import DimDynamic, FakeTensorMode, ShapeEnv, StatelessSymbolicContext
 
 # NOTE: unknown ONNX dims are given distinct hint sizes >= 2 so the ShapeEnv does not
 # specialise them to 0/1; the hint only steers guards, the output stays symbolic.

@@ -20,8 +20,8 @@ import torch
 from onnx import defs
 from onnxscript import values
 
-from bridge.core import torch_compat
-from bridge.core.errors import OpBridgeError
+from bridge.core.basics import torch_compat
+from bridge.core.basics.errors import OpBridgeError
 from bridge.core.origins import Declared, Origin
 from bridge.core.schema import build_onnx_schema
 
@@ -427,7 +427,7 @@ class BodyBuilder:
         >>> BodyBuilder("d::f", lambda n: None, (p,))
         Traceback (most recent call last):
         ...
-        bridge.core.errors.OpBridgeError: opbridge: d::f: a body builder takes the op's attributes by name. ...
+        bridge.core.basics.errors.OpBridgeError: opbridge: d::f: a body builder takes the op's attributes by name. ...
     """
 
     def __init__(self, qualname: str, build: Callable, attributes: Sequence[Param]):

@@ -23,12 +23,13 @@ import onnx
 import onnxruntime
 import torch
 
-from bridge.core import cppbuild, files
-from bridge.core.errors import OpBridgeError
-from bridge.core.functions import class_name
-from bridge.core.graphs import nonstandard_ops
-from bridge.core.progress import enable as enable_progress
-from bridge.core.progress import format_table
+from bridge.core import cppbuild
+from bridge.core.basics import files
+from bridge.core.basics.errors import OpBridgeError
+from bridge.core.basics.graphs import nonstandard_ops
+from bridge.core.basics.progress import enable as enable_progress
+from bridge.core.basics.progress import format_table
+from bridge.core.origins import class_name
 from bridge.core.registry import REGISTRY
 from bridge.tools import openvino_runtime, preflight
 from bridge.tools.parity import check_parity, plot_missing

@@ -25,10 +25,10 @@ import onnx
 import torch
 from torch.export.graph_signature import InputKind
 
-from bridge.core.domains import is_custom
-from bridge.core.errors import OpBridgeError
-from bridge.core.progress import format_table, step
-from bridge.core.torch_compat import pytree
+from bridge.core.basics.domains import is_custom
+from bridge.core.basics.errors import OpBridgeError
+from bridge.core.basics.progress import format_table, step
+from bridge.core.basics.torch_compat import pytree
 from bridge.tools.sessions import load_model, ort_feed, run_feed, session
 from ort_kernels.function import FunctionTier
 

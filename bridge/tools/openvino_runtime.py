@@ -34,10 +34,10 @@ import os
 import numpy as np
 import onnx
 
-from bridge.core.errors import OpBridgeError
-from bridge.core.files import load_model
-from bridge.core.graphs import nonstandard_ops
-from bridge.core.installed import pip_line
+from bridge.core.basics.errors import OpBridgeError
+from bridge.core.basics.files import load_model
+from bridge.core.basics.graphs import nonstandard_ops
+from bridge.core.basics.installed import pip_line
 
 
 def _no_openvino(got: object) -> str:

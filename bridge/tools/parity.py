@@ -15,13 +15,13 @@ import numpy as np
 import onnx
 import torch
 
-from bridge.core.dtypes import ONNX_TO_TORCH, TORCH_TO_ONNX, numpy_dtype, to_numpy
-from bridge.core.errors import OpBridgeError
-from bridge.core.files import write_bytes
-from bridge.core.graphs import random_nodes
-from bridge.core.installed import pip_line
-from bridge.core.progress import format_table, step
-from bridge.core.torch_compat import pytree
+from bridge.core.basics.dtypes import ONNX_TO_TORCH, TORCH_TO_ONNX, numpy_dtype, to_numpy
+from bridge.core.basics.errors import OpBridgeError
+from bridge.core.basics.files import write_bytes
+from bridge.core.basics.graphs import random_nodes
+from bridge.core.basics.installed import pip_line
+from bridge.core.basics.progress import format_table, step
+from bridge.core.basics.torch_compat import pytree
 from bridge.tools.localize import Localization, json_safe, wanted
 from bridge.tools.localize import localize as localize_run
 from bridge.tools.openvino_runtime import session as openvino_session
@@ -278,7 +278,7 @@ class ParityReport:
         if self.localization is not None:
             self.localization.plot(axes[1][0])
         fig.tight_layout()
-        image = io.BytesIO()  # NOTE: rendered in memory, written whole through bridge.core.files
+        image = io.BytesIO()  # NOTE: rendered in memory, written whole through bridge.core.basics.files
         fig.savefig(image, format=os.path.splitext(os.fspath(path))[1][1:].lower() or "png", dpi=100)
         plt.close(fig)
         return write_bytes(path, image.getvalue())

@@ -3,7 +3,7 @@ that names a file checked (``--native-library``, the model file, ``--inputs``, e
 ``--model`` form, ``opbridge cache``, and the one error line. An argument error so costs a fraction
 of a second, and no export starts on arguments that cannot work.
 
-Imports nothing heavy: no torch, no onnxruntime (``bridge.core.files`` reads onnx).
+Imports nothing heavy: no torch, no onnxruntime (``bridge.core.basics.files`` reads onnx).
 """
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import os
 import sys
 import traceback
 
-from bridge.core import cache, files, installed
-from bridge.core.errors import OpBridgeError
-from bridge.core.progress import format_table
+from bridge.core.basics import cache, files, installed
+from bridge.core.basics.errors import OpBridgeError
+from bridge.core.basics.progress import format_table
 
 # NOTE: what the CLI loads unasked (the seed ops, the demo model) sits above the library (ARCHITECTURE.md):
 # pyproject.toml names it as entry points of opbridge's own distribution, read here, so no library module

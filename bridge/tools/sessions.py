@@ -15,13 +15,13 @@ import onnxruntime as ort
 import torch
 from onnx import external_data_helper
 
-from bridge.core import files
-from bridge.core.dtypes import to_numpy
-from bridge.core.errors import OpBridgeError
-from bridge.core.graphs import ProtoMemo, custom_nodes, model_nodes, model_tensors
-from bridge.core.progress import step
+from bridge.core.basics import files
+from bridge.core.basics.dtypes import to_numpy
+from bridge.core.basics.errors import OpBridgeError
+from bridge.core.basics.graphs import ProtoMemo, custom_nodes, model_nodes, model_tensors
+from bridge.core.basics.progress import step
+from bridge.core.basics.torch_compat import pytree
 from bridge.core.registry import REGISTRY, Registry, fill_attributes
-from bridge.core.torch_compat import pytree
 from ort_kernels import tiers
 from ort_kernels.base import FUNCTION_BODY, Explain, Paths, Session
 from ort_kernels.function import crash_refusal
@@ -238,7 +238,7 @@ def not_served(kernels: dict[str, str], libraries: Sequence[str]) -> dict[str, s
 
 def ort_feed(sess, args: Sequence, kwargs: dict | None = None) -> dict[str, np.ndarray]:
     """The session feed for the model's (args, kwargs): tensor leaves in order, by input name, each as
-    its own dtype (bfloat16 as ``ml_dtypes.bfloat16``; ``bridge.core.dtypes.to_numpy``)."""
+    its own dtype (bfloat16 as ``ml_dtypes.bfloat16``; ``bridge.core.basics.dtypes.to_numpy``)."""
     return input_arrays([i.name for i in sess.get_inputs()], args, kwargs)
 
 

@@ -21,9 +21,9 @@ from pathlib import Path
 import onnx
 from google.protobuf import text_encoding
 
-from bridge.core import files
-from bridge.core.errors import OpBridgeError
-from bridge.core.graphs import custom_ops, model_tensors
+from bridge.core.basics import files
+from bridge.core.basics.errors import OpBridgeError
+from bridge.core.basics.graphs import custom_ops, model_tensors
 from bridge.core.registry import REGISTRY
 from bridge.tools.sessions import load_model
 from ort_kernels import build

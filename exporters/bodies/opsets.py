@@ -35,9 +35,9 @@ import onnx
 import onnx.version_converter
 from onnx import defs, helper
 
-from bridge.core.domains import is_onnx
-from bridge.core.errors import OpBridgeError
-from bridge.core.graphs import FreshNames, subgraphs, tensor_constants, value_names, walk
+from bridge.core.basics.domains import is_onnx
+from bridge.core.basics.errors import OpBridgeError
+from bridge.core.basics.graphs import FreshNames, subgraphs, tensor_constants, value_names, walk
 
 Nodes = list[onnx.NodeProto]
 
@@ -403,7 +403,7 @@ def convert_function(function: onnx.FunctionProto, opset: int) -> onnx.FunctionP
 
 def portable_constants(function: onnx.FunctionProto) -> onnx.FunctionProto:
     """A copy of ``function`` with each literal ``Constant`` (``value_int(s)``, ``value_float(s)``, ...)
-    written as a tensor (``value=``; ``bridge.core.graphs.tensor_constants``), the form every consumer reads.
+    written as a tensor (``value=``; ``bridge.core.basics.graphs.tensor_constants``), the form every consumer reads.
 
     NOTE: the shape inference of onnxruntime <= 1.22 reads a list constant inside a function body
     as a tensor without dims (measured: ``Pad``'s pads then fail to load, "'pads' input must be a

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from bridge.core.errors import OpBridgeError
+from bridge.core.basics.errors import OpBridgeError
+from bridge.core.basics.torch_compat import torchlib_translation
 from bridge.core.spec import OpSpec, python_signature
-from bridge.core.torch_compat import torchlib_translation
 
 
 def _is_concrete(value) -> bool:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from bridge.core.graphs import FreshNames, subgraphs
+from bridge.core.basics.graphs import FreshNames, subgraphs
 from bridge.core.spec import OpSpec, Param, bind_attribute_defaults
 
 

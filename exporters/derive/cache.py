@@ -12,7 +12,7 @@ import dataclasses
 import weakref
 from typing import Any
 
-from bridge.core import torch_compat
+from bridge.core.basics import torch_compat
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
 from exporters.derive.sites import Derived, Site

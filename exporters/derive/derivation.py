@@ -13,8 +13,8 @@ from collections.abc import Callable
 import onnx
 import torch
 
-from bridge.core.domains import is_custom
-from bridge.core.progress import step
+from bridge.core.basics.domains import is_custom
+from bridge.core.basics.progress import step
 from bridge.core.registry import REGISTRY, Registry
 from bridge.core.spec import OpSpec
 from exporters.bodies.translation import torch_translation

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from bridge.core import torch_compat
+from bridge.core.basics import torch_compat
 from bridge.core.functional import SUFFIX, functional_on_copies
 from bridge.core.spec import OpSpec
 from exporters.bodies.translation import torch_translation

@@ -7,8 +7,8 @@ from __future__ import annotations
 import onnx
 from onnx import helper
 
-from bridge.core.domains import is_onnx
-from bridge.core.graphs import value_types, walk
+from bridge.core.basics.domains import is_onnx
+from bridge.core.basics.graphs import value_types, walk
 from exporters.derive.sites import Untraceable
 
 _REDUCING_SCATTER = {"add", "mul", "max", "min"}

@@ -9,8 +9,8 @@ from typing import Any
 import onnx
 import torch
 
-from bridge.core.dtypes import torch_dtype
-from bridge.core.errors import OpBridgeError
+from bridge.core.basics.dtypes import torch_dtype
+from bridge.core.basics.errors import OpBridgeError
 from bridge.core.spec import OpSpec, SampleInput, node_attributes, values_key
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import onnx
 import torch
 
-from bridge.core.errors import OpBridgeError
+from bridge.core.basics.errors import OpBridgeError
 from bridge.core.registry import Registry
 from bridge.core.spec import BodyBuilder, OpSpec, Written
 from exporters.bodies.translation import torch_translation

@@ -13,8 +13,8 @@ import torch
 from onnxscript import ir
 from torch.export import Dim
 
-from bridge.core import torch_compat
-from bridge.core.graphs import ir_custom_nodes
+from bridge.core.basics import torch_compat
+from bridge.core.basics.graphs import ir_custom_nodes
 from bridge.core.registry import Registry
 from bridge.core.spec import AttrType, OpSpec, Param
 from exporters.bodies.translation import translation

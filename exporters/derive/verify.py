@@ -17,9 +17,9 @@ import onnxruntime as ort
 import torch
 from onnx import helper
 
-from bridge.core import torch_compat
-from bridge.core.dtypes import TORCH_TO_ONNX, numpy_dtype
-from bridge.core.errors import OpBridgeError
+from bridge.core.basics import torch_compat
+from bridge.core.basics.dtypes import TORCH_TO_ONNX, numpy_dtype
+from bridge.core.basics.errors import OpBridgeError
 from bridge.core.spec import OpSpec
 from exporters.derive.contained import RUNNER
 from exporters.derive.sites import Site, Untraceable, one_line

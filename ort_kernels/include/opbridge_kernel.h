@@ -125,7 +125,7 @@ class Context {
 };
 
 // What the registration unit needs from one op's kernel file. The file defines its entry, in
-// namespace opbridge, under a name derived from the op's full ONNX name (bridge/core/opnames.py):
+// namespace opbridge, under a name derived from the op's full ONNX name (bridge/core/basics/opnames.py):
 //   extern const KernelDef kernel_<domain>_op_<op type> = make_kernel<State>();
 // with the domain's '_', '.' and '-' written "_u", "_d" and "_h" (opbridge::crop -> kernel_opbridge_op_crop,
 // com.example::scale -> kernel_com_dexample_op_scale); a seed op's file is cpu/<domain>_op_<op type>.cc.

@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from bridge.core.files import write_bytes  # noqa: E402  (the repository on sys.path first)
+from bridge.core.basics.files import write_bytes  # noqa: E402  (the repository on sys.path first)
 
 VERSION = "1.3.1"
 FOLDER = ROOT / "build" / f"mmdeploy-{VERSION}"

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import bridge
 import custom_ops  # noqa: F401
-from bridge.core.errors import OpBridgeError
+from bridge.core.basics.errors import OpBridgeError
 
 EXAMPLES = int(sys.argv[1]) if len(sys.argv) > 1 else 50
 

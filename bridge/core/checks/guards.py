@@ -28,10 +28,10 @@ from typing import cast
 import onnx
 from onnx import TensorProto, helper
 
+from bridge.core.basics.domains import is_onnx
+from bridge.core.basics.errors import OpBridgeError
+from bridge.core.basics.graphs import FreshNames, ProtoMemo, drop_unread, value_names, walk
 from bridge.core.checks.vocabulary import Check, Checks, Compare, DtypeIs
-from bridge.core.domains import is_onnx
-from bridge.core.errors import OpBridgeError
-from bridge.core.graphs import FreshNames, ProtoMemo, drop_unread, value_names, walk
 
 GUARD_PREFIX = "opbridge_check"
 

@@ -24,8 +24,8 @@ from typing import Any, ClassVar
 import torch
 from onnx import TensorProto
 
-from bridge.core.errors import OpBridgeError
-from bridge.core.torch_compat import is_fake
+from bridge.core.basics.errors import OpBridgeError
+from bridge.core.basics.torch_compat import is_fake
 
 # NOTE: a product check bounds sizes so far below 2**63 that int64 products of them cannot wrap
 PRODUCT_LIMIT_MAX = 2**61

@@ -9,7 +9,7 @@ cannot be written and a full disk are each an ``OpBridgeError`` naming the path 
 
 Example:
     >>> import os, tempfile
-    >>> from bridge.core.files import load_model, save_model, write_json
+    >>> from bridge.core.basics.files import load_model, save_model, write_json
     >>> import onnx
     >>> folder = tempfile.mkdtemp()
     >>> graph = onnx.helper.make_graph([], "g", [], [])
@@ -39,7 +39,7 @@ from typing import BinaryIO
 import numpy as np
 import onnx
 
-from bridge.core.errors import OpBridgeError
+from bridge.core.basics.errors import OpBridgeError
 
 SINGLE_FILE_LIMIT = 1 << 31  # NOTE: protobuf cannot serialise a message past 2 GiB: bigger models use external data
 
@@ -60,11 +60,11 @@ def load_model(model: str | os.PathLike | bytes | onnx.ModelProto, *,
         >>> load_model("nowhere.onnx")
         Traceback (most recent call last):
         ...
-        bridge.core.errors.OpBridgeError: opbridge: no ONNX file at 'nowhere.onnx'. Got a path that does not exist. ...
+        bridge.core.basics.errors.OpBridgeError: opbridge: no ONNX file at 'nowhere.onnx'. Got a path that does ...
         >>> load_model(b"not a model")  # doctest: +ELLIPSIS
         Traceback (most recent call last):
         ...
-        bridge.core.errors.OpBridgeError: opbridge: the model bytes are not a readable ONNX model (truncated or ...
+        bridge.core.basics.errors.OpBridgeError: opbridge: the model bytes are not a readable ONNX model ...
     """
     if isinstance(model, onnx.ModelProto):
         copy = onnx.ModelProto()
@@ -87,7 +87,7 @@ def check_model_file(path: str | os.PathLike) -> str:
     >>> check_model_file("nowhere.onnx")
     Traceback (most recent call last):
     ...
-    bridge.core.errors.OpBridgeError: opbridge: no ONNX file at 'nowhere.onnx'. Got a path that does not exist. ...
+    bridge.core.basics.errors.OpBridgeError: opbridge: no ONNX file at 'nowhere.onnx'. Got a path that does not ...
     """
     path = os.fspath(path)
     if os.path.isdir(path):
@@ -108,7 +108,7 @@ def check_library_file(path: str | os.PathLike) -> str:
     >>> check_library_file("no/such/lib.so")
     Traceback (most recent call last):
     ...
-    bridge.core.errors.OpBridgeError: opbridge: no native kernel library at 'no/such/lib.so'. Got a missing file. ...
+    bridge.core.basics.errors.OpBridgeError: opbridge: no native kernel library at 'no/such/lib.so'. Got a missing ...
     """
     text = os.fspath(path)
     if not os.path.exists(text):
@@ -168,7 +168,7 @@ def check_writable(path: str | os.PathLike, *, what: str = "file") -> str:
         >>> check_writable("no/such/folder/m.onnx")
         Traceback (most recent call last):
         ...
-        bridge.core.errors.OpBridgeError: opbridge: cannot write 'no/such/folder/m.onnx': its folder does not exist. ...
+        bridge.core.basics.errors.OpBridgeError: opbridge: cannot write 'no/such/folder/m.onnx': its folder does ...
     """
     shown = os.fspath(path)
     if shown.endswith(os.sep) or os.path.isdir(shown):

@@ -7,7 +7,7 @@ Example:
 
 from __future__ import annotations
 
-from bridge.core.errors import OpBridgeError
+from bridge.core.basics.errors import OpBridgeError
 
 # NOTE: the ONNX standard's own domains; a node here is run by every conforming runtime.
 ONNX_DOMAINS = frozenset({"", "ai.onnx", "ai.onnx.ml", "ai.onnx.preview.training"})

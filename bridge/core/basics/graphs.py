@@ -1,6 +1,6 @@
 """ONNX graphs: every walk over a model, its subgraphs and its functions, written once.
 
-A model's *custom* nodes are those whose domain :func:`bridge.core.domains.is_custom` calls custom
+A model's *custom* nodes are those whose domain :func:`bridge.core.basics.domains.is_custom` calls custom
 (neither an ONNX domain nor one of onnxruntime's own); every lister here uses that one definition.
 
 Example:
@@ -28,7 +28,7 @@ import onnx.numpy_helper
 import onnx_ir as ir
 from onnx.helper import get_node_attr_value
 
-from bridge.core.domains import ONNX_DOMAINS, STANDARD_DOMAINS, is_custom
+from bridge.core.basics.domains import ONNX_DOMAINS, STANDARD_DOMAINS, is_custom
 
 # NOTE: the standard ops that carry subgraphs; walks skip the attributes of other standard nodes
 # (a walk over a function body is then ~2.5x cheaper; sessions walk every body)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from bridge.core.errors import OpBridgeError
+from bridge.core.basics.errors import OpBridgeError
 
 _OP_TYPE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 # NOTE: a domain is mangled into [A-Za-z0-9_]: letters and digits stay, every other character

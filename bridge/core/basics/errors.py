@@ -8,7 +8,7 @@ class OpBridgeError(Exception):
         >>> raise OpBridgeError("op 'x' is not registered. Got 'x'. Declare it with @bridge.op.")
         Traceback (most recent call last):
         ...
-        bridge.core.errors.OpBridgeError: opbridge: op 'x' is not registered. Got 'x'. Declare it with @bridge.op.
+        bridge.core.basics.errors.OpBridgeError: opbridge: op 'x' is not registered. Got 'x'. Declare it with ...
     """
 
     def __init__(self, message: str):
