@@ -128,6 +128,16 @@ def test_public_torch_reads_are_not_flagged(line):
     assert not _PRIVATE_TORCH.search(line)
 
 
+_ONNXSCRIPT_IR = re.compile(r"from onnxscript import .*\bir\b|onnxscript\.ir\b")
+
+
+def test_onnx_ir_is_imported_one_way():
+    # NOTE: onnxscript.ir re-exports onnx_ir (the same classes): one spelling, so a grep finds every use
+    hits = _scan(_ONNXSCRIPT_IR, set())
+    assert not hits, "onnx-ir imported through onnxscript (import onnx_ir as ir):\n" + "\n".join(hits)
+    assert _ONNXSCRIPT_IR.search("from onnxscript import ir") and _ONNXSCRIPT_IR.search("import onnxscript.ir as ir")
+
+
 def test_graph_walks_only_in_graphs():
     hits = _scan(_GRAPH_WALK, {"bridge/core/basics/graphs.py"})
     assert not hits, "graph walks outside bridge/core/basics/graphs.py:\n" + "\n".join(hits)

@@ -9,8 +9,9 @@ import warnings
 from collections.abc import Callable, Sequence
 
 import onnx
+import onnx_ir as ir
 import torch
-from onnxscript import ir
+from onnx_ir.passes.common import InlinePass
 from torch.export import Dim
 
 from bridge.core.basics import torch_compat
@@ -178,7 +179,7 @@ def optimize(program):
     """``program`` (an ONNXProgram) after torch.onnx's own optimization (``ONNXProgram.optimize()``:
     inlining, constant folding, rewrites, common subexpressions), where two custom nodes merge only when
     their attribute values are bitwise equal (``0.0`` and ``-0.0`` stay two calls)."""
-    ir.passes.common.InlinePass()(program.model)  # NOTE: a node from a function body gets its actual values
+    InlinePass()(program.model)  # NOTE: a node from a function body gets its actual values
     for node in ir_custom_nodes(program.model):
         floats = [f"{k}={_hex(a.value)}" for k, a in sorted(node.attributes.items()) if a.type in _FLOAT_TYPES]
         if floats:
