@@ -211,15 +211,17 @@ def value_names(graph: onnx.GraphProto | onnx.FunctionProto) -> set[str]:
 
 
 class FreshNames:
-    """Hands out value names unused so far: ``hint`` itself when free, else ``hint__1``, ``hint__2`` ...
+    """Hands out value names unused so far: ``hint`` itself when free, else ``hint__1``, ``hint__2`` ...;
+    or, numbered, ``prefix1``, ``prefix2`` ... (one count per prefix, taken names skipped).
 
-    >>> names = FreshNames({"x", "x__1"})
-    >>> names("x"), names("x"), names("y")
-    ('x__2', 'x__3', 'y')
+    >>> names = FreshNames({"x", "x__1", "v2"})
+    >>> names("x"), names("x"), names("y"), names.numbered("v"), names.numbered("v")
+    ('x__2', 'x__3', 'y', 'v1', 'v3')
     """
 
     def __init__(self, taken: Iterable[str] = ()):
         self.taken = set(taken)
+        self._counts: dict[str, int] = {}
 
     def __call__(self, hint: str) -> str:
         name, i = hint, 0
@@ -228,6 +230,14 @@ class FreshNames:
             name = f"{hint}__{i}"
         self.taken.add(name)
         return name
+
+    def numbered(self, prefix: str) -> str:
+        """The next ``prefix<k>`` not taken, counting up from 1 per prefix."""
+        while True:
+            k = self._counts[prefix] = self._counts.get(prefix, 0) + 1
+            if f"{prefix}{k}" not in self.taken:
+                self.taken.add(f"{prefix}{k}")
+                return f"{prefix}{k}"
 
 
 def model_tensors(model: onnx.ModelProto) -> Iterator[onnx.TensorProto]:

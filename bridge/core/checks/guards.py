@@ -88,17 +88,11 @@ class GuardBuilder:
         self.integers = integers  # inputs a dtype check holds to integer dtypes: no NaN to look for
         self.nodes: list[onnx.NodeProto] = []
         self.memo: dict[tuple, str] = {}
-        self.count = 0
-        self.used = value_names(proto)
+        self.names = FreshNames(value_names(proto))
         self.inputs = set(proto.input)
 
     def fresh(self) -> str:
-        while True:
-            self.count += 1
-            name = f"{GUARD_PREFIX}_v{self.count}"
-            if name not in self.used:
-                self.used.add(name)
-                return name
+        return self.names.numbered(f"{GUARD_PREFIX}_v")
 
     def node(self, op_type: str, inputs: list[str], *, name: str = "", **attrs) -> str:
         """The output of a new (or the memoized equal) ``op_type`` node; a named node is never shared."""
@@ -513,7 +507,7 @@ def _tie(proto: onnx.FunctionProto, guard: str, b: GuardBuilder) -> None:
     outputs = [y for y in proto.output if y in produced]
     if not outputs:
         return
-    names = FreshNames(b.used | value_names(proto))
+    names = FreshNames(b.names.taken | value_names(proto))
     flag = names(f"{GUARD_PREFIX}_flag")
     nodes = [helper.make_node("ReduceMax", [guard], [names(f"{GUARD_PREFIX}_max")], keepdims=0)]
     nodes.append(helper.make_node("Cast", [nodes[0].output[0]], [flag], to=TensorProto.BOOL))
