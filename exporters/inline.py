@@ -19,7 +19,7 @@ from bridge.core.basics.graphs import fold_type_probes, model_nodes, model_tenso
 from bridge.core.basics.progress import step
 from bridge.core.checks import unguarded
 from bridge.core.registry import REGISTRY, Registry, fill_attributes
-from exporters.derive import crash_sites, note_crashes
+from exporters.derive import CrashSite, crash_sites, note_crashes
 from exporters.resolve import attach_functions
 
 
@@ -68,7 +68,7 @@ def inline_functions(model: onnx.ModelProto, registry: Registry | None = None, *
     proto.CopyFrom(model)
     fill_attributes(proto, reg)  # NOTE: an omitted attribute is the op's default, not the body's inner op's
     # NOTE: a body may call another custom op; each round attaches and inlines one level more.
-    rounds, crashes = 0, []
+    rounds, crashes = 0, list[CrashSite]()
     while nonstandard_ops(proto):
         if rounds == 16:
             raise OpBridgeError(f"function bodies still call custom ops after 16 rounds of inlining. Got "
