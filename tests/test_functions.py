@@ -531,9 +531,9 @@ def _roi_in_a_branch(node: onnx.NodeProto, branch: str, rois_value: str | None) 
         f"{branch}_y", onnx.TensorProto.FLOAT, None)], value_info=values)
 
 
-def test_mmcv_roi_align_at_zero_rois_inside_an_if_branch_is_refused_by_the_function_tier(reg):
-    """The body of a node inside an If branch makes onnxruntime die at 0 rois as in the main graph: the
-    size is refused where a model input dim carries it (the outer rois, or a branch value whose dim is
+def test_mmcv_roi_align_at_zero_rois_inside_an_if_or_loop_body_is_refused_by_the_function_tier(reg):
+    """The body of a node inside an If branch (or a Loop body) makes onnxruntime die at 0 rois as in the main
+    graph: the size is refused where a model input dim carries it (the outer rois, or a branch value whose dim is
     named after it); where none does, the session is refused, saying why (its size is known only while
     the branch runs)."""
     bridge.register(RoIAlignFunction, fake=roi_fake, sample_inputs=roi_samples, registry=reg)
@@ -560,6 +560,22 @@ def test_mmcv_roi_align_at_zero_rois_inside_an_if_branch_is_refused_by_the_funct
         np.testing.assert_allclose(sess.run(None, feed)[0], RoIModel()(FEAT, rois(1, 2)).numpy(), rtol=1e-5, atol=1e-5)
         with pytest.raises(bridge.OpBridgeError, match=r"die \(SIG\w+.*Got model input 'rois' of size 0 in dim 0"):
             sess.run(None, {**feed, "rois": rois(0, 0).numpy()})
+    # NOTE: the same in a Loop body (one trip, the outer rois)
+    body = _roi_in_a_branch(node, "body", None)
+    body.input.extend([onnx.helper.make_tensor_value_info("i", onnx.TensorProto.INT64, []),
+                       onnx.helper.make_tensor_value_info("go", onnx.TensorProto.BOOL, [])])
+    body.node.insert(0, onnx.helper.make_node("Identity", ["go"], ["go_on"]))
+    body.output.insert(0, onnx.helper.make_tensor_value_info("go_on", onnx.TensorProto.BOOL, []))
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Loop", ["trips", "c"], ["y"], body=body)], "g", inputs,
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(np.array(1, np.int64), "trips")])
+    model = onnx.helper.make_model(graph, opset_imports=main_graph.opset_import, ir_version=main_graph.ir_version)
+    sess = bridge.session(model.SerializeToString(), tier="function", registry=reg)
+    feed = {"x": FEAT.numpy(), "rois": rois(1, 2).numpy(), "c": np.array(True)}
+    np.testing.assert_allclose(sess.run(None, feed)[0][0], RoIModel()(FEAT, rois(1, 2)).numpy(), rtol=1e-5, atol=1e-5)
+    with pytest.raises(bridge.OpBridgeError, match=r"die \(SIG\w+.*Got model input 'rois' of size 0 in dim 0"):
+        sess.run(None, {**feed, "rois": rois(0, 0).numpy()})
 
 
 def test_mmcv_roi_align_forward_gets_original_arguments(reg):
