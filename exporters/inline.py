@@ -19,6 +19,7 @@ from bridge.core.basics.graphs import fold_type_probes, model_nodes, model_tenso
 from bridge.core.basics.progress import step
 from bridge.core.checks import unguarded
 from bridge.core.registry import REGISTRY, Registry, fill_attributes
+from exporters.derive import CrashSite, crash_sites, note_crashes
 from exporters.resolve import attach_functions
 
 
@@ -45,7 +46,9 @@ def inline_functions(model: onnx.ModelProto, registry: Registry | None = None, *
     naming it (native-only ops cannot be inlined). The file is for deployment: the bodies' input
     check guards are left out (``guards=True`` keeps them; ``bridge.core.checks.unguarded``), every
     Constant is a tensor, and an ``If`` whose condition the inferred types decide (a dtype probe)
-    is replaced by the branch it takes.
+    is replaced by the branch it takes. Where a body makes onnxruntime die at some input size (its
+    ``doc_string`` says, ``exporters.derive``), the inlined model says so in its ``opbridge.crashes``
+    metadata entry, with the value each such node read: every tier refuses that size, as on the attached file.
 
     Example:
         >>> import torch, bridge, custom_ops
@@ -65,13 +68,16 @@ def inline_functions(model: onnx.ModelProto, registry: Registry | None = None, *
     proto.CopyFrom(model)
     fill_attributes(proto, reg)  # NOTE: an omitted attribute is the op's default, not the body's inner op's
     # NOTE: a body may call another custom op; each round attaches and inlines one level more.
-    rounds = 0
+    rounds, crashes = 0, list[CrashSite]()
     while nonstandard_ops(proto):
         if rounds == 16:
             raise OpBridgeError(f"function bodies still call custom ops after 16 rounds of inlining. Got "
                                 f"{nonstandard_ops(proto)}. Break the cycle between these ops' bodies.")
         attach_functions(proto, reg)
         _check_bodies(proto)
+        # NOTE: inlining drops the bodies and their doc strings: the sizes they crash at, with the values
+        # that carry them (graph values now, theirs or a nested op's after an earlier round), go to the metadata
+        crashes += crash_sites(proto, reg)
         if not guards:
             for function in proto.functions:
                 function.CopyFrom(unguarded(function))
@@ -89,6 +95,7 @@ def inline_functions(model: onnx.ModelProto, registry: Registry | None = None, *
         if fold_type_probes(proto):
             proto = onnx.shape_inference.infer_shapes(proto, check_type=True, strict_mode=True, data_prop=True)
         onnx.checker.check_model(proto, full_check=True)
+    note_crashes(proto, list(dict.fromkeys(crashes)))
     return proto
 
 

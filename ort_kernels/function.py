@@ -15,11 +15,11 @@ import torch
 from bridge.core.basics.domains import is_custom
 from bridge.core.basics.errors import OpBridgeError, UnsupportedInTier
 from bridge.core.basics.files import load_model
-from bridge.core.basics.graphs import custom_nodes, model_nodes, subgraphs, value_types, walk
+from bridge.core.basics.graphs import custom_nodes, model_nodes, model_value_types, subgraphs, value_types, walk
 from bridge.core.checks import Checks, guard_failure, is_guard, ordered
 from bridge.core.registry import Registry
 from bridge.core.spec import BodyBuilder, OpSpec
-from exporters.derive import Crash, body_status, crashes_of, last_failure
+from exporters.derive import Crash, body_status, crash_sites, last_failure
 from exporters.export import DEFAULT_OPSET
 from exporters.resolve import attach_functions
 from ort_kernels.base import Paths, Prepared, Refuse, Tier, libraries, private_domains
@@ -88,33 +88,38 @@ class _CrashSize:
 
 
 def _crash_sizes(model: onnx.ModelProto, registry: Registry) -> tuple[_CrashSize, ...]:
-    """The sizes the main graph's custom nodes' bodies make onnxruntime die at (their doc strings say,
-    ``exporters.derive.crashes_of``), each with the model input dim the node's input dim is named after.
-
-    NOTE: a node inside an If/Loop body is not looked at: its inputs cannot be computed before the run."""
-    bodies = {(f.domain, f.name, f.overload): crashes_of(f.doc_string) for f in model.functions}
-    if not any(bodies.values()):
+    """The sizes the custom nodes' bodies make onnxruntime die at (their doc strings say, or an inlined
+    model's note: ``exporters.derive.crash_sites``), each with the model input dim the node's input dim
+    is named after. A node in an If/Loop body reading a value of that body whose size no model input dim
+    names cannot be told before the run (its value is not computed before it): refused here."""
+    sites = crash_sites(model, registry)
+    if not sites:
         return ()
-    types = value_types(model.graph)
+    types = model_value_types(model)
     inputs: dict[str, tuple[str, int]] = {}
     for value in model.graph.input:
         for axis, d in enumerate(value.type.tensor_type.shape.dim):
             if d.dim_param:
                 inputs.setdefault(d.dim_param, (value.name, axis))
+    graph = model.graph
+    computable = {v.name for v in graph.input} | {t.name for t in graph.initializer} | \
+        {o for n in graph.node for o in n.output}
     found = []
-    for node in model.graph.node:
-        spec = registry.find(node.domain, node.op_type)
-        if spec is None:
-            continue
-        for crash in bodies.get((node.domain, node.op_type, node.overload), ()):
-            index = next((i for i, p in enumerate(spec.tensors) if p.name == crash.input), len(node.input))
-            if index >= len(node.input) or not node.input[index]:
-                continue
-            value = types.get(node.input[index])
-            dims = value.tensor_type.shape.dim if value is not None else []
-            name = dims[crash.axis].dim_param if crash.axis < len(dims) else ""
-            feed, axis = inputs.get(name, (None, crash.axis))
-            found.append(_CrashSize(spec.qualname, crash, node.input[index], feed, axis, name))
+    for site in sites:
+        value = types.get(site.value)
+        dims = value.tensor_type.shape.dim if value is not None else []
+        name = dims[site.crash.axis].dim_param if site.crash.axis < len(dims) else ""
+        feed, axis = inputs.get(name, (None, site.crash.axis))
+        if feed is None and site.value not in computable:
+            raise UnsupportedInTier(
+                f"{site.qualname}: its function body makes onnxruntime die ({site.crash.how}, which would end this "
+                f"process) where input '{site.crash.input}' has size {site.crash.size} in dim {site.crash.axis}, and "
+                f"its node inside an If/Loop body reads value '{site.value}' there, whose size no model input "
+                f"names and which exists only while that body runs, so the size cannot be refused before it. Got "
+                f"value '{site.value}' with dim {site.crash.axis} {repr(name) if name else 'unnamed'}. Run this "
+                f"model with tier='python' or 'native', or give the op a function= body that handles size "
+                f"{site.crash.size}.")
+        found.append(_CrashSize(site.qualname, site.crash, site.value, feed, axis, name))
     return tuple(found)
 
 

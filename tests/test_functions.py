@@ -18,6 +18,7 @@ import pytest
 import torch
 
 import bridge
+from bridge.tools.cli import main
 from custom_ops.bev_pool_v2 import random_case
 
 TESTS = Path(__file__).resolve().parent
@@ -472,6 +473,109 @@ def test_mmcv_roi_align_at_zero_rois_computed_in_the_model_is_refused_by_the_fun
             np.testing.assert_array_equal(bridge.parity.run_ort(sess, none_kept)[0], KeptRoIModel()(*none_kept).numpy())
         np.testing.assert_allclose(bridge.parity.run_ort(sess, all_kept)[0], KeptRoIModel()(*all_kept).numpy(),
                                    rtol=1e-5, atol=1e-5)
+
+
+def _refusal(model: onnx.ModelProto, tier: str, reg, args) -> str | None:
+    """The message a ``tier`` session of ``model`` refuses ``args`` with (None where it runs them)."""
+    sess = bridge.session(model.SerializeToString(), tier=tier, registry=reg)
+    try:
+        bridge.parity.run_ort(sess, args)
+    except bridge.OpBridgeError as e:
+        return str(e)
+    return None
+
+
+def test_mmcv_roi_align_at_zero_rois_stays_refused_in_every_tier_once_inlined(reg, tmp_path):
+    """Inlining drops the bodies and their doc strings: the inlined model carries the crash size in its
+    ``opbridge.crashes`` metadata entry (bridge.export(inline=True), `opbridge inline`, check_parity(inline=True)),
+    and every tier refuses that size with the attached file's message, not a process killed by SIGFPE."""
+    bridge.register(RoIAlignFunction, fake=roi_fake, sample_inputs=roi_samples, registry=reg)
+    path = tmp_path / "roi.onnx"
+    model = bridge.export(RoIModel(), (FEAT, rois(5, 0)), path, registry=reg, dynamic_shapes=(None, {0: K}))
+    flat = bridge.export(RoIModel(), (FEAT, rois(5, 0)), registry=reg, dynamic_shapes=(None, {0: K}), inline=True)
+    # NOTE: a process that does not register the op inlines the file with the bodies' own input names
+    assert main(["-q", "inline", str(path), "-o", str(tmp_path / "flat.onnx")]) == 0
+    flat_cli = onnx.load(tmp_path / "flat.onnx")
+    assert not flat.functions and not flat_cli.functions
+    attached = _refusal(model, "function", reg, (FEAT, rois(0, 0)))
+    if attached is None:  # NOTE: an onnxruntime that runs the body at 0 rois: nothing recorded, nothing refused
+        assert not flat.metadata_props and not flat_cli.metadata_props
+        return
+    assert attached.startswith("opbridge: mmcv::MMCVRoiAlign: its function body makes onnxruntime die (SIG")
+    assert [p.key for p in flat.metadata_props] == ["opbridge.crashes"] == [p.key for p in flat_cli.metadata_props]
+    for tier in ("python", "native", "function"):
+        for inlined in (flat, flat_cli):
+            assert _refusal(inlined, tier, reg, (FEAT, rois(0, 0))) == attached
+            sess = bridge.session(inlined.SerializeToString(), tier=tier, registry=reg)
+            np.testing.assert_allclose(bridge.parity.run_ort(sess, (FEAT, rois(1, 2)))[0],
+                                       RoIModel()(FEAT, rois(1, 2)).numpy(), rtol=1e-5, atol=1e-5)
+    with pytest.raises(bridge.OpBridgeError) as caught:
+        bridge.check_parity(RoIModel(), (FEAT, rois(5, 0)), registry=reg, dynamic_shapes=(None, {0: K}),
+                            extra_args=[(FEAT, rois(0, 0))], inline=True)
+    assert str(caught.value) == attached
+
+
+def _roi_in_a_branch(node: onnx.NodeProto, branch: str, rois_value: str | None) -> onnx.GraphProto:
+    """An If branch calling roi_align (``node``'s copy) on the outer ``rois``, or (``rois_value``) on a
+    value of its own copied from it, declared [``rois_value``'s dim, 5]."""
+    call = onnx.NodeProto()
+    call.CopyFrom(node)
+    call.name, call.output[:] = f"{branch}_roi", [f"{branch}_y"]
+    nodes, values = [call], []
+    if rois_value is not None:
+        nodes.insert(0, onnx.helper.make_node("Identity", ["rois"], [f"{branch}_rois"]))
+        call.input[:] = ["x", f"{branch}_rois"]
+        values.append(onnx.helper.make_tensor_value_info(f"{branch}_rois", onnx.TensorProto.FLOAT,
+                                                         [rois_value or None, 5]))
+    return onnx.helper.make_graph(nodes, branch, [], [onnx.helper.make_tensor_value_info(
+        f"{branch}_y", onnx.TensorProto.FLOAT, None)], value_info=values)
+
+
+def test_mmcv_roi_align_at_zero_rois_inside_an_if_or_loop_body_is_refused_by_the_function_tier(reg):
+    """The body of a node inside an If branch (or a Loop body) makes onnxruntime die at 0 rois as in the main
+    graph: the size is refused where a model input dim carries it (the outer rois, or a branch value whose dim is
+    named after it); where none does, the session is refused, saying why (its size is known only while
+    the branch runs)."""
+    bridge.register(RoIAlignFunction, fake=roi_fake, sample_inputs=roi_samples, registry=reg)
+    main_graph = bridge.export(RoIModel(), (FEAT, rois(5, 0)), registry=reg, dynamic_shapes=(None, {0: K}))
+    if not any("onnxruntime dies" in f.doc_string for f in main_graph.functions):
+        pytest.skip("this onnxruntime runs the roi_align body at 0 rois")
+    node = next(n for n in main_graph.graph.node if n.op_type == "MMCVRoiAlign")
+    dim = main_graph.graph.input[1].type.tensor_type.shape.dim[0].dim_param
+    inputs = [*main_graph.graph.input, onnx.helper.make_tensor_value_info("c", onnx.TensorProto.BOOL, [])]
+    for rois_value in (None, dim, ""):
+        graph = onnx.helper.make_graph([onnx.helper.make_node(
+            "If", ["c"], ["y"], then_branch=_roi_in_a_branch(node, "then", rois_value),
+            else_branch=_roi_in_a_branch(node, "else", rois_value))], "g", inputs,
+            [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)])
+        model = onnx.helper.make_model(graph, opset_imports=main_graph.opset_import, ir_version=main_graph.ir_version)
+        feed = {"x": FEAT.numpy(), "rois": rois(1, 2).numpy(), "c": np.array(True)}
+        if rois_value == "":
+            with pytest.raises(bridge.OpBridgeError, match=r"^opbridge: mmcv::MMCVRoiAlign: its function body makes "
+                               r"onnxruntime die \(SIG\w+.*inside an If/Loop body reads value '(?:then|else)_rois'.*Got value "
+                               r"'(?:then|else)_rois' with dim 0 unnamed\. Run this model with tier='python' or 'native'"):
+                bridge.session(model.SerializeToString(), tier="function", registry=reg)
+            continue
+        sess = bridge.session(model.SerializeToString(), tier="function", registry=reg)
+        np.testing.assert_allclose(sess.run(None, feed)[0], RoIModel()(FEAT, rois(1, 2)).numpy(), rtol=1e-5, atol=1e-5)
+        with pytest.raises(bridge.OpBridgeError, match=r"die \(SIG\w+.*Got model input 'rois' of size 0 in dim 0"):
+            sess.run(None, {**feed, "rois": rois(0, 0).numpy()})
+    # NOTE: the same in a Loop body (one trip, the outer rois)
+    body = _roi_in_a_branch(node, "body", None)
+    body.input.extend([onnx.helper.make_tensor_value_info("i", onnx.TensorProto.INT64, []),
+                       onnx.helper.make_tensor_value_info("go", onnx.TensorProto.BOOL, [])])
+    body.node.insert(0, onnx.helper.make_node("Identity", ["go"], ["go_on"]))
+    body.output.insert(0, onnx.helper.make_tensor_value_info("go_on", onnx.TensorProto.BOOL, []))
+    graph = onnx.helper.make_graph(
+        [onnx.helper.make_node("Loop", ["trips", "c"], ["y"], body=body)], "g", inputs,
+        [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)],
+        [onnx.numpy_helper.from_array(np.array(1, np.int64), "trips")])
+    model = onnx.helper.make_model(graph, opset_imports=main_graph.opset_import, ir_version=main_graph.ir_version)
+    sess = bridge.session(model.SerializeToString(), tier="function", registry=reg)
+    feed = {"x": FEAT.numpy(), "rois": rois(1, 2).numpy(), "c": np.array(True)}
+    np.testing.assert_allclose(sess.run(None, feed)[0][0], RoIModel()(FEAT, rois(1, 2)).numpy(), rtol=1e-5, atol=1e-5)
+    with pytest.raises(bridge.OpBridgeError, match=r"die \(SIG\w+.*Got model input 'rois' of size 0 in dim 0"):
+        sess.run(None, {**feed, "rois": rois(0, 0).numpy()})
 
 
 def test_mmcv_roi_align_forward_gets_original_arguments(reg):

@@ -493,3 +493,30 @@ def test_a_kernel_that_crashes_under_check_leaves_a_line_naming_its_library_and_
     crash = next(i for i, line in enumerate(lines) if "Segmentation fault" in line)
     named = [line for line in lines[:crash] if f"native code: {library.name} serves {name}" in line]
     assert named and named[-1].endswith("..."), r.stderr  # the step that was running when it crashed
+
+
+def test_under_quiet_a_crashing_kernel_leaves_one_line_naming_its_library_and_op(fresh_name, tmp_path):
+    # NOTE: #43 item 3: -q silences the progress line that names the library; a crash still leaves one line
+    # naming it (its path) and the op, before faulthandler's stack, and a run that ends well prints nothing
+    runs = {}
+    for kind, body in (("bad", "*static_cast<volatile float*>(nullptr)"), ("good", "in[i] * 5.f")):
+        name, folder = fresh_name(kind), tmp_path / kind
+        folder.mkdir()
+        library = _inner_library(bridge.Registry(), name, folder, INNER_KERNEL.replace(
+            "out[i] = in[i] * 1000.f + 8.f;", f"out[i] = {body};"))
+        (folder / "crash_ops.py").write_text(CRASH_OPS.replace("NAME", repr(name)))
+        env = dict(ENV, PYTHONPATH=str(folder) + os.pathsep + ENV["PYTHONPATH"])
+        runs[kind] = name, library, forkserver.run(
+            ["-m", "bridge", "-q", "--ops", "crash_ops", "check", "--model", "crash_ops:case", "--native-library",
+             str(library)], cwd=folder, env=env, timeout=600)
+    name, library, r = runs["bad"]
+    assert r.returncode == -11, r.stdout + r.stderr
+    lines = r.stderr.splitlines()
+    crash = lines.index("Fatal Python error: Segmentation fault")
+    named = [line for line in lines if str(library) in line and name in line]
+    assert len(named) == 1 and lines.index(named[0]) < crash, r.stderr
+    assert named[0].startswith("opbridge: native code ended this process (Segmentation fault) while running "), r.stderr
+    assert f"Got {library} serving {name}. Fix the kernels of that library" in named[0], r.stderr
+    assert not any(line.startswith("[opbridge]") for line in lines), r.stderr  # -q: no progress line
+    name, library, r = runs["good"]
+    assert r.returncode == 0 and "PASS" in r.stdout and r.stderr == "", r.stdout + r.stderr

@@ -32,13 +32,43 @@ import contextlib
 import faulthandler
 import importlib
 import os
+import re
+import subprocess
 import sys
+
+from bridge.core.basics import progress
 
 # NOTE: the commands module loads torch (seconds); it is loaded by name once the arguments parsed,
 # as the facade loads its names, so that --help and argument errors stay instant.
 COMMANDS = "bridge.tools.commands"
 # NOTE: what needs no torch (arguments that name files, `opbridge cache`, the error line) runs first, from here
 PREFLIGHT = "bridge.tools.preflight"
+# NOTE: a progress label's part naming native code (bridge.tools.sessions.native_code): library, ops it serves
+_SERVES = re.compile(r"native code: (\S+) serves ([^;)]+)")
+# NOTE: the watcher, run as `python -I -S -c` (nothing imported): lines starting \x1e (a step starts) or \x1f
+# (it ends) carry the crash line of a step that runs native code; anything else is faulthandler's report of a
+# fatal error, copied to stderr after the crash line of the step that was running (or ran last)
+_WATCHER = r"""
+import sys
+steps, last, said = [], None, False
+for raw in sys.stdin.buffer:
+    line = raw.decode("utf-8", "replace")
+    if line[:1] in ("\x1e", "\x1f"):
+        text = line[1:].rstrip("\n")
+        if line[0] == "\x1e":
+            steps.append(text)
+        elif text in steps:
+            steps.remove(text)
+            last = text
+        continue
+    if not said and (steps or last):
+        cause = line.strip().removeprefix("Fatal Python error: ") or "a fatal error"
+        when = "while running" if steps else "after running"
+        sys.stderr.write((steps or [last])[-1].replace("{cause}", cause).replace("{when}", when) + "\n")
+    said = True
+    sys.stderr.write(line)
+    sys.stderr.flush()
+"""
 
 
 def _common(parser: argparse.ArgumentParser, suffix: str) -> None:
@@ -153,16 +183,85 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+class CrashLine:
+    """Under ``-q``, the one line a crash in native code leaves on stderr, naming the library (its path)
+    and the ops it serves, though no progress line named them: told each step (``progress.witness``),
+    it starts a watcher process at the first step that runs native code and points faulthandler at it;
+    the watcher prints the line only when faulthandler reports a fatal error, so a run that ends well
+    prints nothing.
+
+    NOTE: a crashed process runs no more Python code (a segfault in a kernel), and faulthandler writes
+    only stacks: the line is printed by another process, which outlives it.
+
+    Example:
+        >>> CrashLine(["/x/libu.so"]).line("eager + onnxruntime run 1; native code: libu.so serves a::f, a::g")
+        'opbridge: native code ended this process ({cause}) {when} "eager + onnxruntime run 1; native code: libu.so \
+serves a::f, a::g". Got /x/libu.so serving a::f, a::g. Fix the kernels of that library for these ops, or run \
+them without it (drop --native-library, or --tier function).'
+    """
+
+    def __init__(self, libraries: list[str]):
+        self._paths = {os.path.basename(p): os.path.abspath(p) for p in libraries}
+        self._watcher: subprocess.Popen | None = None
+
+    def line(self, label: str) -> str:
+        """The crash line of a step ``label`` ("" when it names no native code); the watcher fills in
+        ``{cause}`` (faulthandler's) and ``{when}``."""
+        served = _SERVES.findall(label)
+        if not served:
+            return ""
+        got = "; ".join(f"{self._paths.get(lib, lib)} serving {ops.strip()}" for lib, ops in served)
+        return (f'opbridge: native code ended this process ({{cause}}) {{when}} "{label}". Got {got}. Fix the kernels '
+                "of that library for these ops, or run them without it (drop --native-library, or --tier function).")
+
+    def __call__(self, label: str, starts: bool) -> None:
+        line = self.line(label)
+        if not line or (self._watcher is None and not (starts and self._start())):
+            return
+        assert self._watcher is not None and self._watcher.stdin is not None
+        with contextlib.suppress(OSError, ValueError):  # NOTE: a watcher gone (its pipe closed): none to tell
+            self._watcher.stdin.write(("\x1e" if starts else "\x1f").encode() + line.encode() + b"\n")
+            self._watcher.stdin.flush()
+
+    def _start(self) -> bool:
+        try:
+            self._watcher = subprocess.Popen([sys.executable, "-I", "-S", "-c", _WATCHER], stdin=subprocess.PIPE,
+                                             stdout=subprocess.DEVNULL)
+        except (OSError, ValueError):  # NOTE: no process to start: faulthandler's stack alone, on stderr
+            return False
+        with contextlib.suppress(AttributeError, ValueError, OSError, RuntimeError):
+            faulthandler.enable(file=self._watcher.stdin)  # type: ignore[arg-type]
+        return True
+
+    def close(self) -> None:
+        """Point faulthandler back at stderr and let the watcher end (it prints nothing)."""
+        if self._watcher is None:
+            return
+        with contextlib.suppress(AttributeError, ValueError, OSError, RuntimeError):
+            faulthandler.enable()
+        with contextlib.suppress(OSError, ValueError):
+            self._watcher.stdin.close()  # type: ignore[union-attr]
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self._watcher.wait(timeout=5)
+        self._watcher = None
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run ``opbridge ARGV``; return the exit status (0 ok, 1 parity failure, 2 error)."""
     args = parse(argv)
     # NOTE: native code that crashes (a user's kernel library) ends the process: the stack goes to stderr
-    # after the progress line that named the library and its ops
+    # after the progress line that named the library and its ops (under -q, after the CrashLine)
     if not faulthandler.is_enabled():
         with contextlib.suppress(AttributeError, ValueError, OSError, RuntimeError):  # NOTE: a stderr without a fd
             faulthandler.enable()
-    code = importlib.import_module(PREFLIGHT).run(args)
-    return code if code is not None else importlib.import_module(COMMANDS).run(args)
+    crash_line = CrashLine(getattr(args, "native_library", None) or [])
+    progress.witness(crash_line if args.quiet else None)
+    try:
+        code = importlib.import_module(PREFLIGHT).run(args)
+        return code if code is not None else importlib.import_module(COMMANDS).run(args)
+    finally:
+        progress.witness(None)
+        crash_line.close()
 
 
 def console() -> None:

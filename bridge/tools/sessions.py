@@ -188,6 +188,7 @@ def session(model: str | os.PathLike | onnx.ModelProto | bytes, *, tier: str = "
     # NOTE: read before the tier edits the model
     wrong_type = _wrong_type(_input_readers(proto, reg), proto.graph.input)
     prepared = kernels.prepare(proto, reg, sess_options, native_library)
+    refuse = crash_refusal(proto, reg)  # NOTE: a size it cannot refuse is refused here, not as a load failure
     # NOTE: a file that needs no change goes to ORT by path: no second serialisation and parse
     path = model if isinstance(model, (str, os.PathLike)) and not (prepared.changed or filled) else None
     # NOTE: native code runs from here on: the line names each library and the ops it serves, so a crash
@@ -199,7 +200,7 @@ def session(model: str | os.PathLike | onnx.ModelProto | bytes, *, tier: str = "
             content = os.fspath(path) if path is not None else _serialised(proto, model)
             sess = Session(content, prepared.options, providers=providers,
                            explain=(*prepared.explain, wrong_type), guard=prepared.guard, kernels=prepared.kernels,
-                           refuse=crash_refusal(proto, reg))
+                           refuse=refuse)
             sess.unserved = unserved
             return sess
         except Exception as e:

@@ -18,7 +18,8 @@ in the op's domain with the op's input and attribute names:
 - before use, every body passes ``onnx.checker`` (full) and runs in onnxruntime against eager at the
   traced sizes and, where the site has dynamic dims, at other sizes, each dim at 0 and 1 too (in a
   child process: a size onnxruntime dies at is named in the body's doc_string, and sessions refuse
-  it); an implementation returning (a view of) an input, which torch forbids for custom ops, is an
+  it, for nodes in If/Loop bodies too; an inlined model carries it in its ``opbridge.crashes`` metadata
+  entry, ``crash_sites``); an implementation returning (a view of) an input, which torch forbids for custom ops, is an
   OpBridgeError naming the op.
 
 An op torch.onnx already translates (onnxscript's torch_lib, e.g. torchvision's ``nms``, ``roi_align``,
@@ -47,7 +48,8 @@ from exporters.derive.derivation import derive, last_failure
 from exporters.derive.implementation import implementation
 from exporters.derive.sites import Derived, NoPortableBody, Site, TensorSig, sample_site, site_of
 from exporters.derive.status import body_status, show_body
-from exporters.derive.verify import Crash, crashes_of
+from exporters.derive.verify import Crash, CrashSite, crash_sites, crashes_of, note_crashes
 
-__all__ = ["Crash", "Derived", "NoPortableBody", "Site", "TensorSig", "body_status", "crashes_of", "derive",
-           "implementation", "last_failure", "sample_site", "show_body", "site_of"]
+__all__ = ["Crash", "CrashSite", "Derived", "NoPortableBody", "Site", "TensorSig", "body_status", "crash_sites",
+           "crashes_of", "derive", "implementation", "last_failure", "note_crashes", "sample_site", "show_body",
+           "site_of"]

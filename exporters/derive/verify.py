@@ -20,6 +20,8 @@ from onnx import helper
 from bridge.core.basics import torch_compat
 from bridge.core.basics.dtypes import TORCH_TO_ONNX, numpy_dtype
 from bridge.core.basics.errors import OpBridgeError
+from bridge.core.basics.graphs import custom_nodes
+from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
 from exporters.derive.contained import RUNNER
 from exporters.derive.sites import Site, Untraceable, one_line
@@ -164,6 +166,79 @@ def crash_lines(crashes: Sequence[Crash]) -> str:
 def crashes_of(doc_string: str) -> tuple[Crash, ...]:
     """The crashes a body's ``doc_string`` records (:func:`crash_lines`)."""
     return tuple(Crash(m[2], int(m[4]), int(m[3]), m[1]) for m in _CRASH_LINE.finditer(doc_string or ""))
+
+
+@dataclasses.dataclass(frozen=True)
+class CrashSite:
+    """A node whose body onnxruntime dies in (:class:`Crash`): its op, and the value the node reads as
+    the crash's input (a name in the model's graph or in one of its If/Loop bodies)."""
+
+    qualname: str
+    crash: Crash
+    value: str
+
+
+# NOTE: the key of the model metadata entry that carries the crash sites of an inlined model, whose bodies
+# (and their doc strings) are gone; tools keep a model's metadata_props, as they keep doc strings
+CRASH_NOTE = "opbridge.crashes"
+_SITE_LINE = re.compile(r"^opbridge: onnxruntime dies \((\w+)\) running the body of (\S+) where input '([^']+)' has "
+                        r"size (\d+) in dim (\d+), read from value '(.+)' \(eager gives a result\)$", re.MULTILINE)
+
+
+def crash_note(sites: Sequence[CrashSite]) -> str:
+    """The text of an inlined model's :data:`CRASH_NOTE` entry for ``sites``, a line each
+    (:func:`noted_crashes` reads them back).
+
+    Example:
+        >>> site = CrashSite("mmcv::MMCVRoiAlign", Crash("rois", 0, 0, "SIGFPE"), "rois")
+        >>> crash_note([site])
+        "opbridge: onnxruntime dies (SIGFPE) running the body of mmcv::MMCVRoiAlign where input 'rois' has size 0 \
+in dim 0, read from value 'rois' (eager gives a result)"
+        >>> noted_crashes(crash_note([site])) == (site,)
+        True
+    """
+    return "\n".join(f"opbridge: onnxruntime dies ({s.crash.how}) running the body of {s.qualname} where input "
+                     f"'{s.crash.input}' has size {s.crash.size} in dim {s.crash.axis}, read from value '{s.value}' "
+                     "(eager gives a result)" for s in sites)
+
+
+def noted_crashes(note: str) -> tuple[CrashSite, ...]:
+    """The crash sites an inlined model's :data:`CRASH_NOTE` entry records (:func:`crash_note`)."""
+    return tuple(CrashSite(m[2], Crash(m[3], int(m[5]), int(m[4]), m[1]), m[6]) for m in _SITE_LINE.finditer(note))
+
+
+def crash_sites(model: onnx.ModelProto, registry: Registry) -> tuple[CrashSite, ...]:
+    """Where onnxruntime dies in ``model``: each custom node (main graph and If/Loop bodies) whose body's
+    ``doc_string`` records crashes (:func:`crash_lines`), once per crash, then the sites the model's
+    :data:`CRASH_NOTE` entry records (an inlined model's). A node inside another body is not looked at:
+    what it reads is known only inside that body."""
+    bodies = {(f.domain, f.name, f.overload): f for f in model.functions if crashes_of(f.doc_string)}
+    found = []
+    for node in custom_nodes(model) if bodies else ():
+        body = bodies.get((node.domain, node.op_type, node.overload))
+        if body is None:
+            continue
+        spec = registry.find(node.domain, node.op_type)
+        # NOTE: without the op (a file inlined by a process that does not register it) the body's own names say
+        formals = [p.name for p in spec.tensors] if spec is not None else list(body.input)
+        for crash in crashes_of(body.doc_string):
+            index = formals.index(crash.input) if crash.input in formals else len(node.input)
+            if index < len(node.input) and node.input[index]:
+                qualname = spec.qualname if spec is not None else f"{node.domain}::{node.op_type}"
+                found.append(CrashSite(qualname, crash, node.input[index]))
+    found += [s for p in model.metadata_props if p.key == CRASH_NOTE for s in noted_crashes(p.value)]
+    return tuple(dict.fromkeys(found))
+
+
+def note_crashes(model: onnx.ModelProto, sites: Sequence[CrashSite]) -> None:
+    """Record ``sites`` in ``model``'s :data:`CRASH_NOTE` metadata entry (replacing it); a model
+    without sites is left as it is."""
+    if not sites:
+        return
+    kept = [p for p in model.metadata_props if p.key != CRASH_NOTE]
+    del model.metadata_props[:]
+    model.metadata_props.extend(kept)
+    model.metadata_props.add(key=CRASH_NOTE, value=crash_note(sites))
 
 
 def _trial(spec: OpSpec, fn: Callable, site: Site, roles: list[tuple], trial: dict) -> tuple[tuple | None, dict]:

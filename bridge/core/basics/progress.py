@@ -5,16 +5,26 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 _enabled = False
 _quiet = False  # NOTE: asked silence (`opbridge -q`): not even the lines of work a user waits for
+# NOTE: under quiet, told each step's label as it starts (True) and ends (False): the CLI keeps the line
+# naming the native code that runs, for a crash to print (bridge.tools.cli)
+_witness: Callable[[str, bool], None] | None = None
 
 
 def enable(on: bool = True, *, quiet: bool = False) -> None:
     """Turn progress lines on or off (the CLI turns them on); ``quiet``: also the ``always`` ones."""
     global _enabled, _quiet
     _enabled, _quiet = on, quiet
+
+
+def witness(fn: Callable[[str, bool], None] | None) -> None:
+    """While quiet, call ``fn(label, True)`` as each step starts and ``fn(label, False)`` as it ends,
+    printing nothing (None: no one is told)."""
+    global _witness
+    _witness = fn
 
 
 @contextlib.contextmanager
@@ -25,6 +35,14 @@ def step(label: str, *, always: bool = False):
     >>> with step("nothing"):
     ...     pass
     """
+    if _quiet and _witness is not None:
+        told = _witness
+        told(label, True)
+        try:
+            yield
+        finally:
+            told(label, False)
+        return
     if _quiet or not (_enabled or always):
         yield
         return
