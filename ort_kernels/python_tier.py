@@ -48,11 +48,11 @@ import torch
 
 from bridge.core.basics.dtypes import ONNX_TO_TORCH, numpy_dtype
 from bridge.core.basics.errors import OpBridgeError, UnsupportedInTier
-from bridge.core.basics.graphs import FreshNames, custom_nodes, model_graphs, model_value_types, value_names
+from bridge.core.basics.graphs import FreshNames, model_graphs, model_value_types, value_names, value_types
 from bridge.core.basics.installed import pip_line
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec, node_attributes
-from ort_kernels.base import Paths, Prepared, Tier, helper_functions, libraries, with_library
+from ort_kernels.base import Paths, Plan, Prepared, Tier, libraries, with_library
 from ort_kernels.build import io_types
 
 _lock = threading.Lock()
@@ -305,6 +305,16 @@ def _infer_types(model: onnx.ModelProto) -> onnx.ModelProto:
                         "with opbridge).") from None
 
 
+def _element_types(model: onnx.ModelProto, served: list) -> dict[str, int]:
+    """Element type by value name (0: not known) of the inferred model's graph; of its subgraphs too
+    (If/Loop bodies, a walk of the inferred copy) only where a served node's values are not in the graph."""
+    inferred = _infer_types(model)
+    types = value_types(inferred.graph)
+    if any(name not in types for p in served for name in (*p.node.input, *p.node.output) if name):
+        types = model_value_types(inferred)
+    return {name: t.tensor_type.elem_type for name, t in types.items()}
+
+
 def _rewrite_attributes(node: onnx.NodeProto, declared: _Declared) -> None:
     """The node's attribute values as the op takes them (``node_attributes``: defaults filled in, None
     for an omitted optional one) and the indices of its omitted optional inputs (fed an empty
@@ -390,7 +400,8 @@ def _route(model: onnx.ModelProto, plan: list, helpers: set) -> None:
             model.opset_import.append(onnx.helper.make_opsetid(node.domain, version))
     if any(_ABSENT_INPUT in node.input for node, _ in plan):
         model.graph.initializer.append(onnx.helper.make_tensor(_ABSENT_INPUT, T.FLOAT, [0], []))
-    _bridge(model, FreshNames(value_names(model.graph)))
+    if any(d.restore or any(c is not None for c in d.out_carry) for _, d in plan):
+        _bridge(model, FreshNames(value_names(model.graph)))
     keep = [f for f in model.functions if (f.domain, f.name) in helpers]
     del model.functions[:]
     model.functions.extend(keep)
@@ -424,44 +435,40 @@ class PythonTier(Tier):
     def missing(self, registry: Registry) -> str | None:
         return _no_extensions() if importlib.util.find_spec("onnxruntime_extensions") is None else None
 
-    def prepare(self, model: onnx.ModelProto, registry: Registry, options: ort.SessionOptions | None,
-                library: Paths | None = None) -> Prepared:
-        """Route ``model``'s custom nodes to their eager implementations."""
+    def prepare(self, plan: Plan, options: ort.SessionOptions | None, library: Paths | None = None) -> Prepared:
+        """Route the plan's custom nodes to their eager implementations."""
         try:
             from onnxruntime_extensions import get_library_path
         except ImportError:
             raise UnsupportedInTier(_no_extensions()) from None
-        # element type by value name, over the graph and its subgraphs (0: not known)
-        types = {name: t.tensor_type.elem_type for name, t in model_value_types(_infer_types(model)).items()}
-        helpers = helper_functions(model, registry)
-        served = [n for n in custom_nodes(model) if (n.domain, n.op_type) not in helpers]
-        missing = sorted({f"{n.domain}::{n.op_type}" for n in served if registry.find(n.domain, n.op_type) is None})
+        helpers = plan.helpers()
+        served = [p for p in plan.graph if p.key not in helpers]
+        missing = sorted({p.op for p in served if p.spec is None})
         if missing:
             raise UnsupportedInTier(f"tier 'python' cannot run {', '.join(missing)}: it is not a registered op. "
                                     f"Got ops {missing}. Register it (bridge.register / @bridge.op) before the "
                                     "session, or use tier='function'.")
+        types = _element_types(plan.model, served)
         path = get_library_path()
         with _lock:
             shared = options is None
             options = _shared_options[0] if shared else options
             known = _known_generations(options, path)
             if known is None:  # NOTE: these options are about to freeze the open generation: fill it first
-                _predeclare(registry)
-            plan = []
-            for node in served:
-                spec = registry.find(node.domain, node.op_type)
-                assert spec is not None
-                plan.append((node, _declare(registry, spec, *_node_types(node, spec, types))))
-            late = sorted({f"{n.domain}::{n.op_type}" for n, d in plan if known is not None and d.generation >= known})
+                _predeclare(plan.registry)
+            routes = [(p.node, _declare(plan.registry, p.spec, *_node_types(p.node, p.spec, types))) for p in served
+                      if p.spec is not None]
+            late = sorted({f"{n.domain}::{n.op_type}" for n, d in routes
+                           if known is not None and d.generation >= known})
             if late and shared:  # NOTE: the shared options predate these signatures: new ones take over
                 options, known, late = None, None, []
-                _predeclare(registry)
+                _predeclare(plan.registry)
             if late:
                 raise UnsupportedInTier(
                     f"tier 'python' cannot run {', '.join(late)} with these SessionOptions: they got the python "
                     "tier's kernels before these op signatures were declared (onnxruntime-extensions registers "
                     f"its Python ops into options once). Got ops {late}. Pass new SessionOptions (or none).")
-            _route(model, plan, helpers)
+            _route(plan.model, routes, helpers)
             if known is None:
                 options = _register(options, path)
                 if shared:
