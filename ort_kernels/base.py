@@ -72,16 +72,6 @@ class Planned:
     def op(self) -> str:
         return f"{self.key[0]}::{self.key[1]}"
 
-    @property
-    def where(self) -> str:
-        return f"node {self.node.name or self.node.op_type!r} ({self.op})"
-
-    def inputs(self) -> dict[str, str]:
-        """The value each tensor parameter of the op reads ("" when omitted)."""
-        assert self.spec is not None
-        node = self.node
-        return {p.name: (node.input[i] if i < len(node.input) else "") for i, p in enumerate(self.spec.tensors)}
-
     def attributes(self) -> dict:
         """The node's attribute values as the op takes them, given or defaulted (omitted ones without a default
         left out: :meth:`Plan.check` names them)."""
@@ -136,27 +126,16 @@ class Plan:
 
     def __init__(self, model: onnx.ModelProto, registry: Registry, what: str = "the model"):
         self.model, self.registry = model, registry
-        self._specs: dict[tuple[str, str], OpSpec | None] = {}
-        self.nodes: list[Planned] = []
-        self._walk(what)
+        self.refresh(what)
 
-    def _walk(self, what: str) -> None:
-        graph = list(walk(self.model.graph.node))  # NOTE: the walk: every node of the graph and its subgraphs
+    def refresh(self, what: str = "the model") -> None:
+        """The walk (again after a tier's resolver gave the model bodies: new nodes, a new proto); the
+        names of every node it meets are checked to be text first (:func:`readable`)."""
+        graph = list(walk(self.model.graph.node))
         readable(self.model, what, graph)
         bodies = [f for f in self.model.functions if any(is_custom(o.domain) for o in f.opset_import)]
         found = [(n, None) for n in graph] + [(n, f) for f in bodies for n in walk(f.node)]
-        self.nodes = [Planned(n, self.find(n.domain, n.op_type), f) for n, f in found if is_custom(n.domain)]
-
-    def refresh(self) -> None:
-        """Plan the model again: a tier's resolver gave it bodies (new nodes, a new proto)."""
-        self._walk("the model")
-
-    def find(self, domain: str, op_type: str) -> OpSpec | None:
-        """The registered op of (domain, op_type), looked up once per plan."""
-        key = (domain, op_type)
-        if key not in self._specs:
-            self._specs[key] = self.registry.find(domain, op_type)
-        return self._specs[key]
+        self.nodes = [Planned(n, self.registry.find(n.domain, n.op_type), f) for n, f in found if is_custom(n.domain)]
 
     @property
     def graph(self) -> list[Planned]:
@@ -170,7 +149,7 @@ class Plan:
     def helpers(self) -> set[tuple[str, str]]:
         """(domain, name) of model-local functions that are not registered ops: helpers an exporter or tool
         put there (any runtime runs them from their bodies), not custom nodes for a tier."""
-        return {(f.domain, f.name) for f in self.model.functions if self.find(f.domain, f.name) is None}
+        return {(f.domain, f.name) for f in self.model.functions if self.registry.find(f.domain, f.name) is None}
 
     def check(self) -> None:
         """The graph's custom nodes against their registered ops: domain version, attributes, input count."""
@@ -178,16 +157,16 @@ class Plan:
         for p in self.graph:
             if p.spec is None:
                 continue  # the tier reports ops it cannot run
-            version = imported.get(p.node.domain)
+            where, version = f"node {p.node.name or p.node.op_type!r} ({p.op})", imported.get(p.node.domain)
             if version != p.spec.version:
                 raise OpBridgeError(
-                    f"{p.where} is imported at domain version {version}, but the registered op is version "
+                    f"{where} is imported at domain version {version}, but the registered op is version "
                     f"{p.spec.version}. Got opset_import {p.node.domain}={version}. Export the model again "
                     f"with this registry, or register the op with version={version}.")
-            _check_attributes(p)
+            _check_attributes(where, p.node, p.spec)
             required = sum(1 for t in p.spec.tensors if not t.optional)
             if not required <= len(p.node.input) <= len(p.spec.tensors):
-                raise OpBridgeError(f"{p.where} has {len(p.node.input)} inputs; the op takes {required} to "
+                raise OpBridgeError(f"{where} has {len(p.node.input)} inputs; the op takes {required} to "
                                     f"{len(p.spec.tensors)}. Got inputs {list(p.node.input)}. Export the model again.")
 
     def fill(self) -> bool:
@@ -223,20 +202,19 @@ class Plan:
                 for op, where in self.kernels().items() if where not in libraries}
 
 
-def _check_attributes(p: Planned) -> None:
+def _check_attributes(where: str, node: onnx.NodeProto, spec: OpSpec) -> None:
     """A required attribute the node lacks, or one of another type than the op declares, named."""
-    assert p.spec is not None
-    attrs = {a.name: a for a in p.node.attribute}
-    for param in p.spec.attributes:
+    attrs = {a.name: a for a in node.attribute}
+    for param in spec.attributes:
         # NOTE: ignore: onnx's stub lacks the AttrType enum's .name, and every attribute has an attr_type
         declared = param.attr_type.name  # type: ignore[union-attr]
         if param.name not in attrs:
             if not param.has_default:
-                raise OpBridgeError(f"{p.where} lacks required attribute '{param.name}' ({declared}). "
+                raise OpBridgeError(f"{where} lacks required attribute '{param.name}' ({declared}). "
                                     f"Got attributes {sorted(attrs)}. Export the model again with opbridge.")
         elif attrs[param.name].type != param.attr_type:
             got = onnx.AttributeProto.AttributeType.Name(attrs[param.name].type)
-            raise OpBridgeError(f"{p.where} has attribute '{param.name}' of type {got}, the op declares "
+            raise OpBridgeError(f"{where} has attribute '{param.name}' of type {got}, the op declares "
                                 f"{declared}. Got a type mismatch. Export the model again with opbridge.")
 
 

@@ -21,7 +21,7 @@ from bridge.core.spec import BodyBuilder, OpSpec
 from exporters.derive import Crash, body_status, crashes_of, last_failure
 from exporters.export import DEFAULT_OPSET
 from exporters.resolve import attach_functions
-from ort_kernels.base import Paths, Plan, Prepared, Refuse, Session, Tier, libraries, private_domains
+from ort_kernels.base import Paths, Plan, Planned, Prepared, Refuse, Session, Tier, libraries, private_domains
 
 # NOTE: the prefix of the private domains the tier's nodes move to when the options carry a library
 FUNCTION_DOMAIN = "opbridge.function."
@@ -54,8 +54,7 @@ class FunctionTier(Tier):
                 "tier='native' or 'python'."
             )
         _check_optional_inputs(plan)
-        calls = tuple(_Call(p.spec, p.inputs(), p.attributes()) for p in plan.graph
-                      if p.spec is not None and p.spec.checks is not None)
+        calls = tuple(_Call.of(p.spec, p) for p in plan.graph if p.spec is not None and p.spec.checks is not None)
         explain = functools.partial(_explain, calls, _guard_nodes(plan))  # NOTE: read before domains move
         for call in calls:
             # NOTE: a bad attribute can fail onnxruntime's load (shape inference of the body) before
@@ -71,8 +70,7 @@ class FunctionTier(Tier):
         # NOTE: a file's guards wait for nothing (tools see through its Identity waits): the
         # session's copy makes every body wait for its guard, so a bad input fails there first
         waits = [ordered(f) for f in model.functions]
-        return Prepared(options, changed=bool(added) or private or any(waits),
-                        explain=(explain,))
+        return Prepared(options, changed=bool(added) or private or any(waits), explain=(explain,))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -219,7 +217,7 @@ def _names_read(nodes) -> set[str]:
 
 
 def _why(plan: Plan, domain: str, name: str) -> str:
-    spec = plan.find(domain, name)
+    spec = plan.registry.find(domain, name)
     if spec is None:
         return "not registered"
     return last_failure(spec.qualname) or "no body"
@@ -233,6 +231,11 @@ class _Call:
     spec: OpSpec
     inputs: dict[str, str]
     attrs: dict
+
+    @staticmethod
+    def of(spec: OpSpec, p: Planned) -> _Call:
+        names = [*p.node.input, *[""] * len(spec.tensors)]
+        return _Call(spec, {t.name: name for t, name in zip(spec.tensors, names)}, p.attributes())
 
     def failure(self, values: dict) -> str | None:
         """The eager message of the first check of the op that fails on the node's inputs in
@@ -252,7 +255,7 @@ def _guard_nodes(plan: Plan) -> dict[str, Checks]:
     """The name of each guard node in the model's function bodies -> the checks of its op."""
     guards = {}
     for function in plan.model.functions:
-        spec = plan.find(function.domain, function.name)
+        spec = plan.registry.find(function.domain, function.name)
         if spec is not None and spec.checks is not None:
             guards.update({n.name: spec.checks for n in function.node if is_guard(n)})
     return guards

@@ -132,7 +132,7 @@ def served_by(libraries: Sequence[str], plan: Plan) -> dict[tuple[str, str], str
     types = model_value_types(plan.model)
     found: dict[tuple[str, str], str] = {}
     first: dict[tuple[str, str], onnx.NodeProto] = {}
-    for p in plan.nodes:  # NOTE: the graph's first: their inputs are typed
+    for p in plan.nodes:  # NOTE: each op's first node, the graph's first: their inputs are typed
         first.setdefault(p.key, p.node)
     for key, node in first.items():
         owner = next((lib for lib in libraries if serves(lib, node, types, plan.model)), None)

@@ -89,7 +89,7 @@ def _served(plan: Plan, theirs: dict[tuple[str, str], str], users: list[str]
     # NOTE: nodes inside model-local functions count: a body may call an op the library serves
     rest = [key for key in plan.ops() if key not in theirs]
     # NOTE: the library's op table (each op's types, through its fake kernel) only when a node needs it
-    needed = any((spec := plan.find(*key)) is not None and native_source(spec) is not None for key in rest)
+    needed = any(p.spec is not None and native_source(p.spec) is not None for p in plan.nodes if p.key not in theirs)
     served = {k: v for k, v in served_ops(plan.registry).items() if k in rest} if needed else {}
     # NOTE: a node with neither a C++ kernel nor a model-local body runs its registered body,
     # attached at the file's opset (helper functions the model carries run as they are)

@@ -306,8 +306,7 @@ def _infer_types(model: onnx.ModelProto) -> onnx.ModelProto:
 
 
 def _element_types(model: onnx.ModelProto, served: list) -> dict[str, int]:
-    """Element type by value name (0: not known) of the inferred model's graph; of its subgraphs too
-    (If/Loop bodies, a walk of the inferred copy) only where a served node's values are not in the graph."""
+    """Element type by value name of the inferred graph; of its If/Loop bodies too where a node needs them."""
     inferred = _infer_types(model)
     types = value_types(inferred.graph)
     if any(name not in types for p in served for name in (*p.node.input, *p.node.output) if name):
@@ -387,20 +386,20 @@ def _known_generations(options: ort.SessionOptions | None, path: str) -> int | N
         return 0
 
 
-def _route(model: onnx.ModelProto, plan: list, helpers: set) -> None:
-    """Point each planned node at its private PyOp; the Python kernels, not function bodies, run the
+def _route(model: onnx.ModelProto, routes: list, helpers: set) -> None:
+    """Point each routed node at its private PyOp; the Python kernels, not function bodies, run the
     custom nodes (helper functions stay)."""
     versions = {o.domain: o.version for o in model.opset_import}
-    for node, declared in plan:
+    for node, declared in routes:
         _rewrite_attributes(node, declared)
         version = versions.get(node.domain, 1)
         node.domain, node.op_type = declared.domain, declared.op_type
         if node.domain not in versions:
             versions[node.domain] = version
             model.opset_import.append(onnx.helper.make_opsetid(node.domain, version))
-    if any(_ABSENT_INPUT in node.input for node, _ in plan):
+    if any(_ABSENT_INPUT in node.input for node, _ in routes):
         model.graph.initializer.append(onnx.helper.make_tensor(_ABSENT_INPUT, T.FLOAT, [0], []))
-    if any(d.restore or any(c is not None for c in d.out_carry) for _, d in plan):
+    if any(d.restore or any(c is not None for c in d.out_carry) for _, d in routes):
         _bridge(model, FreshNames(value_names(model.graph)))
     keep = [f for f in model.functions if (f.domain, f.name) in helpers]
     del model.functions[:]

@@ -9,7 +9,9 @@ imported the walkers, over the whole ``bridge.session`` call (load, checks, prep
 Before the plan (6d10bf1): function 8 walks, native 8, python 9. With it: 1 each, and the function tier's
 call of the resolver (``attach_functions``, exporters/resolve.py) makes one more of its own."""
 
+import ast
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -81,3 +83,16 @@ def test_a_session_walks_the_model_once(model, tier, monkeypatch):
     feed = bridge.parity.ort_feed(sess, case.args)
     np.testing.assert_allclose(sess.run(None, feed)[0], case.model(*case.args).detach().numpy(), rtol=1e-4,
                                atol=1e-4)
+
+
+def test_sessions_are_opened_in_one_place():
+    """Every onnxruntime session of sessions and tiers is a ``ort_kernels.base.Session``; the raw calls left
+    are the export-time checks of derived bodies (exporters/derive: verify, and contained's child process)."""
+    root = Path(__file__).resolve().parent.parent
+    raw = []
+    for path in sorted(p for folder in ("bridge", "exporters", "ort_kernels") for p in (root / folder).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", getattr(node.func, "id", "")) == \
+                    "InferenceSession":
+                raw.append(str(path.relative_to(root)))
+    assert sorted(set(raw)) == ["exporters/derive/contained.py", "exporters/derive/verify.py"], raw
