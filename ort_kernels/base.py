@@ -22,7 +22,7 @@ import torch
 
 from bridge.core.basics.domains import is_custom
 from bridge.core.basics.errors import OpBridgeError
-from bridge.core.basics.graphs import ProtoMemo, walk
+from bridge.core.basics.graphs import ProtoMemo, model_value_types, value_types, walk
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec, explicit_attributes
 
@@ -200,6 +200,15 @@ class Plan:
         return {op: f"is not served by {names} (onnxruntime finds no kernel for it there): "
                     f"{'its function body' if where == FUNCTION_BODY else os.path.basename(where)} runs it"
                 for op, where in self.kernels().items() if where not in libraries}
+
+
+def node_types(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto]) -> dict[str, onnx.TypeProto]:
+    """The value types ``model`` records for ``nodes`` (of its graph or its If/Loop bodies): the graph's,
+    and those of its subgraphs (a walk over them) only where a node reads or writes a value of theirs."""
+    types = value_types(model.graph)
+    if any(name not in types for n in nodes for name in (*n.input, *n.output) if name):
+        types = model_value_types(model)
+    return types
 
 
 def _check_attributes(where: str, node: onnx.NodeProto, spec: OpSpec) -> None:

@@ -22,8 +22,7 @@ import onnxruntime as ort
 
 from bridge.core.basics.errors import OpBridgeError  # noqa: F401  (doctest)
 from bridge.core.basics.files import check_library_file
-from bridge.core.basics.graphs import model_value_types
-from ort_kernels.base import Paths, Plan, Session, load_error
+from ort_kernels.base import Paths, Plan, Session, load_error, node_types
 
 _ANSWERS: dict[tuple, str | None] = {}
 _LOADS: set[tuple[str, int, int]] = set()
@@ -129,7 +128,7 @@ def served_by(libraries: Sequence[str], plan: Plan) -> dict[tuple[str, str], str
     (float), which a library that serves the op still answers otherwise than "not registered"."""
     if not libraries:
         return {}
-    types = model_value_types(plan.model)
+    types = node_types(plan.model, [p.node for p in plan.graph])
     found: dict[tuple[str, str], str] = {}
     first: dict[tuple[str, str], onnx.NodeProto] = {}
     for p in plan.nodes:  # NOTE: each op's first node, the graph's first: their inputs are typed

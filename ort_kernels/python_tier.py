@@ -48,11 +48,11 @@ import torch
 
 from bridge.core.basics.dtypes import ONNX_TO_TORCH, numpy_dtype
 from bridge.core.basics.errors import OpBridgeError, UnsupportedInTier
-from bridge.core.basics.graphs import FreshNames, model_graphs, model_value_types, value_names, value_types
+from bridge.core.basics.graphs import FreshNames, model_graphs, value_names
 from bridge.core.basics.installed import pip_line
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec, node_attributes
-from ort_kernels.base import Paths, Plan, Prepared, Tier, libraries, with_library
+from ort_kernels.base import Paths, Plan, Prepared, Tier, libraries, node_types, with_library
 from ort_kernels.build import io_types
 
 _lock = threading.Lock()
@@ -305,15 +305,6 @@ def _infer_types(model: onnx.ModelProto) -> onnx.ModelProto:
                         "with opbridge).") from None
 
 
-def _element_types(model: onnx.ModelProto, served: list) -> dict[str, int]:
-    """Element type by value name of the inferred graph; of its If/Loop bodies too where a node needs them."""
-    inferred = _infer_types(model)
-    types = value_types(inferred.graph)
-    if any(name not in types for p in served for name in (*p.node.input, *p.node.output) if name):
-        types = model_value_types(inferred)
-    return {name: t.tensor_type.elem_type for name, t in types.items()}
-
-
 def _rewrite_attributes(node: onnx.NodeProto, declared: _Declared) -> None:
     """The node's attribute values as the op takes them (``node_attributes``: defaults filled in, None
     for an omitted optional one) and the indices of its omitted optional inputs (fed an empty
@@ -422,6 +413,17 @@ def _no_extensions() -> str:
             f"Install it with `{pip_line('python-tier')}`.")
 
 
+def _served(plan: Plan, helpers: set) -> list:
+    """The planned nodes the tier serves (all but calls of helper functions); an unregistered op is refused."""
+    served = [p for p in plan.graph if p.key not in helpers]
+    missing = sorted({p.op for p in served if p.spec is None})
+    if missing:
+        raise UnsupportedInTier(f"tier 'python' cannot run {', '.join(missing)}: it is not a registered op. "
+                                f"Got ops {missing}. Register it (bridge.register / @bridge.op) before the "
+                                "session, or use tier='function'.")
+    return served
+
+
 class PythonTier(Tier):
     name = "python"
     summary = "the op's own eager implementation via onnxruntime-extensions (prototyping; every torch dtype)"
@@ -441,13 +443,10 @@ class PythonTier(Tier):
         except ImportError:
             raise UnsupportedInTier(_no_extensions()) from None
         helpers = plan.helpers()
-        served = [p for p in plan.graph if p.key not in helpers]
-        missing = sorted({p.op for p in served if p.spec is None})
-        if missing:
-            raise UnsupportedInTier(f"tier 'python' cannot run {', '.join(missing)}: it is not a registered op. "
-                                    f"Got ops {missing}. Register it (bridge.register / @bridge.op) before the "
-                                    "session, or use tier='function'.")
-        types = _element_types(plan.model, served)
+        served = _served(plan, helpers)
+        # element type by value name, over the graph and, where a node needs them, its subgraphs (0: not known)
+        types = {name: t.tensor_type.elem_type
+                 for name, t in node_types(_infer_types(plan.model), [p.node for p in served]).items()}
         path = get_library_path()
         with _lock:
             shared = options is None
