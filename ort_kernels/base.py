@@ -24,7 +24,7 @@ from bridge.core.basics.domains import is_custom
 from bridge.core.basics.errors import OpBridgeError
 from bridge.core.basics.graphs import ProtoMemo, model_value_types, value_types, walk
 from bridge.core.registry import Registry
-from bridge.core.spec import OpSpec, explicit_attributes
+from bridge.core.spec import OpSpec, explicit_attributes, node_attributes
 
 # One custom-op library path, or several (``bridge.session(native_library=...)``).
 Paths = str | os.PathLike | Sequence[str | os.PathLike]
@@ -73,12 +73,9 @@ class Planned:
         return f"{self.key[0]}::{self.key[1]}"
 
     def attributes(self) -> dict:
-        """The node's attribute values as the op takes them, given or defaulted (omitted ones without a default
-        left out: :meth:`Plan.check` names them)."""
+        """The node's attribute values as the op takes them (``bridge.core.spec.node_attributes``)."""
         assert self.spec is not None
-        given = {a.name: a for a in self.node.attribute}
-        return {p.name: p.from_onnx_value(onnx.helper.get_attribute_value(given[p.name])) if p.name in given
-                else p.absent for p in self.spec.attributes if p.name in given or p.has_default}
+        return node_attributes(self.spec, self.node)
 
 
 # NOTE: digests of model-local functions whose names were found to be text: sessions opened again

@@ -59,8 +59,6 @@ class FunctionTier(Tier):
         for call in calls:
             # NOTE: a bad attribute can fail onnxruntime's load (shape inference of the body) before
             # any guard runs: the attribute checks run here, with the same message.
-            if len(call.attrs) < len(call.spec.attributes):
-                continue  # NOTE: a missing attribute is Plan.check's error (sessions), not a check's
             message = call.spec.checks.attribute_failure(call.attrs)
             if message is not None:
                 raise OpBridgeError(message)
