@@ -105,7 +105,7 @@ def readable(model: onnx.ModelProto, what: str, nodes: Sequence[onnx.NodeProto])
 
 class Plan:
     """A session's plan: one walk of ``model`` (``bridge.core.basics.graphs.walk``) gives each custom node
-    (the graph's, its If/Loop bodies', its functions') with its op, looked up in ``registry`` once per op.
+    (the graph's, its If/Loop bodies', its functions') with its op, looked up in ``registry`` once.
     The node checks, every tier's ``prepare`` (which records what serves each node) and the session's
     report (``kernels``, ``unserved``) read it. A tier whose resolver changed the model plans it again
     (:meth:`refresh`).
