@@ -13,6 +13,7 @@ import dataclasses
 import os
 import threading
 from collections.abc import Callable, Sequence
+from itertools import chain
 from typing import ClassVar
 
 import onnx
@@ -21,9 +22,9 @@ import torch
 
 from bridge.core.basics.domains import is_custom
 from bridge.core.basics.errors import OpBridgeError
-from bridge.core.basics.graphs import model_nodes
+from bridge.core.basics.graphs import ProtoMemo, model_value_types, value_types, walk
 from bridge.core.registry import Registry
-from bridge.core.spec import OpSpec
+from bridge.core.spec import OpSpec, explicit_attributes, node_attributes
 
 # One custom-op library path, or several (``bridge.session(native_library=...)``).
 Paths = str | os.PathLike | Sequence[str | os.PathLike]
@@ -46,26 +47,196 @@ class Prepared:
     explain: tuple[Explain, ...] = ()  # the explainers of its run errors
     # entered by every run (the python tier's: one run at a time, its kernels' errors raised)
     guard: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
-    # by domain::op_type, where the tier says: the library (its path) or FUNCTION_BODY that runs the op
-    kernels: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
-# NOTE: what ``Prepared.kernels`` says of a custom op that runs its model-local function body.
+# NOTE: what ``Planned.served`` (``session.kernels``) says of a custom op that runs its model-local function body.
 FUNCTION_BODY = "function body"
 
 
+@dataclasses.dataclass(eq=False)
+class Planned:
+    """One custom node of a session's model: its op (None: not registered), the function body holding it
+    (None: the graph or one of its If/Loop bodies) and, once a tier prepared it, what serves it (a library's
+    path, or FUNCTION_BODY; "" where the tier names none)."""
+
+    node: onnx.NodeProto
+    spec: OpSpec | None
+    function: onnx.FunctionProto | None = None
+    served: str = ""
+
+    def __post_init__(self) -> None:
+        # NOTE: kept as planned: a tier may move the node to a private domain, or drop the body holding it
+        self.key: tuple[str, str] = (self.node.domain, self.node.op_type)
+
+    @property
+    def op(self) -> str:
+        return f"{self.key[0]}::{self.key[1]}"
+
+    def attributes(self) -> dict:
+        """The node's attribute values as the op takes them (``bridge.core.spec.node_attributes``)."""
+        assert self.spec is not None
+        return node_attributes(self.spec, self.node)
+
+
+# NOTE: digests of model-local functions whose names were found to be text: sessions opened again
+# on the same file (workers, threads, reloads) skip re-reading every name of their bodies, the
+# costliest part of this check (~1.5 us per node through protobuf's Python API).
+_TEXT_FUNCTIONS = ProtoMemo()
+
+
+def readable(model: onnx.ModelProto, what: str, nodes: Sequence[onnx.NodeProto]) -> onnx.ModelProto:
+    """``model`` when the names of ``nodes`` (its graph's, subgraphs included) and of its functions' nodes
+    are text; protobuf hands invalid UTF-8 back as bytes (a damaged file)."""
+    digests = [ProtoMemo.key(f) for f in model.functions]
+    unseen = [(d, f) for d, f in zip(digests, model.functions) if _TEXT_FUNCTIONS.get(d) is None]
+    everything = [*nodes, *(n for _, f in unseen for n in f.node)]
+    try:
+        # NOTE: str.join refuses bytes, in C: one pass over every name, not one isinstance per name
+        "".join(chain.from_iterable((n.domain, n.op_type, *n.input, *n.output) for n in everything))
+    except TypeError:
+        node = next(n for n in everything if not all(isinstance(v, str) for v in (n.domain, n.op_type, *n.input,
+                                                                                 *n.output)))
+        raise OpBridgeError(f"{what} is damaged: node names are not valid text. Got {node.op_type!r} in domain "
+                            f"{node.domain!r}. Export the model again.") from None
+    for digest, _ in unseen:
+        _TEXT_FUNCTIONS.put(digest, True)
+    return model
+
+
+class Plan:
+    """A session's plan: one walk of ``model`` (``bridge.core.basics.graphs.walk``) gives each custom node
+    (the graph's, its If/Loop bodies', its functions') with its op, looked up in ``registry`` once.
+    The node checks, every tier's ``prepare`` (which records what serves each node) and the session's
+    report (``kernels``, ``unserved``) read it. A tier whose resolver changed the model plans it again
+    (:meth:`refresh`).
+
+    Example:
+        >>> from onnx import helper
+        >>> body = helper.make_function("d", "f", ["a"], ["b"], [helper.make_node("g", ["a"], ["b"], domain="d")],
+        ...                             [helper.make_opsetid("d", 1)])
+        >>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"]),
+        ...                        helper.make_node("f", ["y"], ["z"], domain="d")], "g", [], [])
+        >>> plan = Plan(helper.make_model(g, functions=[body]), Registry())
+        >>> [(p.op, p.spec, p.function is not None) for p in plan.nodes], plan.ops(functions=False)
+        ([('d::f', None, False), ('d::g', None, True)], [('d', 'f')])
+    """
+
+    def __init__(self, model: onnx.ModelProto, registry: Registry, what: str = "the model"):
+        self.model, self.registry = model, registry
+        self.refresh(what)
+
+    def refresh(self, what: str = "the model") -> None:
+        """The walk (again after a tier's resolver gave the model bodies: new nodes, a new proto); the
+        names of every node it meets are checked to be text first (:func:`readable`)."""
+        graph = list(walk(self.model.graph.node))
+        readable(self.model, what, graph)
+        bodies = [f for f in self.model.functions if any(is_custom(o.domain) for o in f.opset_import)]
+        found = [(n, None) for n in graph] + [(n, f) for f in bodies for n in walk(f.node)]
+        self.nodes = [Planned(n, self.registry.find(n.domain, n.op_type), f) for n, f in found if is_custom(n.domain)]
+
+    @property
+    def graph(self) -> list[Planned]:
+        """The custom nodes of the graph and its If/Loop bodies, in the order they run."""
+        return [p for p in self.nodes if p.function is None]
+
+    def ops(self, *, functions: bool = True) -> list[tuple[str, str]]:
+        """Distinct (domain, op_type) of the custom nodes, in order of first appearance."""
+        return list(dict.fromkeys(p.key for p in (self.nodes if functions else self.graph)))
+
+    def helpers(self) -> set[tuple[str, str]]:
+        """(domain, name) of model-local functions that are not registered ops: helpers an exporter or tool
+        put there (any runtime runs them from their bodies), not custom nodes for a tier."""
+        return {(f.domain, f.name) for f in self.model.functions if self.registry.find(f.domain, f.name) is None}
+
+    def check(self) -> None:
+        """The graph's custom nodes against their registered ops: domain version, attributes, input count."""
+        imported = {o.domain: o.version for o in self.model.opset_import}
+        for p in self.graph:
+            if p.spec is None:
+                continue  # the tier reports ops it cannot run
+            where, version = f"node {p.node.name or p.node.op_type!r} ({p.op})", imported.get(p.node.domain)
+            if version != p.spec.version:
+                raise OpBridgeError(
+                    f"{where} is imported at domain version {version}, but the registered op is version "
+                    f"{p.spec.version}. Got opset_import {p.node.domain}={version}. Export the model again "
+                    f"with this registry, or register the op with version={version}.")
+            _check_attributes(where, p.node, p.spec)
+            required = sum(1 for t in p.spec.tensors if not t.optional)
+            if not required <= len(p.node.input) <= len(p.spec.tensors):
+                raise OpBridgeError(f"{where} has {len(p.node.input)} inputs; the op takes {required} to "
+                                    f"{len(p.spec.tensors)}. Got inputs {list(p.node.input)}. Export the model again.")
+
+    def fill(self) -> bool:
+        """Give every node of a registered op each attribute it omits that the op gives a default
+        (``bridge.core.spec.explicit_attributes``): files other tools wrote run with the op's defaults
+        in every tier. Edits the model in place; returns whether a node changed."""
+        return any([explicit_attributes(p.spec, p.node) for p in self.nodes if p.spec is not None])
+
+    def readers(self) -> dict[str, tuple[str, str]]:
+        """Graph input -> (qualname, parameter) of the first custom node that reads it directly.
+        NOTE: nodes in If/Loop/Scan bodies read the model's inputs too."""
+        graph_inputs = {i.name for i in self.model.graph.input}
+        readers: dict[str, tuple[str, str]] = {}
+        for p in self.graph:
+            if p.spec is not None:
+                for name, param in zip(p.node.input, p.spec.tensors):
+                    if name in graph_inputs:
+                        readers.setdefault(name, (p.spec.qualname, param.name))
+        return readers
+
+    def kernels(self) -> dict[str, str]:
+        """By domain::op_type, what the tier said serves the op: a library (its path) or FUNCTION_BODY."""
+        return {p.op: p.served for p in self.nodes if p.served}
+
+    def unserved(self, libraries: Sequence[str]) -> dict[str, str]:
+        """Each custom op that none of the user's ``libraries`` serves -> why, and what runs it instead
+        ({} when no library was given)."""
+        if not libraries:
+            return {}
+        names = ", ".join(os.path.basename(lib) for lib in libraries)
+        return {op: f"is not served by {names} (onnxruntime finds no kernel for it there): "
+                    f"{'its function body' if where == FUNCTION_BODY else os.path.basename(where)} runs it"
+                for op, where in self.kernels().items() if where not in libraries}
+
+
+def node_types(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto]) -> dict[str, onnx.TypeProto]:
+    """The value types ``model`` records for ``nodes`` (of its graph or its If/Loop bodies): the graph's,
+    and those of its subgraphs (a walk over them) only where a node reads or writes a value of theirs."""
+    types = value_types(model.graph)
+    if any(name not in types for n in nodes for name in (*n.input, *n.output) if name):
+        types = model_value_types(model)
+    return types
+
+
+def _check_attributes(where: str, node: onnx.NodeProto, spec: OpSpec) -> None:
+    """A required attribute the node lacks, or one of another type than the op declares, named."""
+    attrs = {a.name: a for a in node.attribute}
+    for param in spec.attributes:
+        # NOTE: ignore: onnx's stub lacks the AttrType enum's .name, and every attribute has an attr_type
+        declared = param.attr_type.name  # type: ignore[union-attr]
+        if param.name not in attrs:
+            if not param.has_default:
+                raise OpBridgeError(f"{where} lacks required attribute '{param.name}' ({declared}). "
+                                    f"Got attributes {sorted(attrs)}. Export the model again with opbridge.")
+        elif attrs[param.name].type != param.attr_type:
+            got = onnx.AttributeProto.AttributeType.Name(attrs[param.name].type)
+            raise OpBridgeError(f"{where} has attribute '{param.name}' of type {got}, the op declares "
+                                f"{declared}. Got a type mismatch. Export the model again with opbridge.")
+
+
 class Session(ort.InferenceSession):
-    """The one session class of every tier: an ``onnxruntime.InferenceSession`` whose run methods
-    enter the tier's guard and turn an error an explainer recognises into OpBridgeError.
+    """The one session class of opbridge (every tier's, and the tiers' own probes): an
+    ``onnxruntime.InferenceSession`` whose run methods enter the tier's guard and turn an error an
+    explainer recognises into OpBridgeError.
     NOTE: explainers look only after a failure: a run that works pays nothing."""
 
-    def __init__(self, content, options, *, providers, explain: Sequence[Explain] = (),
+    def __init__(self, content, options, *, providers=("CPUExecutionProvider",), explain: Sequence[Explain] = (),
                  guard: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext,
-                 kernels: dict[str, str] | None = None, refuse: Sequence[Refuse] = ()):
+                 refuse: Sequence[Refuse] = ()):
         self._explainers = tuple(explain)
         self._refusals = tuple(refuse)
-        self.kernels = dict(kernels or {})  # NOTE: Prepared.kernels: what runs each custom op
-        self.unserved: dict[str, str] = {}  # NOTE: op -> why the user's libraries do not serve it (sessions)
+        self.kernels: dict[str, str] = {}  # NOTE: Plan.kernels: what runs each custom op (sessions)
+        self.unserved: dict[str, str] = {}  # NOTE: Plan.unserved: why the user's libraries do not serve an op
         self._guard = guard
         self._content = content  # NOTE: the bytes onnxruntime keeps too (no copy), for explainers
         super().__init__(content, options, providers=list(providers))
@@ -155,11 +326,10 @@ class Tier(abc.ABC):
         ``thorough=False`` answers without costly work (deriving a body), as ``opbridge ops`` lists."""
 
     @abc.abstractmethod
-    def prepare(self, model: onnx.ModelProto, registry: Registry, options: ort.SessionOptions | None,
-                library: Paths | None = None) -> Prepared:
-        """Edit ``model`` (a private copy) and options so every custom node has a kernel; raise
-        UnsupportedInTier naming the ops it cannot run. ``library``: custom-op libraries to load
-        (the native tier's; sessions refuse it for other tiers)."""
+    def prepare(self, plan: Plan, options: ort.SessionOptions | None, library: Paths | None = None) -> Prepared:
+        """Edit ``plan.model`` (a private copy) and options so every custom node has a kernel, recording in
+        the plan what serves each (``Planned.served``); raise UnsupportedInTier naming the ops it cannot
+        run. ``library``: custom-op libraries to load (the native tier's; sessions refuse it for other tiers)."""
 
     def missing(self, registry: Registry) -> str | None:
         """What this machine lacks to run the tier at all (a package, a compiler), as an error
@@ -171,12 +341,6 @@ class Tier(abc.ABC):
         lists it: a mutating op, not its functional twin)."""
         served = [s.qualname for s in registry if self.why_not(registry.functional(s)) is None]
         return [f"serves {len(served)} ops: {', '.join(served) or 'none'}"]
-
-
-def helper_functions(model: onnx.ModelProto, registry: Registry) -> set[tuple[str, str]]:
-    """(domain, name) of model-local functions that are not registered ops: helpers an exporter
-    or tool put there (any runtime runs them from their bodies), not custom nodes for a tier."""
-    return {(f.domain, f.name) for f in model.functions if registry.find(f.domain, f.name) is None}
 
 
 # NOTE: the custom-op libraries registered into a SessionOptions are recorded in the options
@@ -233,9 +397,9 @@ def load_error(path: str, error: BaseException, fix: str) -> OpBridgeError:
                          f"{text[:400].rstrip('.')}. {fix}")
 
 
-def private_domains(model: onnx.ModelProto, prefix: str) -> bool:
-    """Move every custom domain of ``model`` (nodes, subgraphs, model-local functions and the calls
-    in them, opset imports) to ``prefix + domain``; whether there was any.
+def private_domains(plan: Plan, prefix: str) -> bool:
+    """Move every custom domain of the plan's model (its custom nodes, model-local functions, opset
+    imports) to ``prefix + domain``; whether there was any.
 
     NOTE: a kernel of a custom-op library registered into the session options wins over a
     model-local function of the same (domain, name): a private domain keeps the body the one that runs.
@@ -243,10 +407,11 @@ def private_domains(model: onnx.ModelProto, prefix: str) -> bool:
     >>> from onnx import helper
     >>> g = helper.make_graph([helper.make_node("f", ["x"], ["y"], domain="d")], "g", [], [])
     >>> m = helper.make_model(g, opset_imports=[helper.make_opsetid("d", 1)])
-    >>> private_domains(m, "p."), m.graph.node[0].domain, m.opset_import[0].domain
+    >>> private_domains(Plan(m, Registry()), "p."), m.graph.node[0].domain, m.opset_import[0].domain
     (True, 'p.d', 'p.d')
     """
-    nodes = [n for n in model_nodes(model, functions=True) if is_custom(n.domain)]
+    model = plan.model
+    nodes = [p.node for p in plan.nodes]
     # functions, opset imports and nodes all name their domain in a field ``domain``
     imports = [*model.opset_import, *(entry for f in model.functions for entry in f.opset_import)]
     for item in [*nodes, *model.functions, *imports]:

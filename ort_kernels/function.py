@@ -12,17 +12,16 @@ import onnx
 import onnxruntime as ort
 import torch
 
-from bridge.core.basics.domains import is_custom
 from bridge.core.basics.errors import OpBridgeError, UnsupportedInTier
 from bridge.core.basics.files import load_model
-from bridge.core.basics.graphs import custom_nodes, model_nodes, model_value_types, subgraphs, value_types, walk
+from bridge.core.basics.graphs import model_value_types, subgraphs, value_types, walk
 from bridge.core.checks import Checks, guard_failure, is_guard, ordered
 from bridge.core.registry import Registry
 from bridge.core.spec import BodyBuilder, OpSpec
 from exporters.derive import Crash, body_status, crash_sites, last_failure
 from exporters.export import DEFAULT_OPSET
 from exporters.resolve import attach_functions
-from ort_kernels.base import Paths, Prepared, Refuse, Tier, libraries, private_domains
+from ort_kernels.base import Paths, Plan, Planned, Prepared, Refuse, Session, Tier, libraries, private_domains
 
 # NOTE: the prefix of the private domains the tier's nodes move to when the options carry a library
 FUNCTION_DOMAIN = "opbridge.function."
@@ -37,14 +36,15 @@ class FunctionTier(Tier):
         return (f"no portable body: no function= body, no torch.onnx translation, and none derived ({note})"
                 if kind == "none" else None)
 
-    def prepare(self, model: onnx.ModelProto, registry: Registry, options: ort.SessionOptions | None,
-                library: Paths | None = None) -> Prepared:
-        added = attach_functions(model, registry)
+    def prepare(self, plan: Plan, options: ort.SessionOptions | None, library: Paths | None = None) -> Prepared:
+        model = plan.model
+        added = attach_functions(model, plan.registry)
+        if added:
+            plan.refresh()  # NOTE: the resolver gave the model bodies: a new proto, new nodes
         local = {(f.domain, f.name, f.overload) for f in model.functions}
-        missing = sorted({(n.domain, n.op_type) for n in model_nodes(model)
-                          if is_custom(n.domain) and (n.domain, n.op_type, n.overload) not in local})
+        missing = sorted({p.key for p in plan.graph if (*p.key, p.node.overload) not in local})
         if missing:
-            why = [f"{d}::{t}: {_why(registry, d, t)}" for d, t in missing]
+            why = [f"{d}::{t}: {_why(plan, d, t)}" for d, t in missing]
             names = [f"{d}::{t}" for d, t in missing]
             raise UnsupportedInTier(
                 f"tier 'function' cannot run {', '.join(names)}: no model-local function, no written "
@@ -53,24 +53,22 @@ class FunctionTier(Tier):
                 "a function= body (op.register_function), make its implementation traceable, or use "
                 "tier='native' or 'python'."
             )
-        _check_optional_inputs(model, registry)
-        calls, guards = _checked_calls(model, registry), _guard_nodes(model, registry)
+        _check_optional_inputs(plan)
+        calls = tuple(_Call.of(p.spec, p) for p in plan.graph if p.spec is not None and p.spec.checks is not None)
+        explain = functools.partial(_explain, calls, _guard_nodes(plan))  # NOTE: read before domains move
         for call in calls:
             # NOTE: a bad attribute can fail onnxruntime's load (shape inference of the body) before
             # any guard runs: the attribute checks run here, with the same message.
-            if len(call.attrs) < len(call.spec.attributes):
-                continue  # NOTE: a missing attribute is check_nodes' error (sessions), not a check's
             message = call.spec.checks.attribute_failure(call.attrs)
             if message is not None:
                 raise OpBridgeError(message)
         # NOTE: options that carry a custom-op library (reused from a native or python session) would
         # run its kernels instead of the bodies: the nodes and bodies move to private domains
-        private = private_domains(model, FUNCTION_DOMAIN) if libraries(options) else False
+        private = private_domains(plan, FUNCTION_DOMAIN) if libraries(options) else False
         # NOTE: a file's guards wait for nothing (tools see through its Identity waits): the
         # session's copy makes every body wait for its guard, so a bad input fails there first
         waits = [ordered(f) for f in model.functions]
-        return Prepared(options, changed=bool(added) or private or any(waits),
-                        explain=(functools.partial(_explain, calls, guards),))
+        return Prepared(options, changed=bool(added) or private or any(waits), explain=(explain,))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -168,22 +166,22 @@ class _Refusal:
                 f"or give the op a function= body that handles size {c.crash.size}.")
 
 
-def _check_optional_inputs(model: onnx.ModelProto, registry: Registry) -> None:
+def _check_optional_inputs(plan: Plan) -> None:
     """A body that never reads an optional input (or lacks an optional attribute) was written for
     the case where it is omitted: a node that gives it would silently lose it, so that is an error;
     a body needing an optional attribute without a default fails a node that omits it."""
-    bodies = {(f.domain, f.name, f.overload): f for f in model.functions}  # NOTE: each node its own overload
-    for node in model_nodes(model):
+    bodies = {(f.domain, f.name, f.overload): f for f in plan.model.functions}  # NOTE: each node its own overload
+    for p in plan.graph:
+        node, spec = p.node, p.spec
         body = bodies.get((node.domain, node.op_type, node.overload))
-        spec = registry.find(node.domain, node.op_type)
-        if body is None or spec is None or not any(p.optional for p in spec.params):
+        if body is None or spec is None or not any(param.optional for param in spec.params):
             continue
-        optional = {p.name for p in spec.tensors if p.optional}
+        optional = {param.name for param in spec.tensors if param.optional}
         used = _names_read(body.node) | set(body.output)
         for formal, actual in zip(body.input, node.input):
             if actual and formal in optional and formal not in used:
                 raise UnsupportedInTier(
-                    f"the function body of {node.domain}::{node.op_type} ignores its input '{formal}' (it handles "
+                    f"the function body of {p.op} ignores its input '{formal}' (it handles "
                     f"only the case where '{formal}' is omitted). Got node {node.name!r} giving it as {actual!r}. "
                     "Use tier='native' or 'python', or write a body that reads it."
                 )
@@ -221,8 +219,8 @@ def _names_read(nodes) -> set[str]:
     return names
 
 
-def _why(registry: Registry, domain: str, name: str) -> str:
-    spec = registry.find(domain, name)
+def _why(plan: Plan, domain: str, name: str) -> str:
+    spec = plan.registry.find(domain, name)
     if spec is None:
         return "not registered"
     return last_failure(spec.qualname) or "no body"
@@ -236,6 +234,11 @@ class _Call:
     spec: OpSpec
     inputs: dict[str, str]
     attrs: dict
+
+    @staticmethod
+    def of(spec: OpSpec, p: Planned) -> _Call:
+        names = [*p.node.input, *[""] * len(spec.tensors)]
+        return _Call(spec, {t.name: name for t, name in zip(spec.tensors, names)}, p.attributes())
 
     def failure(self, values: dict) -> str | None:
         """The eager message of the first check of the op that fails on the node's inputs in
@@ -251,27 +254,11 @@ class _Call:
             return None
 
 
-def _checked_calls(model: onnx.ModelProto, registry: Registry) -> tuple[_Call, ...]:
-    """``model``'s checked custom nodes, in the order they run (the nodes of an If/Loop/Scan body
-    where the node holding it runs): what a failed guard is explained from."""
-    calls = []
-    for node in custom_nodes(model):
-        spec = registry.find(node.domain, node.op_type)
-        if spec is None or spec.checks is None:
-            continue
-        inputs = {p.name: (node.input[i] if i < len(node.input) else "") for i, p in enumerate(spec.tensors)}
-        given = {a.name: a for a in node.attribute}
-        attrs = {p.name: p.from_onnx_value(onnx.helper.get_attribute_value(given[p.name])) if p.name in given
-                 else p.absent for p in spec.attributes if p.name in given or p.has_default}
-        calls.append(_Call(spec, inputs, attrs))
-    return tuple(calls)
-
-
-def _guard_nodes(model: onnx.ModelProto, registry: Registry) -> dict[str, Checks]:
-    """The name of each guard node in ``model``'s function bodies -> the checks of its op."""
+def _guard_nodes(plan: Plan) -> dict[str, Checks]:
+    """The name of each guard node in the model's function bodies -> the checks of its op."""
     guards = {}
-    for function in model.functions:
-        spec = registry.find(function.domain, function.name)
+    for function in plan.model.functions:
+        spec = plan.registry.find(function.domain, function.name)
         if spec is not None and spec.checks is not None:
             guards.update({n.name: spec.checks for n in function.node if is_guard(n)})
     return guards
@@ -320,8 +307,7 @@ def _computed(model: bytes | str, names: list[str], feed: dict) -> dict:
                             else onnx.helper.make_empty_tensor_value_info(name) for name in names)
         options = ort.SessionOptions()
         options.log_severity_level = 4  # NOTE: the failure it looks into was reported already
-        session = ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
-        return dict(zip(names, session.run(names, feed)))
+        return dict(zip(names, Session(proto.SerializeToString(), options).run(names, feed)))
     except Exception:  # noqa: BLE001  what cannot be computed stays unknown
         return {}
 

@@ -22,8 +22,7 @@ import onnxruntime as ort
 
 from bridge.core.basics.errors import OpBridgeError  # noqa: F401  (doctest)
 from bridge.core.basics.files import check_library_file
-from bridge.core.basics.graphs import custom_nodes, model_value_types
-from ort_kernels.base import Paths, load_error
+from ort_kernels.base import Paths, Plan, Session, load_error, node_types
 
 _ANSWERS: dict[tuple, str | None] = {}
 _LOADS: set[tuple[str, int, int]] = set()
@@ -96,7 +95,7 @@ def _answer(content: bytes, library: str | None) -> str | None:
     if library is not None:
         options.register_custom_ops_library(library)
     try:
-        ort.InferenceSession(content, options, providers=["CPUExecutionProvider"])
+        Session(content, options)
     except Exception as e:  # noqa: BLE001  the answer is the message itself
         return str(e)
     return None
@@ -121,21 +120,21 @@ def serves(library: str, node: onnx.NodeProto, types: dict[str, onnx.TypeProto],
     return with_it is None or with_it != without
 
 
-def served_by(libraries: Sequence[str], model: onnx.ModelProto) -> dict[tuple[str, str], str]:
-    """(domain, op_type) of the model's custom nodes -> the first of ``libraries`` that serves it: nodes
+def served_by(libraries: Sequence[str], plan: Plan) -> dict[tuple[str, str], str]:
+    """(domain, op_type) of the plan's custom nodes -> the first of ``libraries`` that serves it: nodes
     of the graph, its subgraphs (If/Loop bodies) and its local functions (other ops' bodies) alike.
 
     NOTE: a node inside a function has no value types in the model: its probe's inputs are untyped
     (float), which a library that serves the op still answers otherwise than "not registered"."""
     if not libraries:
         return {}
-    types = model_value_types(model)
+    types = node_types(plan.model, [p.node for p in plan.graph])
     found: dict[tuple[str, str], str] = {}
     first: dict[tuple[str, str], onnx.NodeProto] = {}
-    for node in custom_nodes(model, functions=True):  # NOTE: the graph's first: their inputs are typed
-        first.setdefault((node.domain, node.op_type), node)
+    for p in plan.nodes:  # NOTE: each op's first node, the graph's first: their inputs are typed
+        first.setdefault(p.key, p.node)
     for key, node in first.items():
-        owner = next((lib for lib in libraries if serves(lib, node, types, model)), None)
+        owner = next((lib for lib in libraries if serves(lib, node, types, plan.model)), None)
         if owner is not None:
             found[key] = owner
     return found

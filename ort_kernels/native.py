@@ -6,18 +6,16 @@ from __future__ import annotations
 
 import os
 
-import onnx
 import onnxruntime as ort
 import torch
 
 from bridge.core.basics.errors import OpBridgeError, UnsupportedInTier
-from bridge.core.basics.graphs import custom_ops
 from bridge.core.basics.opnames import spec_names
 from bridge.core.cppbuild import compiler, find_compiler, verified
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
 from exporters.resolve import attach_functions
-from ort_kernels.base import FUNCTION_BODY, Paths, Prepared, Tier, load_error, with_library
+from ort_kernels.base import FUNCTION_BODY, Paths, Plan, Prepared, Tier, load_error, with_library
 from ort_kernels.build import library_path, native_library, native_source, served_ops
 from ort_kernels.libraries import served_by, user_libraries
 
@@ -37,30 +35,26 @@ class NativeTier(Tier):
             return f"{str(dtype).replace('torch.', '')} is not among the op's dtypes"
         return None
 
-    def prepare(self, model: onnx.ModelProto, registry: Registry, options: ort.SessionOptions | None,
-                library: Paths | None = None) -> Prepared:
+    def prepare(self, plan: Plan, options: ort.SessionOptions | None, library: Paths | None = None) -> Prepared:
         """``library`` (or ``$OPBRIDGE_NATIVE_LIBRARY``): custom-op libraries of the user's own (or
         opbridge's, prebuilt) that serve the nodes they know; opbridge's library serves the rest it
         has C++ kernels for, then function bodies."""
+        model = plan.model
         users = user_libraries(library or os.environ.get(LIBRARY_ENV) or None)
-        theirs = served_by(users, model)
-        served, unserved, attached = _served(model, registry, theirs, users)
+        theirs = served_by(users, plan)
+        served, unserved, attached = _served(plan, theirs, users)
         # NOTE: drop the model-local functions a library serves, so that the C++ kernels, not the
         # function bodies, are what this session runs.
         keep = [f for f in model.functions if (f.domain, f.name) not in served and (f.domain, f.name) not in theirs]
         changed = attached or len(keep) != len(model.functions)
         del model.functions[:]
         model.functions.extend(keep)
-        ours = [key for key in custom_ops(model, functions=True) if key in served]
-        kernels = {f"{d}::{t}": path for (d, t), path in theirs.items()}
-        libraries = list(dict.fromkeys(theirs.values()))
-        if ours:
-            own = _own_library(model, registry, theirs)
-            kernels.update({f"{d}::{t}": own for d, t in ours})
-            libraries.append(own)
-        kernels.update({f"{d}::{t}": FUNCTION_BODY for d, t in unserved})
-        options = _with_libraries(options, libraries)
-        return Prepared(options, changed=changed, kernels=kernels)
+        own = _own_library(plan, theirs) if any(key in served for key in plan.ops()) else ""
+        for p in plan.nodes:
+            p.served = theirs.get(p.key) or (own if p.key in served else "") or (
+                FUNCTION_BODY if p.key in unserved else "")
+        return Prepared(_with_libraries(options, [*dict.fromkeys(theirs.values()), *([own] if own else [])]),
+                        changed=changed)
 
     def missing(self, registry: Registry) -> str | None:
         # NOTE: the cheap answers first: the library's key needs every op's types (their fake kernels)
@@ -87,21 +81,23 @@ class NativeTier(Tier):
         return lines
 
 
-def _served(model: onnx.ModelProto, registry: Registry, theirs: dict[tuple[str, str], str],
-            users: list[str]) -> tuple[dict, list[tuple[str, str]], bool]:
-    """What serves the model's custom nodes besides the user's libraries (``theirs``): the ops opbridge's
+def _served(plan: Plan, theirs: dict[tuple[str, str], str], users: list[str]
+            ) -> tuple[dict, list[tuple[str, str]], bool]:
+    """What serves the plan's custom nodes besides the user's libraries (``theirs``): the ops opbridge's
     library serves (with their types), the nodes nothing serves, and whether their bodies were attached (a node
     with neither a C++ kernel nor a body is refused)."""
     # NOTE: nodes inside model-local functions count: a body may call an op the library serves
-    rest = [key for key in custom_ops(model, functions=True) if key not in theirs]
+    rest = [key for key in plan.ops() if key not in theirs]
     # NOTE: the library's op table (each op's types, through its fake kernel) only when a node needs it
-    needed = any((spec := registry.find(*key)) is not None and native_source(spec) is not None for key in rest)
-    served = {k: v for k, v in served_ops(registry).items() if k in rest} if needed else {}
+    needed = any(p.spec is not None and native_source(p.spec) is not None for p in plan.nodes if p.key not in theirs)
+    served = {k: v for k, v in served_ops(plan.registry).items() if k in rest} if needed else {}
     # NOTE: a node with neither a C++ kernel nor a model-local body runs its registered body,
     # attached at the file's opset (helper functions the model carries run as they are)
-    unserved = [key for key in sorted(custom_ops(model)) if key not in served and key not in theirs]
-    attached = bool(unserved) and bool(attach_functions(model, registry, ops=unserved))
-    local = {(f.domain, f.name) for f in model.functions}
+    unserved = [key for key in sorted(plan.ops(functions=False)) if key not in served and key not in theirs]
+    attached = bool(unserved) and bool(attach_functions(plan.model, plan.registry, ops=unserved))
+    if attached:
+        plan.refresh()  # NOTE: the resolver gave the model bodies: a new proto, new nodes
+    local = {(f.domain, f.name) for f in plan.model.functions}
     missing = [f"{d}::{t}" for d, t in unserved if (d, t) not in local]
     if missing:
         raise UnsupportedInTier(
@@ -113,12 +109,12 @@ def _served(model: onnx.ModelProto, registry: Registry, theirs: dict[tuple[str, 
     return served, unserved, attached
 
 
-def _own_library(model: onnx.ModelProto, registry: Registry, theirs: dict[tuple[str, str], str]) -> str:
+def _own_library(plan: Plan, theirs: dict[tuple[str, str], str]) -> str:
     """The path of opbridge's library, built for the registry (beside the user's, one library per domain)."""
-    _one_library_per_domain(theirs, {d for d, _ in served_ops(registry)})
+    _one_library_per_domain(theirs, {d for d, _ in served_ops(plan.registry)})
     # NOTE: an op whose own C++ kernel does not build fails only the sessions whose model uses it
-    built = native_library(registry)
-    broken = [built.broken[key] for key in sorted(custom_ops(model)) if key in built.broken]
+    built = native_library(plan.registry)
+    broken = [built.broken[key] for key in sorted(plan.ops(functions=False)) if key in built.broken]
     if broken:
         raise broken[0]
     return os.fspath(built.path)

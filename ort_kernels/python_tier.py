@@ -48,11 +48,11 @@ import torch
 
 from bridge.core.basics.dtypes import ONNX_TO_TORCH, numpy_dtype
 from bridge.core.basics.errors import OpBridgeError, UnsupportedInTier
-from bridge.core.basics.graphs import FreshNames, custom_nodes, model_graphs, model_value_types, value_names
+from bridge.core.basics.graphs import FreshNames, model_graphs, value_names
 from bridge.core.basics.installed import pip_line
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec, node_attributes
-from ort_kernels.base import Paths, Prepared, Tier, helper_functions, libraries, with_library
+from ort_kernels.base import Paths, Plan, Prepared, Tier, libraries, node_types, with_library
 from ort_kernels.build import io_types
 
 _lock = threading.Lock()
@@ -377,20 +377,21 @@ def _known_generations(options: ort.SessionOptions | None, path: str) -> int | N
         return 0
 
 
-def _route(model: onnx.ModelProto, plan: list, helpers: set) -> None:
-    """Point each planned node at its private PyOp; the Python kernels, not function bodies, run the
+def _route(model: onnx.ModelProto, routes: list, helpers: set) -> None:
+    """Point each routed node at its private PyOp; the Python kernels, not function bodies, run the
     custom nodes (helper functions stay)."""
     versions = {o.domain: o.version for o in model.opset_import}
-    for node, declared in plan:
+    for node, declared in routes:
         _rewrite_attributes(node, declared)
         version = versions.get(node.domain, 1)
         node.domain, node.op_type = declared.domain, declared.op_type
         if node.domain not in versions:
             versions[node.domain] = version
             model.opset_import.append(onnx.helper.make_opsetid(node.domain, version))
-    if any(_ABSENT_INPUT in node.input for node, _ in plan):
+    if any(_ABSENT_INPUT in node.input for node, _ in routes):
         model.graph.initializer.append(onnx.helper.make_tensor(_ABSENT_INPUT, T.FLOAT, [0], []))
-    _bridge(model, FreshNames(value_names(model.graph)))
+    if any(d.restore or any(c is not None for c in d.out_carry) for _, d in routes):
+        _bridge(model, FreshNames(value_names(model.graph)))
     keep = [f for f in model.functions if (f.domain, f.name) in helpers]
     del model.functions[:]
     model.functions.extend(keep)
@@ -412,6 +413,17 @@ def _no_extensions() -> str:
             f"Install it with `{pip_line('python-tier')}`.")
 
 
+def _served(plan: Plan, helpers: set) -> list:
+    """The planned nodes the tier serves (all but calls of helper functions); an unregistered op is refused."""
+    served = [p for p in plan.graph if p.key not in helpers]
+    missing = sorted({p.op for p in served if p.spec is None})
+    if missing:
+        raise UnsupportedInTier(f"tier 'python' cannot run {', '.join(missing)}: it is not a registered op. "
+                                f"Got ops {missing}. Register it (bridge.register / @bridge.op) before the "
+                                "session, or use tier='function'.")
+    return served
+
+
 class PythonTier(Tier):
     name = "python"
     summary = "the op's own eager implementation via onnxruntime-extensions (prototyping; every torch dtype)"
@@ -424,44 +436,37 @@ class PythonTier(Tier):
     def missing(self, registry: Registry) -> str | None:
         return _no_extensions() if importlib.util.find_spec("onnxruntime_extensions") is None else None
 
-    def prepare(self, model: onnx.ModelProto, registry: Registry, options: ort.SessionOptions | None,
-                library: Paths | None = None) -> Prepared:
-        """Route ``model``'s custom nodes to their eager implementations."""
+    def prepare(self, plan: Plan, options: ort.SessionOptions | None, library: Paths | None = None) -> Prepared:
+        """Route the plan's custom nodes to their eager implementations."""
         try:
             from onnxruntime_extensions import get_library_path
         except ImportError:
             raise UnsupportedInTier(_no_extensions()) from None
-        # element type by value name, over the graph and its subgraphs (0: not known)
-        types = {name: t.tensor_type.elem_type for name, t in model_value_types(_infer_types(model)).items()}
-        helpers = helper_functions(model, registry)
-        served = [n for n in custom_nodes(model) if (n.domain, n.op_type) not in helpers]
-        missing = sorted({f"{n.domain}::{n.op_type}" for n in served if registry.find(n.domain, n.op_type) is None})
-        if missing:
-            raise UnsupportedInTier(f"tier 'python' cannot run {', '.join(missing)}: it is not a registered op. "
-                                    f"Got ops {missing}. Register it (bridge.register / @bridge.op) before the "
-                                    "session, or use tier='function'.")
+        helpers = plan.helpers()
+        served = _served(plan, helpers)
+        # element type by value name, over the graph and, where a node needs them, its subgraphs (0: not known)
+        types = {name: t.tensor_type.elem_type
+                 for name, t in node_types(_infer_types(plan.model), [p.node for p in served]).items()}
         path = get_library_path()
         with _lock:
             shared = options is None
             options = _shared_options[0] if shared else options
             known = _known_generations(options, path)
             if known is None:  # NOTE: these options are about to freeze the open generation: fill it first
-                _predeclare(registry)
-            plan = []
-            for node in served:
-                spec = registry.find(node.domain, node.op_type)
-                assert spec is not None
-                plan.append((node, _declare(registry, spec, *_node_types(node, spec, types))))
-            late = sorted({f"{n.domain}::{n.op_type}" for n, d in plan if known is not None and d.generation >= known})
+                _predeclare(plan.registry)
+            routes = [(p.node, _declare(plan.registry, p.spec, *_node_types(p.node, p.spec, types))) for p in served
+                      if p.spec is not None]
+            late = sorted({f"{n.domain}::{n.op_type}" for n, d in routes
+                           if known is not None and d.generation >= known})
             if late and shared:  # NOTE: the shared options predate these signatures: new ones take over
                 options, known, late = None, None, []
-                _predeclare(registry)
+                _predeclare(plan.registry)
             if late:
                 raise UnsupportedInTier(
                     f"tier 'python' cannot run {', '.join(late)} with these SessionOptions: they got the python "
                     "tier's kernels before these op signatures were declared (onnxruntime-extensions registers "
                     f"its Python ops into options once). Got ops {late}. Pass new SessionOptions (or none).")
-            _route(model, plan, helpers)
+            _route(plan.model, routes, helpers)
             if known is None:
                 options = _register(options, path)
                 if shared:

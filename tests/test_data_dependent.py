@@ -27,6 +27,7 @@ from onnxscript import opset20 as op
 import bridge
 from bridge.core.basics.errors import OpBridgeError, UnsupportedInTier
 from bridge.core.basics.opnames import spec_names
+from ort_kernels.base import Plan
 from ort_kernels.build import io_types, library_path, served_ops
 from ort_kernels.tiers import get as get_tier
 
@@ -228,7 +229,7 @@ def test_native_kernel_is_found_by_the_ops_full_name(detect):
     # the session's model keeps the node but drops its function body: only the C++ kernel can run it
     proto = bridge.export(Detect(), ARGS, dynamic_shapes=DYNAMIC, registry=detect)
     assert any(f.name == "nms" for f in proto.functions)
-    get_tier("native").prepare(proto, detect, None)
+    get_tier("native").prepare(Plan(proto, detect), None)
     assert not any(f.name == "nms" for f in proto.functions)
     assert [n.op_type for n in proto.graph.node if n.domain == "detectlike"] == ["nms"]
 
@@ -340,7 +341,7 @@ def test_vision_ops_native_kernels_match_eager(vision_native, name, dtype):
     proto = bridge.export(model, _cast(args, dtype), dynamic_shapes=dynamic, registry=vision_native)
     # the translation, for the function tier; torch_lib's nms is NonMaxSuppression, float32 only
     assert any(f.name == name for f in proto.functions) == ((name, dtype) != ("nms", torch.float64))
-    get_tier("native").prepare(proto, vision_native, None)
+    get_tier("native").prepare(Plan(proto, vision_native), None)
     assert not any(f.name == name for f in proto.functions)
 
 

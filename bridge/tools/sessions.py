@@ -6,7 +6,6 @@ import ctypes
 import math
 import os
 from collections.abc import Sequence
-from itertools import chain
 
 import ml_dtypes
 import numpy as np
@@ -18,12 +17,12 @@ from onnx import external_data_helper
 from bridge.core.basics import files
 from bridge.core.basics.dtypes import to_numpy
 from bridge.core.basics.errors import OpBridgeError
-from bridge.core.basics.graphs import ProtoMemo, custom_nodes, model_nodes, model_tensors
+from bridge.core.basics.graphs import model_nodes, model_tensors
 from bridge.core.basics.progress import step
 from bridge.core.basics.torch_compat import pytree
-from bridge.core.registry import REGISTRY, Registry, fill_attributes
+from bridge.core.registry import REGISTRY, Registry
 from ort_kernels import tiers
-from ort_kernels.base import FUNCTION_BODY, Explain, Paths, Session
+from ort_kernels.base import Explain, Paths, Plan, Session, readable
 from ort_kernels.function import crash_refusal
 from ort_kernels.libraries import user_libraries
 
@@ -32,64 +31,17 @@ def load_model(model: str | os.PathLike | onnx.ModelProto | bytes) -> onnx.Model
     """Load a model from a path, bytes or proto (copied: sessions edit their copy); errors are clear."""
     # NOTE: external tensors load only when the session must re-serialise (_serialised)
     proto = files.load_model(model, external_data=False)
-    what = ("the model" if isinstance(model, onnx.ModelProto) else "the model bytes" if isinstance(model, bytes)
+    return readable(proto, _what(model), list(model_nodes(proto)))
+
+
+def _what(model) -> str:
+    return ("the model" if isinstance(model, onnx.ModelProto) else "the model bytes" if isinstance(model, bytes)
             else repr(os.fspath(model)))
-    return _readable(proto, what)
-
-
-# NOTE: digests of model-local functions whose names were found to be text: sessions opened again
-# on the same file (workers, threads, reloads) skip re-reading every name of their bodies, the
-# costliest part of this check (~1.5 us per node through protobuf's Python API).
-_TEXT_FUNCTIONS = ProtoMemo()
-
-
-def _readable(model: onnx.ModelProto, what: str) -> onnx.ModelProto:
-    """``model`` when its names are text; protobuf hands invalid UTF-8 back as bytes (a damaged file)."""
-    digests = [ProtoMemo.key(f) for f in model.functions]
-    unseen = [(d, f) for d, f in zip(digests, model.functions) if _TEXT_FUNCTIONS.get(d) is None]
-    nodes = [*model_nodes(model), *(n for _, f in unseen for n in f.node)]
-    try:
-        # NOTE: str.join refuses bytes, in C: one pass over every name, not one isinstance per name
-        "".join(chain.from_iterable((n.domain, n.op_type, *n.input, *n.output) for n in nodes))
-    except TypeError:
-        node = next(n for n in nodes if not all(isinstance(v, str) for v in (n.domain, n.op_type, *n.input,
-                                                                            *n.output)))
-        raise OpBridgeError(f"{what} is damaged: node names are not valid text. Got {node.op_type!r} in domain "
-                            f"{node.domain!r}. Export the model again.") from None
-    for digest, _ in unseen:
-        _TEXT_FUNCTIONS.put(digest, True)
-    return model
 
 
 def check_nodes(model: onnx.ModelProto, registry: Registry) -> None:
-    """Custom nodes against their registered ops: domain version, attributes, input count."""
-    imported = {o.domain: o.version for o in model.opset_import}
-    for node in custom_nodes(model):
-        spec = registry.find(node.domain, node.op_type)
-        if spec is None:
-            continue  # the tier reports ops it cannot run
-        where = f"node {node.name or node.op_type!r} ({node.domain}::{node.op_type})"
-        version = imported.get(node.domain)
-        if version != spec.version:
-            raise OpBridgeError(f"{where} is imported at domain version {version}, but the registered op is version "
-                                f"{spec.version}. Got opset_import {node.domain}={version}. Export the model again "
-                                f"with this registry, or register the op with version={version}.")
-        attrs = {a.name: a for a in node.attribute}
-        for p in spec.attributes:
-            # NOTE: ignore: onnx's stub lacks the AttrType enum's .name, and every attribute has an attr_type
-            declared = p.attr_type.name  # type: ignore[union-attr]
-            if p.name not in attrs:
-                if not p.has_default:
-                    raise OpBridgeError(f"{where} lacks required attribute '{p.name}' ({declared}). "
-                                        f"Got attributes {sorted(attrs)}. Export the model again with opbridge.")
-            elif attrs[p.name].type != p.attr_type:
-                got = onnx.AttributeProto.AttributeType.Name(attrs[p.name].type)
-                raise OpBridgeError(f"{where} has attribute '{p.name}' of type {got}, the op declares {declared}. "
-                                    "Got a type mismatch. Export the model again with opbridge.")
-        required = sum(1 for p in spec.tensors if not p.optional)
-        if not required <= len(node.input) <= len(spec.tensors):
-            raise OpBridgeError(f"{where} has {len(node.input)} inputs; the op takes {required} to "
-                                f"{len(spec.tensors)}. Got inputs {list(node.input)}. Export the model again.")
+    """Custom nodes against their registered ops: domain version, attributes, input count (``Plan.check``)."""
+    Plan(model, registry).check()
 
 
 # NOTE: a tensor stored outside the file says so in its data_location (field 14, a varint) =
@@ -137,20 +89,6 @@ def _wrong_type(readers: dict, inputs: Sequence[onnx.ValueInfoProto]) -> Explain
     return explain
 
 
-def _input_readers(model: onnx.ModelProto, registry: Registry) -> dict:
-    """Graph input -> (qualname, parameter) of the first custom node that reads it directly."""
-    graph_inputs = {i.name for i in model.graph.input}
-    readers: dict = {}
-    for node in custom_nodes(model):  # NOTE: nodes in If/Loop/Scan bodies read the model's inputs too
-        spec = registry.find(node.domain, node.op_type)
-        if spec is None:
-            continue
-        for name, param in zip(node.input, spec.tensors):
-            if name in graph_inputs:
-                readers.setdefault(name, (spec.qualname, param.name))
-    return readers
-
-
 def session(model: str | os.PathLike | onnx.ModelProto | bytes, *, tier: str = "function",
             registry: Registry | None = None, providers: Sequence[str] = ("CPUExecutionProvider",),
             sess_options: ort.SessionOptions | None = None, native_library: Paths | None = None) -> Session:
@@ -181,27 +119,27 @@ def session(model: str | os.PathLike | onnx.ModelProto | bytes, *, tier: str = "
     if native_library is not None and tier != "native":
         raise OpBridgeError(f"native_library= loads custom-op libraries for tier 'native' only. Got tier={tier!r}. "
                             "Pass tier='native', or drop native_library=.")
-    reg = REGISTRY if registry is None else registry
-    proto = load_model(model)
-    check_nodes(proto, reg)
-    filled = fill_attributes(proto, reg)  # NOTE: an omitted attribute is the op's default in every tier
+    proto = files.load_model(model, external_data=False)
+    # NOTE: the one walk of the model: the checks, the tier and the report read the plan
+    plan = Plan(proto, REGISTRY if registry is None else registry, _what(model))
+    plan.check()
+    filled = plan.fill()  # NOTE: an omitted attribute is the op's default in every tier
     # NOTE: read before the tier edits the model
-    wrong_type = _wrong_type(_input_readers(proto, reg), proto.graph.input)
-    prepared = kernels.prepare(proto, reg, sess_options, native_library)
-    refuse = crash_refusal(proto, reg)  # NOTE: a size it cannot refuse is refused here, not as a load failure
+    wrong_type = _wrong_type(plan.readers(), proto.graph.input)
+    prepared = kernels.prepare(plan, sess_options, native_library)
+    refuse = crash_refusal(proto, plan.registry)  # NOTE: a size it cannot refuse is refused here, not as a load failure
     # NOTE: a file that needs no change goes to ORT by path: no second serialisation and parse
     path = model if isinstance(model, (str, os.PathLike)) and not (prepared.changed or filled) else None
     # NOTE: native code runs from here on: the line names each library and the ops it serves, so a crash
     # (a segfault ends the process; the CLI's faulthandler then prints the stack) follows a line naming them
-    unserved = not_served(prepared.kernels, user_libraries(native_library))
-    with step(f"onnxruntime session ({tier} tier{native_code(prepared.kernels)}"
+    served, unserved = plan.kernels(), plan.unserved(user_libraries(native_library))
+    with step(f"onnxruntime session ({tier} tier{native_code(served)}"
               f"{''.join(f'; {op} {why}' for op, why in unserved.items())})"):
         try:
             content = os.fspath(path) if path is not None else _serialised(proto, model)
-            sess = Session(content, prepared.options, providers=providers,
-                           explain=(*prepared.explain, wrong_type), guard=prepared.guard, kernels=prepared.kernels,
-                           refuse=refuse)
-            sess.unserved = unserved
+            sess = Session(content, prepared.options, providers=providers, explain=(*prepared.explain, wrong_type),
+                           guard=prepared.guard, refuse=refuse)
+            sess.kernels, sess.unserved = served, unserved
             return sess
         except Exception as e:
             raise OpBridgeError(f"onnxruntime could not load the model. Got {type(e).__name__}: "
@@ -220,21 +158,6 @@ def native_code(kernels: dict[str, str]) -> str:
         if os.path.isabs(where):
             by_library.setdefault(where, []).append(op)
     return "".join(f"; native code: {os.path.basename(lib)} serves {', '.join(ops)}" for lib, ops in by_library.items())
-
-
-def not_served(kernels: dict[str, str], libraries: Sequence[str]) -> dict[str, str]:
-    """Each custom op of a session's ``kernels`` that none of the user's ``libraries`` serves -> why,
-    and what runs it instead ({} when no library was given).
-
-    >>> not_served({"a::f": "/x/libu.so", "a::g": "function body"}, ["/x/libu.so"])
-    {'a::g': 'is not served by libu.so (onnxruntime finds no kernel for it there): its function body runs it'}
-    """
-    if not libraries:
-        return {}
-    names = ", ".join(os.path.basename(lib) for lib in libraries)
-    return {op: f"is not served by {names} (onnxruntime finds no kernel for it there): "
-                f"{'its function body' if where == FUNCTION_BODY else os.path.basename(where)} runs it"
-            for op, where in kernels.items() if where not in libraries}
 
 
 def ort_feed(sess, args: Sequence, kwargs: dict | None = None) -> dict[str, np.ndarray]:
