@@ -856,3 +856,25 @@ def test_native_kernel_for_function_node(reg, tier):
     n = torch.export.Dim("n")
     bridge.assert_parity(M(), (torch.randn(4, 3),), registry=reg, tier=tier, dynamic_shapes=({0: n},),
                          extra_args=[(torch.randn(7, 3),)])
+
+
+# -- a Function inside a torch.cond branch (dynamo traces the branches: the export forward is opaque to it) ------
+class CondRoIModel(torch.nn.Module):
+    """roi_align only when there are rois (mmdet's guard against an empty batch, written as torch.cond)."""
+
+    def forward(self, x, rois):
+        return torch.cond(rois.shape[0] > 0, lambda x, r: roi_align(x, r, (3, 2), 0.5, 2, "avg", True),
+                          lambda x, r: r.new_zeros(r.shape[0], x.shape[1], 3, 2), (x, rois))
+
+
+@pytest.mark.parametrize("tier", ["python", "function"])
+def test_mmcv_roi_align_inside_torch_cond(reg, tier):
+    bridge.register(RoIAlignFunction, fake=roi_fake, sample_inputs=roi_samples, registry=reg)
+    model = bridge.export(CondRoIModel(), (FEAT, rois(5, 0)), registry=reg, dynamic_shapes=(None, {0: K}))
+    branches = [a.g for n in model.graph.node if n.op_type == "If" for a in n.attribute]
+    assert [[(x.domain, x.op_type) for x in g.node] for g in branches][0] == [("mmcv", "MMCVRoiAlign")]
+    sess = bridge.session(model.SerializeToString(), tier=tier, registry=reg)
+    for n, seed in ((5, 0), (1, 2), (9, 1), (0, 3)):
+        expected = CondRoIModel()(FEAT, rois(n, seed)).numpy()
+        np.testing.assert_allclose(bridge.parity.run_ort(sess, (FEAT, rois(n, seed)))[0], expected, rtol=1e-5,
+                                   atol=1e-5)

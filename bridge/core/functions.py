@@ -41,8 +41,10 @@ import functools
 import hashlib
 import inspect
 import keyword
+import math
 import operator
 import re
+import struct
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -1046,10 +1048,21 @@ def record_body(fb: FunctionBridge, values: Mapping[str, Any]) -> None:
 
 
 def _as_held(v: Any) -> Any:
-    """An attribute value as an ONNX node holds it (floats as float32)."""
+    """An attribute value as an ONNX node holds it (floats as float32; past its range +-inf).
+
+    NOTE: no tensor made for the rounding: one made while torch.export traces is traced into the graph.
+
+    >>> _as_held([0.1, 1e39, -1e39, 3])
+    [0.10000000149011612, inf, -inf, 3]
+    """
     if isinstance(v, (list, tuple)):
         return [_as_held(x) for x in v]
-    return float(torch.tensor(v, dtype=torch.float32)) if isinstance(v, float) else v
+    if not isinstance(v, float):
+        return v
+    try:
+        return struct.unpack("f", struct.pack("f", v))[0]
+    except OverflowError:
+        return math.copysign(math.inf, v)
 
 
 def _graph_input(name: str, value: Any) -> torch_compat.GraphInput:
@@ -1142,7 +1155,8 @@ def swap_forwards(routes: Mapping[type, Callable], watch: Callable[..., Callable
         if attr == "forward":
             _SWAPPED[cls] = (original_forward(cls), setup_style(cls))
         saved.append((cls, attr, cls.__dict__.get(attr, _NO_DEFAULT)))
-        setattr(cls, attr, staticmethod(value))
+        # NOTE: torch.cond's branches are traced by dynamo, which cannot follow a forward that reads a symbolic
+        setattr(cls, attr, staticmethod(torch_compat.opaque_to_dynamo(value) if attr == "forward" else value))
 
     def watcher(cls: type, original: Callable, ctx: bool) -> Callable:
         def forward(*args, **kwargs):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import importlib
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -231,6 +232,16 @@ def fake_mode(*, shape_env: bool = False) -> FakeTensorMode:
     if shape_env:
         return FakeTensorMode(allow_non_fake_inputs=True, shape_env=ShapeEnv(), static_shapes=True)
     return FakeTensorMode(allow_non_fake_inputs=True)
+
+
+def opaque_to_dynamo(fn: Callable) -> Callable:
+    """``fn`` as dynamo calls it whole rather than tracing its Python (``torch._dynamo.nonstrict_trace``): the
+    branches of ``torch.cond`` are traced by dynamo, which cannot follow a Function's export forward (it reads
+    the symbolic). Called outside dynamo, the wrapper calls ``fn``.
+
+    NOTE: torch._dynamo is loaded here, on first use (about 1.5 s): every torch.export loads it anyway."""
+    mark = getattr(importlib.import_module("torch._dynamo"), "nonstrict_trace", None)
+    return fn if mark is None else mark(fn)
 
 
 def function_has_setup_context(cls: type) -> bool:
