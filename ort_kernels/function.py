@@ -83,6 +83,7 @@ class _CrashSize:
     feed: str | None
     axis: int
     dim: str
+    when: tuple[str, bool] | None  # NOTE: the main-graph If condition (and branch) the node runs under
 
 
 def _crash_sizes(model: onnx.ModelProto, registry: Registry) -> tuple[_CrashSize, ...]:
@@ -117,7 +118,7 @@ def _crash_sizes(model: onnx.ModelProto, registry: Registry) -> tuple[_CrashSize
                 f"value '{site.value}' with dim {site.crash.axis} {repr(name) if name else 'unnamed'}. Run this "
                 f"model with tier='python' or 'native', or give the op a function= body that handles size "
                 f"{site.crash.size}.")
-        found.append(_CrashSize(site.qualname, site.crash, site.value, feed, axis, name))
+        found.append(_CrashSize(site.qualname, site.crash, site.value, feed, axis, name, site.when))
     return tuple(found)
 
 
@@ -139,24 +140,36 @@ class _Refusal:
         self._content: bytes | None = None
 
     def __call__(self, shapes: dict, feed: dict) -> str | None:
+        at_size = []
         for c in self.crashes:
             shape = shapes.get(c.feed) if c.feed is not None else None
             if shape is not None and c.axis < len(shape) and shape[c.axis] == c.crash.size:
-                return self._message(c, f"model input '{c.feed}' of size {c.crash.size} in dim {c.axis} ('{c.dim}')")
+                at_size.append((c, f"model input '{c.feed}' of size {c.crash.size} in dim {c.axis} ('{c.dim}')"))
         inside = [c for c in self.crashes if c.feed is None]
-        if not inside:
+        if not at_size and not inside:
             return None
+        # NOTE: the values read inside the model: sizes computed there, the conditions of the If branches nodes run in
+        wanted = [c.value for c in inside] + [c.when[0] for c in self.crashes if c.when is not None]
+        values = self._values(list(dict.fromkeys(wanted)), feed)
+        for c in inside:
+            shape = getattr(values.get(c.value), "shape", None)
+            if shape is not None and c.crash.axis < len(shape) and shape[c.crash.axis] == c.crash.size:
+                at_size.append((c, f"'{c.value}' (its input '{c.crash.input}', computed in the model) of size "
+                                   f"{c.crash.size} in dim {c.crash.axis}"))
+        for c, got in at_size:
+            if _runs(c, values):
+                return self._message(c, got)
+        return None
+
+    def _values(self, names: list[str], feed: dict) -> dict:
+        """The values ``names`` of the main graph on ``feed`` ({} for none; a value that could not be computed
+        is left out)."""
+        if not names:
+            return {}
         if self._content is None:
             self._content = self._model.SerializeToString()
-        arrays = {k: v.numpy() if isinstance(v, ort.OrtValue) else v for k, v in feed.items()}
-        values = _computed(self._content, list(dict.fromkeys(c.value for c in inside)), arrays)
-        for c in inside:
-            value = values.get(c.value)
-            shape = getattr(value, "shape", None)
-            if shape is not None and c.crash.axis < len(shape) and shape[c.crash.axis] == c.crash.size:
-                return self._message(c, f"'{c.value}' (its input '{c.crash.input}', computed in the model) of "
-                                        f"size {c.crash.size} in dim {c.crash.axis}")
-        return None
+        return _computed(self._content, names, {k: v.numpy() if isinstance(v, ort.OrtValue) else v
+                                                for k, v in feed.items()})
 
     @staticmethod
     def _message(c: _CrashSize, got: str) -> str:
@@ -290,6 +303,15 @@ def _explain(calls: tuple[_Call, ...], guards: dict[str, Checks], error: BaseExc
         if message is not None:
             return message
     return guard_failure(guards[node], node)
+
+
+def _runs(c: _CrashSize, values: dict) -> bool:
+    """Whether the node of ``c`` runs on the feed ``values`` were computed from: False only for a node in an If
+    branch the feed's condition does not take (a model's guard against that very size); True when unknown."""
+    if c.when is None or c.when[0] not in values:
+        return True
+    condition = np.asarray(values[c.when[0]])
+    return condition.size != 1 or bool(condition.reshape(-1)[0]) == c.when[1]
 
 
 def _computed(model: bytes | str, names: list[str], feed: dict) -> dict:

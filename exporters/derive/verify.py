@@ -20,7 +20,7 @@ from onnx import helper
 from bridge.core.basics import torch_compat
 from bridge.core.basics.dtypes import TORCH_TO_ONNX, numpy_dtype
 from bridge.core.basics.errors import OpBridgeError
-from bridge.core.basics.graphs import custom_nodes
+from bridge.core.basics.graphs import custom_nodes_with_branch
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
 from exporters.derive.contained import RUNNER
@@ -176,13 +176,16 @@ class CrashSite:
     qualname: str
     crash: Crash
     value: str
+    # NOTE: the If of the main graph whose branch the node sits in: its condition value, and True for then_branch
+    when: tuple[str, bool] | None = None
 
 
 # NOTE: the key of the model metadata entry that carries the crash sites of an inlined model, whose bodies
 # (and their doc strings) are gone; tools keep a model's metadata_props, as they keep doc strings
 CRASH_NOTE = "opbridge.crashes"
 _SITE_LINE = re.compile(r"^opbridge: onnxruntime dies \((\w+)\) running the body of (\S+) where input '([^']+)' has "
-                        r"size (\d+) in dim (\d+), read from value '(.+)' \(eager gives a result\)$", re.MULTILINE)
+                        r"size (\d+) in dim (\d+), read from value '(.+?)'(?:, when '(.+)' is (true|false))? "
+                        r"\(eager gives a result\)$", re.MULTILINE)
 
 
 def crash_note(sites: Sequence[CrashSite]) -> str:
@@ -194,17 +197,20 @@ def crash_note(sites: Sequence[CrashSite]) -> str:
         >>> crash_note([site])
         "opbridge: onnxruntime dies (SIGFPE) running the body of mmcv::MMCVRoiAlign where input 'rois' has size 0 \
 in dim 0, read from value 'rois' (eager gives a result)"
-        >>> noted_crashes(crash_note([site])) == (site,)
+        >>> guarded = CrashSite("mmcv::MMCVRoiAlign", Crash("rois", 0, 0, "SIGFPE"), "rois", ("any", True))
+        >>> noted_crashes(crash_note([site, guarded])) == (site, guarded)
         True
     """
     return "\n".join(f"opbridge: onnxruntime dies ({s.crash.how}) running the body of {s.qualname} where input "
-                     f"'{s.crash.input}' has size {s.crash.size} in dim {s.crash.axis}, read from value '{s.value}' "
-                     "(eager gives a result)" for s in sites)
+                     f"'{s.crash.input}' has size {s.crash.size} in dim {s.crash.axis}, read from value '{s.value}'"
+                     + (f", when '{s.when[0]}' is {str(s.when[1]).lower()}" if s.when else "")
+                     + " (eager gives a result)" for s in sites)
 
 
 def noted_crashes(note: str) -> tuple[CrashSite, ...]:
     """The crash sites an inlined model's :data:`CRASH_NOTE` entry records (:func:`crash_note`)."""
-    return tuple(CrashSite(m[2], Crash(m[3], int(m[5]), int(m[4]), m[1]), m[6]) for m in _SITE_LINE.finditer(note))
+    return tuple(CrashSite(m[2], Crash(m[3], int(m[5]), int(m[4]), m[1]), m[6],
+                           (m[7], m[8] == "true") if m[7] else None) for m in _SITE_LINE.finditer(note))
 
 
 def crash_sites(model: onnx.ModelProto, registry: Registry) -> tuple[CrashSite, ...]:
@@ -214,7 +220,7 @@ def crash_sites(model: onnx.ModelProto, registry: Registry) -> tuple[CrashSite, 
     what it reads is known only inside that body."""
     bodies = {(f.domain, f.name, f.overload): f for f in model.functions if crashes_of(f.doc_string)}
     found = []
-    for node in custom_nodes(model) if bodies else ():
+    for node, when in custom_nodes_with_branch(model) if bodies else ():
         body = bodies.get((node.domain, node.op_type, node.overload))
         if body is None:
             continue
@@ -225,7 +231,7 @@ def crash_sites(model: onnx.ModelProto, registry: Registry) -> tuple[CrashSite, 
             index = formals.index(crash.input) if crash.input in formals else len(node.input)
             if index < len(node.input) and node.input[index]:
                 qualname = spec.qualname if spec is not None else f"{node.domain}::{node.op_type}"
-                found.append(CrashSite(qualname, crash, node.input[index]))
+                found.append(CrashSite(qualname, crash, node.input[index], when))
     found += [s for p in model.metadata_props if p.key == CRASH_NOTE for s in noted_crashes(p.value)]
     return tuple(dict.fromkeys(found))
 

@@ -117,6 +117,32 @@ def custom_nodes(model: onnx.ModelProto, *, functions: bool = False) -> Iterator
     return (n for n in nodes if is_custom(n.domain))
 
 
+def custom_nodes_with_branch(model: onnx.ModelProto) -> Iterator[tuple[onnx.NodeProto, tuple[str, bool] | None]]:
+    """The custom nodes of ``model``'s graph and subgraphs, each with the branch it runs in: for a node
+    directly in a branch of an If of the main graph, that If's condition value and whether the branch
+    is ``then_branch``; None for any other (it runs whenever the graph it sits in runs, as far as the main
+    graph can tell).
+
+    Example:
+        >>> from onnx import helper
+        >>> branch = lambda name: helper.make_graph([helper.make_node("f", ["x"], [name], domain="d")], name, [], [])
+        >>> node = helper.make_node("If", ["c"], ["y"], then_branch=branch("a"), else_branch=branch("b"))
+        >>> model = helper.make_model(helper.make_graph([node, helper.make_node("f", ["x"], ["z"], domain="d")],
+        ...                                             "g", [], []))
+        >>> [(n.output[0], when) for n, when in custom_nodes_with_branch(model)]
+        [('a', ('c', True)), ('b', ('c', False)), ('z', None)]
+    """
+    for node in model.graph.node:
+        branches = [(a.name, a.g) for a in node.attribute if a.name in ("then_branch", "else_branch")] \
+            if node.op_type == "If" and not is_custom(node.domain) else []
+        for name, branch in branches:
+            for inner in branch.node:
+                when = (node.input[0], name == "then_branch")
+                yield from ((n, when if n is inner else None) for n in walk([inner]) if is_custom(n.domain))
+        if not branches:
+            yield from ((n, None) for n in walk([node]) if is_custom(n.domain))
+
+
 def ir_custom_nodes(model: ir.Model) -> list[ir.Node]:
     """:func:`custom_nodes` of an onnx-ir model, its local functions included (those that import a
     custom domain), walked by onnx-ir's ``RecursiveGraphIterator``; a list, so the caller may edit
