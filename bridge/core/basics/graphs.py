@@ -130,7 +130,7 @@ def custom_nodes_with_branch(model: onnx.ModelProto) -> Iterator[tuple[onnx.Node
         >>> model = helper.make_model(helper.make_graph([node, helper.make_node("f", ["x"], ["z"], domain="d")],
         ...                                             "g", [], []))
         >>> [(n.output[0], when) for n, when in custom_nodes_with_branch(model)]
-        [('a', ('c', True)), ('b', ('c', False)), ('z', None)]
+        [('b', ('c', False)), ('a', ('c', True)), ('z', None)]
     """
     for node in model.graph.node:
         branches = [(a.name, a.g) for a in node.attribute if a.name in ("then_branch", "else_branch")] \
