@@ -1,16 +1,9 @@
-"""Where an op's function body comes from, decided once (:func:`body_kind`): one typed kind per
-source, each with its behaviour. The resolver (``exporters.resolve``), ``opbridge ops --bodies`` and
-``--show-body``, and the function tier ask the kind; nothing else decides.
-
-- :class:`WrittenBody`: the body the user wrote (``function=``, a ``Written``), one for every node;
-- :class:`BuiltBody`: the body a ``BodyBuilder`` gives per the attribute values it reads;
-- :class:`TranslatedBody`: torch.onnx's own translation of the op (onnxscript's torch_lib), exported
-  at the model's opset per site, every attribute baked in;
-- :class:`DerivedBody`: a body traced from the op's PyTorch implementation, per site (``exporters.derive``).
-
-Each kind gives its key for a node (which nodes share one body), the body at an opset (with the op's
-check guards, converted, list constants as tensors), its status (``opbridge ops``: kind and note) and
-its text (``--show-body``).
+"""Where an op's function body comes from, decided once (:func:`body_kind`): written (``function=``,
+one body for every node), built (a ``BodyBuilder``, per the attribute values it reads), translated
+(torch.onnx's own translation of the op) or derived (traced from its implementation, ``exporters.derive``);
+translated and derived bodies are made per site. Each kind gives its key for a node (nodes with equal
+keys share one body), the body at an opset, what ``opbridge ops`` says (``status``) and what
+``--show-body`` prints (``show``). The resolver, those commands and the function tier ask it.
 
 Example:
     >>> import bridge, custom_ops
@@ -21,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import abc
 import dataclasses
 from collections.abc import Callable
 from typing import Any, ClassVar
@@ -39,9 +33,7 @@ from exporters.bodies.opsets import convert_function, portable_constants
 from exporters.derive.cache import CACHE
 from exporters.derive.derivation import derive
 from exporters.derive.implementation import implementation
-from exporters.derive.sites import NoPortableBody, Untraceable, sample_site, site_of
-
-Types = Callable[[], dict[str, onnx.TypeProto]]  # NOTE: a node's input types, asked only where a body needs them
+from exporters.derive.sites import NoPortableBody, Site, Untraceable, sample_site, site_of
 
 
 def guarded_copy(proto: onnx.FunctionProto, spec: OpSpec) -> onnx.FunctionProto:
@@ -62,28 +54,27 @@ def guarded_copy(proto: onnx.FunctionProto, spec: OpSpec) -> onnx.FunctionProto:
 
 
 def _finished(proto: onnx.FunctionProto, spec: OpSpec, opset: int | None) -> onnx.FunctionProto:
+    """``proto`` as it goes into a model: with the op's guards, at ``opset`` (None: its own), constants as tensors."""
     proto = guarded_copy(proto, spec)
     return portable_constants(convert_function(proto, opset) if opset is not None else proto)
 
 
-def _first_sample(spec: OpSpec, dtype: torch.dtype | None):
-    """The op's first sample at ``dtype`` (None: float32 where the op takes it, else its first dtype), or None."""
-    if dtype is None:
-        dtype = torch.float32 if torch.float32 in spec.dtypes else spec.dtypes[0]
+def _sample_site(spec: OpSpec, dtype: torch.dtype | None) -> Site | None:
+    """The site of the op's first sample at ``dtype`` (None: float32 where the op takes it, else its first)."""
+    dtype = dtype or (torch.float32 if torch.float32 in spec.dtypes else spec.dtypes[0])
     samples = spec.sample_inputs(dtype) if spec.sample_inputs is not None else []
-    return samples[0] if samples else None
+    return sample_site(spec, samples[0]) if samples else None
 
 
-def _no_samples(spec: OpSpec, made: str) -> OpBridgeError:
-    """What ``--show-body`` says of an op whose bodies are ``made`` per node and that has no sample."""
-    return OpBridgeError(f"{spec.qualname}: its body is {made}, and it has no sample inputs to "
-                         f"{'derive' if made.startswith('derived') else 'build'} one from here. Got no samples. "
-                         "Register samples (op.register_samples), or export a model and read model.functions.")
+def _no_samples(spec: OpSpec, made: str, make: str) -> OpBridgeError:
+    return OpBridgeError(f"{spec.qualname}: its body is {made}, and it has no sample inputs to {make} one from here. "
+                         "Got no samples. Register samples (op.register_samples), or export a model and read "
+                         "model.functions.")
 
 
 @dataclasses.dataclass(frozen=True)
-class BodyKind:
-    """Where the bodies of ``spec``'s op come from (one subclass per source)."""
+class BodyKind(abc.ABC):
+    """Where the bodies of ``spec``'s op come from."""
 
     spec: OpSpec
     name: ClassVar[str]
@@ -91,68 +82,55 @@ class BodyKind:
     per_node: ClassVar[bool] = True  # NOTE: its bodies depend on the node, and say the values they hold (doc_string)
 
     @property
-    def reads(self) -> tuple[str, ...]:
-        """The attributes whose values every body of this kind holds (None included): a builder's."""
+    def reads(self) -> tuple[str, ...]:  # NOTE: attributes every body holds the value of, None too (a builder's)
         return ()
 
     def key(self, node: ir.Node) -> tuple:
-        """Which body serves ``node``: nodes with equal keys share one (made once)."""
+        """Which body serves ``node``: nodes with equal keys share one."""
         return (self.spec.qualname, self.name, id(node))
 
-    def make(self, node: ir.Node, opset: int | None, types: Types, registry: Registry) -> onnx.FunctionProto | None:
-        """The body of ``node`` as it goes into a model at ONNX ``opset`` (None: the body's own):
-        with the op's check guards, converted, list constants as tensors; None when there is none."""
-        raise NotImplementedError
+    @abc.abstractmethod
+    def make(self, node: ir.Node, opset: int | None, types: Callable[[], dict[str, onnx.TypeProto]],
+             registry: Registry) -> onnx.FunctionProto | None:
+        """``node``'s body as it goes into a model at ``opset`` (:func:`_finished`; ``types()``: its input
+        types, asked only where the body needs them); None where there is none."""
 
+    @abc.abstractmethod
     def status(self, dtype: torch.dtype | None = None, opset: int = 20, registry: Registry | None = None, *,
                try_it: bool = True) -> tuple[str, str | None]:
-        """What ``opbridge ops`` says of the body: ``(kind, note)``, ``("none", reason)`` when there is none.
-        ``try_it=False`` makes none (a trace and an export per op for a derived one)."""
-        raise NotImplementedError
+        """What ``opbridge ops`` says: ``(kind, note)``, or ``("none", reason)``; ``try_it=False`` derives nothing."""
 
+    @abc.abstractmethod
     def show(self, dtype: torch.dtype | None = None, opset: int = 20, registry: Registry | None = None) -> str:
-        """The body as ``opbridge ops --show-body`` prints it: a comment line saying which, then
-        onnx.printer text (for the op's first sample at ``dtype`` where bodies differ per node)."""
-        raise NotImplementedError
+        """What ``--show-body`` prints: a comment line saying which body, then its onnx.printer text
+        (where bodies differ per node, the one for the op's first sample at ``dtype``)."""
 
 
 @dataclasses.dataclass(frozen=True)
 class WrittenBody(BodyKind):
-    """The body written once for every node (``function=``: an onnxscript function).
-
-    Example:
-        >>> import bridge, custom_ops
-        >>> kind = body_kind(bridge.REGISTRY.get("opbridge::crop"))
-        >>> body = kind.at(17)
-        >>> onnx_opset = {o.domain: o.version for o in body.opset_import}[""]
-        >>> onnx_opset, len(body.node) > len(kind.written.to_function_proto().node)  # guards added
-        (17, True)
-    """
+    """One body, written, for every node."""
 
     written: Written
     name = "written"
     per_node = False
 
-    def key(self, node: ir.Node) -> tuple:
+    def key(self, node):
         return (self.spec.qualname, self.name)
 
     def at(self, opset: int | None = None) -> onnx.FunctionProto:
-        """The body as it goes into a model: with the op's guards, at ``opset`` (None: its own), list
-        constants as tensors (a fresh copy each call)."""
-        # NOTE: one op (its spec is frozen: a new registration is a new spec) at one opset has one
-        # written body: it is made once, not per model a session opens (guards and opset conversion are costly)
-        key = f"{id(self.spec)}/{opset}".encode()
+        """The body as it goes into a model at ``opset`` (:func:`_finished`), made once per op and opset."""
+        key = f"{id(self.spec)}/{opset}".encode()  # NOTE: a spec is frozen: a new registration is a new spec
         made = _WRITTEN.get(key)
         if made is None or made[0] is not self.spec:
             # NOTE: the op's defaults bind the body's attribute references a node omits (not the inner ops' own)
-            proto = bind_attribute_defaults(self.spec, self.written.to_function_proto())
-            made = (self.spec, _finished(proto, self.spec, opset))
+            made = (self.spec, _finished(bind_attribute_defaults(self.spec, self.written.to_function_proto()),
+                                         self.spec, opset))
             _WRITTEN.put(key, made)
         body = onnx.FunctionProto()
         body.CopyFrom(made[1])
         return body
 
-    def make(self, node: ir.Node, opset: int | None, types: Types, registry: Registry) -> onnx.FunctionProto | None:
+    def make(self, node, opset, types, registry):
         return self.at(opset)
 
     def status(self, dtype=None, opset=20, registry=None, *, try_it=True):
@@ -167,8 +145,7 @@ _WRITTEN = ProtoMemo(size=64)  # id(spec)/opset -> (spec, its written body); the
 
 @dataclasses.dataclass(frozen=True)
 class BuiltBody(BodyKind):
-    """The body a builder gives per the attribute values it reads (``function=`` a Python function of
-    attributes): nodes with equal values share one."""
+    """A body per the attribute values the builder reads: nodes with equal values share one."""
 
     builder: BodyBuilder
     name = "built"
@@ -178,7 +155,7 @@ class BuiltBody(BodyKind):
     def reads(self) -> tuple[str, ...]:
         return self.builder.reads
 
-    def key(self, node: ir.Node) -> tuple:
+    def key(self, node):
         values = node_attributes(self.spec, ir.serde.serialize_node(node))
         return (self.spec.qualname, self.name, values_key({n: values[n] for n in self.reads}))
 
@@ -192,95 +169,79 @@ class BuiltBody(BodyKind):
         validate_body(self.spec, function)
         return function.to_function_proto()
 
-    def make(self, node: ir.Node, opset: int | None, types: Types, registry: Registry) -> onnx.FunctionProto | None:
-        values = node_attributes(self.spec, ir.serde.serialize_node(node))
-        return _finished(self.built(values), self.spec, opset)
+    def make(self, node, opset, types, registry):
+        return _finished(self.built(node_attributes(self.spec, ir.serde.serialize_node(node))), self.spec, opset)
 
     def status(self, dtype=None, opset=20, registry=None, *, try_it=True):
         return "written", self.builder.note
 
     def show(self, dtype=None, opset=20, registry=None):
-        sample = _first_sample(self.spec, dtype)
-        if sample is None:
-            raise _no_samples(self.spec, "built per attribute values")
-        site = sample_site(self.spec, sample)
-        head = f"# {self.spec.qualname}: written body built for {site.describe()}\n"
-        return head + onnx.printer.to_text(self.built(dict(site.attrs)))
+        site = _sample_site(self.spec, dtype)
+        if site is None:
+            raise _no_samples(self.spec, "built per attribute values", "build")
+        text = onnx.printer.to_text(self.built(dict(site.attrs)))
+        return f"# {self.spec.qualname}: written body built for {site.describe()}\n" + text
 
 
 @dataclasses.dataclass(frozen=True)
 class DerivedBody(BodyKind):
-    """A body derived from the op's implementation per site (dtypes, dims, attribute values:
-    ``exporters.derive``); none where it cannot be traced."""
+    """A body traced from the op's implementation per site; none where it cannot be traced."""
 
     name = "derived"
     overload = "derived_"
 
     def translation(self) -> Any | None:
-        """The torch.onnx translation the body is exported with (None: traced from the implementation)."""
+        """torch.onnx's translation the body is exported with (None: the op's implementation is)."""
         return None
 
-    def origin(self) -> str:
-        return "its implementation"
-
-    def make(self, node: ir.Node, opset: int | None, types: Types, registry: Registry) -> onnx.FunctionProto | None:
+    def make(self, node, opset, types, registry):
         if opset is None:
             return None
         try:
             site = site_of(self.spec, ir.serde.serialize_node(node), types())
-            derived = derive(self.spec, site, opset, registry, translation=self.translation())
+            return _finished(derive(self.spec, site, opset, registry, translation=self.translation()).proto,
+                             self.spec, opset)
         except NoPortableBody:
             return None
         except Untraceable as e:
             CACHE.fail(self.spec.qualname, str(e))
             return None
-        return _finished(derived.proto, self.spec, opset)
 
     def status(self, dtype=None, opset=20, registry=None, *, try_it=True):
         try:
             implementation(self.spec)
+            site = _sample_site(self.spec, dtype) if try_it else None
+            if site is not None:
+                derive(self.spec, site, opset, registry)
         except NoPortableBody as e:
             return "none", e.reason
-        if not try_it:
-            return "derived", None
-        sample = _first_sample(self.spec, dtype)
-        if sample is None:
-            return "derived", "derived at each export (no sample inputs to try it here)"
-        try:
-            derive(self.spec, sample_site(self.spec, sample), opset, registry, translation=self.translation())
-        except NoPortableBody as e:
-            return "none", e.reason
-        return "derived", None
+        return "derived", ("derived at each export (no sample inputs to try it here)"
+                           if try_it and site is None else None)
 
     def show(self, dtype=None, opset=20, registry=None):
-        sample = _first_sample(self.spec, dtype)
-        if sample is None:
-            if self.translation() is None:
+        site, fn = _sample_site(self.spec, dtype), self.translation()
+        if site is None:
+            if fn is None:
                 implementation(self.spec)  # NOTE: no implementation to derive from says so first
-            raise _no_samples(self.spec, "derived at each export site")
-        site = sample_site(self.spec, sample)
-        body = derive(self.spec, site, opset, registry, translation=self.translation())
+            raise _no_samples(self.spec, "derived at each export site", "derive")
+        body = derive(self.spec, site, opset, registry, translation=fn)
+        origin = "its implementation" if fn is None else f"torch.onnx's translation {fn.name}"
         baked = ", ".join(f"{n}={v!r}" for n, v in body.fixed) or "none"
-        head = (f"# {self.spec.qualname}: derived from {self.origin()} at {site.describe()} "
+        head = (f"# {self.spec.qualname}: derived from {origin} at {site.describe()} "
                 f"(attributes read from the node: {', '.join(body.parametric) or 'none'}; baked in: {baked})")
         return head + "\n" + onnx.printer.to_text(body.proto)
 
 
 @dataclasses.dataclass(frozen=True)
 class TranslatedBody(DerivedBody):
-    """torch.onnx's own translation of the op (onnxscript's torch_lib, keyed by the op's qualified name),
-    for an op with no written body, no ``translation=`` of its own and no proxy op: the op still
-    exports as one node in its own domain and name, and this translation, exported at the model's
-    opset per site, is its body (every attribute baked in: a translation reads them as Python values)."""
+    """torch.onnx's own translation of the op (torch_lib's, by qualified name), for an op with no body, no
+    ``translation=`` and no proxy op: exported per site, every attribute baked in (``exporters.derive``)."""
 
     function: Any
     name = "translated"
 
-    def translation(self) -> Any | None:
+    def translation(self):
         return self.function
-
-    def origin(self) -> str:
-        return f"torch.onnx's translation {self.function.name}"
 
     def status(self, dtype=None, opset=20, registry=None, *, try_it=True):
         return "translated", (f"torch.onnx's translation ({self.function.name}, onnxscript torch_lib), exported at "
@@ -289,13 +250,7 @@ class TranslatedBody(DerivedBody):
 
 def body_kind(spec: OpSpec) -> BodyKind:
     """Where ``spec``'s bodies come from: its written body, its builder, torch.onnx's translation of
-    the op, else its implementation (the one place that decides).
-
-    Example:
-        >>> import bridge, custom_ops
-        >>> body_kind(bridge.REGISTRY.get("opbridge::crop")).name
-        'written'
-    """
+    the op, else its implementation (the one place that decides)."""
     if isinstance(spec.function, Written):
         return WrittenBody(spec, spec.function)
     if isinstance(spec.function, BodyBuilder):
