@@ -219,13 +219,13 @@ class DerivedBody(BodyKind):
                            if try_it and site is None else None)
 
     def show(self, dtype=None, opset=20, registry=None):
-        site, fn = _sample_site(self.spec, dtype), self.translation()
+        site, reused = _sample_site(self.spec, dtype), self.translation()
         if site is None:
-            if fn is None:
+            if reused is None:
                 implementation(self.spec)  # NOTE: no implementation to derive from says so first
             raise _no_samples(self.spec, "derived at each export site", "derive")
-        body = derive(self.spec, site, opset, registry, translation=fn)
-        origin = "its implementation" if fn is None else f"torch.onnx's translation {fn.name}"
+        body = derive(self.spec, site, opset, registry, translation=reused)
+        origin = "its implementation" if reused is None else f"torch.onnx's translation {reused.name}"
         baked = ", ".join(f"{n}={v!r}" for n, v in body.fixed) or "none"
         head = (f"# {self.spec.qualname}: derived from {origin} at {site.describe()} "
                 f"(attributes read from the node: {', '.join(body.parametric) or 'none'}; baked in: {baked})")

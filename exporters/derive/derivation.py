@@ -75,16 +75,16 @@ def _specialised(spec: OpSpec, site: Site, opset: int, registry: Registry, cache
                  translation: Callable | None) -> Derived:
     """The body with int attributes symbolic where the trace allows, else with the site's values."""
     if translation is not None:  # NOTE: the op itself, kept opaque; a translation reads attributes as Python values
-        return _derive(spec, spec.overload, site, opset, registry, False, translation)
+        return _derive(spec, spec.overload, site, opset, registry, symbolic=False, reused=translation)
     fn = implementation(spec)
     # NOTE: only a hint to skip a trace that failed at sites like this one; the body is derived per site
     signs = (spec.qualname, id(spec), site.structure, opset, tuple(v < 0 for v in _ints(spec, site)))
     if signs not in cache.values_only and any(symbolic_int(p) for p in spec.attributes):
         try:
-            return _derive(spec, fn, site, opset, registry, True, None)
+            return _derive(spec, fn, site, opset, registry, symbolic=True)
         except Untraceable:
             cache.values_only.add(signs)  # NOTE: later sites like this one skip the symbolic attempt
-    return _derive(spec, fn, site, opset, registry, False, None)
+    return _derive(spec, fn, site, opset, registry, symbolic=False)
 
 
 @contextlib.contextmanager
@@ -151,7 +151,7 @@ def _translated(program, opset: int, registry: Registry, translated: dict) -> on
 
 
 def _derive(spec: OpSpec, fn: Callable, site: Site, opset: int, registry: Registry, symbolic: bool,
-            reused: Callable | None) -> Derived:
+            reused: Callable | None = None) -> Derived:
     sizes = example_sizes(site)
     roles = flat_roles(spec, site, symbolic)
     if reused is None:
