@@ -185,21 +185,19 @@ class BuiltBody(BodyKind):
 
 @dataclasses.dataclass(frozen=True)
 class DerivedBody(BodyKind):
-    """A body traced from the op's implementation per site; none where it cannot be traced."""
+    """A body traced from the op's implementation per site (with torch.onnx's ``translation`` of it, if
+    given); none where it cannot be traced."""
 
+    translation: Any = None
     name = "derived"
     overload = "derived_"
-
-    def translation(self) -> Any | None:
-        """torch.onnx's translation the body is exported with (None: the op's implementation is)."""
-        return None
 
     def make(self, node, opset, types, registry):
         if opset is None:
             return None
         try:
             site = site_of(self.spec, ir.serde.serialize_node(node), types())
-            return _finished(derive(self.spec, site, opset, registry, translation=self.translation()).proto,
+            return _finished(derive(self.spec, site, opset, registry, translation=self.translation).proto,
                              self.spec, opset)
         except NoPortableBody:
             return None
@@ -212,14 +210,14 @@ class DerivedBody(BodyKind):
             implementation(self.spec)
             site = _sample_site(self.spec, dtype) if try_it else None
             if site is not None:
-                derive(self.spec, site, opset, registry)
+                derive(self.spec, site, opset, registry, translation=self.translation)
         except NoPortableBody as e:
             return "none", e.reason
         return "derived", ("derived at each export (no sample inputs to try it here)"
                            if try_it and site is None else None)
 
     def show(self, dtype=None, opset=20, registry=None):
-        site, reused = _sample_site(self.spec, dtype), self.translation()
+        site, reused = _sample_site(self.spec, dtype), self.translation
         if site is None:
             if reused is None:
                 implementation(self.spec)  # NOTE: no implementation to derive from says so first
@@ -237,15 +235,11 @@ class TranslatedBody(DerivedBody):
     """torch.onnx's own translation of the op (torch_lib's, by qualified name), for an op with no body, no
     ``translation=`` and no proxy op: exported per site, every attribute baked in (``exporters.derive``)."""
 
-    function: Any
     name = "translated"
 
-    def translation(self):
-        return self.function
-
     def status(self, dtype=None, opset=20, registry=None, *, try_it=True):
-        return "translated", (f"torch.onnx's translation ({self.function.name}, onnxscript torch_lib), exported at "
-                              "the model's opset per attribute values")
+        return "translated", (f"torch.onnx's translation ({self.translation.name}, onnxscript torch_lib), exported "
+                              "at the model's opset per attribute values")
 
 
 def body_kind(spec: OpSpec) -> BodyKind:
