@@ -5,11 +5,10 @@ of a registered op, the first of:
 
 1. the model's own function for the node (``model.functions``; kept, converted to the model's opset
    when it is at another one), unless ``replace=True``;
-2. the op's written body (``OpSpec.function``, a :class:`~bridge.core.spec.Written`);
-3. the body its builder gives for the node's attribute values (a :class:`~bridge.core.spec.BodyBuilder`);
-4. a body derived for the node's site (``exporters.derive``): torch.onnx's own translation of the op
-   where it has one, else the op's PyTorch implementation, per exact site (dtypes, dims, attribute
-   values: -0.0 is not 0.0).
+2. the body the op's kind (:func:`exporters.kinds.body_kind`) makes for the node: its written body,
+   the body its builder gives for the node's attribute values, or a body derived for the node's site
+   (torch.onnx's own translation of the op where it has one, else the op's PyTorch implementation,
+   per exact site: dtypes, dims, attribute values; -0.0 is not 0.0).
 
 Every body gets the op's check guards (where its attributes allow), is converted to the model's
 ONNX opset and has list constants written as tensors. Nodes of one op whose bodies differ get one
@@ -45,17 +44,12 @@ import onnx_ir as ir
 
 from bridge.core.basics.domains import is_onnx
 from bridge.core.basics.errors import OpBridgeError
-from bridge.core.basics.graphs import ProtoMemo, custom_nodes, ir_custom_nodes, model_value_types
-from bridge.core.checks import guarded_body, unreadable
-from bridge.core.registry import REGISTRY, Registry, validate_body
-from bridge.core.spec import BodyBuilder, OpSpec, Written, bind_attribute_defaults, node_attributes, values_key
+from bridge.core.basics.graphs import custom_nodes, ir_custom_nodes, model_value_types
+from bridge.core.registry import REGISTRY, Registry
+from bridge.core.spec import OpSpec
 from exporters.bodies.opsets import convert_function, onnx_opset, portable_constants
-from exporters.derive.cache import CACHE
-from exporters.derive.derivation import derive
-from exporters.derive.sites import NoPortableBody, Untraceable, site_of
+from exporters.kinds import body_kind
 
-# NOTE: the overload prefix of each kind of body that can differ between nodes of one op
-_OVERLOAD = {"built": "built_", "derived": "derived_"}
 # NOTE: a built or derived body's doc_string names the attribute values it was made for (their
 # digest): tools drop overloads and keep one body per op (onnxslim 0.1.98), doc strings they keep
 _BODY_FOR = "opbridge body for attributes "
@@ -121,67 +115,6 @@ def _bakes(node: onnx.NodeProto, function: _Local) -> bool:
     return any(a.name not in function.generic for a in node.attribute)
 
 
-def guarded_copy(proto: onnx.FunctionProto, spec: OpSpec) -> onnx.FunctionProto:
-    """A copy of ``proto`` (``spec``'s body, written, built or derived) with the op's check guards
-    (``bridge.core.checks``) where the body keeps every attribute they read as a function attribute.
-
-    NOTE: a check reading an attribute baked into this body (its value was known when the body was
-    made; the function tier checks attribute values before a session opens) gets no guard; every
-    other check keeps its own.
-    """
-    copy = onnx.FunctionProto()
-    copy.CopyFrom(proto)  # NOTE: guarding edits the body it is given; ``proto`` may be a cached one
-    if spec.checks is not None:
-        names = {*copy.attribute, *(a.name for a in copy.attribute_proto)}  # without and with defaults
-        kept = {p.name: p.onnx_attribute_type for p in spec.attributes if p.name in names}
-        return guarded_body(copy, spec.checks, kept, skip=list(unreadable(copy, spec.checks, kept)))
-    return copy
-
-
-def built_body(spec: OpSpec, values: dict) -> onnx.FunctionProto:
-    """The body ``spec``'s builder gives for the attribute ``values``, checked against the op."""
-    assert isinstance(spec.function, BodyBuilder)
-    function = spec.function.function(values)
-    if not hasattr(function, "to_function_proto"):
-        raise OpBridgeError(f"{spec.qualname}: its body builder returned {type(function).__name__} for {values}. Got "
-                            "no onnxscript function. Return an @onnxscript.script function named like the op.")
-    validate_body(spec, function)
-    return function.to_function_proto()
-
-
-def written_body(spec: OpSpec, opset: int | None = None) -> onnx.FunctionProto:
-    """``spec``'s written body as it goes into a model: with the op's guards, at ``opset`` (None:
-    its own), list constants as tensors.
-
-    Example:
-        >>> import bridge, custom_ops
-        >>> spec = bridge.REGISTRY.get("opbridge::crop")
-        >>> body = written_body(spec, 17)
-        >>> onnx_opset(body), len(body.node) > len(spec.function.to_function_proto().node)  # guards added
-        (17, True)
-    """
-    assert isinstance(spec.function, Written)
-    # NOTE: one op (its spec is frozen: a new registration is a new spec) at one opset has one
-    # written body: it is made once, not per model a session opens (guards and opset conversion are costly)
-    key = f"{id(spec)}/{opset}".encode()
-    made = _WRITTEN.get(key)
-    if made is None or made[0] is not spec:
-        # NOTE: the op's defaults bind the body's attribute references a node omits (not the inner ops' own)
-        made = (spec, _finished(bind_attribute_defaults(spec, spec.function.to_function_proto()), spec, opset))
-        _WRITTEN.put(key, made)
-    body = onnx.FunctionProto()
-    body.CopyFrom(made[1])
-    return body
-
-
-_WRITTEN = ProtoMemo(size=64)  # id(spec)/opset -> (spec, its written body); the spec kept, so its id stays its own
-
-
-def _finished(proto: onnx.FunctionProto, spec: OpSpec, opset: int | None) -> onnx.FunctionProto:
-    proto = guarded_copy(proto, spec)
-    return portable_constants(convert_function(proto, opset) if opset is not None else proto)
-
-
 def _standard_opset(imports: Mapping[str, int]) -> int | None:
     """The standard-ONNX opset among onnx-ir ``opset_imports`` (:func:`onnx_opset` of a proto)."""
     versions = [v for d, v in imports.items() if is_onnx(d)]
@@ -212,10 +145,11 @@ def body_doc(node: onnx.NodeProto, body: onnx.FunctionProto) -> str:
 
 
 class _Body(NamedTuple):
-    """A body made for some nodes: its kind (``written``, ``built``, ``derived``), the function, and
-    its bytes as made, with no overload (what tells two bodies of one op apart; serialized once)."""
+    """A body made for some nodes: its kind's overload prefix (:attr:`~exporters.kinds.BodyKind.overload`),
+    the function, and its bytes as made, with no overload (what tells two bodies of one op apart;
+    serialized once)."""
 
-    kind: str
+    prefix: str
     function: ir.Function
     data: bytes
 
@@ -241,7 +175,7 @@ def _needs_body(node: onnx.NodeProto, local: Mapping[tuple[str, str, str], _Loca
     if key not in local or replace or spec is None:
         return spec
     function = local[key]
-    if _not_its_body(node, function) or (body_for(function.doc) is None and not isinstance(spec.function, Written)
+    if _not_its_body(node, function) or (body_for(function.doc) is None and body_kind(spec).per_node
                                          and attributes_key(node) is not None and _bakes(node, function)):
         return spec
     return None
@@ -295,38 +229,15 @@ class _Resolver:
 
     def body(self, spec: OpSpec, node: ir.Node) -> _Body | None:
         """The body of ``node`` at the model's opset, or None when its op gives none here."""
-        if isinstance(spec.function, Written):
-            key: tuple = (spec.qualname, "written")
-        elif isinstance(spec.function, BodyBuilder):
-            values = node_attributes(spec, ir.serde.serialize_node(node))
-            key = (spec.qualname, "built", values_key({n: values[n] for n in spec.function.reads}))
-        else:
-            key = (spec.qualname, "derived", id(node))
+        kind = body_kind(spec)
+        key = kind.key(node)
         if key not in self.made:
-            made = self._make(spec, node)
-            if made is not None and made[0] != "written":
-                made[1].doc_string = body_doc(ir.serde.serialize_node(node), made[1])
+            made = kind.make(node, self.opset, lambda: self._types(node), self.registry)
+            if made is not None and kind.per_node:
+                made.doc_string = body_doc(ir.serde.serialize_node(node), made)
             self.made[key] = None if made is None else _Body(
-                made[0], ir.serde.deserialize_function(made[1]), made[1].SerializeToString())
+                kind.overload, ir.serde.deserialize_function(made), made.SerializeToString())
         return self.made[key]
-
-    def _make(self, spec: OpSpec, node: ir.Node) -> tuple[str, onnx.FunctionProto] | None:
-        if isinstance(spec.function, Written):
-            return "written", written_body(spec, self.opset)
-        proto = ir.serde.serialize_node(node)  # NOTE: what a built or derived body is made for, as ONNX has it
-        if isinstance(spec.function, BodyBuilder):
-            return "built", _finished(built_body(spec, node_attributes(spec, proto)), spec, self.opset)
-        if self.opset is None:
-            return None
-        try:
-            site = site_of(spec, proto, self._types(node))
-            derived = derive(spec, site, self.opset, self.registry)
-        except NoPortableBody:
-            return None
-        except Untraceable as e:
-            CACHE.fail(spec.qualname, str(e))
-            return None
-        return "derived", _finished(derived.proto, spec, self.opset)
 
     def _types(self, node: ir.Node) -> dict[str, onnx.TypeProto]:
         """The types of ``node``'s inputs: as the model records them, else as ONNX shape inference gives them."""
@@ -377,7 +288,7 @@ class _Resolver:
             # NOTE: one body keeps the plain name; several are told apart as ONNX function overloads
             plain = len(new) == 1 and "" not in overloads.values()
             digest = hashlib.sha1(body.data).hexdigest()[:10]
-            body.function.overload = "" if plain else _OVERLOAD.get(body.kind, "") + digest
+            body.function.overload = "" if plain else body.prefix + digest
             overloads[data] = body.function.overload
             functions[body.function.identifier()] = body.function
             for domain, version in body.function.opset_imports.items():

@@ -17,9 +17,10 @@ from bridge.core.basics.files import load_model
 from bridge.core.basics.graphs import model_value_types, subgraphs, value_types, walk
 from bridge.core.checks import Checks, guard_failure, is_guard, ordered
 from bridge.core.registry import Registry
-from bridge.core.spec import BodyBuilder, OpSpec
-from exporters.derive import Crash, body_status, crash_sites, last_failure
+from bridge.core.spec import OpSpec
+from exporters.derive import Crash, crash_sites, last_failure
 from exporters.export import DEFAULT_OPSET
+from exporters.kinds import body_kind
 from exporters.resolve import attach_functions
 from ort_kernels.base import Paths, Plan, Planned, Prepared, Refuse, Session, Tier, libraries, private_domains
 
@@ -32,7 +33,7 @@ class FunctionTier(Tier):
     summary = "the op's ONNX function body, stored in the model: plain onnxruntime runs the file"
 
     def why_not(self, spec: OpSpec, dtype: torch.dtype | None = None, *, thorough: bool = True) -> str | None:
-        kind, note = body_status(spec, dtype, DEFAULT_OPSET, try_it=thorough)
+        kind, note = body_kind(spec).status(dtype, DEFAULT_OPSET, try_it=thorough)
         return (f"no portable body: no function= body, no torch.onnx translation, and none derived ({note})"
                 if kind == "none" else None)
 
@@ -205,8 +206,7 @@ def _check_optional_attributes(node: onnx.NodeProto, body: onnx.FunctionProto, s
     given = {a.name for a in node.attribute}
     needed = set(body.attribute)  # NOTE: attributes without a default; attribute_proto ones have one
     known = needed | {a.name for a in body.attribute_proto}
-    if isinstance(spec.function, BodyBuilder):
-        known |= set(spec.function.reads)  # NOTE: a built body has the values it read baked in, None too
+    known |= set(body_kind(spec).reads)  # NOTE: a built body has the values it read baked in, None too
     for p in spec.attributes:
         if not p.optional:
             continue

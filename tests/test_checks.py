@@ -19,7 +19,7 @@ import bridge
 import custom_ops  # noqa: F401
 from bridge import checks as C
 from bridge.core.checks.guards import ordered, unguarded
-from exporters.resolve import written_body
+from exporters.kinds import body_kind
 
 ATTR_TYPES = {"width": onnx.AttributeProto.INT, "box": onnx.AttributeProto.INTS}
 
@@ -371,7 +371,7 @@ def test_guards_leave_the_body_alone_when_checks_hold():
     each once); the body's own nodes follow, in order (its constants, shared with the guards, go
     first), then its output's tie to the guard's result."""
     spec = bridge.REGISTRY.get("bev::bev_pool_v2")
-    guarded, raw = written_body(spec), spec.function.to_function_proto()
+    guarded, raw = body_kind(spec).at(), spec.function.to_function_proto()
     names = [n.name for n in guarded.node if n.name.startswith(C.GUARD_PREFIX)]
     groups = [name.removeprefix("opbridge_check/bev::bev_pool_v2/").split("+") for name in names]
     assert groups[0] == ["depth/0.rank"] and len(groups) == len({c.input for c in spec.checks if c.guarded})
@@ -388,7 +388,7 @@ def test_the_tie_gives_the_guard_a_reader_and_comes_out_again():
     """In the file each output reads the guard's result (optimizers then keep the guard); the
     deployment body (unguarded) and the session's ordered body have no tie."""
     spec = bridge.REGISTRY.get("bev::bev_pool_v2")
-    guarded = written_body(spec)
+    guarded = body_kind(spec).at()
     tie = guarded.node[-1]
     assert tie.op_type == "Where" and tie.output[0] == guarded.output[0] and tie.input[1] == tie.input[2]
     flag = next(n for n in guarded.node if tie.input[0] in n.output)
@@ -546,6 +546,6 @@ def test_bev_pool_v2_guards_stay_lean():
     since each of the 8 inputs checked has its own, for a message naming it); the whole guarded
     body in at most 215, about half of the 421 it had (benchmarks/body_size.py counts it inlined)."""
     spec = bridge.REGISTRY.get("bev::bev_pool_v2")
-    guarded, raw = written_body(spec), spec.function.to_function_proto()
+    guarded, raw = body_kind(spec).at(), spec.function.to_function_proto()
     assert len([c for c in spec.checks if c.guarded]) == 19
     assert len(guarded.node) - len(raw.node) <= 125 and len(guarded.node) <= 215

@@ -17,6 +17,7 @@ from bridge.tools.testing import OpModule, cases
 from exporters import derive, resolve
 from exporters.derive import contained
 from exporters.derive import verify as derive_verify
+from exporters.kinds import body_kind
 from ort_kernels.tiers import TIERS
 from tests.models import HeldOut, crop_in_a_branch, held_out_ops
 from tests.vendor import plain_ops
@@ -134,8 +135,8 @@ def test_composite_kernel_of_an_op_defined_elsewhere_is_its_body(registry):
     # same decomposition (what `opbridge ops` and --show-body use)
     op = bridge.register("vendor_plain::soft_clip", registry=registry,
                          sample_inputs=lambda dtype: [bridge.SampleInput((torch.randn(3, 4).to(dtype), 0.5))])
-    assert derive.body_status(op.spec, registry=registry) == ("derived", None)
-    assert "Tanh" in derive.show_body(op.spec, registry=registry)
+    assert body_kind(op.spec).status(registry=registry) == ("derived", None)
+    assert "Tanh" in body_kind(op.spec).show(registry=registry)
 
 
 def test_a_derived_body_serves_a_node_inside_a_branch(without_written_body, tmp_path):
@@ -158,7 +159,7 @@ def test_a_derived_body_serves_a_node_inside_a_branch(without_written_body, tmp_
 def test_numpy_op_has_no_portable_body_and_still_runs_native(without_written_body, tmp_path):
     spec = without_written_body("opbridge::numpy_sin")
     twin = bridge.REGISTRY.functional(spec)
-    kind, reason = derive.body_status(twin)
+    kind, reason = body_kind(twin).status()
     assert kind == "none" and ".numpy()" in reason and "\n" not in reason
     assert "no portable body" in TIERS["function"].why_not(twin)
 

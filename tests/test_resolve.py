@@ -20,6 +20,7 @@ from exporters import resolve
 from exporters.bodies.opsets import convert_function, onnx_opset, portable_constants
 from exporters.derive.derivation import derive
 from exporters.derive.sites import site_of
+from exporters.kinds import body_kind, guarded_copy
 
 
 class _Calls(torch.nn.Module):
@@ -101,13 +102,13 @@ def _expected_bodies(bare: onnx.ModelProto, registry) -> dict[str, tuple[str, on
     for node in custom_nodes(bare):
         spec = registry.find(node.domain, node.op_type)
         if isinstance(spec.function, Written):
-            expected[node.name] = ("written", resolve.written_body(spec, opset))
+            expected[node.name] = ("written", body_kind(spec).at(opset))
             continue
         if isinstance(spec.function, BodyBuilder):
-            kind, raw = "built", resolve.built_body(spec, node_attributes(spec, node))
+            kind, raw = "built", body_kind(spec).built(node_attributes(spec, node))
         else:
             kind, raw = "derived", derive(spec, site_of(spec, node, types), opset, registry).proto
-        body = portable_constants(convert_function(resolve.guarded_copy(raw, spec), opset))
+        body = portable_constants(convert_function(guarded_copy(raw, spec), opset))
         body.doc_string = resolve.body_doc(node, body)  # NOTE: the attribute values it was made for
         expected[node.name] = (kind, body)
     return expected

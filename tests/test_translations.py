@@ -24,7 +24,7 @@ from onnxscript import opset20 as op
 import bridge
 from bridge.core.basics.errors import OpBridgeError
 from bridge.core.spec import AttrType, BodyBuilder, Param
-from exporters.derive import body_status, show_body
+from exporters.kinds import body_kind
 from exporters.resolve import attach_functions
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -129,7 +129,7 @@ def _function_types(proto: onnx.ModelProto) -> set[str]:
 @pytest.mark.parametrize("name", OPS)
 def test_register_without_body_reuses_torch_onnx_translation(vision, name):
     spec = vision.get(f"torchvision::{name}")
-    kind, note = body_status(spec)
+    kind, note = body_kind(spec).status()
     assert spec.function is None and spec.custom_translation is None
     assert kind == "translated" and f"torchvision_{name}" in note and "torch.onnx" in note
 
@@ -190,7 +190,7 @@ def test_show_body_names_the_translation(registry):
     def samples(dtype):
         return [bridge.SampleInput((FEAT.to(dtype), _rois(3, 0), 0.5, 2, 2, -1, True))]
     spec = bridge.register("torchvision::roi_align", sample_inputs=samples, registry=registry).spec
-    text = show_body(spec)
+    text = body_kind(spec).show()
     assert text.startswith("# torchvision::roi_align: derived from torch.onnx's translation torchvision_roi_align")
     assert "RoiAlign" in text and "sampling_ratio: int = 0" in text
 
@@ -206,7 +206,7 @@ def test_function_body_over_a_translation_warns_once():
         with warnings.catch_warnings():
             warnings.simplefilter("error")
             bridge.register("torchvision::nms", function=lambda iou_threshold: None, registry=regs[1])
-        assert body_status(regs[1].get("torchvision::nms"))[0] == "written"
+        assert body_kind(regs[1].get("torchvision::nms")).status()[0] == "written"
     finally:
         for reg in regs:
             for spec in list(reg):
@@ -263,8 +263,8 @@ def written():
 def test_builder_is_told_apart_from_an_onnxscript_function(written):
     spec = written.get("visionlike::roi_align")
     assert isinstance(spec.function, BodyBuilder)
-    assert body_status(spec) == ("written", "built per attribute values (spatial_scale, pooled_height, "
-                                            "pooled_width, sampling_ratio, aligned)")
+    assert body_kind(spec).status() == ("written", "built per attribute values (spatial_scale, pooled_height, "
+                                                   "pooled_width, sampling_ratio, aligned)")
 
 
 def test_builder_parameters_must_be_attributes(registry):

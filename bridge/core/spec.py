@@ -13,7 +13,7 @@ import functools
 import inspect
 import re
 from collections.abc import Callable, Sequence
-from typing import Any, ClassVar
+from typing import Any
 
 import onnx
 import torch
@@ -362,7 +362,6 @@ class Written:
     """
 
     source: Any
-    note: ClassVar[str | None] = None  # NOTE: what a body's kind adds to its name in reports (BodyBuilder's)
 
     def to_function_proto(self) -> onnx.FunctionProto:
         """The body as written (a fresh copy each call)."""

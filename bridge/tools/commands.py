@@ -37,9 +37,9 @@ from bridge.tools.sessions import check_nodes, input_arrays, session
 from bridge.tools.testing import ModelCase, OpModule, cases
 from bridge.tools.triton import write_repository
 from exporters.bodies.opsets import onnx_opset
-from exporters.derive import body_status, show_body
 from exporters.export import DEFAULT_OPSET, export
 from exporters.inline import inline_functions, save_atomic
+from exporters.kinds import body_kind
 from exporters.portable import relativize_paths, required_ir_version
 from exporters.resolve import attach_functions
 from ort_kernels import build, tiers
@@ -160,7 +160,7 @@ def _dtype_name(dtype) -> str:
 def _op_row(spec, thorough: bool) -> dict:
     """One op as ``opbridge ops --json`` shows it (``thorough``: derive bodies to see they work)."""
     onnx_spec = REGISTRY.functional(spec)
-    body, body_note = body_status(onnx_spec, opset=DEFAULT_OPSET, try_it=thorough)
+    body, body_note = body_kind(onnx_spec).status(opset=DEFAULT_OPSET, try_it=thorough)
     runs = {name: tier.why_not(onnx_spec, thorough=thorough) is None for name, tier in tiers.TIERS.items()}
     return {
         "op": spec.qualname, "onnx": f"{spec.domain}::{spec.name} v{spec.version}",
@@ -209,7 +209,7 @@ def _ops_table(rows: list[dict]) -> str:
 def cmd_ops(args) -> int:
     if args.show_body:
         spec = REGISTRY.functional(REGISTRY.get(args.show_body))
-        print(show_body(spec, opset=DEFAULT_OPSET))
+        print(body_kind(spec).show(opset=DEFAULT_OPSET))
         return 0
     rows = [_op_row(spec, args.bodies) for spec in REGISTRY]
     if args.json:
@@ -338,7 +338,7 @@ def _op_reports(args) -> tuple[list, list[str]]:
     selected = cases([spec], dtypes=tuple(run))
     if not selected:
         raise _nothing_checked(spec, args, run, skipped)
-    if args.tier == "function" and body_status(onnx_spec, opset=DEFAULT_OPSET)[0] == "derived":
+    if args.tier == "function" and body_kind(onnx_spec).status(opset=DEFAULT_OPSET)[0] == "derived":
         print(f"note: {spec.qualname} runs the ONNX body derived from its PyTorch implementation")
     reports = []
     for case in selected:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from bridge.core.basics.errors import OpBridgeError
-from bridge.core.basics.torch_compat import torchlib_translation
 from bridge.core.spec import OpSpec, python_signature
 
 
@@ -56,23 +55,6 @@ def translation(spec: OpSpec) -> Callable:
     """The function the exporter's translation table maps ``spec``'s op to: the op's own
     ``translation=`` if it gave one, else the one derived from its schema."""
     return spec.custom_translation or build_translation(spec)
-
-
-def torch_translation(spec: OpSpec):
-    """torch.onnx's own translation of ``spec``'s op (onnxscript's torch_lib, keyed by the op's qualified
-    name), when it is the op's body: the op has no written ``function=`` body, no ``translation=`` of
-    its own and is not bridged through a proxy op. None otherwise.
-
-    The op still exports as one node in its own domain and name; its model-local function body is
-    this translation, exported at the model's opset (``exporters.derive``).
-
-    >>> import bridge, custom_ops
-    >>> torch_translation(bridge.REGISTRY.get("opbridge::crop")) is None
-    True
-    """
-    if spec.function is not None or spec.custom_translation is not None or spec.origin.proxied:
-        return None
-    return torchlib_translation(spec.qualname)
 
 
 def translation_table(registry) -> dict:

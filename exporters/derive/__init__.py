@@ -28,28 +28,27 @@ translation: every attribute baked in (a translation reads them as Python values
 and loaded in onnxruntime but not compared with eager on random values (no valid boxes or indices).
 
 An implementation that cannot be traced (NumPy, ``.item()``, data-dependent control flow, a C++
-kernel) gives no body; :func:`body_status` says why in one line and the other tiers still run the op.
+kernel) gives no body; its kind (``exporters.kinds.DerivedBody.status``) says why in one line and the
+other tiers still run the op.
 
 Modules, bottom up: ``sites`` (what a body is derived for, the errors), ``implementation`` (the
 code traced), ``cache`` (every cache, one object tied to the registry's generation), ``tracing``
 (the op alone under torch.export and torch.onnx), ``contained`` (onnxruntime in a child process),
 ``scatter`` (racy ScatterND rewritten), ``body``
 (the trace as a FunctionProto), ``verify`` (no aliasing, checker, eager match), ``derivation`` (per
-exact site, cached), ``status`` (``opbridge ops`` and ``--show-body``). Bodies go into a model through
-``exporters.resolve`` (with check guards, at the model's opset).
+exact site, cached). Bodies go into a model through ``exporters.resolve`` (with check guards, at the
+model's opset), which asks the op's kind (``exporters.kinds``) where its body comes from.
 
 Example:
-    >>> import torch, bridge, custom_ops
-    >>> body_status(bridge.REGISTRY.get("opbridge::crop"))
-    ('written', None)
+    >>> import bridge, custom_ops
+    >>> last_failure("opbridge::crop") is None
+    True
 """
 
 from exporters.derive.derivation import derive, last_failure
 from exporters.derive.implementation import implementation
 from exporters.derive.sites import Derived, NoPortableBody, Site, TensorSig, sample_site, site_of
-from exporters.derive.status import body_status, show_body
 from exporters.derive.verify import Crash, CrashSite, crash_sites, crashes_of, note_crashes
 
-__all__ = ["Crash", "CrashSite", "Derived", "NoPortableBody", "Site", "TensorSig", "body_status", "crash_sites",
-           "crashes_of", "derive", "implementation", "last_failure", "note_crashes", "sample_site", "show_body",
-           "site_of"]
+__all__ = ["Crash", "CrashSite", "Derived", "NoPortableBody", "Site", "TensorSig", "crash_sites", "crashes_of",
+           "derive", "implementation", "last_failure", "note_crashes", "sample_site", "site_of"]

@@ -17,7 +17,6 @@ from bridge.core.basics.domains import is_custom
 from bridge.core.basics.progress import step
 from bridge.core.registry import REGISTRY, Registry
 from bridge.core.spec import OpSpec
-from exporters.bodies.translation import torch_translation
 from exporters.derive.body import function_body
 from exporters.derive.cache import CACHE, Generation
 from exporters.derive.implementation import implementation
@@ -27,8 +26,10 @@ from exporters.derive.tracing import example_sizes, export_program, flat_roles, 
 from exporters.derive.verify import crash_lines, loads, refuse_aliases, verify
 
 
-def derive(spec: OpSpec, site: Site, opset: int = 20, registry: Registry | None = None) -> Derived:
-    """The op's body at ``site``, derived from its implementation (once per site: cached).
+def derive(spec: OpSpec, site: Site, opset: int = 20, registry: Registry | None = None, *,
+           translation: Callable | None = None) -> Derived:
+    """The op's body at ``site``, derived from its implementation (once per site: cached), or
+    exported with torch.onnx's ``translation`` of the op (``exporters.kinds.TranslatedBody``).
 
     Int attributes are first traced symbolic (FunctionProto attributes); where that trace fails, they
     are traced as the site's values. Raises :class:`NoPortableBody` with the one-line reason when the
@@ -54,7 +55,7 @@ def derive(spec: OpSpec, site: Site, opset: int = 20, registry: Registry | None 
         raise NoPortableBody(spec.qualname, cache.failed[key])
     try:
         with step(f"derive the ONNX body of {spec.qualname} ({site.describe()})"), _quiet():
-            body = _specialised(spec, implementation(spec), site, opset, reg, cache)
+            body = _specialised(spec, site, opset, reg, cache, translation)
     except (NoPortableBody, Untraceable) as e:
         reason = e.reason if isinstance(e, NoPortableBody) else str(e)
         cache.failed[key] = reason
@@ -70,11 +71,12 @@ def last_failure(qualname: str) -> str | None:
     return CACHE.failure(qualname)
 
 
-def _specialised(spec: OpSpec, fn: Callable, site: Site, opset: int, registry: Registry,
-                 cache: Generation) -> Derived:
+def _specialised(spec: OpSpec, site: Site, opset: int, registry: Registry, cache: Generation,
+                 translation: Callable | None) -> Derived:
     """The body with int attributes symbolic where the trace allows, else with the site's values."""
-    if torch_translation(spec) is not None:  # NOTE: a translation reads attributes as Python values
-        return _derive(spec, fn, site, opset, registry, symbolic=False)
+    if translation is not None:  # NOTE: the op itself, kept opaque; a translation reads attributes as Python values
+        return _derive(spec, spec.overload, site, opset, registry, symbolic=False, reused=translation)
+    fn = implementation(spec)
     # NOTE: only a hint to skip a trace that failed at sites like this one; the body is derived per site
     signs = (spec.qualname, id(spec), site.structure, opset, tuple(v < 0 for v in _ints(spec, site)))
     if signs not in cache.values_only and any(symbolic_int(p) for p in spec.attributes):
@@ -148,10 +150,10 @@ def _translated(program, opset: int, registry: Registry, translated: dict) -> on
     return model
 
 
-def _derive(spec: OpSpec, fn: Callable, site: Site, opset: int, registry: Registry, symbolic: bool) -> Derived:
+def _derive(spec: OpSpec, fn: Callable, site: Site, opset: int, registry: Registry, symbolic: bool,
+            reused: Callable | None = None) -> Derived:
     sizes = example_sizes(site)
     roles = flat_roles(spec, site, symbolic)
-    reused = torch_translation(spec)
     if reused is None:
         refuse_aliases(spec, fn, site, roles, sizes)
     program = export_program(spec, fn, site, roles, sizes)

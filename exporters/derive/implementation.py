@@ -10,7 +10,6 @@ import torch
 from bridge.core.basics import torch_compat
 from bridge.core.functional import SUFFIX, functional_on_copies
 from bridge.core.spec import OpSpec
-from exporters.bodies.translation import torch_translation
 from exporters.derive.sites import NoPortableBody, Untraceable
 
 
@@ -29,9 +28,8 @@ def implementation(spec: OpSpec) -> Callable:
 
     A custom_op's own function; an op defined elsewhere, its composite (CompositeImplicitAutograd)
     kernel; the functional twin of a mutating op, the op's implementation on copies of the tensors it
-    writes (returning its results, then their new values); an op torch.onnx already translates
-    (``exporters.bodies.translation.torch_translation``), the op itself, kept opaque in the trace so that
-    translation gives the body. Raises ``NoPortableBody`` when there is none.
+    writes (returning its results, then their new values). Raises ``NoPortableBody`` when there is none
+    (an op torch.onnx translates is traced as itself instead: ``exporters.kinds.TranslatedBody``).
 
     Example:
         >>> import torch, bridge, custom_ops
@@ -39,8 +37,6 @@ def implementation(spec: OpSpec) -> Callable:
         >>> tuple(fn(torch.ones(1, 4, 4), [0, 0, 2, 3]).shape)
         (1, 3, 2)
     """
-    if torch_translation(spec) is not None:
-        return spec.overload
     try:
         mutating = spec.qualname.removesuffix(SUFFIX)
         if mutating != spec.qualname and torch_compat.op_exists(mutating):
