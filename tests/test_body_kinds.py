@@ -8,14 +8,15 @@ import pytest
 import torch
 from onnx import TensorProto, helper
 from onnxscript import opset20 as op
+from vision_ops import define
 
 import bridge
 from bridge.core.basics.errors import OpBridgeError
 from exporters import kinds
 from exporters.bodies.opsets import onnx_opset
-from tests import vision_ops
 
-vision_ops.define("torchvision")  # the name and schema torch_lib keys its nms translation by
+# NOTE: vision_ops as the other tests import it (tests/ on the path): one module, so the ops are defined once
+define("torchvision")  # the name and schema torch_lib keys its nms translation by
 
 # kind -> (class, status, which nodes share a body, --show-body's first line without the op's name)
 KINDS = {

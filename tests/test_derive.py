@@ -14,7 +14,7 @@ from torch.export import Dim
 
 import bridge
 from bridge.tools.testing import OpModule, cases
-from exporters import derive, resolve
+from exporters import derive, kinds
 from exporters.derive import contained
 from exporters.derive import verify as derive_verify
 from exporters.kinds import body_kind
@@ -250,8 +250,8 @@ def test_equal_bodies_derived_twice_are_attached_once(without_written_body, monk
     # NOTE: what torch 2.14 did: each site's body derived anew (no earlier body deemed to fit) gave
     # two equal bodies, attached as two functions with one overload id, which onnx.checker refuses
     without_written_body("opbridge::crop")
-    derive_once = resolve.derive
-    monkeypatch.setattr(resolve, "derive", lambda *a: dataclasses.replace(derive_once(*a)))  # a new object each
+    derive_once = kinds.derive
+    monkeypatch.setattr(kinds, "derive", lambda *a, **k: dataclasses.replace(derive_once(*a, **k)))  # a new object each
     proto = _two_crops_at_dynamic_sizes(tmp_path, seed=3, boxes=([2, 2, 5, 4], [3, 2, 6, 5]))
     assert [(f.name, f.overload, list(f.attribute)) for f in proto.functions] == [("crop", "", ["box"])]
     assert all(n.overload == "" for n in proto.graph.node if n.domain == "opbridge")
