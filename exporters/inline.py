@@ -77,12 +77,15 @@ def inline_functions(model: onnx.ModelProto, registry: Registry | None = None, *
         _check_bodies(proto)
         # NOTE: inlining drops the bodies and their doc strings: the sizes they crash at, with the values
         # that carry them (graph values now, theirs or a nested op's after an earlier round), go to the metadata
-        crashes += crash_sites(proto, reg)
+        crashes += [s for s in crash_sites(proto, reg) if s.within is None]  # NOTE: those inline next round
         if not guards:
             for function in proto.functions:
                 function.CopyFrom(unguarded(function))
         with step("inline function bodies"):
-            proto = onnx.inliner.inline_local_functions(proto)
+            # NOTE: the bodies the graph calls, one level a round: a custom node inside a body reaches the graph
+            # (and the sizes its own body crashes at, the note) before it is inlined in turn
+            called = {(n.domain, n.op_type) for n in model_nodes(proto)} & {(f.domain, f.name) for f in proto.functions}
+            proto = onnx.inliner.inline_selected_functions(proto, sorted(called), exclude=False)
         rounds += 1
     del proto.functions[:]
     used = {n.domain for n in model_nodes(proto)}

@@ -106,6 +106,15 @@ def _crash_sizes(model: onnx.ModelProto, registry: Registry) -> tuple[_CrashSize
         {o for n in graph.node for o in n.output}
     found = []
     for site in sites:
+        if site.within is not None:
+            raise UnsupportedInTier(
+                f"{site.qualname}: its function body makes onnxruntime die ({site.crash.how}, which would end this "
+                f"process) where input '{site.crash.input}' has size {site.crash.size} in dim {site.crash.axis}, and "
+                f"the body of {site.within} (not derived, so never run at that size) calls it, reading value "
+                f"'{site.value}', which exists only while that body runs: the size cannot be refused before it. Got "
+                f"a {site.qualname} node inside {site.within}'s body. Run this model with tier='python' or 'native', "
+                f"or inline it (bridge.inline: its values then carry the size), or give {site.qualname} a "
+                f"function= body that handles size {site.crash.size}.")
         value = types.get(site.value)
         dims = value.tensor_type.shape.dim if value is not None else []
         name = dims[site.crash.axis].dim_param if site.crash.axis < len(dims) else ""

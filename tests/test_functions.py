@@ -16,6 +16,8 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from onnxscript import opset20 as op
+from onnxscript import script, values
 
 import bridge
 from bridge.tools.cli import main
@@ -901,3 +903,55 @@ def test_mmcv_roi_align_in_the_branch_taken_at_zero_rois_is_refused_by_the_funct
         bridge.parity.run_ort(sess, (FEAT, rois(0, 3)))
     np.testing.assert_allclose(bridge.parity.run_ort(sess, (FEAT, rois(3, 3)))[0],
                                CondRoIModel(unguarded=True)(FEAT, rois(3, 3)).numpy(), rtol=1e-5, atol=1e-5)
+
+
+# -- a derived body called from a body written for another op --------------------------------------------------
+MMCV = values.Opset("mmcv", 1)
+
+
+@script(values.Opset("nested", 1), default_opset=op)
+def doubled_roi_align(x, r):
+    y = MMCV.MMCVRoiAlign(x, r, aligned=1, mode="avg", output_height=3, output_width=2, sampling_ratio=2,
+                          spatial_scale=0.5)
+    return op.Add(y, y)
+
+
+class DoubledRoIModel(torch.nn.Module):
+    # NOTE: its input named as the written body's: the resolver derives the nested node's body from that value
+    def forward(self, x, r):
+        return torch.ops.nested.doubled_roi_align(x, r)
+
+
+def test_a_crashing_derived_body_called_from_a_written_body_is_refused_by_the_function_tier(reg):
+    """roi_align's derived body (onnxruntime dies in it at 0 rois) called by the body written for another op:
+    what that node reads exists only while the written body runs, so the function tier refuses the attached
+    file when the session is made (it would otherwise die at 0 rois); the inlined file refuses 0 rois alone,
+    and the python tier gives eager's result."""
+    bridge.register(RoIAlignFunction, fake=roi_fake, sample_inputs=roi_samples, registry=reg)
+
+    @bridge.op("nested::doubled_roi_align", fake=lambda x, r: x.new_empty(r.shape[0], x.shape[1], 3, 2),
+               function=doubled_roi_align, registry=reg)
+    def doubled(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        return roi_align(x, r, (3, 2), 0.5, 2, "avg", True) * 2
+
+    export = dict(registry=reg, dynamic_shapes=(None, {0: K}))
+    model = bridge.export(DoubledRoIModel(), (FEAT, rois(5, 0)), **export)
+    if not any("onnxruntime dies" in f.doc_string for f in model.functions):
+        pytest.skip("this onnxruntime runs the derived roi_align body at 0 rois: nothing to refuse")
+    with pytest.raises(bridge.UnsupportedInTier, match=r"^opbridge: mmcv::MMCVRoiAlign: its function body makes "
+                       r"onnxruntime die .*the body of nested::doubled_roi_align \(not derived.*Run this model with "
+                       r"tier='python' or 'native', or inline it"):
+        bridge.session(model.SerializeToString(), tier="function", registry=reg)
+    python = bridge.session(model.SerializeToString(), tier="python", registry=reg)
+    inlined = bridge.session(bridge.export(DoubledRoIModel(), (FEAT, rois(5, 0)), inline=True, **export)
+                             .SerializeToString(), tier="function", registry=reg)
+    for n, seed in ((1, 2), (0, 3)):
+        expected = DoubledRoIModel()(FEAT, rois(n, seed)).numpy()
+        np.testing.assert_allclose(bridge.parity.run_ort(python, (FEAT, rois(n, seed)))[0], expected, rtol=1e-5,
+                                   atol=1e-5)
+        if n:
+            np.testing.assert_allclose(bridge.parity.run_ort(inlined, (FEAT, rois(n, seed)))[0], expected,
+                                       rtol=1e-5, atol=1e-5)
+        else:
+            with pytest.raises(bridge.OpBridgeError, match=r"die \(SIG\w+.*of size 0 in dim 0"):
+                bridge.parity.run_ort(inlined, (FEAT, rois(n, seed)))

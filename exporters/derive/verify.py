@@ -20,9 +20,10 @@ from onnx import helper
 from bridge.core.basics import torch_compat
 from bridge.core.basics.dtypes import TORCH_TO_ONNX, numpy_dtype
 from bridge.core.basics.errors import OpBridgeError
-from bridge.core.basics.graphs import custom_nodes_with_branch
+from bridge.core.basics.graphs import custom_nodes_with_branch, walk
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
+from exporters.derive.body import DERIVED
 from exporters.derive.contained import RUNNER
 from exporters.derive.sites import Site, Untraceable, one_line
 from exporters.derive.tracing import call_args, example, example_inputs, flat_values
@@ -178,6 +179,8 @@ class CrashSite:
     value: str
     # NOTE: the If of the main graph whose branch the node sits in: its condition value, and True for then_branch
     when: tuple[str, bool] | None = None
+    # NOTE: the op whose body (one not derived, so never checked at these sizes) holds the node, if any
+    within: str | None = None
 
 
 # NOTE: the key of the model metadata entry that carries the crash sites of an inlined model, whose bodies
@@ -216,24 +219,36 @@ def noted_crashes(note: str) -> tuple[CrashSite, ...]:
 def crash_sites(model: onnx.ModelProto, registry: Registry) -> tuple[CrashSite, ...]:
     """Where onnxruntime dies in ``model``: each custom node (main graph and If/Loop bodies) whose body's
     ``doc_string`` records crashes (:func:`crash_lines`), once per crash, then the sites the model's
-    :data:`CRASH_NOTE` entry records (an inlined model's). A node inside another body is not looked at:
-    what it reads is known only inside that body."""
+    :data:`CRASH_NOTE` entry records (an inlined model's), then the nodes inside the bodies of other ops that
+    were not derived (a body written or built for an op that calls the other: ``within``); what those read
+    exists only while that body runs. A derived body holds no such node: tracing went through its op."""
     bodies = {(f.domain, f.name, f.overload): f for f in model.functions if crashes_of(f.doc_string)}
-    found = []
-    for node, when in custom_nodes_with_branch(model) if bodies else ():
-        body = bodies.get((node.domain, node.op_type, node.overload))
-        if body is None:
-            continue
-        spec = registry.find(node.domain, node.op_type)
-        # NOTE: without the op (a file inlined by a process that does not register it) the body's own names say
-        formals = [p.name for p in spec.tensors] if spec is not None else list(body.input)
-        for crash in crashes_of(body.doc_string):
-            index = formals.index(crash.input) if crash.input in formals else len(node.input)
-            if index < len(node.input) and node.input[index]:
-                qualname = spec.qualname if spec is not None else f"{node.domain}::{node.op_type}"
-                found.append(CrashSite(qualname, crash, node.input[index], when))
+    if not bodies:
+        return tuple(s for p in model.metadata_props if p.key == CRASH_NOTE for s in noted_crashes(p.value))
+    found = [s for node, when in custom_nodes_with_branch(model) for s in _sites(node, bodies, registry, when=when)]
     found += [s for p in model.metadata_props if p.key == CRASH_NOTE for s in noted_crashes(p.value)]
+    for outer in (f for f in model.functions if not f.doc_string.startswith(DERIVED)):
+        found += [s for node in walk(outer.node)
+                  for s in _sites(node, bodies, registry, within=f"{outer.domain}::{outer.name}")]
     return tuple(dict.fromkeys(found))
+
+
+def _sites(node: onnx.NodeProto, bodies: dict, registry: Registry, **where) -> list[CrashSite]:
+    """The crash sites of ``node`` (none unless ``bodies`` holds its body), each with the value it reads as the
+    crash's input."""
+    body = bodies.get((node.domain, node.op_type, node.overload))
+    if body is None:
+        return []
+    spec = registry.find(node.domain, node.op_type)
+    # NOTE: without the op (a file inlined by a process that does not register it) the body's own names say
+    formals = [p.name for p in spec.tensors] if spec is not None else list(body.input)
+    qualname = spec.qualname if spec is not None else f"{node.domain}::{node.op_type}"
+    found = []
+    for crash in crashes_of(body.doc_string):
+        index = formals.index(crash.input) if crash.input in formals else len(node.input)
+        if index < len(node.input) and node.input[index]:
+            found.append(CrashSite(qualname, crash, node.input[index], **where))
+    return found
 
 
 def note_crashes(model: onnx.ModelProto, sites: Sequence[CrashSite]) -> None:
