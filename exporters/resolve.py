@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Collection, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from typing import NamedTuple
 
 import onnx
@@ -181,15 +181,16 @@ def _needs_body(node: onnx.NodeProto, local: Mapping[tuple[str, str, str], _Loca
     return None
 
 
-def _complete(model: onnx.ModelProto, registry: Registry, replace: bool, ops: Collection | None) -> bool:
+def _complete(model: onnx.ModelProto, registry: Registry, replace: bool, ops: Collection | None,
+              nodes: Iterable[onnx.NodeProto]) -> bool:
     """Whether the resolver has nothing to do on ``model``: every function at the model's opset and
-    every custom node of a registered op with its own body, none calling a body made for other
-    attribute values (read from the protos: nothing converted)."""
+    every custom node (``nodes``) of a registered op with its own body, none calling a body made for
+    other attribute values (read from the protos: nothing converted)."""
     opset = onnx_opset(model)
     if opset is not None and any(onnx_opset(f) not in (None, opset) for f in model.functions):
         return False
     local = {(f.domain, f.name, f.overload): _proto_local(f) for f in model.functions}
-    for node in custom_nodes(model, functions=True):
+    for node in nodes:
         if _needs_body(node, local, registry, replace, ops):
             return False
         key = (node.domain, node.op_type, node.overload)
@@ -314,12 +315,14 @@ class _Resolver:
 
 
 def attach_functions(model: onnx.ModelProto, registry: Registry | None = None, *, replace: bool = False,
-                     ops: Collection[tuple[str, str]] | None = None) -> list[str]:
+                     ops: Collection[tuple[str, str]] | None = None,
+                     nodes: Iterable[onnx.NodeProto] | None = None) -> list[str]:
     """Give every custom node of ``model`` of a registered op the body it lacks, at the model's ONNX
     opset (see the module's docstring for where each comes from); return the ops given bodies or
     whose bodies were converted. ``replace=True`` replaces the model's own functions of registered
     ops with what the registry gives (restores bodies a tool broke); ``ops`` limits the work to
-    those ``(domain, op type)``. Edits ``model`` in place; the caller saves it.
+    those ``(domain, op type)``; ``nodes`` are the model's custom nodes (functions' too) where the
+    caller has walked it already (a session's plan). Edits ``model`` in place; the caller saves it.
 
     The work is :func:`attach_functions_ir`'s, on the model converted to onnx-ir once and written
     back once. A model with nothing to do (every body there, at its opset) is neither converted nor
@@ -336,7 +339,7 @@ def attach_functions(model: onnx.ModelProto, registry: Registry | None = None, *
         (0, ['opbridge::identity_conv'], [(18,)])
     """
     registry = REGISTRY if registry is None else registry
-    if _complete(model, registry, replace, ops):
+    if _complete(model, registry, replace, ops, custom_nodes(model, functions=True) if nodes is None else nodes):
         return []
     converted = ir.serde.deserialize_model(model)
     changed = attach_functions_ir(converted, registry, replace=replace, ops=ops)

@@ -22,7 +22,7 @@ import torch
 
 from bridge.core.basics.domains import is_custom
 from bridge.core.basics.errors import OpBridgeError
-from bridge.core.basics.graphs import ProtoMemo, model_value_types, value_types, walk
+from bridge.core.basics.graphs import ProtoMemo, calling_functions, model_value_types, value_types, walk
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec, explicit_attributes, node_attributes
 
@@ -130,8 +130,7 @@ class Plan:
         names of every node it meets are checked to be text first (:func:`readable`)."""
         graph = list(walk(self.model.graph.node))
         readable(self.model, what, graph)
-        bodies = [f for f in self.model.functions if any(is_custom(o.domain) for o in f.opset_import)]
-        found = [(n, None) for n in graph] + [(n, f) for f in bodies for n in walk(f.node)]
+        found = [(n, None) for n in graph] + [(n, f) for f in calling_functions(self.model) for n in walk(f.node)]
         self.nodes = [Planned(n, self.registry.find(n.domain, n.op_type), f) for n, f in found if is_custom(n.domain)]
 
     @property

@@ -39,7 +39,7 @@ class FunctionTier(Tier):
 
     def prepare(self, plan: Plan, options: ort.SessionOptions | None, library: Paths | None = None) -> Prepared:
         model = plan.model
-        added = attach_functions(model, plan.registry)
+        added = attach_functions(model, plan.registry, nodes=[p.node for p in plan.nodes])
         if added:
             plan.refresh()  # NOTE: the resolver gave the model bodies: a new proto, new nodes
         local = {(f.domain, f.name, f.overload) for f in model.functions}
@@ -87,6 +87,12 @@ class _CrashSize:
     when: tuple[str, bool] | None  # NOTE: the main-graph If condition (and branch) the node runs under
 
 
+def _dies(qualname: str, crash: Crash) -> str:
+    """The first clause of every crash refusal: the op, how onnxruntime dies, and at which size."""
+    return (f"{qualname}: its function body makes onnxruntime die ({crash.how}, which would end this process) "
+            f"where input '{crash.input}' has size {crash.size} in dim {crash.axis}")
+
+
 def _crash_sizes(model: onnx.ModelProto, registry: Registry) -> tuple[_CrashSize, ...]:
     """The sizes the custom nodes' bodies make onnxruntime die at (their doc strings say, or an inlined
     model's note: ``exporters.derive.crash_sites``), each with the model input dim the node's input dim
@@ -108,26 +114,22 @@ def _crash_sizes(model: onnx.ModelProto, registry: Registry) -> tuple[_CrashSize
     for site in sites:
         if site.within is not None:
             raise UnsupportedInTier(
-                f"{site.qualname}: its function body makes onnxruntime die ({site.crash.how}, which would end this "
-                f"process) where input '{site.crash.input}' has size {site.crash.size} in dim {site.crash.axis}, and "
-                f"the body of {site.within} (not derived, so never run at that size) calls it, reading value "
-                f"'{site.value}', which exists only while that body runs: the size cannot be refused before it. Got "
-                f"a {site.qualname} node inside {site.within}'s body. Run this model with tier='python' or 'native', "
-                f"or inline it (bridge.inline: its values then carry the size), or give {site.qualname} a "
-                f"function= body that handles size {site.crash.size}.")
+                f"{_dies(site.qualname, site.crash)}, and the body of {site.within} (not derived, so never run at "
+                f"that size) calls it, reading value '{site.value}', which exists only while that body runs: the size "
+                f"cannot be refused before it. Got a {site.qualname} node inside {site.within}'s body. Run this model "
+                f"with tier='python' or 'native', or inline it (bridge.inline: its values then carry the size), or "
+                f"give {site.qualname} a function= body that handles size {site.crash.size}.")
         value = types.get(site.value)
         dims = value.tensor_type.shape.dim if value is not None else []
         name = dims[site.crash.axis].dim_param if site.crash.axis < len(dims) else ""
         feed, axis = inputs.get(name, (None, site.crash.axis))
         if feed is None and site.value not in computable:
             raise UnsupportedInTier(
-                f"{site.qualname}: its function body makes onnxruntime die ({site.crash.how}, which would end this "
-                f"process) where input '{site.crash.input}' has size {site.crash.size} in dim {site.crash.axis}, and "
-                f"its node inside an If/Loop body reads value '{site.value}' there, whose size no model input "
-                f"names and which exists only while that body runs, so the size cannot be refused before it. Got "
-                f"value '{site.value}' with dim {site.crash.axis} {repr(name) if name else 'unnamed'}. Run this "
-                f"model with tier='python' or 'native', or give the op a function= body that handles size "
-                f"{site.crash.size}.")
+                f"{_dies(site.qualname, site.crash)}, and its node inside an If/Loop body reads value "
+                f"'{site.value}' there, whose size no model input names and which exists only while that body runs, "
+                f"so the size cannot be refused before it. Got value '{site.value}' with dim {site.crash.axis} "
+                f"{repr(name) if name else 'unnamed'}. Run this model with tier='python' or 'native', or give the op "
+                f"a function= body that handles size {site.crash.size}.")
         found.append(_CrashSize(site.qualname, site.crash, site.value, feed, axis, name, site.when))
     return tuple(found)
 
@@ -183,10 +185,9 @@ class _Refusal:
 
     @staticmethod
     def _message(c: _CrashSize, got: str) -> str:
-        return (f"{c.qualname}: its function body makes onnxruntime die ({c.crash.how}, which would end this "
-                f"process) where input '{c.crash.input}' has size {c.crash.size} in dim {c.crash.axis}; eager "
-                f"gives a result there. Got {got}. Run such inputs with tier='python' or 'native' (or eagerly), "
-                f"or give the op a function= body that handles size {c.crash.size}.")
+        return (f"{_dies(c.qualname, c.crash)}; eager gives a result there. Got {got}. Run such inputs with "
+                f"tier='python' or 'native' (or eagerly), or give the op a function= body that handles size "
+                f"{c.crash.size}.")
 
 
 def _check_optional_inputs(plan: Plan) -> None:

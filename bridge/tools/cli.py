@@ -32,7 +32,6 @@ import contextlib
 import faulthandler
 import importlib
 import os
-import re
 import subprocess
 import sys
 
@@ -44,7 +43,6 @@ COMMANDS = "bridge.tools.commands"
 # NOTE: what needs no torch (arguments that name files, `opbridge cache`, the error line) runs first, from here
 PREFLIGHT = "bridge.tools.preflight"
 # NOTE: a progress label's part naming native code (bridge.tools.sessions.native_code): library, ops it serves
-_SERVES = re.compile(r"native code: (\S+) serves ([^;)]+)")
 # NOTE: the watcher, run as `python -I -S -c` (nothing imported): lines starting \x1e (a step starts) or \x1f
 # (it ends) carry the crash line of a step that runs native code; anything else is faulthandler's report of a
 # fatal error, copied to stderr after the crash line of the step that was running (or ran last)
@@ -185,7 +183,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 class CrashLine:
     """Under ``-q``, the one line a crash in native code leaves on stderr, naming the library (its path)
-    and the ops it serves, though no progress line named them: told each step (``progress.witness``),
+    and the ops it serves, though no progress line named them: told each step and its native code
+    (``progress.witness``),
     it starts a watcher process at the first step that runs native code and points faulthandler at it;
     the watcher prints the line only when faulthandler reports a fatal error, so a run that ends well
     prints nothing.
@@ -194,28 +193,28 @@ class CrashLine:
     only stacks: the line is printed by another process, which outlives it.
 
     Example:
-        >>> CrashLine(["/x/libu.so"]).line("eager + onnxruntime run 1; native code: libu.so serves a::f, a::g")
+        >>> CrashLine().line("eager + onnxruntime run 1; native code: libu.so serves a::f, a::g",
+        ...                  {"/x/libu.so": ["a::f", "a::g"]})
         'opbridge: native code ended this process ({cause}) {when} "eager + onnxruntime run 1; native code: libu.so \
 serves a::f, a::g". Got /x/libu.so serving a::f, a::g. Fix the kernels of that library for these ops, or run \
 them without it (drop --native-library, or --tier function).'
     """
 
-    def __init__(self, libraries: list[str]):
-        self._paths = {os.path.basename(p): os.path.abspath(p) for p in libraries}
+    def __init__(self) -> None:
         self._watcher: subprocess.Popen | None = None
 
-    def line(self, label: str) -> str:
-        """The crash line of a step ``label`` ("" when it names no native code); the watcher fills in
+    @staticmethod
+    def line(label: str, native: progress.Native) -> str:
+        """The crash line of a step ``label`` running ``native`` ("" for none); the watcher fills in
         ``{cause}`` (faulthandler's) and ``{when}``."""
-        served = _SERVES.findall(label)
-        if not served:
+        if not native:
             return ""
-        got = "; ".join(f"{self._paths.get(lib, lib)} serving {ops.strip()}" for lib, ops in served)
+        got = "; ".join(f"{lib} serving {', '.join(ops)}" for lib, ops in native.items())
         return (f'opbridge: native code ended this process ({{cause}}) {{when}} "{label}". Got {got}. Fix the kernels '
                 "of that library for these ops, or run them without it (drop --native-library, or --tier function).")
 
-    def __call__(self, label: str, starts: bool) -> None:
-        line = self.line(label)
+    def __call__(self, label: str, native: progress.Native, starts: bool) -> None:
+        line = self.line(label, native)
         if not line or (self._watcher is None and not (starts and self._start())):
             return
         assert self._watcher is not None and self._watcher.stdin is not None
@@ -254,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     if not faulthandler.is_enabled():
         with contextlib.suppress(AttributeError, ValueError, OSError, RuntimeError):  # NOTE: a stderr without a fd
             faulthandler.enable()
-    crash_line = CrashLine(getattr(args, "native_library", None) or [])
+    crash_line = CrashLine()
     progress.witness(crash_line if args.quiet else None)
     try:
         code = importlib.import_module(PREFLIGHT).run(args)

@@ -25,7 +25,7 @@ from bridge.core.basics.torch_compat import pytree
 from bridge.tools.localize import Localization, json_safe, wanted
 from bridge.tools.localize import localize as localize_run
 from bridge.tools.openvino_runtime import session as openvino_session
-from bridge.tools.sessions import native_code, ort_feed, run_feed, session
+from bridge.tools.sessions import native_code, native_libraries, ort_feed, run_feed, session
 from exporters.export import export_with_program
 from ort_kernels.base import Paths
 
@@ -413,8 +413,8 @@ def check_parity(model: torch.nn.Module, args: Sequence, *, kwargs: dict | None 
         localization = None
         declared = {o.name: o for o in exported.proto.graph.output}
         for run, run_args in enumerate([tuple(args), *map(tuple, extra_args)]):
-            with step(f"eager + {runtime} run {run + 1}{native_code(getattr(sess, 'kernels', {}))}"), \
-                    torch.no_grad():
+            native = native_libraries(getattr(sess, "kernels", {}))
+            with step(f"eager + {runtime} run {run + 1}{native_code(native)}", native=native), torch.no_grad():
                 # NOTE: eager on copies: every tier is fed the inputs as they were before eager ran
                 expected = _tensor_leaves(model(*_copies(run_args), **_copies(kwargs or {})))
                 actual = run_ort(sess, run_args, kwargs)

@@ -18,7 +18,7 @@ from bridge.core.basics import files
 from bridge.core.basics.dtypes import to_numpy
 from bridge.core.basics.errors import OpBridgeError
 from bridge.core.basics.graphs import model_nodes, model_tensors
-from bridge.core.basics.progress import step
+from bridge.core.basics.progress import Native, step
 from bridge.core.basics.torch_compat import pytree
 from bridge.core.registry import REGISTRY, Registry
 from ort_kernels import tiers
@@ -133,8 +133,9 @@ def session(model: str | os.PathLike | onnx.ModelProto | bytes, *, tier: str = "
     # NOTE: native code runs from here on: the line names each library and the ops it serves, so a crash
     # (a segfault ends the process; the CLI's faulthandler then prints the stack) follows a line naming them
     served, unserved = plan.kernels(), plan.unserved(user_libraries(native_library))
-    with step(f"onnxruntime session ({tier} tier{native_code(served)}"
-              f"{''.join(f'; {op} {why}' for op, why in unserved.items())})"):
+    native = native_libraries(served)
+    with step(f"onnxruntime session ({tier} tier{native_code(native)}"
+              f"{''.join(f'; {op} {why}' for op, why in unserved.items())})", native=native):
         try:
             content = os.fspath(path) if path is not None else _serialised(proto, model)
             sess = Session(content, prepared.options, providers=providers, explain=(*prepared.explain, wrong_type),
@@ -146,18 +147,27 @@ def session(model: str | os.PathLike | onnx.ModelProto | bytes, *, tier: str = "
                                 f"{str(e)[:500]}. Check the op kernels for tier {tier!r}.") from e
 
 
-def native_code(kernels: dict[str, str]) -> str:
-    """``; native code: LIB serves OPS; ...`` for each library in a session's ``kernels`` (op -> library
-    path or "function body"), for progress lines; "" when no library runs.
+def native_libraries(kernels: dict[str, str]) -> dict[str, list[str]]:
+    """Each library (its path) in a session's ``kernels`` (op -> library path or "function body") -> the
+    ops it serves.
 
-    >>> native_code({"a::f": "/x/libu.so", "a::g": "function body", "a::h": "/x/libu.so"})
-    '; native code: libu.so serves a::f, a::h'
+    >>> native_libraries({"a::f": "/x/libu.so", "a::g": "function body", "a::h": "/x/libu.so"})
+    {'/x/libu.so': ['a::f', 'a::h']}
     """
     by_library: dict[str, list[str]] = {}
     for op, where in kernels.items():
         if os.path.isabs(where):
             by_library.setdefault(where, []).append(op)
-    return "".join(f"; native code: {os.path.basename(lib)} serves {', '.join(ops)}" for lib, ops in by_library.items())
+    return by_library
+
+
+def native_code(native: Native) -> str:
+    """``; native code: LIB serves OPS; ...`` for progress lines (:func:`native_libraries`); "" for none.
+
+    >>> native_code({"/x/libu.so": ["a::f", "a::h"]})
+    '; native code: libu.so serves a::f, a::h'
+    """
+    return "".join(f"; native code: {os.path.basename(lib)} serves {', '.join(ops)}" for lib, ops in native.items())
 
 
 def ort_feed(sess, args: Sequence, kwargs: dict | None = None) -> dict[str, np.ndarray]:

@@ -222,11 +222,12 @@ def crash_sites(model: onnx.ModelProto, registry: Registry) -> tuple[CrashSite, 
     :data:`CRASH_NOTE` entry records (an inlined model's), then the nodes inside the bodies of other ops that
     were not derived (a body written or built for an op that calls the other: ``within``); what those read
     exists only while that body runs. A derived body holds no such node: tracing went through its op."""
+    noted = [s for p in model.metadata_props if p.key == CRASH_NOTE for s in noted_crashes(p.value)]
     bodies = {(f.domain, f.name, f.overload): f for f in model.functions if crashes_of(f.doc_string)}
     if not bodies:
-        return tuple(s for p in model.metadata_props if p.key == CRASH_NOTE for s in noted_crashes(p.value))
+        return tuple(noted)
     found = [s for node, when in custom_nodes_with_branch(model) for s in _sites(node, bodies, registry, when=when)]
-    found += [s for p in model.metadata_props if p.key == CRASH_NOTE for s in noted_crashes(p.value)]
+    found += noted
     for outer in (f for f in model.functions if not f.doc_string.startswith(DERIVED)):
         found += [s for node in walk(outer.node)
                   for s in _sites(node, bodies, registry, within=f"{outer.domain}::{outer.name}")]

@@ -112,9 +112,13 @@ def custom_nodes(model: onnx.ModelProto, *, functions: bool = False) -> Iterator
     """
     nodes = walk(model.graph.node)
     if functions:
-        bodies = [f for f in model.functions if any(is_custom(o.domain) for o in f.opset_import)]
-        nodes = itertools.chain(nodes, *(walk(f.node) for f in bodies))
+        nodes = itertools.chain(nodes, *(walk(f.node) for f in calling_functions(model)))
     return (n for n in nodes if is_custom(n.domain))
+
+
+def calling_functions(model: onnx.ModelProto) -> list[onnx.FunctionProto]:
+    """The local functions of ``model`` that may hold custom nodes: those importing a custom domain."""
+    return [f for f in model.functions if any(is_custom(o.domain) for o in f.opset_import)]
 
 
 def custom_nodes_with_branch(model: onnx.ModelProto) -> Iterator[tuple[onnx.NodeProto, tuple[str, bool] | None]]:

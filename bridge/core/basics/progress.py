@@ -5,13 +5,14 @@ from __future__ import annotations
 import contextlib
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 _enabled = False
 _quiet = False  # NOTE: asked silence (`opbridge -q`): not even the lines of work a user waits for
-# NOTE: under quiet, told each step's label as it starts (True) and ends (False): the CLI keeps the line
-# naming the native code that runs, for a crash to print (bridge.tools.cli)
-_witness: Callable[[str, bool], None] | None = None
+# NOTE: under quiet, told each step's label and native code as it starts (True) and ends (False): the CLI
+# keeps the line naming the native code that runs, for a crash to print (bridge.tools.cli)
+Native = Mapping[str, Sequence[str]]  # NOTE: a library's path -> the ops it serves
+_witness: Callable[[str, Native, bool], None] | None = None
 
 
 def enable(on: bool = True, *, quiet: bool = False) -> None:
@@ -20,28 +21,29 @@ def enable(on: bool = True, *, quiet: bool = False) -> None:
     _enabled, _quiet = on, quiet
 
 
-def witness(fn: Callable[[str, bool], None] | None) -> None:
-    """While quiet, call ``fn(label, True)`` as each step starts and ``fn(label, False)`` as it ends,
-    printing nothing (None: no one is told)."""
+def witness(fn: Callable[[str, Native, bool], None] | None) -> None:
+    """While quiet, call ``fn(label, native, True)`` as each step starts and ``fn(label, native, False)`` as
+    it ends, printing nothing (None: no one is told)."""
     global _witness
     _witness = fn
 
 
 @contextlib.contextmanager
-def step(label: str, *, always: bool = False):
+def step(label: str, *, always: bool = False, native: Native | None = None):
     """Print ``label ...`` then ``done (s)`` or ``failed`` around a block, when enabled (or ``always``:
     work a user should never wait for silently, e.g. a C++ build), unless turned off with ``quiet``.
+    ``native``: the native code the block runs (library path -> ops), which the label names too.
 
     >>> with step("nothing"):
     ...     pass
     """
     if _quiet and _witness is not None:
-        told = _witness
-        told(label, True)
+        told, native = _witness, native or {}
+        told(label, native, True)
         try:
             yield
         finally:
-            told(label, False)
+            told(label, native, False)
         return
     if _quiet or not (_enabled or always):
         yield
