@@ -44,7 +44,7 @@ import onnx_ir as ir
 
 from bridge.core.basics.domains import is_onnx
 from bridge.core.basics.errors import OpBridgeError
-from bridge.core.basics.graphs import custom_nodes, ir_custom_nodes, model_value_types
+from bridge.core.basics.graphs import custom_nodes, ir_custom_nodes, model_value_types, walk
 from bridge.core.registry import REGISTRY, Registry
 from bridge.core.spec import OpSpec
 from exporters.bodies.opsets import convert_function, onnx_opset, portable_constants
@@ -218,6 +218,21 @@ def _refuse_foreign_bodies(model: ir.Model, ops: Collection | None) -> None:
                 "bridge.session), or export the file again.")
 
 
+def _alike(types: list[onnx.TypeProto | None]) -> onnx.TypeProto | None:
+    """The tensor type of one value that its function's calls (one type each) agree on: a dim that differs
+    is unknown; None where a call gives it no shape, or the calls differ in dtype or rank."""
+    first = types[0].tensor_type if types[0] is not None else None
+    if first is None or any(t is None or not t.tensor_type.HasField("shape") or t.tensor_type.elem_type
+                            != first.elem_type or len(t.tensor_type.shape.dim) != len(first.shape.dim) for t in types):
+        return None
+    common = onnx.TypeProto()
+    common.CopyFrom(types[0])
+    for k, dim in enumerate(common.tensor_type.shape.dim):
+        if any(t.tensor_type.shape.dim[k] != dim for t in types):
+            dim.Clear()  # NOTE: a body derived for it has that dim dynamic, so it serves every call
+    return common
+
+
 class _Resolver:
     """One onnx-ir model's bodies, resolved node by node (see the module's docstring)."""
 
@@ -225,6 +240,7 @@ class _Resolver:
         self.model, self.registry, self.replace, self.ops = model, registry, replace, ops
         self.opset = _standard_opset(model.opset_imports)
         self.inferred: dict[str, onnx.TypeProto] | None = None
+        self.called: dict[tuple, dict[str, onnx.TypeProto] | None] = {}  # a local function's values' types
         self.made: dict[tuple, _Body | None] = {}  # per (op, values or site) key
         self.resolved: set[tuple[str, str]] = set()  # ops given bodies here (replace: theirs are dropped)
 
@@ -241,18 +257,75 @@ class _Resolver:
         return self.made[key]
 
     def _types(self, node: ir.Node) -> dict[str, onnx.TypeProto]:
-        """The types of ``node``'s inputs: as the model records them, else as ONNX shape inference gives them."""
+        """The types of ``node``'s inputs: as the model records them, else as ONNX shape inference gives
+        them; inside a model-local function, as its calls give them (:meth:`_called_types`)."""
         inputs = [v for v in node.inputs if v is not None and v.name]
+        types, function = self._known(node, inputs)
+        untyped = [str(v.name) for v in inputs if not types.get(str(v.name), onnx.TypeProto()).tensor_type.HasField(
+            "shape")]
+        if function is not None and untyped and self.called[function.identifier()] is not None:
+            op, name = f"{node.domain}::{node.op_type}", f"{function.domain}::{function.name}"
+            raise OpBridgeError(
+                f"{op} inside the function {name} needs its input types to get a body, and the calls of {name} do "
+                f"not give them. Got no type and shape for {', '.join(map(repr, untyped))} at every call of {name} "
+                "(unknown there, or another dtype or rank at another call). Give the values the calls read types "
+                f"and shapes (onnx.shape_inference.infer_shapes), call {name} at one dtype and rank, give {op} a "
+                "written body (op.register_function), or use tier='python' or 'native'.")
+        return types
+
+    def _known(self, node: ir.Node, inputs: list[ir.Value]) -> tuple[dict[str, onnx.TypeProto], ir.Function | None]:
+        """The types known of ``inputs`` (``node``'s), and the model-local function ``node`` sits in, if any."""
         types = {str(v.name): ir.serde.serialize_value(v).type for v in inputs if v.type is not None}
         if len(types) == len(inputs):
-            return types
+            return types, None
+        function = None if node.graph is self.model.graph else next(
+            (f for f in self.model.functions.values() if node.graph is f.graph or node.graph in f.subgraphs()), None)
+        if function is not None:
+            # NOTE: a function's values are named in its body only: the graph's value of that name is another
+            return {**(self._called_types(function) or {}), **types}, function
         if self.inferred is None:
             try:
                 inferred = onnx.shape_inference.infer_shapes(ir.serde.serialize_model(self.model))
                 self.inferred = model_value_types(inferred)
             except Exception:  # noqa: BLE001  what inference cannot type is reported per node
                 self.inferred = {}
-        return {**self.inferred, **types}
+        return {**self.inferred, **types}, None
+
+    def _called_types(self, function: ir.Function) -> dict[str, onnx.TypeProto] | None:
+        """The types of ``function``'s values that every call of it gives alike (:func:`_alike`): ONNX shape
+        inference over its body at each call's input types and attribute values; None when nothing calls it."""
+        identifier = function.identifier()
+        if identifier not in self.called:
+            self.called[identifier] = None  # NOTE: while its calls are read (ONNX forbids a function calling itself)
+            found = [self._body_types(function, n) for n in ir_custom_nodes(self.model)
+                     if n.op_identifier() == identifier]
+            self.called[identifier] = {n: t for n in found[0] if (t := _alike([f.get(n) for f in found]))} \
+                if found else None
+        return self.called[identifier]
+
+    def _body_types(self, function: ir.Function, call: ir.Node) -> dict[str, onnx.TypeProto]:
+        """The types ONNX shape inference gives ``function``'s values called by ``call``: its body as a graph
+        whose inputs have the types of the call's, its attribute references bound to the call's values."""
+        body, caller = ir.serde.serialize_function(function), ir.serde.serialize_node(call)
+        given = {a.name: a for a in (*body.attribute_proto, *caller.attribute)}
+        for inner in walk(body.node):
+            for ref in [a for a in inner.attribute if a.ref_attr_name]:
+                inner.attribute.remove(ref)
+                if ref.ref_attr_name in given:
+                    inner.attribute.add().CopyFrom(given[ref.ref_attr_name])
+                    inner.attribute[-1].name = ref.name
+        outer = self._known(call, [v for v in call.inputs if v is not None and v.name])[0]
+        inputs = [onnx.helper.make_value_info(formal, outer[actual])
+                  for formal, actual in zip(body.input, caller.input) if actual in outer]
+        imports = {**self.model.opset_imports, **function.opset_imports}
+        model = onnx.helper.make_model(
+            onnx.helper.make_graph(body.node, body.name, inputs, []),
+            functions=[ir.serde.serialize_function(f) for f in self.model.functions.values() if f is not function],
+            opset_imports=[onnx.helper.make_opsetid(d, v) for d, v in imports.items()])
+        try:
+            return model_value_types(onnx.shape_inference.infer_shapes(model))
+        except Exception:  # noqa: BLE001  what inference cannot type is reported per node
+            return {v.name: v.type for v in inputs}
 
     def round(self) -> list[str]:
         """Give bodies to the nodes that need them now; return the ops given one."""

@@ -14,6 +14,7 @@ from pathlib import Path
 import forkserver
 import numpy as np
 import onnx
+import onnxruntime
 import pytest
 import torch
 from onnxscript import opset20 as op
@@ -955,3 +956,128 @@ def test_a_crashing_derived_body_called_from_a_written_body_is_refused_by_the_fu
         else:
             with pytest.raises(bridge.OpBridgeError, match=r"die \(SIG\w+.*of size 0 in dim 0"):
                 bridge.parity.run_ort(inlined, (FEAT, rois(n, seed)))
+
+
+
+# NOTE: torch ops defined once per process (a test's bridge.op would define them again at the next test)
+@torch.library.custom_op("nested::doubled_boxes", mutates_args=())
+def _doubled_boxes(x: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+    return roi_align(x, r, (3, 2), 0.5, 2, "avg", True) * 2
+
+
+_doubled_boxes.register_fake(lambda x, r: x.new_empty(r.shape[0], x.shape[1], 3, 2))
+
+
+@script(values.Opset("nested", 1), default_opset=op)
+def doubled_boxes(x, r):
+    y = MMCV.MMCVRoiAlign(x, r, aligned=1, mode="avg", output_height=3, output_width=2, sampling_ratio=2,
+                          spatial_scale=0.5)
+    return op.Add(y, y)
+
+
+class RenamedRoIModel(torch.nn.Module):
+    # NOTE: as users write it: the model's values are named apart from the written body's formals (x, r)
+    def forward(self, feat, boxes):
+        return torch.ops.nested.doubled_boxes(feat, boxes)
+
+
+def test_a_derived_body_called_from_a_written_body_is_typed_at_its_call_not_by_name(reg):
+    """The body written for nested::doubled_boxes calls mmcv's roi_align with its formals x and r, which name no
+    value of the model (feat, boxes): the resolver types them at the call and derives roi_align's body there;
+    the function tier refuses the file for the size onnxruntime dies at (where it said 'is not a registered
+    function/op'), and the python tier gives eager's results."""
+    bridge.register(RoIAlignFunction, fake=roi_fake, sample_inputs=roi_samples, registry=reg)
+    bridge.register("nested::doubled_boxes", function=doubled_boxes, registry=reg)
+    model = bridge.export(RenamedRoIModel(), (FEAT, rois(5, 0)), registry=reg, dynamic_shapes=(None, {0: K}))
+    assert [i.name for i in model.graph.input] == ["feat", "boxes"]
+    assert sorted((f.domain, f.name) for f in model.functions) == [("mmcv", "MMCVRoiAlign"),
+                                                                   ("nested", "doubled_boxes")]
+    if any("onnxruntime dies" in f.doc_string for f in model.functions):
+        with pytest.raises(bridge.UnsupportedInTier, match=r"^opbridge: mmcv::MMCVRoiAlign: its function body makes "
+                           r"onnxruntime die .*the body of nested::doubled_boxes .*reading value 'r'"):
+            bridge.session(model.SerializeToString(), tier="function", registry=reg)
+    python = bridge.session(model.SerializeToString(), tier="python", registry=reg)
+    for n, seed in ((5, 0), (1, 2), (0, 3)):
+        np.testing.assert_allclose(bridge.parity.run_ort(python, (FEAT, rois(n, seed)))[0],
+                                   RenamedRoIModel()(FEAT, rois(n, seed)).numpy(), rtol=1e-5, atol=1e-5)
+
+
+@torch.library.custom_op("nested::running_sum", mutates_args=())
+def _running_sum(x: torch.Tensor) -> torch.Tensor:
+    return torch.cumsum(x, -1) * 0.5
+
+
+@torch.library.custom_op("nested::shifted_sum", mutates_args=())
+def _shifted_sum(a: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    return torch.cumsum(a, -1) * 0.5 + shift
+
+
+_running_sum.register_fake(torch.empty_like)
+_shifted_sum.register_fake(lambda a, shift: torch.empty_like(a))
+NESTED = values.Opset("nested", 1)
+
+
+@script(NESTED, default_opset=op)
+def shifted_sum(a, shift):
+    return op.Add(NESTED.running_sum(a), shift)
+
+
+def _register_sums(reg, dtypes=(torch.float32,)):
+    bridge.register("nested::running_sum", dtypes=dtypes, registry=reg)
+    bridge.register("nested::shifted_sum", function=shifted_sum, dtypes=dtypes, registry=reg)
+
+
+class TwoShapesModel(torch.nn.Module):
+    def forward(self, small, large, bias):
+        return torch.ops.nested.shifted_sum(small, bias), torch.ops.nested.shifted_sum(large, bias)
+
+
+@pytest.mark.parametrize("tier", ["function", "python"])
+def test_a_derived_body_inside_a_written_body_called_at_two_shapes_serves_both(reg, tier):
+    """nested::shifted_sum's written body (formals a, shift) calls the derived nested::running_sum; the model
+    calls it at [2, 5] and [3, 4]: the inner node's one body is derived with the dims its calls disagree on
+    dynamic, and both tiers give eager's results."""
+    _register_sums(reg)
+    args = (torch.randn(2, 5), torch.randn(3, 4), torch.randn(()))
+    model = bridge.export(TwoShapesModel(), args, registry=reg)
+    assert ("nested", "running_sum") in {(f.domain, f.name) for f in model.functions}
+    sess = bridge.session(model.SerializeToString(), tier=tier, registry=reg)
+    for got, expected in zip(bridge.parity.run_ort(sess, args), TwoShapesModel()(*args)):
+        np.testing.assert_allclose(got, expected.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_a_derived_body_inside_a_written_body_called_at_two_dtypes_is_refused(reg):
+    """One node inside a written body gets one body: calls at float32 and float64 give it no one type, and the
+    resolver says so (naming the op, the function it sits in and what to do) instead of leaving it body-less."""
+    _register_sums(reg, dtypes=(torch.float32, torch.float64))
+
+    class TwoDtypes(torch.nn.Module):
+        def forward(self, a, b, bias):
+            return torch.ops.nested.shifted_sum(a, bias), torch.ops.nested.shifted_sum(b, bias.double())
+
+    with pytest.raises(bridge.OpBridgeError, match=r"^opbridge: nested::running_sum inside the function "
+                       r"nested::shifted_sum needs its input types .*Got no type and shape for 'a' at every call "
+                       r".*call nested::shifted_sum at one dtype and rank"):
+        bridge.export(TwoDtypes(), (torch.randn(2, 5), torch.randn(3, 4, dtype=torch.float64), torch.randn(())),
+                      registry=reg)
+
+
+def test_a_derived_body_inside_a_function_is_typed_with_the_attribute_values_of_its_call(reg):
+    """A model-local function (user::flat_sum, attribute k) flattens its input with axis=@k before the derived
+    nested::running_sum: the resolver types the inner node at the call's k (2: [6, 4], not the [2, 12] of
+    the default axis), and plain onnxruntime runs the attached file as eager computes it."""
+    bridge.register("nested::running_sum", registry=reg)
+    flat = onnx.helper.make_node("Flatten", ["a"], ["t"])
+    flat.attribute.add(name="axis", type=onnx.AttributeProto.INT, ref_attr_name="k")
+    body = onnx.helper.make_function("user", "flat_sum", ["a"], ["b"], [
+        flat, onnx.helper.make_node("running_sum", ["t"], ["b"], domain="nested")],
+        [onnx.helper.make_opsetid("", 18), onnx.helper.make_opsetid("nested", 1)], attributes=["k"])
+    graph = onnx.helper.make_graph([onnx.helper.make_node("flat_sum", ["x"], ["y"], domain="user", k=2)], "g",
+                                   [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3, 4])],
+                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)])
+    model = onnx.helper.make_model(graph, functions=[body], opset_imports=[
+        onnx.helper.make_opsetid(d, v) for d, v in (("", 18), ("user", 1), ("nested", 1))])
+    assert bridge.attach_functions(model, reg) == ["nested::running_sum"]
+    x = torch.rand(2, 3, 4)
+    got = onnxruntime.InferenceSession(model.SerializeToString()).run(None, {"x": x.numpy()})[0]
+    np.testing.assert_allclose(got, _running_sum(x.reshape(6, 4)).numpy(), rtol=1e-6)
