@@ -192,6 +192,10 @@ class DerivedBody(BodyKind):
     name = "derived"
     overload = "derived_"
 
+    @property
+    def reads(self) -> tuple[str, ...]:  # NOTE: made per node: each attribute is the node's, read or baked in
+        return tuple(p.name for p in self.spec.attributes)
+
     def make(self, node, opset, types, registry):
         if opset is None:
             return None

@@ -332,6 +332,7 @@ class _Resolver:
         local = {i: _ir_local(f) for i, f in self.model.functions.items()}
         uses: dict[tuple[str, str], list[tuple[ir.Node, _Body]]] = {}
         specs: dict[tuple[str, str], OpSpec] = {}
+        bodiless: set[tuple[str, str]] = set()  # NOTE: ops with a node its kind gives no body (a failed derivation)
         for node in ir_custom_nodes(self.model):
             op = (node.domain, node.op_type)
             spec = None if op in self.resolved else _needs_body(
@@ -340,14 +341,17 @@ class _Resolver:
             if spec is not None and made is not None:
                 uses.setdefault(op, []).append((node, made))
                 specs[op] = spec
+            elif spec is not None:
+                bodiless.add(op)
         for op, pairs in uses.items():
-            self._attach(op, pairs)
+            self._attach(op, pairs, plain=op not in bodiless)
             self.resolved.add(op)
         return [specs[op].qualname for op in uses]
 
-    def _attach(self, op: tuple[str, str], pairs: list[tuple[ir.Node, _Body]]) -> None:
+    def _attach(self, op: tuple[str, str], pairs: list[tuple[ir.Node, _Body]], plain: bool = True) -> None:
         """One op's bodies into the model, each node pointing at its own: a body equal to a function
-        the model has is that function; ``replace`` drops the op's earlier functions first."""
+        the model has is that function; ``replace`` drops the op's earlier functions first. ``plain=False``
+        (a node of the op got no body): no body takes the plain name, which that node calls."""
         functions = self.model.functions
         if self.replace:
             for identifier in [i for i in functions if i[:2] == op]:
@@ -360,9 +364,9 @@ class _Resolver:
         new = {data: body for body, data in contents.items() if data not in overloads}
         for data, body in new.items():
             # NOTE: one body keeps the plain name; several are told apart as ONNX function overloads
-            plain = len(new) == 1 and "" not in overloads.values()
             digest = hashlib.sha1(body.data).hexdigest()[:10]
-            body.function.overload = "" if plain else body.prefix + digest
+            alone = plain and len(new) == 1 and "" not in overloads.values()
+            body.function.overload = "" if alone else body.prefix + digest
             overloads[data] = body.function.overload
             functions[body.function.identifier()] = body.function
             for domain, version in body.function.opset_imports.items():

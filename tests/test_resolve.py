@@ -256,3 +256,39 @@ def test_inlining_a_merged_file_inlines_each_nodes_own_body(three_kinds):
     flat = inline_functions(_slimmed(three_kinds), registry)
     plain = ort.InferenceSession(flat.SerializeToString(), providers=["CPUExecutionProvider"])
     np.testing.assert_allclose(plain.run(None, {"x": x.numpy()})[0], model(x).detach().numpy(), rtol=1e-6, atol=1e-6)
+
+
+class _Pool(torch.autograd.Function):
+    """A Function as mmcv writes them (a string attribute picks the kernel): torch.onnx translates the
+    average pool of its forward and not the max pool (aten.adaptive_max_pool2d has no translation)."""
+
+    @staticmethod
+    def symbolic(g, x, rois, output_size, mode):
+        return g.op("mmcv::Pool6", x, rois, h_i=output_size[0], w_i=output_size[1], mode_s=mode)
+
+    @staticmethod
+    def forward(ctx, x, rois, output_size, mode="avg"):
+        pool = torch.nn.functional.adaptive_max_pool2d if mode == "max" else torch.nn.functional.adaptive_avg_pool2d
+        return pool(x, output_size)
+
+
+class _TwoModes(torch.nn.Module):
+    def forward(self, x, rois):
+        return _Pool.apply(x, rois, (3, 3), "avg") + _Pool.apply(x, rois, (3, 3), "max")
+
+
+def test_a_node_whose_body_fails_does_not_call_another_nodes_body(registry):
+    # NOTE: before, the "max" node kept the plain function name the "avg" node's body took, and export
+    # stopped with "calls a function body made for other attribute values" (a tool's merge, it said)
+    bridge.register(_Pool, fake=lambda x, rois, output_size, mode: x.new_empty(*x.shape[:2], *output_size),
+                    registry=registry)
+    args = (torch.randn(2, 4, 8, 8), torch.rand(2, 5))
+    proto = bridge.export(_TwoModes(), args, registry=registry)
+    local = {f.overload for f in proto.functions if f.name == "Pool6"}
+    calls = {onnx.helper.get_attribute_value(a).decode(): n.overload
+             for n in custom_nodes(proto) for a in n.attribute if a.name == "mode"}
+    assert calls["avg"] in local and calls["max"] not in local, (calls, local)
+    with pytest.raises(bridge.UnsupportedInTier, match=r"mmcv::Pool6: torch.onnx could not translate its trace.*"
+                                                       r"adaptive_max_pool2d.*use tier='native' or 'python'"):
+        bridge.session(proto, tier="function", registry=registry)
+    bridge.assert_parity(_TwoModes(), args, tier="python", registry=registry)
