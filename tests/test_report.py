@@ -128,3 +128,17 @@ def test_plot_writes_a_png(tmp_path):
     report = ParityReport("M", "native", [compare("y", e, a), compare("z", e, e.numpy())])
     path = report.plot(tmp_path / "errors.png")
     assert open(path, "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_runs_say_which_input_shapes_differ():
+    # NOTE: a new user could not tell from the demo's table that its three runs had other point counts
+    class M(torch.nn.Module):
+        def forward(self, x, points):
+            return torch.ops.opbridge.identity_conv(x, 2) + points.sum()
+
+    n = torch.export.Dim("n")
+    report = bridge.check_parity(M(), (torch.randn(1, 2, 4, 4), torch.ones(5)), dynamic_shapes=(None, {0: n}),
+                                 extra_args=[(torch.randn(1, 2, 4, 4), torch.ones(7))])
+    assert report.passed and report.sizes == {"points": ["5", "7"]}
+    assert "runs differ in input shapes: points 5 | 7" in str(report)
+    assert json.loads(report.to_json())["sizes"] == {"points": ["5", "7"]}

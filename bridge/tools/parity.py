@@ -227,6 +227,8 @@ class ParityReport:
     unserved: dict[str, str] = dataclasses.field(default_factory=dict)
     # torch.autograd.Function classes whose symbolic's standard ops the file holds in place of their forward
     symbolics: tuple[str, ...] = ()
+    # input -> its shape at each run, for the inputs whose shapes differ between runs (extra_args=)
+    sizes: dict[str, list[str]] = dataclasses.field(default_factory=dict)
 
     @property
     def passed(self) -> bool:
@@ -242,7 +244,8 @@ class ParityReport:
         return {"model": self.model, "tier": self.tier, "runtime": self.runtime, "passed": self.passed,
                 "onnx_path": self.onnx_path, "outputs": [o.to_dict() for o in self.outputs],
                 "localization": None if self.localization is None else self.localization.to_dict(),
-                "kernels": dict(self.kernels), "unserved": dict(self.unserved), "symbolics": list(self.symbolics)}
+                "kernels": dict(self.kernels), "unserved": dict(self.unserved), "symbolics": list(self.symbolics),
+                "sizes": dict(self.sizes)}
 
     def to_json(self, **kwargs) -> str:
         d = self.to_dict()  # NOTE: the localization's outputs are JSON-safe already
@@ -312,7 +315,8 @@ class ParityReport:
     def _notes(self) -> list[str]:
         """What the table alone would leave a reader to guess: which bound a PASS held by, an output type the file
         declares wrongly, the worst elements of each failing output."""
-        lines = []
+        lines = [f"runs differ in input shapes: {'; '.join(f'{n} ' + ' | '.join(s) for n, s in self.sizes.items())}"
+                 ] if self.sizes else []
         # NOTE: a max rel past rtol beside PASS reads as a contradiction: say which bound held
         by_atol = [o.name for o in self.outputs if o.passed and not math.isnan(o.max_rel) and o.max_rel > o.rtol]
         if by_atol:
@@ -430,7 +434,20 @@ def check_parity(model: torch.nn.Module, args: Sequence, *, kwargs: dict | None 
     return ParityReport(name or type(model).__name__, "inlined" if inline else tier, rows,
                         onnx_path if path is not None else None, runtime, localization=localization,
                         kernels=dict(getattr(sess, "kernels", {})),
-                        unserved=dict(getattr(sess, "unserved", {})), symbolics=exported.symbolics)
+                        unserved=dict(getattr(sess, "unserved", {})), symbolics=exported.symbolics,
+                        sizes=_sizes([i.name for i in sess.get_inputs()], [args, *extra_args]))
+
+
+def _sizes(names: list[str], runs: Sequence[Sequence]) -> dict[str, list[str]]:
+    """Each input (of ``names``, the tensor leaves of each run's args in order) whose shape differs between
+    ``runs`` -> its shape at each run.
+
+    >>> _sizes(["x", "n"], [(torch.ones(2, 3), torch.ones(5)), (torch.ones(2, 3), torch.ones(7))])
+    {'n': ['5', '7']}
+    """
+    shapes = [["x".join(map(str, t.shape)) or "scalar" for t in _tensor_leaves(tuple(run))] for run in runs]
+    return {n: [s[i] for s in shapes] for i, n in enumerate(names)
+            if all(len(s) == len(names) for s in shapes) and len({s[i] for s in shapes}) > 1}
 
 
 def _check_options(runtime: str, tier: str, inline: bool) -> None:
