@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import onnx
+import onnx_ir as ir
 import torch
 
 from bridge.core.basics import files, torch_compat
@@ -21,6 +22,7 @@ from bridge.core.basics.errors import OpBridgeError
 from bridge.core.basics.graphs import (
     custom_nodes,
     fold_function_type_probes,
+    ir_custom_nodes,
     model_tensor_constants,
     model_value_types,
     random_nodes,
@@ -39,7 +41,7 @@ from bridge.core.opdef import FunctionCalls, described, described_method, regist
 from bridge.core.proxy import proxy_name, redirect, specialisation_check
 from bridge.core.registered import call_defaults, function_class, op_calls, origin_of, registered_origin
 from bridge.core.registry import REGISTRY, Registry, fill_attributes
-from exporters.bodies.opsets import convert_model, onnx_opset
+from exporters.bodies.opsets import convert_model
 from exporters.bodies.translation import symbolic_attribute_error, translation_table
 from exporters.derive.tracing import onnx_program, program_calls
 from exporters.fakes import check_fake
@@ -53,7 +55,7 @@ from exporters.names import (
     snake_case,
 )
 from exporters.portable import relativize_paths, stamp_ir_version
-from exporters.resolve import attach_functions
+from exporters.resolve import attach_functions_ir
 from exporters.rewrites import functionalize_mutations, is_auto_functionalized, torchbind_to_ops
 
 # NOTE: torch.onnx warns about every absent torchvision op when it builds its registry.
@@ -108,11 +110,40 @@ def check_program(program: torch.export.ExportedProgram, registry: Registry) -> 
                 raise symbolic_attribute_error(spec, p.name, shown)
 
 
-def _ensure_opset_imports(model: onnx.ModelProto, registry: Registry) -> None:
-    present = {o.domain for o in model.opset_import}
-    for domain in sorted({n.domain for n in custom_nodes(model)} - present):
-        versions = {s.version for s in registry if s.domain == domain}
-        model.opset_import.append(onnx.helper.make_opsetid(domain, max(versions or {1})))
+def _ensure_opset_imports(model: ir.Model, registry: Registry) -> bool:
+    missing = sorted({n.domain for n in ir_custom_nodes(model, functions=False)} - set(model.opset_imports))
+    for domain in missing:
+        model.opset_imports[domain] = max({s.version for s in registry if s.domain == domain} or {1})
+    return bool(missing)
+
+
+@dataclasses.dataclass
+class ModelEdit(ir.passes.InPlacePass):
+    """One of export's steps on torch.onnx's onnx-ir model as an onnx-ir pass: ``edit(model)`` edits the
+    model in place and returns whether (truthy) it changed it."""
+
+    edit: Callable[[ir.Model], Any]
+
+    def call(self, model: ir.Model) -> ir.passes.PassResult:
+        return ir.passes.PassResult(model, bool(self.edit(model)))
+
+
+def _edited(onnx_program, opset: int, edits: Sequence[Callable[[ir.Model], Any]]) -> onnx.ModelProto:
+    """torch.onnx's onnx-ir model at ``opset`` after ``edits`` (each run as a :class:`ModelEdit`), as a proto."""
+    converted = convert_model(onnx_program.model_proto, opset) if opset < TORCH_MIN_OPSET else None
+    model = onnx_program.model if converted is None else ir.serde.deserialize_model(converted)
+    if (got := model.opset_imports.get("")) != opset:
+        raise OpBridgeError(f"torch.onnx could not write the model at ONNX opset {opset}. Got opset {got}. "
+                            f"Export at opset_version={got} or higher.")
+    for edit in edits:  # NOTE: not ir.passes.Sequential, which wraps every error (export's own) in a PassError
+        ModelEdit(edit)(model)
+    proto = ir.serde.serialize_model(model)
+    if converted is not None:  # NOTE: onnx.version_converter writes no value_info for initializers; onnx-ir does
+        untyped = {t.name for t in converted.graph.initializer} - {v.name for v in converted.graph.value_info}
+        kept = [v for v in proto.graph.value_info if v.name not in untyped]
+        del proto.graph.value_info[:]
+        proto.graph.value_info.extend(kept)
+    return proto
 
 
 def proxy_targets(registry: Registry) -> dict:
@@ -365,22 +396,16 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
             warnings.simplefilter("ignore")
             onnx_program = to_onnx(program, reg, max(opset_version, TORCH_MIN_OPSET))
     assert onnx_program is not None and onnx_program.exported_program is not None  # dynamo=True sets both
-    proto = onnx_program.model_proto
-    if opset_version < TORCH_MIN_OPSET:
-        proto = convert_model(proto, opset_version)
-    if onnx_opset(proto) != opset_version:
-        raise OpBridgeError(f"torch.onnx could not write the model at ONNX opset {opset_version}. Got opset "
-                            f"{onnx_opset(proto)}. Export at opset_version={onnx_opset(proto)} or higher.")
-    _ensure_opset_imports(proto, reg)
-    fill_attributes(proto, reg)  # NOTE: attributes explicit, whatever translation wrote the nodes
-    name_custom_outputs(proto, reg)
-    name_proxy_outputs(proto, _function_names(reg), proxy_name("fn", ""))
-    name_graph_io(proto, input_names, output_names)
-    rename_dims(proto, dim_names(program, model, args, kwargs, dynamic_shapes))
-    if functions:
-        attach_functions(proto, reg)  # written, built, translated or derived: exporters.resolve
-    elif _inlined(reg):
-        attach_functions(proto, reg, ops=_inlined(reg))
+    dims, ops = dim_names(program, model, args, kwargs, dynamic_shapes), None if functions else _inlined(reg)
+    edits = [lambda m: _ensure_opset_imports(m, reg),
+             lambda m: fill_attributes(m, reg),  # NOTE: attributes explicit, whatever translation wrote the nodes
+             name_custom_outputs,
+             lambda m: name_proxy_outputs(m, _function_names(reg), proxy_name("fn", "")),
+             lambda m: name_graph_io(m, input_names, output_names),
+             lambda m: rename_dims(m, dims)]
+    if functions or ops:  # NOTE: without functions, the bodies of the symbolics the file holds inlined
+        edits.append(lambda m: attach_functions_ir(m, reg, ops=ops))  # written, built, translated or derived
+    proto = _edited(onnx_program, opset_version, edits)
     proto, symbolics = inline_symbolic_ops(proto, reg)
     relativize_paths(proto)  # NOTE: after the bodies: nothing in the file keeps this machine's paths
     model_tensor_constants(proto)  # NOTE: graph, subgraphs and bodies: every Constant a tensor (tools read that)

@@ -7,40 +7,27 @@ import inspect
 import re
 from collections.abc import Mapping, Sequence
 
-import onnx
+import onnx_ir as ir
 import torch
 
 from bridge.core.basics.errors import OpBridgeError
-from bridge.core.basics.graphs import FreshNames, custom_nodes, graphs, value_names
+from bridge.core.basics.graphs import FreshNames, ir_custom_nodes
 
 
-def rename_values(model: onnx.ModelProto, mapping: dict[str, str]) -> None:
-    """Rename values everywhere they appear (nodes, graph inputs/outputs, value_info, subgraphs).
-
-    >>> from onnx import helper, TensorProto
-    >>> g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
-    ...     [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
-    ...     [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
-    >>> m = helper.make_model(g); rename_values(m, {"y": "relu_out"})
-    >>> [o.name for o in m.graph.output], list(m.graph.node[0].output)
-    (['relu_out'], ['relu_out'])
-    """
-    if not mapping:
-        return
-    for graph in graphs(model.graph):
-        for node in graph.node:
-            node.input[:] = [mapping.get(n, n) for n in node.input]
-            node.output[:] = [mapping.get(n, n) for n in node.output]
-        for v in [*graph.input, *graph.output, *graph.value_info, *graph.initializer]:
-            v.name = mapping.get(v.name, v.name)
+def _rename(model: ir.Model, hints: Mapping[ir.Value, str]) -> bool:
+    """Name each value of ``hints`` its hint, or the hint made unique (:class:`FreshNames`)."""
+    fresh = FreshNames(ir.convenience.create_value_mapping(model.graph))
+    for value, name in [(v, fresh(hint)) for v, hint in hints.items()]:
+        value.name = name
+    return bool(hints)
 
 
-def name_custom_outputs(model: onnx.ModelProto, registry) -> None:
+def name_custom_outputs(model: ir.Model) -> bool:
     """Outputs of multi-output custom nodes take the op's own names (``<op>_out<i>``), never the
     exporter's ``getitem``/``getitem_1``."""
-    fresh = FreshNames(value_names(model.graph))
-    rename_values(model, {out: fresh(f"{node.op_type}_out{i}") for node in custom_nodes(model) if len(node.output) > 1
-                          for i, out in enumerate(node.output) if out.startswith("getitem")})
+    return _rename(model, {out: f"{node.op_type}_out{i}" for node in ir_custom_nodes(model, functions=False)
+                           if len(node.outputs) > 1 for i, out in enumerate(node.outputs)
+                           if str(out.name).startswith("getitem")})
 
 
 def snake_case(name: str) -> str:
@@ -52,36 +39,35 @@ def snake_case(name: str) -> str:
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", name).lower()
 
 
-def name_proxy_outputs(model: onnx.ModelProto, hints: Mapping[tuple[str, str], str], prefix: str) -> None:
+def name_proxy_outputs(model: ir.Model, hints: Mapping[tuple[str, str], str], prefix: str) -> bool:
     """Outputs of the custom nodes of ops in ``hints`` (``(domain, op type) -> name``) still named as torch
     named their proxy's call (they start with ``prefix``) take the op's name: ``<name>`` or ``<name>_out<i>``."""
-    fresh = FreshNames(value_names(model.graph))
-    rename_values(model, {
-        out: fresh(hints[(node.domain, node.op_type)] + (f"_out{i}" if len(node.output) > 1 else ""))
-        for node in custom_nodes(model) if (node.domain, node.op_type) in hints
-        for i, out in enumerate(node.output) if out.startswith(prefix)})
+    return _rename(model, {
+        out: hints[(node.domain, node.op_type)] + (f"_out{i}" if len(node.outputs) > 1 else "")
+        for node in ir_custom_nodes(model, functions=False) if (node.domain, node.op_type) in hints
+        for i, out in enumerate(node.outputs) if str(out.name).startswith(prefix)})
 
 
-def name_graph_io(model: onnx.ModelProto, input_names: Sequence[str] | None,
-                  output_names: Sequence[str] | None) -> None:
+def name_graph_io(model: ir.Model, input_names: Sequence[str] | None, output_names: Sequence[str] | None) -> bool:
     """Rename the graph's inputs and outputs to the names given (same count, unique)."""
-    initializers = {t.name for t in model.graph.initializer}
-    mapping = {}
-    for kind, given, values in (("input_names", input_names,
-                                 [v.name for v in model.graph.input if v.name not in initializers]),
-                                ("output_names", output_names, [v.name for v in model.graph.output])):
+    graph, mapping = model.graph, dict[ir.Value, str]()
+    for kind, given, values in (("input_names", input_names, [v for v in graph.inputs if v.name not in
+                                                             graph.initializers]),
+                                ("output_names", output_names, list(graph.outputs))):
         if given is None:
             continue
-        given = list(given)
+        given, names = list(given), [v.name for v in values]
         if len(given) != len(values) or len(set(given)) != len(given) or not all(
                 isinstance(n, str) and n for n in given):
             raise OpBridgeError(f"{kind} must name each of the model's {len(values)} graph {kind[:-6]}s once. Got "
-                                f"{given} for {values}. Pass {len(values)} distinct non-empty names.")
-        mapping.update({old: new for old, new in zip(values, given) if old != new})
-    clash = (set(mapping.values()) & value_names(model.graph)) - set(mapping)
+                                f"{given} for {names}. Pass {len(values)} distinct non-empty names.")
+        mapping.update({v: new for v, new in zip(values, given) if v.name != new})
+    clash = (set(mapping.values()) & set(ir.convenience.create_value_mapping(graph))) - {v.name for v in mapping}
     if clash:
         raise OpBridgeError(f"names {sorted(clash)} are already used inside the graph. Got a clash. Pick other names.")
-    rename_values(model, mapping)
+    for value, name in mapping.items():
+        value.name = name
+    return bool(mapping)
 
 
 def dim_names(program: torch.export.ExportedProgram, model: torch.nn.Module, args: Sequence,
@@ -108,13 +94,18 @@ def dim_names(program: torch.export.ExportedProgram, model: torch.nn.Module, arg
     return names
 
 
-def rename_dims(model: onnx.ModelProto, mapping: dict[str, str]) -> None:
-    """Replace symbols inside every ``dim_param`` (also inside expressions such as ``s10 + 1``)."""
-    if not mapping:
-        return
+def rename_dims(model: ir.Model, mapping: dict[str, str]) -> bool:
+    """Replace symbols inside every symbolic dim of the graph's values (also inside expressions such as
+    ``s10 + 1``).
+
+    >>> x = ir.Value(name="x", shape=ir.Shape(["s10", "s10 + 1", 3]))
+    >>> rename_dims(ir.Model(ir.Graph([x], [x], nodes=[]), ir_version=10), {"s10": "batch"}), str(x.shape)
+    (True, '[batch,batch + 1,3]')
+    """
     pattern = re.compile(r"\b(" + "|".join(map(re.escape, sorted(mapping, key=len, reverse=True))) + r")\b")
-    for graph in graphs(model.graph):
-        for v in [*graph.input, *graph.output, *graph.value_info]:
-            for d in v.type.tensor_type.shape.dim:
-                if d.HasField("dim_param"):
-                    d.dim_param = pattern.sub(lambda m: mapping[m.group(1)], d.dim_param)
+    dims = [(v, i, str(d.value)) for v in ir.convenience.create_value_mapping(model.graph).values() if mapping
+            for i, d in enumerate(v.shape or ()) if isinstance(d, ir.SymbolicDim) and d.value is not None]
+    for value, i, dim in dims:
+        value.shape = value.shape.copy()  # NOTE: values may share a shape: each gets its own
+        value.shape[i] = ir.SymbolicDim(pattern.sub(lambda m: mapping[m.group(1)], dim))
+    return bool(dims)

@@ -8,11 +8,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import onnx
+import onnx_ir as ir
 from onnx import defs
 
 from bridge.core.basics import torch_compat
 from bridge.core.basics.errors import OpBridgeError
-from bridge.core.basics.graphs import custom_nodes
+from bridge.core.basics.graphs import custom_nodes, ir_custom_nodes
 from bridge.core.functional import define_twin, twin_spec
 from bridge.core.spec import OpSpec, Written, explicit_attributes, function_signature
 
@@ -199,13 +200,13 @@ class Registry:
         return {s.qualname: self.missing(s) for s in specs}
 
 
-def fill_attributes(model: onnx.ModelProto, registry: Registry) -> bool:
-    """Give every node of a registered op in ``model`` (graphs, subgraphs, model-local functions) each
-    attribute it omits that the op gives a default (``bridge.core.spec.explicit_attributes``): files
-    other tools wrote run with the op's defaults in every tier, inlined too. Edits ``model`` in place;
+def fill_attributes(model: onnx.ModelProto | ir.Model, registry: Registry) -> bool:
+    """Give every node of a registered op in ``model`` (a proto or onnx-ir's; graphs, subgraphs, model-local
+    functions) each attribute it omits that the op gives a default (``bridge.core.spec.explicit_attributes``):
+    files other tools wrote run with the op's defaults in every tier, inlined too. Edits ``model`` in place;
     returns whether a node changed."""
     changed = False
-    for node in custom_nodes(model, functions=True):
+    for node in ir_custom_nodes(model) if isinstance(model, ir.Model) else custom_nodes(model, functions=True):
         spec = registry.find(node.domain, node.op_type)
         if spec is not None and explicit_attributes(spec, node):
             changed = True

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import onnx
+import onnx_ir as ir
 import torch
 from onnx import defs
 from onnxscript import values
@@ -370,9 +371,9 @@ class Written:
         return self.source.to_function_proto()
 
 
-def explicit_attributes(spec: OpSpec, node: onnx.NodeProto) -> bool:
-    """Write into ``node`` (a node of ``spec``'s op) each attribute it omits that has an ONNX default
-    (:attr:`Param.onnx_default`, the op's torch default), so every tier and every function body reads
+def explicit_attributes(spec: OpSpec, node: onnx.NodeProto | ir.Node) -> bool:
+    """Write into ``node`` (a node of ``spec``'s op, a proto or onnx-ir's) each attribute it omits that has an
+    ONNX default (:attr:`Param.onnx_default`, the op's torch default), so every tier and every function body reads
     the op's value, not a default of its own; returns whether an attribute was added. The node's
     attributes then come in the op's order (:attr:`OpSpec.attributes`; others after them, as they were).
 
@@ -390,6 +391,12 @@ def explicit_attributes(spec: OpSpec, node: onnx.NodeProto) -> bool:
         >>> [a.name for a in node.attribute]
         ['slope', 'k']
     """
+    if isinstance(node, ir.Node):  # NOTE: one implementation: the work is done on a proto of the names alone
+        names = onnx.NodeProto(attribute=[onnx.AttributeProto(name=n) for n in node.attributes])
+        filled = explicit_attributes(spec, names)
+        for a in names.attribute:  # NOTE: each taken out and put back: the node's attributes in the proto's order
+            node.attributes[a.name] = node.attributes.pop(a.name, None) or ir.serde.deserialize_attribute(a)
+        return filled
     given = {a.name for a in node.attribute}
     filled = [d for d in (p.onnx_default for p in spec.attributes if p.name not in given) if d is not None]
     node.attribute.extend(filled)

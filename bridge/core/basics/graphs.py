@@ -147,9 +147,9 @@ def custom_nodes_with_branch(model: onnx.ModelProto) -> Iterator[tuple[onnx.Node
             yield from ((n, None) for n in walk([node]) if is_custom(n.domain))
 
 
-def ir_custom_nodes(model: ir.Model) -> list[ir.Node]:
-    """:func:`custom_nodes` of an onnx-ir model, its local functions included (those that import a
-    custom domain), walked by onnx-ir's ``RecursiveGraphIterator``; a list, so the caller may edit
+def ir_custom_nodes(model: ir.Model, *, functions: bool = True) -> list[ir.Node]:
+    """:func:`custom_nodes` of an onnx-ir model, its local functions included with ``functions`` (those that
+    import a custom domain), walked by onnx-ir's ``RecursiveGraphIterator``; a list, so the caller may edit
     the model's functions while it goes through them.
 
     Example:
@@ -161,7 +161,7 @@ def ir_custom_nodes(model: ir.Model) -> list[ir.Node]:
         >>> [n.op_type for n in ir_custom_nodes(model)]
         ['f', 'g']
     """
-    bodies = [f for f in model.functions.values() if any(is_custom(d) for d in f.opset_imports)]
+    bodies = [f for f in model.functions.values() if functions and any(is_custom(d) for d in f.opset_imports)]
     nodes = itertools.chain(ir.traversal.RecursiveGraphIterator(model.graph),
                             *(ir.traversal.RecursiveGraphIterator(f) for f in bodies))
     return [n for n in nodes if is_custom(n.domain)]
