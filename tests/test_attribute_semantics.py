@@ -147,6 +147,15 @@ def test_a_list_attribute_may_be_empty(way, steps, library):
     assert attr.type == onnx.AttributeProto.INTS and list(attr.ints) == steps
 
 
+@pytest.mark.parametrize("way", WAYS)
+def test_an_empty_float_list_is_a_floats_attribute(way, library):
+    # NOTE: an empty list has no element type: before, the node got INTS (onnx-ir's guess, logged), which the
+    # native kernel reading FLOATS and the schema do not take
+    proto = _check(lambda x: torch.ops.attrdemo.divide_all(x, []), way, library)
+    attr = _custom_node(proto).attribute[0]
+    assert attr.type == onnx.AttributeProto.FLOATS and list(attr.floats) == []
+
+
 def test_an_empty_list_default_is_a_typed_onnx_default():
     params, _ = parse_params("d::f", torch_compat.parse_schema("d::f(Tensor x, int[] steps=[], float[] w=[]) -> Tensor"))
     steps, w = (p.onnx_default for p in params[1:])

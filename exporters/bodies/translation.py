@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import onnx_ir as ir
+
 from bridge.core.basics.errors import OpBridgeError
 from bridge.core.spec import OpSpec, python_signature
 
@@ -41,7 +43,9 @@ def build_translation(spec: OpSpec) -> Callable:
             if not _is_concrete(value):
                 raise symbolic_attribute_error(spec, p.name, value)
             if value is not None:
-                attrs[p.name] = p.to_onnx_value(value)
+                value = p.to_onnx_value(value)
+                # NOTE: an empty list has no type of its own (onnx-ir would guess INTS, and log it): the schema's
+                attrs[p.name] = ir.Attr(p.name, ir.AttributeType(p.onnx_attribute_type), []) if value == [] else value
         return spec.onnx_op(*(values[p.name] for p in spec.tensors), **attrs)
 
     translation.__signature__ = sig  # type: ignore[attr-defined]  # NOTE: typeshed's functions lack it; inspect reads it

@@ -89,7 +89,7 @@ def divide_all_op(x: torch.Tensor, ds: list[float]) -> torch.Tensor:
     """x divided by each of ds in turn. No written body: the function tier's is derived."""
     for d in ds:
         x = x / d
-    return x
+    return x if ds else x.clone()  # NOTE: a custom op's output may not alias its input
 
 
 def _ignoring_bias():
