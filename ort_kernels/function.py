@@ -22,7 +22,7 @@ from exporters.derive import Crash, crash_sites, last_failure
 from exporters.export import DEFAULT_OPSET
 from exporters.kinds import body_kind
 from exporters.resolve import attach_functions
-from ort_kernels.base import Paths, Plan, Planned, Prepared, Refuse, Session, Tier, libraries, private_domains
+from ort_kernels.base import Explain, Paths, Plan, Planned, Prepared, Refuse, Session, Tier, libraries, private_domains
 
 # NOTE: the prefix of the private domains the tier's nodes move to when the options carry a library
 FUNCTION_DOMAIN = "opbridge.function."
@@ -55,8 +55,8 @@ class FunctionTier(Tier):
                 "tier='native' or 'python'."
             )
         _check_optional_inputs(plan)
-        calls = tuple(_Call.of(p.spec, p) for p in plan.graph if p.spec is not None and p.spec.checks is not None)
-        explain = functools.partial(_explain, calls, _guard_nodes(plan))  # NOTE: read before domains move
+        calls = _calls(plan)
+        explain = guard_explainer(plan, calls)  # NOTE: read before domains move
         for call in calls:
             # NOTE: a bad attribute can fail onnxruntime's load (shape inference of the body) before
             # any guard runs: the attribute checks run here, with the same message.
@@ -277,6 +277,16 @@ class _Call:
             return None
 
 
+def _calls(plan: Plan) -> tuple[_Call, ...]:
+    return tuple(_Call.of(p.spec, p) for p in plan.graph if p.spec is not None and p.spec.checks is not None)
+
+
+def guard_explainer(plan: Plan, calls: tuple[_Call, ...] | None = None) -> Explain:
+    """The explainer of the guards of the plan's function bodies (:func:`_explain`): the function tier's,
+    and the native tier's for the bodies it runs. Read before a tier moves the domains."""
+    return functools.partial(_explain, _calls(plan) if calls is None else calls, _guard_nodes(plan))
+
+
 def _guard_nodes(plan: Plan) -> dict[str, Checks]:
     """The name of each guard node in the model's function bodies -> the checks of its op."""
     guards = {}
@@ -301,13 +311,13 @@ def _explain(calls: tuple[_Call, ...], guards: dict[str, Checks], error: BaseExc
         return None
     node = max(stopped, key=len)  # NOTE: one guard node's name may begin another's
     qualnames = {guards[name].qualname for name in stopped}
-    values = dict(feed)
+    values = dict(feed or {})  # NOTE: None: the feed is not known (an IOBinding's run)
     for call in calls:
         if call.spec.checks.qualname not in qualnames:
             continue
         missing = [name for name in call.inputs.values() if name and name not in values]
         if missing:
-            computed = _computed(model, missing, feed)
+            computed = _computed(model, missing, feed or {})
             values.update({name: computed.get(name) for name in missing})  # NOTE: None: unknown, not asked again
         message = call.failure(values)
         if message is not None:
