@@ -284,7 +284,9 @@ def _calls(plan: Plan) -> tuple[_Call, ...]:
 def guard_explainer(plan: Plan, calls: tuple[_Call, ...] | None = None) -> Explain:
     """The explainer of the guards of the plan's function bodies (:func:`_explain`): the function tier's,
     and the native tier's for the bodies it runs. Read before a tier moves the domains."""
-    return functools.partial(_explain, _calls(plan) if calls is None else calls, _guard_nodes(plan))
+    guards = _guard_nodes(plan)
+    # NOTE: no guard, no calls to read (a native session whose ops all have C++ kernels)
+    return functools.partial(_explain, (_calls(plan) if calls is None else calls) if guards else (), guards)
 
 
 def _guard_nodes(plan: Plan) -> dict[str, Checks]:
