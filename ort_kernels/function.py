@@ -55,9 +55,7 @@ class FunctionTier(Tier):
                 "tier='native' or 'python'."
             )
         _check_optional_inputs(plan)
-        calls = _calls(plan)
-        explain = guard_explainer(plan, calls)  # NOTE: read before domains move
-        for call in calls:
+        for call in _calls(plan):
             # NOTE: a bad attribute can fail onnxruntime's load (shape inference of the body) before
             # any guard runs: the attribute checks run here, with the same message.
             message = call.spec.checks.attribute_failure(call.attrs)
@@ -69,7 +67,7 @@ class FunctionTier(Tier):
         # NOTE: a file's guards wait for nothing (tools see through its Identity waits): the
         # session's copy makes every body wait for its guard, so a bad input fails there first
         waits = [ordered(f) for f in model.functions]
-        return Prepared(options, changed=bool(added) or private or any(waits), explain=(explain,))
+        return Prepared(options, changed=bool(added) or private or any(waits))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -281,19 +279,21 @@ def _calls(plan: Plan) -> tuple[_Call, ...]:
     return tuple(_Call.of(p.spec, p) for p in plan.graph if p.spec is not None and p.spec.checks is not None)
 
 
-def guard_explainer(plan: Plan, calls: tuple[_Call, ...] | None = None) -> Explain:
-    """The explainer of the guards of the plan's function bodies (:func:`_explain`): the function tier's,
-    and the native tier's for the bodies it runs. Read before a tier moves the domains."""
+def guard_explainer(plan: Plan) -> Explain:
+    """The explainer of the guards of the function bodies a session runs (:func:`_explain`), read from the
+    plan a tier prepared: the function tier's bodies, and those the native tier runs for ops without a C++
+    kernel (``bridge.session`` adds it for every tier)."""
     guards = _guard_nodes(plan)
     # NOTE: no guard, no calls to read (a native session whose ops all have C++ kernels)
-    return functools.partial(_explain, (_calls(plan) if calls is None else calls) if guards else (), guards)
+    return functools.partial(_explain, _calls(plan) if guards else (), guards)
 
 
 def _guard_nodes(plan: Plan) -> dict[str, Checks]:
     """The name of each guard node in the model's function bodies -> the checks of its op."""
     guards = {}
     for function in plan.model.functions:
-        spec = plan.registry.find(function.domain, function.name)
+        # NOTE: a tier may have moved the bodies to private domains (the function tier's)
+        spec = plan.registry.find(function.domain.removeprefix(FUNCTION_DOMAIN), function.name)
         if spec is not None and spec.checks is not None:
             guards.update({n.name: spec.checks for n in function.node if is_guard(n)})
     return guards

@@ -18,7 +18,6 @@ from bridge.core.spec import OpSpec
 from exporters.resolve import attach_functions
 from ort_kernels.base import FUNCTION_BODY, Paths, Plan, Prepared, Tier, load_error, with_library
 from ort_kernels.build import library_path, native_library, native_source, served_ops
-from ort_kernels.function import guard_explainer
 from ort_kernels.libraries import served_by, user_libraries
 
 # NOTE: the one env var naming a prebuilt library for every native session.
@@ -55,11 +54,10 @@ class NativeTier(Tier):
         for p in plan.nodes:
             p.served = theirs.get(p.key) or (own if p.key in served else "") or (
                 FUNCTION_BODY if p.key in unserved else "")
-        # NOTE: the bodies this tier runs fail and explain their guards as in the function tier
-        guards = guard_explainer(plan)
+        # NOTE: a body this tier runs waits for its guard, as in the function tier (the session explains it)
         waits = [ordered(f) for f in model.functions]
         return Prepared(_with_libraries(options, [*dict.fromkeys(theirs.values()), *([own] if own else [])]),
-                        changed=changed or any(waits), explain=(_kernel_refusal, guards))
+                        changed=changed or any(waits), explain=(_kernel_refusal,))
 
     def missing(self, registry: Registry) -> str | None:
         # NOTE: the cheap answers first: the library's key needs every op's types (their fake kernels)

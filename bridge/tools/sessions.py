@@ -23,7 +23,7 @@ from bridge.core.basics.torch_compat import pytree
 from bridge.core.registry import REGISTRY, Registry
 from ort_kernels import tiers
 from ort_kernels.base import Explain, Paths, Plan, Session, readable
-from ort_kernels.function import crash_refusal
+from ort_kernels.function import crash_refusal, guard_explainer
 from ort_kernels.libraries import user_libraries
 
 
@@ -83,7 +83,8 @@ def _wrong_feed(readers: dict, graph: onnx.GraphProto) -> Explain:
             return (f"opbridge: the feed does not match the model's inputs: missing {missing}, unknown {unknown}. "
                     f"Got inputs {list(feed)}. Feed each model input by its name: {names} (session.get_inputs()).")
         for name, value in feed.items():
-            if name in declared and not isinstance(value, (np.ndarray, ort.OrtValue)):  # NOTE: one on a device
+            # NOTE: what onnxruntime cannot read (it reads arrays, lists, OrtValues of either class)
+            if name in declared and isinstance(value, (torch.Tensor, np.generic, int, float, complex)):
                 kind = f"{type(value).__module__}.{type(value).__qualname__}"
                 fix = (f"Pass {name}.numpy() (or build the feed with bridge.parity.ort_feed(session, args))"
                        if isinstance(value, torch.Tensor) else f"Pass np.asarray({name})")
@@ -162,6 +163,8 @@ def session(model: str | os.PathLike | onnx.ModelProto | bytes, *, tier: str = "
     # NOTE: read before the tier edits the model
     wrong_feed = _wrong_feed(plan.readers(), proto.graph)
     prepared = kernels.prepare(plan, sess_options, native_library)
+    # NOTE: the guards of the bodies the session runs (any tier's) explained one way: the function tier's
+    guards = guard_explainer(plan)
     refuse = crash_refusal(proto, plan.registry)  # NOTE: a size it cannot refuse is refused here, not as a load failure
     # NOTE: a file that needs no change goes to ORT by path: no second serialisation and parse
     path = model if isinstance(model, (str, os.PathLike)) and not (prepared.changed or filled) else None
@@ -173,8 +176,8 @@ def session(model: str | os.PathLike | onnx.ModelProto | bytes, *, tier: str = "
               f"{''.join(f'; {op} {why}' for op, why in unserved.items())})", native=native):
         try:
             content = os.fspath(path) if path is not None else _serialised(proto, model)
-            sess = Session(content, prepared.options, providers=providers, explain=(*prepared.explain, wrong_feed),
-                           guard=prepared.guard, refuse=refuse)
+            sess = Session(content, prepared.options, providers=providers, guard=prepared.guard, refuse=refuse,
+                           explain=(*prepared.explain, guards, wrong_feed))
             sess.kernels, sess.unserved = served, unserved
             return sess
         except Exception as e:
