@@ -29,10 +29,10 @@ from bridge.core.spec import OpSpec, explicit_attributes, node_attributes
 # One custom-op library path, or several (``bridge.session(native_library=...)``).
 Paths = str | os.PathLike | Sequence[str | os.PathLike]
 
-# An explainer: (the exception a run raised, the feed as arrays by input name, the model onnxruntime
-# runs: its bytes or path) -> the OpBridgeError message for it, or None when it is not about what
-# this explainer knows.
-Explain = Callable[[BaseException, dict, "bytes | str"], "str | None"]
+# An explainer: (the exception a run raised, the feed as arrays by input name (None where it is not
+# known: an IOBinding's run), the model onnxruntime runs: its bytes or path) -> the OpBridgeError
+# message for it, or None when it is not about what this explainer knows.
+Explain = Callable[[BaseException, "dict | None", "bytes | str"], "str | None"]
 # A refusal: (each input's shape by input name, where the feed says; the feed) -> the OpBridgeError
 # message of a feed the tier must not hand onnxruntime (it would die on it), or None. Runs before every run.
 Refuse = Callable[[dict, dict], "str | None"]
@@ -248,7 +248,7 @@ class Session(ort.InferenceSession):
             output_names, input_dict_ort_values, run_options), input_dict_ort_values)
 
     def run_with_iobinding(self, iobinding, run_options=None):
-        return self._checked(lambda: super(Session, self).run_with_iobinding(iobinding, run_options), {})
+        return self._checked(lambda: super(Session, self).run_with_iobinding(iobinding, run_options), None)
 
     def run_with_ortvaluevector(self, run_options, feed_names, feeds, fetch_names, fetches, fetch_devices):
         return self._checked(lambda: super(Session, self).run_with_ortvaluevector(
@@ -258,7 +258,8 @@ class Session(ort.InferenceSession):
         """Like onnxruntime's: ``callback(results, user_data, error_text)`` is called from another
         thread; a failed run passes ``[]`` and the same OpBridgeError text ``run`` raises.
         NOTE: the run itself is ``run`` in a worker thread, so the tier's guard holds for it too."""
-        self._validate_input(list(input_feed))  # NOTE: bad input names raise here, as onnxruntime's does
+        # NOTE: bad input names raise here, as onnxruntime's does, explained as ``run`` explains them
+        self._checked(lambda: self._validate_input(list(input_feed)), input_feed)
 
         def work():
             try:
@@ -270,8 +271,8 @@ class Session(ort.InferenceSession):
 
         threading.Thread(target=work, name="opbridge-run-async", daemon=True).start()
 
-    def _checked(self, call: Callable, feed: dict):
-        if self._refusals:
+    def _checked(self, call: Callable, feed: dict | None):
+        if self._refusals and feed is not None:
             shapes = _shapes(feed)
             message = next((m for m in (refuse(shapes, feed) for refuse in self._refusals) if m), None)
             if message is not None:
@@ -282,7 +283,7 @@ class Session(ort.InferenceSession):
             except OpBridgeError:
                 raise
             except Exception as e:
-                arrays = _arrays(feed)
+                arrays = None if feed is None else _arrays(feed)
                 messages = (explain(e, arrays, self._content) for explain in self._explainers)
                 message = next((m for m in messages if m), None)
                 if message is None:
@@ -301,14 +302,12 @@ def _shapes(feed: dict) -> dict[str, tuple]:
 
 
 def _arrays(feed: dict) -> dict:
-    """The feed as numpy arrays where it can be read (OrtValues on the CPU), for explainers."""
+    """The feed, as numpy arrays where it can be read (OrtValues on the CPU), for explainers."""
     out = {}
     for name, value in feed.items():
         if isinstance(value, ort.OrtValue):
-            try:
+            with contextlib.suppress(Exception):  # NOTE: one that cannot be read (on a device) is left as it is
                 value = value.numpy()
-            except Exception:  # noqa: BLE001  a value that cannot be read is left out of the message
-                continue
         out[name] = value
     return out
 

@@ -22,7 +22,7 @@ from exporters.derive import Crash, crash_sites, last_failure
 from exporters.export import DEFAULT_OPSET
 from exporters.kinds import body_kind
 from exporters.resolve import attach_functions
-from ort_kernels.base import Paths, Plan, Planned, Prepared, Refuse, Session, Tier, libraries, private_domains
+from ort_kernels.base import Explain, Paths, Plan, Planned, Prepared, Refuse, Session, Tier, libraries, private_domains
 
 # NOTE: the prefix of the private domains the tier's nodes move to when the options carry a library
 FUNCTION_DOMAIN = "opbridge.function."
@@ -55,9 +55,7 @@ class FunctionTier(Tier):
                 "tier='native' or 'python'."
             )
         _check_optional_inputs(plan)
-        calls = tuple(_Call.of(p.spec, p) for p in plan.graph if p.spec is not None and p.spec.checks is not None)
-        explain = functools.partial(_explain, calls, _guard_nodes(plan))  # NOTE: read before domains move
-        for call in calls:
+        for call in _calls(plan):
             # NOTE: a bad attribute can fail onnxruntime's load (shape inference of the body) before
             # any guard runs: the attribute checks run here, with the same message.
             message = call.spec.checks.attribute_failure(call.attrs)
@@ -69,7 +67,7 @@ class FunctionTier(Tier):
         # NOTE: a file's guards wait for nothing (tools see through its Identity waits): the
         # session's copy makes every body wait for its guard, so a bad input fails there first
         waits = [ordered(f) for f in model.functions]
-        return Prepared(options, changed=bool(added) or private or any(waits), explain=(explain,))
+        return Prepared(options, changed=bool(added) or private or any(waits))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -277,11 +275,25 @@ class _Call:
             return None
 
 
+def _calls(plan: Plan) -> tuple[_Call, ...]:
+    return tuple(_Call.of(p.spec, p) for p in plan.graph if p.spec is not None and p.spec.checks is not None)
+
+
+def guard_explainer(plan: Plan) -> Explain:
+    """The explainer of the guards of the function bodies a session runs (:func:`_explain`), read from the
+    plan a tier prepared: the function tier's bodies, and those the native tier runs for ops without a C++
+    kernel (``bridge.session`` adds it for every tier)."""
+    guards = _guard_nodes(plan)
+    # NOTE: no guard, no calls to read (a native session whose ops all have C++ kernels)
+    return functools.partial(_explain, _calls(plan) if guards else (), guards)
+
+
 def _guard_nodes(plan: Plan) -> dict[str, Checks]:
     """The name of each guard node in the model's function bodies -> the checks of its op."""
     guards = {}
     for function in plan.model.functions:
-        spec = plan.registry.find(function.domain, function.name)
+        # NOTE: a tier may have moved the bodies to private domains (the function tier's)
+        spec = plan.registry.find(function.domain.removeprefix(FUNCTION_DOMAIN), function.name)
         if spec is not None and spec.checks is not None:
             guards.update({n.name: spec.checks for n in function.node if is_guard(n)})
     return guards
@@ -301,13 +313,13 @@ def _explain(calls: tuple[_Call, ...], guards: dict[str, Checks], error: BaseExc
         return None
     node = max(stopped, key=len)  # NOTE: one guard node's name may begin another's
     qualnames = {guards[name].qualname for name in stopped}
-    values = dict(feed)
+    values = dict(feed or {})  # NOTE: None: the feed is not known (an IOBinding's run)
     for call in calls:
         if call.spec.checks.qualname not in qualnames:
             continue
         missing = [name for name in call.inputs.values() if name and name not in values]
         if missing:
-            computed = _computed(model, missing, feed)
+            computed = _computed(model, missing, feed or {})
             values.update({name: computed.get(name) for name in missing})  # NOTE: None: unknown, not asked again
         message = call.failure(values)
         if message is not None:

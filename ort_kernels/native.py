@@ -11,6 +11,7 @@ import torch
 
 from bridge.core.basics.errors import OpBridgeError, UnsupportedInTier
 from bridge.core.basics.opnames import spec_names
+from bridge.core.checks import ordered
 from bridge.core.cppbuild import compiler, find_compiler, verified
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
@@ -53,8 +54,10 @@ class NativeTier(Tier):
         for p in plan.nodes:
             p.served = theirs.get(p.key) or (own if p.key in served else "") or (
                 FUNCTION_BODY if p.key in unserved else "")
+        # NOTE: a body this tier runs waits for its guard, as in the function tier (the session explains it)
+        waits = [ordered(f) for f in model.functions]
         return Prepared(_with_libraries(options, [*dict.fromkeys(theirs.values()), *([own] if own else [])]),
-                        changed=changed)
+                        changed=changed or any(waits), explain=(_kernel_refusal,))
 
     def missing(self, registry: Registry) -> str | None:
         # NOTE: the cheap answers first: the library's key needs every op's types (their fake kernels)
@@ -79,6 +82,23 @@ class NativeTier(Tier):
                          f"{','.join(str(d).replace('torch.', '') for d in dtypes)}"
                          f"{'' if op == f'{domain}::{name}' else f' (op {op})'}")
         return lines
+
+
+def _kernel_refusal(error: BaseException, _feed: dict | None, _model: bytes | str) -> str | None:
+    """A C++ kernel's refusal (its status message: an ``opbridge: ...`` sentence naming the op, the input
+    and its value) as it is, with what to do.
+
+    >>> _kernel_refusal(RuntimeError("[ONNXRuntimeError] : 2 : ... Status Message: opbridge: d::f: input 'i' "
+    ...                 "has value 9 at position 1, outside [0, 4)"), {}, b"")  # doctest: +NORMALIZE_WHITESPACE
+    "opbridge: d::f: input 'i' has value 9 at position 1, outside [0, 4). Got this from the op's C++ kernel.
+    Fix the inputs (the op's own eager checks apply in this tier)."
+    """
+    text = " ".join(str(error).split())
+    own = text.find("opbridge: ")
+    if own < 0:
+        return None
+    return (f"{text[own:].rstrip('. ')}. Got this from the op's C++ kernel. Fix the inputs (the op's own eager "
+            "checks apply in this tier).")
 
 
 def _served(plan: Plan, theirs: dict[tuple[str, str], str], users: list[str]

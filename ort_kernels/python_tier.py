@@ -127,7 +127,12 @@ class _Declared:
                 result.append(o.detach().contiguous().numpy())
             return tuple(result)
         except BaseException as e:  # noqa: BLE001  an escaping exception aborts the process
-            _errors.append(f"{spec.qualname}: the Python kernel raised {_describe(e)}")
+            text = _describe(e).removeprefix(f"{type(e).__name__}: ")
+            if isinstance(e, OpBridgeError) and text.startswith("opbridge: "):
+                # NOTE: its own message (the op's checks) says what is wrong and what to do: passed on once
+                _errors.append(text if spec.qualname in text else f"opbridge: {spec.qualname}: {text[10:]}")
+            else:
+                _errors.append(f"{spec.qualname}: the Python kernel raised {_describe(e)}")
             return self.placeholders
 
 
@@ -348,7 +353,10 @@ def _bridge(model: onnx.ModelProto, fresh: FreshNames) -> None:
 
 
 def _kernel_error() -> str:
-    return _errors[0].rstrip(".") + ". Fix the inputs (the op's own eager checks apply in this tier)."
+    first = _errors[0]
+    if first.startswith("opbridge: "):  # NOTE: the kernel's own OpBridgeError, as it is
+        return first
+    return first.rstrip(".") + ". Fix the inputs (the op's own eager checks apply in this tier)."
 
 
 @contextlib.contextmanager

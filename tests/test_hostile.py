@@ -4,6 +4,7 @@ CLI invocations. Whatever can crash runs in a subprocess, so a crash is a failed
 import json
 import os
 import subprocess
+import threading
 from pathlib import Path
 
 import forkserver
@@ -15,6 +16,9 @@ from onnx import helper
 
 import bridge
 import custom_ops  # noqa: F401
+import custom_ops.demo as demo
+from bridge import checks as C
+from ort_kernels.base import FUNCTION_BODY
 
 ROOT = Path(__file__).resolve().parents[1]
 FUZZ_EXAMPLES = int(os.environ.get("OPBRIDGE_FUZZ_EXAMPLES", "60"))  # --heavy: 1,000
@@ -169,7 +173,7 @@ def exported(tmp_path_factory):
     ("not_a_zip", "is not a readable .npz"),
     ("object_array", "is not a readable .npz"),
     ("empty", "holds arrays []"),
-    ("wrong_names", "holds arrays ['a', 'b']"),
+    ("wrong_names", "holds arrays ['a', 'b']; the model takes inputs ['x']. Got missing ['x'], extra ['a', 'b']"),
     ("empty_model_module", "cannot load model factory"),
     ("missing_output_folder", "its folder does not exist"),
 ])
@@ -249,3 +253,114 @@ def test_checked_op_reading_an_external_data_initializer(tier, tmp_path):
                     location="m.data", size_threshold=0)
     sess = bridge.session(path, tier=tier)
     assert float(sess.run(None, {"x": np.ones((1, 3, 2, 2), np.float32)})[0].sum()) == 24.0
+
+
+# --- a bad feed is an OpBridgeError in every tier: the op's message, or the feed's -----------------------------
+
+@pytest.fixture(scope="module")
+def demo_sessions():
+    case = demo.build()
+    proto = bridge.export(case.model, case.args, dynamic_shapes=case.dynamic_shapes)
+    with torch.no_grad():
+        expected = case.model(*case.args).numpy()
+    return case, expected, {tier: bridge.session(proto, tier=tier) for tier in bridge.TIERS}
+
+
+def _out_of_range(feed):
+    ranks = feed["ranks_depth"].copy()
+    ranks[5] = 99999
+    return {**feed, "ranks_depth": ranks}
+
+
+# NOTE: each bad feed of the demo (the good feed -> the bad one) and what every tier's message names
+BAD_FEEDS = {
+    "out_of_range": (_out_of_range, "bev::bev_pool_v2: input 'ranks_depth'"),
+    "wrong_rank": (lambda f: {**f, "images": f["images"][0]}, "model input 'images' must have 5 dims"),
+    "wrong_static_dim": (lambda f: {**f, "images": np.concatenate([f["images"]] * 2, 2)},
+                         "model input 'images' must have size 3 in dim 2"),
+    "wrong_dtype": (lambda f: {**f, "images": f["images"].astype(np.float64)}, "model input 'images' must be float32"),
+    "missing": (lambda f: {k: v for k, v in f.items() if k != "ranks_feat"}, "missing ['ranks_feat'], unknown []"),
+    "unknown": (lambda f: {**f, "rank_bev": f["ranks_bev"]}, "missing [], unknown ['rank_bev']"),
+    "torch_tensor": (lambda f: {**f, "images": torch.from_numpy(f["images"])},
+                     "model input 'images' must be a numpy array. Got torch.Tensor. Pass images.numpy()"),
+    "numpy_scalar": (lambda f: {**f, "ranks_bev": np.int32(3)}, "bev::bev_pool_v2: input 'ranks_bev' must be a numpy array. Got numpy.int32"),
+}
+# the message of the out-of-range index in each tier: the op's eager checks, the C++ kernel's own words
+OUT_OF_RANGE = {
+    "function": "input 'ranks_depth' values must lie in [0, 16896). Got min 0, max 99999. Check ranks_depth",
+    "native": "input 'ranks_depth' has value 99999 at position 5, outside [0, 16896) (depth elements). Got this "
+              "from the op's C++ kernel. Fix the inputs",
+    "python": "input 'ranks_depth' values must lie in [0, 16896). Got min 0, max 99999. Check ranks_depth",
+}
+
+
+@pytest.mark.parametrize("bad", BAD_FEEDS)
+@pytest.mark.parametrize("tier", bridge.TIERS)
+def test_bad_feeds_are_opbridge_errors_in_every_tier(demo_sessions, tier, bad):
+    case, expected, sessions = demo_sessions
+    sess = sessions[tier]
+    feed = bridge.parity.ort_feed(sess, case.args)
+    np.testing.assert_allclose(sess.run(None, feed)[0], expected, rtol=1e-4, atol=1e-4)  # the good feed runs
+    make, needle = BAD_FEEDS[bad]
+    with pytest.raises(bridge.OpBridgeError) as info:
+        sess.run(None, make(feed))
+    message = str(info.value)
+    assert message.startswith("opbridge: ") and message.count("opbridge:") == 1 and needle in message, message
+    assert ".." not in message and "ONNXRuntimeError" not in message, message
+    if bad == "out_of_range":
+        assert OUT_OF_RANGE[tier] in message and "the Python kernel raised" not in message, message
+
+
+@pytest.mark.parametrize("tier", bridge.TIERS)
+def test_kernel_refusals_through_ort_values_and_threads(demo_sessions, tier):
+    case, _, sessions = demo_sessions
+    sess = sessions[tier]
+    bad = _out_of_range(bridge.parity.ort_feed(sess, case.args))
+    values = {k: bridge.tools.sessions._ort_value(v) for k, v in bad.items()}
+    with pytest.raises(bridge.OpBridgeError, match="input 'ranks_depth'"):
+        sess.run_with_ort_values(None, values)
+    errors = []
+    thread = threading.Thread(target=lambda: errors.append(pytest.raises(bridge.OpBridgeError, sess.run, None, bad)))
+    thread.start()
+    thread.join()
+    assert OUT_OF_RANGE[tier] in str(errors[0].value)
+
+
+def test_native_explains_the_guards_of_the_bodies_it_runs(registry, fresh_name):
+    """An op with checks and no C++ kernel runs its function body in the native tier: a failed guard
+    there is the function tier's message, the op's eager one."""
+    name = fresh_name("gather_perm")
+
+    @bridge.op(name, fake=lambda x, idx: x.new_empty(idx.shape), registry=registry,
+               checks=[C.rank("x", 1), C.rank("idx", 1), C.values_in("idx", 0, C.numel("x"))])
+    def gather_perm(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        return x[idx]
+
+    class M(torch.nn.Module):
+        def forward(self, x, idx):
+            return gather_perm(x, idx)
+
+    x, idx = torch.arange(10.0), torch.tensor([3, 1, 2])
+    proto = bridge.export(M(), (x, idx), registry=registry)
+    messages = {}
+    for tier in ("function", "native"):
+        sess = bridge.session(proto, tier=tier, registry=registry)
+        np.testing.assert_array_equal(sess.run(None, {"x": x.numpy(), "idx": idx.numpy()})[0], x[idx].numpy())
+        with pytest.raises(bridge.OpBridgeError) as info:
+            sess.run(None, {"x": x.numpy(), "idx": np.array([3, -1, 2])})
+        messages[tier] = str(info.value)
+    assert sess.kernels == {name: FUNCTION_BODY}
+    assert messages["native"] == messages["function"], messages
+    assert messages["native"].startswith(f"opbridge: {name}: input 'idx' values must lie in [0, 10). Got min -1")
+
+
+def test_cli_run_passes_a_kernel_refusal_on_once(demo_sessions, tmp_path):
+    case, _, sessions = demo_sessions
+    path = tmp_path / "demo.onnx"
+    bridge.export(case.model, case.args, path, dynamic_shapes=case.dynamic_shapes)
+    np.savez(tmp_path / "bad.npz", **_out_of_range(bridge.parity.ort_feed(sessions["native"], case.args)))
+    for tier in bridge.TIERS:
+        r = _cli("run", str(path), "--tier", tier, "--inputs", str(tmp_path / "bad.npz"), cwd=tmp_path)
+        lines = [line for line in r.stderr.splitlines() if line.startswith("error: ")]  # NOTE: onnxruntime logs too
+        assert r.returncode == 2 and len(lines) == 1, r.stderr
+        assert lines[0].count("opbridge:") == 1 and ".." not in lines[0] and OUT_OF_RANGE[tier] in lines[0], lines

@@ -259,8 +259,10 @@ def load_inputs(path: str, names: list[str]) -> dict[str, np.ndarray]:
         return {n: arrays[n] for n in names}
     if set(arrays) == set(positional):
         return dict(zip(names, (arrays[k] for k in positional)))
-    raise OpBridgeError(f"{path} holds arrays {sorted(arrays)}; the model takes inputs {names}. Got a mismatch. "
-                        "Save one array per model input, keyed by input name (or arr_0... in input order).")
+    missing, extra = [n for n in names if n not in arrays], sorted(set(arrays) - set(names))
+    raise OpBridgeError(f"{path} holds arrays {sorted(arrays)}; the model takes inputs {names}. Got missing "
+                        f"{missing}, extra {extra}. Save one array per model input, keyed by input name (or arr_0... "
+                        "in input order).")
 
 
 def _summary(value) -> str:
@@ -290,9 +292,11 @@ def cmd_run(args) -> int:
     start = time.perf_counter()
     try:
         outputs = sess.run(None, feed)
+    except OpBridgeError:
+        raise  # NOTE: the session's own message (the op's, the feed's) says what to do
     except Exception as e:
         raise OpBridgeError(f"onnxruntime failed to run {args.model_file}. Got {type(e).__name__}: "
-                            f"{str(e)[:600]}. Check the inputs.") from None
+                            f"{str(e)[:600].rstrip('.')}. Check the inputs.") from None
     ms = (time.perf_counter() - start) * 1e3
     for meta, out in zip(sess.get_outputs(), outputs):
         print(f"{meta.name}: {_summary(out)}")

@@ -23,7 +23,7 @@ from bridge.core.basics.torch_compat import pytree
 from bridge.core.registry import REGISTRY, Registry
 from ort_kernels import tiers
 from ort_kernels.base import Explain, Paths, Plan, Session, readable
-from ort_kernels.function import crash_refusal
+from ort_kernels.function import crash_refusal, guard_explainer
 from ort_kernels.libraries import user_libraries
 
 
@@ -60,33 +60,69 @@ def _serialised(proto: onnx.ModelProto, model) -> bytes:
     return content
 
 
-def _wrong_type(readers: dict, inputs: Sequence[onnx.ValueInfoProto]) -> Explain:
-    """The explainer of a fed value whose element type onnxruntime refuses (its message names no
-    input): the message names the input and the custom op that reads it (``readers``: graph input
-    -> (qualname, the op's parameter it feeds))."""
-    expected_types = {v.name: v.type.tensor_type.elem_type for v in inputs if v.type.HasField("tensor_type")}
+def _wrong_feed(readers: dict, graph: onnx.GraphProto) -> Explain:
+    """The explainer of a feed onnxruntime refuses (its message names no op, or no input): input names
+    missing or unknown, a value that is no array (a torch tensor, a numpy scalar), an element type, a
+    rank or a fixed dim (dim_value; dim_param dims are free) other than the model declares. The message
+    names the input and the custom op that reads it (``readers``: graph input -> (qualname, the op's
+    parameter it feeds))."""
+    declared = {v.name: v.type.tensor_type for v in graph.input if v.type.HasField("tensor_type")}
+    names = [v.name for v in graph.input]
+    required = [n for n in names if n not in {t.name for t in graph.initializer}]
 
-    def explain(error: BaseException, feed: dict, _model: bytes | str) -> str | None:
-        for name, expected in expected_types.items():
+    def where(name: str) -> str:
+        qualname, param = readers.get(name, (None, None))
+        return (f"{qualname}: input '{param}'{'' if param == name else f' (model input {name!r})'}" if qualname
+                else f"model input '{name}'")
+
+    def explain(error: BaseException, feed: dict | None, _model: bytes | str) -> str | None:
+        if feed is None:
+            return None  # NOTE: an IOBinding's run: what was bound is not known here
+        missing, unknown = [n for n in required if n not in feed], [n for n in feed if n not in names]
+        if missing or unknown:
+            return (f"opbridge: the feed does not match the model's inputs: missing {missing}, unknown {unknown}. "
+                    f"Got inputs {list(feed)}. Feed each model input by its name: {names} (session.get_inputs()).")
+        for name, value in feed.items():
+            # NOTE: what onnxruntime cannot read (it reads arrays, lists, OrtValues of either class)
+            if name in declared and isinstance(value, (torch.Tensor, np.generic, int, float, complex)):
+                kind = f"{type(value).__module__}.{type(value).__qualname__}"
+                fix = (f"Pass {name}.numpy() (or build the feed with bridge.parity.ort_feed(session, args))"
+                       if isinstance(value, torch.Tensor) else f"Pass np.asarray({name})")
+                return f"opbridge: {where(name)} must be a numpy array. Got {kind}. {fix}."
+        for name, tensor in declared.items():
             value = feed.get(name)
-            if not isinstance(value, np.ndarray) or expected == onnx.TensorProto.UNDEFINED:
-                continue
-            try:
-                actual = onnx.helper.np_dtype_to_tensor_dtype(value.dtype)
-            except (KeyError, TypeError, ValueError):
-                actual = None
-            if actual == expected:
-                continue
-            want = onnx.helper.tensor_dtype_to_np_dtype(expected)
-            ort_type = f"tensor({onnx.TensorProto.DataType.Name(expected).lower()})"  # onnxruntime's spelling
-            qualname, param = readers.get(name, (None, None))
-            where = f"{qualname}: input '{param}'" if qualname else f"model input '{name}'"
-            fed = "" if param in (None, name) else f" (model input '{name}')"
-            return (f"opbridge: {where}{fed} must be {want.name} ({ort_type}). Got {value.dtype.name}. "
-                    f"Pass {name} as {want.name} (e.g. array.astype(np.{want.name})).")
+            message = _wrong_value(where(name), name, tensor, value) if isinstance(value, np.ndarray) else None
+            if message is not None:
+                return message
         return None
 
     return explain
+
+
+def _wrong_value(where: str, name: str, tensor: onnx.TypeProto.Tensor, value: np.ndarray) -> str | None:
+    """Why ``value`` is not what the model declares of input ``name`` (element type, rank, fixed dims); None
+    when it is."""
+    expected = tensor.elem_type
+    try:
+        actual = onnx.helper.np_dtype_to_tensor_dtype(value.dtype)
+    except (KeyError, TypeError, ValueError):
+        actual = None
+    if expected != onnx.TensorProto.UNDEFINED and actual != expected:
+        want = onnx.helper.tensor_dtype_to_np_dtype(expected)
+        ort_type = f"tensor({onnx.TensorProto.DataType.Name(expected).lower()})"  # onnxruntime's spelling
+        return (f"opbridge: {where} must be {want.name} ({ort_type}). Got {value.dtype.name}. "
+                f"Pass {name} as {want.name} (e.g. array.astype(np.{want.name})).")
+    if not tensor.HasField("shape"):
+        return None
+    dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in tensor.shape.dim]
+    wrong = [i for i, d in enumerate(dims) if isinstance(d, int) and i < value.ndim and value.shape[i] != d]
+    if value.ndim == len(dims) and not wrong:
+        return None
+    shape = f"[{', '.join(map(str, dims))}]"
+    what = (f"must have {len(dims)} dims (shape {shape})" if value.ndim != len(dims)
+            else f"must have size {dims[wrong[0]]} in dim {wrong[0]} (shape {shape})")
+    free = " (named dims are free)" if any(isinstance(d, str) for d in dims) else ""
+    return f"opbridge: {where} {what}. Got shape {list(value.shape)}. Pass {name} with shape {shape}{free}."
 
 
 def session(model: str | os.PathLike | onnx.ModelProto | bytes, *, tier: str = "function",
@@ -125,8 +161,10 @@ def session(model: str | os.PathLike | onnx.ModelProto | bytes, *, tier: str = "
     plan.check()
     filled = plan.fill()  # NOTE: an omitted attribute is the op's default in every tier
     # NOTE: read before the tier edits the model
-    wrong_type = _wrong_type(plan.readers(), proto.graph.input)
+    wrong_feed = _wrong_feed(plan.readers(), proto.graph)
     prepared = kernels.prepare(plan, sess_options, native_library)
+    # NOTE: the guards of the bodies the session runs (any tier's) explained one way: the function tier's
+    guards = guard_explainer(plan)
     refuse = crash_refusal(proto, plan.registry)  # NOTE: a size it cannot refuse is refused here, not as a load failure
     # NOTE: a file that needs no change goes to ORT by path: no second serialisation and parse
     path = model if isinstance(model, (str, os.PathLike)) and not (prepared.changed or filled) else None
@@ -138,8 +176,8 @@ def session(model: str | os.PathLike | onnx.ModelProto | bytes, *, tier: str = "
               f"{''.join(f'; {op} {why}' for op, why in unserved.items())})", native=native):
         try:
             content = os.fspath(path) if path is not None else _serialised(proto, model)
-            sess = Session(content, prepared.options, providers=providers, explain=(*prepared.explain, wrong_type),
-                           guard=prepared.guard, refuse=refuse)
+            sess = Session(content, prepared.options, providers=providers, guard=prepared.guard, refuse=refuse,
+                           explain=(*prepared.explain, guards, wrong_feed))
             sess.kernels, sess.unserved = served, unserved
             return sess
         except Exception as e:
