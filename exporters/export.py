@@ -128,7 +128,7 @@ class ModelEdit(ir.passes.InPlacePass):
         return ir.passes.PassResult(model, bool(self.edit(model)))
 
 
-def _edited(onnx_program, opset: int, edits: Sequence[Callable[[ir.Model], Any]]) -> onnx.ModelProto:
+def _edited(onnx_program, opset: int, edits: Sequence[Callable[[ir.Model], object]]) -> onnx.ModelProto:
     """torch.onnx's onnx-ir model at ``opset`` after ``edits`` (each run as a :class:`ModelEdit`), as a proto."""
     converted = convert_model(onnx_program.model_proto, opset) if opset < TORCH_MIN_OPSET else None
     model = onnx_program.model if converted is None else ir.serde.deserialize_model(converted)
@@ -397,12 +397,13 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
             onnx_program = to_onnx(program, reg, max(opset_version, TORCH_MIN_OPSET))
     assert onnx_program is not None and onnx_program.exported_program is not None  # dynamo=True sets both
     dims, ops = dim_names(program, model, args, kwargs, dynamic_shapes), None if functions else _inlined(reg)
-    edits = [lambda m: _ensure_opset_imports(m, reg),
-             lambda m: fill_attributes(m, reg),  # NOTE: attributes explicit, whatever translation wrote the nodes
-             name_custom_outputs,
-             lambda m: name_proxy_outputs(m, _function_names(reg), proxy_name("fn", "")),
-             lambda m: name_graph_io(m, input_names, output_names),
-             lambda m: rename_dims(m, dims)]
+    edits: list[Callable[[ir.Model], object]] = [
+        lambda m: _ensure_opset_imports(m, reg),
+        lambda m: fill_attributes(m, reg),  # NOTE: attributes explicit, whatever translation wrote the nodes
+        name_custom_outputs,
+        lambda m: name_proxy_outputs(m, _function_names(reg), proxy_name("fn", "")),
+        lambda m: name_graph_io(m, input_names, output_names),
+        lambda m: rename_dims(m, dims)]
     if functions or ops:  # NOTE: without functions, the bodies of the symbolics the file holds inlined
         edits.append(lambda m: attach_functions_ir(m, reg, ops=ops))  # written, built, translated or derived
     proto = _edited(onnx_program, opset_version, edits)

@@ -106,6 +106,8 @@ def rename_dims(model: ir.Model, mapping: dict[str, str]) -> bool:
     dims = [(v, i, str(d.value)) for v in ir.convenience.create_value_mapping(model.graph).values() if mapping
             for i, d in enumerate(v.shape or ()) if isinstance(d, ir.SymbolicDim) and d.value is not None]
     for value, i, dim in dims:
-        value.shape = value.shape.copy()  # NOTE: values may share a shape: each gets its own
+        shape = value.shape
+        assert shape is not None  # NOTE: only values with a shape are listed
+        value.shape = shape.copy()  # NOTE: values may share a shape: each gets its own
         value.shape[i] = ir.SymbolicDim(pattern.sub(lambda m: mapping[m.group(1)], dim))
     return bool(dims)

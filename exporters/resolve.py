@@ -227,8 +227,9 @@ def _alike(types: list[onnx.TypeProto | None]) -> onnx.TypeProto | None:
         return None
     common = onnx.TypeProto()
     common.CopyFrom(types[0])
+    known = [t for t in types if t is not None]  # NOTE: all of them (checked above)
     for k, dim in enumerate(common.tensor_type.shape.dim):
-        if any(t.tensor_type.shape.dim[k] != dim for t in types):
+        if any(t.tensor_type.shape.dim[k] != dim for t in known):
             dim.Clear()  # NOTE: a body derived for it has that dim dynamic, so it serves every call
     return common
 
@@ -279,7 +280,8 @@ class _Resolver:
         if len(types) == len(inputs):
             return types, None
         function = None if node.graph is self.model.graph else next(
-            (f for f in self.model.functions.values() if node.graph is f.graph or node.graph in f.subgraphs()), None)
+            (f for f in self.model.functions.values()
+             if node.graph is f.graph or any(node.graph is g for g in f.subgraphs())), None)
         if function is not None:
             # NOTE: a function's values are named in its body only: the graph's value of that name is another
             return {**(self._called_types(function) or {}), **types}, function

@@ -393,10 +393,11 @@ def explicit_attributes(spec: OpSpec, node: onnx.NodeProto | ir.Node) -> bool:
     """
     if isinstance(node, ir.Node):  # NOTE: one implementation: the work is done on a proto of the names alone
         names = onnx.NodeProto(attribute=[onnx.AttributeProto(name=n) for n in node.attributes])
-        filled = explicit_attributes(spec, names)
+        changed = explicit_attributes(spec, names)
         for a in names.attribute:  # NOTE: each taken out and put back: the node's attributes in the proto's order
-            node.attributes[a.name] = node.attributes.pop(a.name, None) or ir.serde.deserialize_attribute(a)
-        return filled
+            node.attributes[a.name] = (node.attributes.pop(a.name) if a.name in node.attributes
+                                       else ir.serde.deserialize_attribute(a))
+        return changed
     given = {a.name for a in node.attribute}
     filled = [d for d in (p.onnx_default for p in spec.attributes if p.name not in given) if d is not None]
     node.attribute.extend(filled)
