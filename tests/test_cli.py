@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from cli_runner import run as in_process
 
+import bridge
 from bridge.core import cppbuild
 from bridge.core.basics import installed
 from bridge.core.basics.errors import OpBridgeError
@@ -308,6 +309,35 @@ def test_export_of_a_case_with_a_non_tensor_argument(tmp_path):
         assert data.files == ["x"] and data["x"].shape == (1, 2, 3, 3)
     r = in_process("-q", "run", str(onnx_path), cwd=tmp_path)
     assert r.returncode == 0 and "min 3 max 3" in r.stdout, r.stdout + r.stderr
+
+
+def test_export_without_bodies_warns_of_ops_no_cpp_kernel_serves(tmp_path, fresh_name):
+    # NOTE: a new user's file from --no-functions failed only on the deploying machine ("is not a registered
+    # function/op"); the export now says which op opbridge's library cannot serve there
+    runs = {}
+    for flags in ((), ("--no-functions",)):
+        name = fresh_name("twice")
+        (tmp_path / f"{name.replace('::', '_')}.py").write_text(
+            "import torch, bridge\n"
+            f"@torch.library.custom_op({name!r}, mutates_args=())\n"
+            "def twice(x: torch.Tensor) -> torch.Tensor:\n"
+            "    return x * 2\n"
+            "twice.register_fake(lambda x: torch.empty_like(x))\n"
+            f"bridge.register({name!r})\n"
+            "class M(torch.nn.Module):\n"
+            "    def forward(self, x):\n"
+            "        return twice(torch.ops.opbridge.identity_conv(x, 2))\n"
+            "def case():\n"
+            "    return bridge.ModelCase(M(), (torch.ones(1, 2, 3, 3),))\n")
+        runs[flags] = name, in_process("-q", "export", "--model", f"{name.replace('::', '_')}:case", *flags, "-o",
+                                       "m.onnx", cwd=tmp_path)
+    for name, _ in runs.values():  # NOTE: the modules registered their ops in this process's registry
+        bridge.REGISTRY.remove(name)
+    (_, full), (name, bare) = runs[()], runs[("--no-functions",)]
+    assert bare.returncode == full.returncode == 0, bare.stderr + full.stderr
+    warned = [line for line in bare.stderr.splitlines() if line.startswith("opbridge: warning:")]
+    assert len(warned) == 1 and f"{name} has no C++ kernel" in warned[0], bare.stderr
+    assert "Export without --no-functions" in warned[0] and full.stderr == "", full.stderr
 
 
 # --- the first hour (issue #45): -q quiet, public names, doctor, arguments before work -------------------

@@ -26,7 +26,7 @@ import torch
 from bridge.core import cppbuild
 from bridge.core.basics import files
 from bridge.core.basics.errors import OpBridgeError
-from bridge.core.basics.graphs import nonstandard_ops
+from bridge.core.basics.graphs import custom_nodes, nonstandard_ops
 from bridge.core.basics.progress import enable as enable_progress
 from bridge.core.basics.progress import format_table
 from bridge.core.origins import class_name
@@ -243,7 +243,22 @@ def cmd_export(args) -> int:
     # NOTE: the model and its inputs as one write: a failure leaves the previous pair as it was
     files.save_model(proto, args.output, also=[(inputs_path, files.npz_writer(arrays))])
     print(f"wrote {args.output} ({os.path.getsize(args.output) / 1024:.1f} KiB) and {inputs_path}")
+    if args.no_functions:
+        _warn_unserved(proto)
     return 0
+
+
+def _warn_unserved(proto: onnx.ModelProto) -> None:
+    """Warn (stderr) of each custom op of a file without bodies that opbridge's library has no C++ kernel for:
+    no runtime with only that library (the README's deployment) can load the file."""
+    ops = {(n.domain, n.op_type) for n in custom_nodes(proto)} - {(f.domain, f.name) for f in proto.functions}
+    specs = [s for d, t in sorted(ops) if (s := REGISTRY.find(d, t)) is not None]
+    for spec in specs:
+        why = tiers.get("native").why_not(spec)
+        if why is not None:
+            print(f"opbridge: warning: {spec.qualname} has {why}, and this file holds no function body for it "
+                  f"(--no-functions). Got a file that onnxruntime with opbridge's library alone cannot load. Export "
+                  "without --no-functions (its body runs anywhere), or load a library serving it.", file=sys.stderr)
 
 
 def load_inputs(path: str, names: list[str]) -> dict[str, np.ndarray]:
