@@ -330,8 +330,8 @@ def _nothing_checked(spec, args, run: list, skipped: list[str]) -> OpBridgeError
     """``check --op`` found no case to run: that is no pass. Say why and how to give it samples."""
     if spec.sample_inputs is None:
         return OpBridgeError(f"nothing was checked: {spec.qualname} has no sample inputs. Got sample_inputs=None. "
-                             "Give the op samples: @bridge.op(..., sample_inputs=lambda dtype: "
-                             "[bridge.SampleInput((tensor, ...))]) or @my_op.register_samples.")
+                             "Give the op samples: sample_inputs=lambda dtype: [bridge.SampleInput((tensor, ...))] "
+                             "in its @bridge.op(...) or bridge.register(...), or @my_op.register_samples.")
     if not run:
         return OpBridgeError(f"nothing was checked: tier {args.tier!r} runs none of {spec.qualname}'s dtypes. Got "
                              f"{'; '.join(skipped) or 'no dtypes'}. Pick another tier (opbridge ops shows which "
