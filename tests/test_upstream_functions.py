@@ -702,3 +702,103 @@ def test_mmcv_rotated_roi_align_symbolic_that_checks_its_arguments_is_the_node_t
     assert [(a.name, onnx.helper.get_attribute_value(a)) for a in mine.attribute][:4] == \
         [("aligned", 1), ("clockwise", 0), ("output_height", h), ("output_width", w)]
     bridge.assert_parity(model, ROTATED_ARGS, registry=reg, tier="python")
+
+
+# -- mmcv 2.2.0 mmcv/ops/deform_conv.py: symbolic keyword defaults (bias=False, im2col_step=32) into attributes,
+# a bool into bias_i, _pair tuples into stride_i=; forward sizes its output with int(...) of a helper staticmethod --
+class _DeformConvExt:
+    """Stands in for mmcv's compiled ``deform_conv_forward``: writes into ``output`` (mask all ones)."""
+
+    @staticmethod
+    def deform_conv_forward(input, weight, offset, output, columns, ones, kW, kH, dW, dH, padW, padH, dilationW,
+                            dilationH, group, deformable_group, im2col_step):
+        mask = offset.new_ones(offset.shape[0], offset.shape[1] // 2, *offset.shape[2:])
+        output.copy_(deform_conv2d(input, weight, offset, mask, torch.zeros(weight.shape[0]), dH, dW, padH, padW,
+                                   dilationH, dilationW, group, deformable_group, True))
+
+
+class DeformConv2dFunction(Function):
+    @staticmethod
+    def symbolic(g, input, offset, weight, stride, padding, dilation, groups, deform_groups, bias=False,
+                 im2col_step=32):
+        return g.op("mmcv::MMCVDeformConv2d", input, offset, weight, stride_i=stride, padding_i=padding,
+                    dilation_i=dilation, groups_i=groups, deform_groups_i=deform_groups, bias_i=bias,
+                    im2col_step_i=im2col_step)
+
+    @staticmethod
+    def forward(ctx, input, offset, weight, stride=1, padding=0, dilation=1, groups: int = 1, deform_groups: int = 1,
+                bias: bool = False, im2col_step: int = 32):
+        if input is not None and input.dim() != 4:
+            raise ValueError(f"Expected 4D tensor as input, got {input.dim()}D tensor instead.")
+        assert bias is False, "Only support bias is False."
+        ctx.stride, ctx.padding, ctx.dilation = _pair(stride), _pair(padding), _pair(dilation)
+        ctx.groups, ctx.deform_groups, ctx.im2col_step = groups, deform_groups, im2col_step
+        ctx.device = input.device.type
+        input = input.type_as(offset)
+        weight = weight.type_as(input)
+        ctx.save_for_backward(input, offset, weight)
+        output = input.new_empty([int(i) for i in DeformConv2dFunction._output_size(ctx, input, weight)])
+        ctx.bufs_ = [input.new_empty(0), input.new_empty(0)]  # columns, ones
+        cur_im2col_step = min(ctx.im2col_step, input.size(0))
+        assert (input.size(0) % cur_im2col_step) == 0, "batch size must be divisible by im2col_step"
+        _DeformConvExt.deform_conv_forward(
+            input, weight, offset, output, ctx.bufs_[0], ctx.bufs_[1], kW=weight.size(3), kH=weight.size(2),
+            dW=ctx.stride[1], dH=ctx.stride[0], padW=ctx.padding[1], padH=ctx.padding[0], dilationW=ctx.dilation[1],
+            dilationH=ctx.dilation[0], group=ctx.groups, deformable_group=ctx.deform_groups,
+            im2col_step=cur_im2col_step)
+        return output
+
+    @staticmethod
+    def _output_size(ctx, input, weight):
+        channels = weight.size(0)
+        output_size = (input.size(0), channels)
+        for d in range(input.dim() - 2):
+            in_size = input.size(d + 2)
+            pad = ctx.padding[d]
+            kernel = ctx.dilation[d] * (weight.size(d + 2) - 1) + 1
+            stride_ = ctx.stride[d]
+            output_size += ((in_size + (2 * pad) - kernel) // stride_ + 1,)
+        if not all(map(lambda s: s > 0, output_size)):
+            raise ValueError("convolution input is too small (output would be " + "x".join(map(str, output_size)) + ")")
+        return output_size
+
+
+class DeformConv2d(torch.nn.Module):
+    """mmcv's DeformConv2d layer (offsets from the caller), its attributes as its __init__ keeps them."""
+
+    def __init__(self, in_channels=4, out_channels=3, kernel_size=3, stride=1, padding=1, deform_groups=1):
+        super().__init__()
+        g = torch.Generator().manual_seed(1)
+        self.kernel_size, self.stride, self.padding = _pair(kernel_size), _pair(stride), _pair(padding)
+        self.dilation, self.groups, self.deform_groups, self.im2col_step = _pair(1), 1, deform_groups, 32
+        self.weight = torch.nn.Parameter(torch.randn(out_channels, in_channels, *self.kernel_size, generator=g))
+
+    def forward(self, x, offset):
+        return DeformConv2dFunction.apply(x, offset, self.weight, self.stride, self.padding, self.dilation,
+                                          self.groups, self.deform_groups, False, self.im2col_step)
+
+
+def test_mmcv_deform_conv_v1_keyword_defaults_and_a_bool_are_the_node_torchscript_wrote(reg, monkeypatch):
+    """The symbolic's keyword defaults are attributes (im2col_step=32), False is bias_i=0, the layer's _pair tuples
+    INTS: the node the TorchScript exporter wrote. forward's stand-in makes tensors without device= (as the
+    CUDA extension's callers never needed to): the node's shape inference runs it on CPU fake tensors."""
+    bridge.register(DeformConv2dFunction, registry=reg)
+    model = DeformConv2d(deform_groups=2)
+    args = (torch.randn(2, 4, 6, 5), torch.randn(2, 36, 6, 5))
+    ours = bridge.export(model, args, registry=reg, opset_version=17)
+    bridge.assert_parity(model, args, registry=reg, tier="python", rtol=1e-4, atol=1e-4)
+    # NOTE: forward's int(...) of its sizes and its im2col_step assert fix the batch when it runs on fake tensors:
+    # a dynamic batch takes fake= (the real extension needs it anyway)
+    dynamic = bridge.Registry()
+    bridge.register(DeformConv2dFunction, registry=dynamic, fake=lambda x, offset, weight, stride, padding, *rest:
+                    deform_fake(x, offset, None, weight, None, stride, padding))
+    bridge.assert_parity(model, args, registry=dynamic, tier="python", rtol=1e-4, atol=1e-4,
+                         dynamic_shapes=({0: B}, {0: B}), extra_args=[(torch.randn(3, 4, 6, 5), torch.randn(3, 36, 6, 5))])
+    # NOTE: as for ModulatedDeformConv2dFunction above, the TorchScript exporter cannot trace the stand-in's sizes
+    shape = model(*args).shape
+    monkeypatch.setattr(DeformConv2dFunction, "forward", staticmethod(lambda ctx, *a: torch.zeros(shape)))
+    legacy = legacy_export(model, args, 17)
+    (mine,), (theirs,) = custom_nodes(ours), custom_nodes(legacy)
+    assert node_identity(mine, ours.graph)[:3] == node_identity(theirs, legacy.graph)[:3]
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in mine.attribute}
+    assert (attrs["bias"], attrs["im2col_step"], attrs["stride"], attrs["deform_groups"]) == (0, 32, [1, 1], 2)
