@@ -29,6 +29,7 @@ from torch.autograd import Function
 from torch.nn.modules.utils import _pair
 from torch.onnx import symbolic_helper
 from vision_ops import deform_conv2d
+from vision_ops import nms as vision_nms
 
 import bridge
 from bridge.core.basics.graphs import custom_nodes
@@ -802,3 +803,184 @@ def test_mmcv_deform_conv_v1_keyword_defaults_and_a_bool_are_the_node_torchscrip
     assert node_identity(mine, ours.graph)[:3] == node_identity(theirs, legacy.graph)[:3]
     attrs = {a.name: onnx.helper.get_attribute_value(a) for a in mine.attribute}
     assert (attrs["bias"], attrs["im2col_step"], attrs["stride"], attrs["deform_groups"]) == (0, 32, [1, 1], 2)
+
+
+# -- mmcv 2.2.0 mmcv/ops/nms.py SoftNMSop: g.op(..., outputs=2), forward returning a tuple, float()/int() of the
+# arguments inside symbolic, an output of data-dependent length -------------------------------------------------
+class _SoftNMSExt:
+    """Stands in for mmcv's compiled ``softnms`` (CPU): writes the rescored boxes into ``dets``, returns the kept
+    indices, best first."""
+
+    @staticmethod
+    def softnms(boxes, scores, dets, iou_threshold, sigma, min_score, method, offset):
+        x1, y1, x2, y2 = boxes.unbind(1)
+        areas = (x2 - x1 + offset) * (y2 - y1 + offset)
+        scores, live, keep = scores.clone(), list(range(len(boxes))), []
+        while live:
+            best = max(live, key=lambda j: (float(scores[j]), -j))
+            keep.append(best)
+            live.remove(best)
+            rest = torch.tensor(live, dtype=torch.long)
+            w = (torch.minimum(x2[best], x2[rest]) - torch.maximum(x1[best], x1[rest]) + offset).clamp(min=0)
+            h = (torch.minimum(y2[best], y2[rest]) - torch.maximum(y1[best], y1[rest]) + offset).clamp(min=0)
+            iou = w * h / (areas[best] + areas[rest] - w * h)
+            weight = (torch.where(iou > iou_threshold, 1 - iou, 1.0) if method == 1 else
+                      torch.exp(-iou * iou / sigma) if method == 2 else (iou <= iou_threshold).float())
+            scores[rest] *= weight
+            live = [j for j in live if scores[j] >= min_score]
+        dets[:len(keep), :4], dets[:len(keep), 4] = boxes[keep], scores[keep]
+        return torch.tensor(keep, dtype=torch.long)
+
+
+class SoftNMSop(Function):
+    @staticmethod
+    def forward(ctx, boxes, scores, iou_threshold: float, sigma: float, min_score: float, method: int, offset: int):
+        dets = boxes.new_empty((boxes.size(0), 5), device="cpu")
+        inds = _SoftNMSExt.softnms(boxes.cpu(), scores.cpu(), dets.cpu(), iou_threshold=float(iou_threshold),
+                                   sigma=float(sigma), min_score=float(min_score), method=int(method),
+                                   offset=int(offset))
+        return dets, inds
+
+    @staticmethod
+    def symbolic(g, boxes, scores, iou_threshold, sigma, min_score, method, offset):
+        from packaging import version
+        assert version.parse(torch.__version__) >= version.parse("1.7.0")
+        nms_out = g.op("mmcv::SoftNonMaxSuppression", boxes, scores, iou_threshold_f=float(iou_threshold),
+                       sigma_f=float(sigma), min_score_f=float(min_score), method_i=int(method), offset_i=int(offset),
+                       outputs=2)
+        return nms_out
+
+
+def soft_nms(boxes, scores, iou_threshold=0.3, sigma=0.5, min_score=1e-3, method="linear", offset=0):
+    """mmcv's soft_nms (tensors only): the Function's dets cut to the kept count."""
+    method_dict = {"naive": 0, "linear": 1, "gaussian": 2}
+    dets, inds = SoftNMSop.apply(boxes.cpu(), scores.cpu(), float(iou_threshold), float(sigma), float(min_score),
+                                 method_dict[method], int(offset))
+    dets = dets[:inds.size(0)]
+    return dets.to(device=boxes.device), inds.to(device=boxes.device)
+
+
+class SoftNMSModel(torch.nn.Module):
+    def __init__(self, method="linear"):
+        super().__init__()
+        self.method = method
+
+    def forward(self, boxes, scores):
+        return soft_nms(boxes, scores, 0.3, sigma=0.5, min_score=0.05, method=self.method)
+
+
+def soft_nms_fake(boxes, scores, *rest):  # NOTE: mmcv's kernel keeps a data-dependent count
+    return boxes.new_empty(boxes.size(0), 5), boxes.new_empty(torch.library.get_ctx().new_dynamic_size(),
+                                                              dtype=torch.long)
+
+
+def soft_nms_case(n: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    corner = torch.rand(n, 2, generator=g) * 20
+    return torch.cat((corner, corner + 2 + torch.rand(n, 2, generator=g) * 8), 1), torch.rand(n, generator=g)
+
+
+@pytest.mark.parametrize("method", ["linear", "gaussian"])
+def test_mmcv_soft_nms_two_outputs_of_data_dependent_length(reg, method):
+    bridge.register(SoftNMSop, registry=reg, fake=soft_nms_fake)
+    model, args = SoftNMSModel(method), soft_nms_case(12, 0)
+    n = torch.export.Dim("n")
+    ours = bridge.export(model, args, registry=reg, opset_version=17, dynamic_shapes=({0: n}, {0: n}))
+    legacy = legacy_export(model, args, 17)
+    (mine,), (theirs,) = custom_nodes(ours), custom_nodes(legacy)
+    # NOTE: inputs not compared: the TorchScript exporter writes soft_nms's boxes.cpu() as nodes before it
+    assert node_identity(mine, ours.graph)[:3] == node_identity(theirs, legacy.graph)[:3]
+    assert [a.name for a in mine.attribute] == ["iou_threshold", "method", "min_score", "offset", "sigma"]
+    assert len(mine.output) == len(theirs.output) == 2
+    bridge.assert_parity(model, args, registry=reg, tier="python", dynamic_shapes=({0: n}, {0: n}),
+                         extra_args=[soft_nms_case(7, 1), soft_nms_case(30, 2)])
+
+
+# -- mmdeploy 1.3.1 mmdeploy/mmcv/ops/nms.py TRTBatchedNMSop: outputs=3 or 2 as a bool argument says, attributes
+# written from constants (is_normalized_i=False) and from an argument renamed (topk_i=pre_topk), a tuple returned --
+def _trt_batched_nms(boxes, scores, num_classes, pre_topk, after_topk, iou_threshold, score_threshold,
+                     background_label_id=-1, return_index=False):
+    """Stands in for TensorRT's batchedNMS plugin (mmdeploy's own forward returns random tensors of the output
+    shapes): per class NMS above score_threshold, the best after_topk per image, padded with zeros and label -1."""
+    batch, num_boxes, _ = scores.shape
+    k = min(num_boxes, after_topk)
+    dets, labels = scores.new_zeros(batch, k, 5), torch.full((batch, k), -1, dtype=torch.long)
+    index = torch.full((batch, k), -1, dtype=torch.long)
+    for b in range(batch):
+        found = []
+        for c in range(num_classes):
+            s = scores[b, :, c]
+            kept = vision_nms(boxes[b, :, 0], s, iou_threshold)
+            found += [(float(s[i]), c, int(i)) for i in kept if s[i] > score_threshold]
+        found = sorted(found, key=lambda t: (-t[0], t[1], t[2]))[:k]
+        for j, (score, c, i) in enumerate(found):
+            dets[b, j, :4], dets[b, j, 4], labels[b, j], index[b, j] = boxes[b, i, 0], score, c, i
+    return (dets, labels, index) if return_index else (dets, labels)
+
+
+class TRTBatchedNMSop(Function):
+    @staticmethod
+    def forward(ctx, boxes, scores, num_classes: int, pre_topk: int, after_topk: int, iou_threshold: float,
+                score_threshold: float, background_label_id: int = -1, return_index: bool = False):
+        return _trt_batched_nms(boxes, scores, num_classes, pre_topk, after_topk, iou_threshold, score_threshold,
+                                background_label_id, return_index)
+
+    @staticmethod
+    def symbolic(g, boxes, scores, num_classes: int, pre_topk: int, after_topk: int, iou_threshold: float,
+                 score_threshold: float, background_label_id: int = -1, return_index: bool = False):
+        return g.op("mmdeploy::TRTBatchedNMS", boxes, scores, num_classes_i=num_classes,
+                    background_label_id_i=background_label_id, iou_threshold_f=iou_threshold,
+                    score_threshold_f=score_threshold, topk_i=pre_topk, keep_topk_i=after_topk, is_normalized_i=False,
+                    clip_boxes_i=False, return_index_i=return_index, outputs=3 if return_index else 2)
+
+
+class MulticlassNMSStatic(torch.nn.Module):
+    """mmdeploy's multiclass_nms_static (its TensorRT rewrite of _multiclass_nms), defaults as mmdet configs pass."""
+
+    def __init__(self, output_index=False, max_output_boxes_per_class=5, iou_threshold=0.5, score_threshold=0.05,
+                 pre_top_k=-1, keep_top_k=4):
+        super().__init__()
+        self.output_index, self.max_output_boxes_per_class = output_index, max_output_boxes_per_class
+        self.iou_threshold, self.score_threshold = iou_threshold, score_threshold
+        self.pre_top_k, self.keep_top_k = pre_top_k, keep_top_k
+
+    def forward(self, boxes, scores):
+        boxes = boxes if boxes.dim() == 4 else boxes.unsqueeze(2)
+        keep_top_k = self.max_output_boxes_per_class if self.keep_top_k < 0 else min(
+            self.max_output_boxes_per_class, self.keep_top_k)
+        nms_output = TRTBatchedNMSop.apply(boxes, scores, int(scores.shape[-1]), self.pre_top_k, keep_top_k,
+                                           self.iou_threshold, self.score_threshold, -1, self.output_index)
+        dets, labels = nms_output[0], nms_output[1]
+        box_index = None if len(nms_output) <= 2 else nms_output[2]
+        batch_size = boxes.size(0)
+        dets = dets.reshape([batch_size, *dets.shape[1:]])
+        labels = labels.reshape([batch_size, *labels.shape[1:]])
+        return (dets, labels, box_index) if self.output_index else (dets, labels)
+
+
+def trt_batched_nms_fake(boxes, scores, num_classes, pre_topk, after_topk, iou_threshold, score_threshold,
+                         background_label_id=-1, return_index=False):
+    k = min(scores.shape[1], after_topk)
+    outs = (scores.new_empty(scores.shape[0], k, 5), scores.new_empty(scores.shape[0], k, dtype=torch.long))
+    return outs + (scores.new_empty(scores.shape[0], k, dtype=torch.long),) if return_index else outs
+
+
+def batched_nms_case(batch: int, seed: int, n: int = 9, classes: int = 3):
+    boxes, _ = soft_nms_case(batch * n, seed)
+    g = torch.Generator().manual_seed(seed)
+    return boxes.reshape(batch, n, 4), torch.rand(batch, n, classes, generator=g)
+
+
+@pytest.mark.parametrize("output_index", [False, True], ids=["dets-labels", "with-index"])
+def test_mmdeploy_trt_batched_nms_outputs_as_a_bool_argument_says(reg, output_index):
+    bridge.register(TRTBatchedNMSop, registry=reg, fake=trt_batched_nms_fake)
+    model, args = MulticlassNMSStatic(output_index), batched_nms_case(2, 0)
+    ours = bridge.export(model, args, registry=reg, opset_version=17, dynamic_shapes=({0: B}, {0: B}))
+    legacy = legacy_export(model, args, 17)
+    (mine,), (theirs,) = custom_nodes(ours), custom_nodes(legacy)
+    assert node_identity(mine, ours.graph)[:3] == node_identity(theirs, legacy.graph)[:3]
+    assert len(mine.output) == len(theirs.output) == (3 if output_index else 2)
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in mine.attribute}
+    assert (attrs["is_normalized"], attrs["topk"], attrs["keep_topk"], attrs["num_classes"]) == (0, -1, 4, 3)
+    bridge.assert_parity(model, args, registry=reg, tier="python", dynamic_shapes=({0: B}, {0: B}),
+                         extra_args=[batched_nms_case(3, 1)])
