@@ -984,3 +984,82 @@ def test_mmdeploy_trt_batched_nms_outputs_as_a_bool_argument_says(reg, output_in
     assert (attrs["is_normalized"], attrs["topk"], attrs["keep_topk"], attrs["num_classes"]) == (0, -1, 4, 3)
     bridge.assert_parity(model, args, registry=reg, tier="python", dynamic_shapes=({0: B}, {0: B}),
                          extra_args=[batched_nms_case(3, 1)])
+
+
+# -- mmdeploy 1.3.1 mmdeploy/mmcv/ops/nms.py ONNXNMSop: a standard-op symbolic branching on _is_value (the caller
+# passes thresholds as tensors, the box count as an int), an output of data-dependent length -------------------
+def _mmcv_nms(boxes, scores, iou_threshold, offset=0, score_threshold=0, max_num=-1):
+    """Stands in for mmcv.ops.nms (its NMSop and compiled kernel): the kept indices, best first."""
+    valid = torch.nonzero(scores > score_threshold, as_tuple=False).squeeze(1)
+    inds = valid[vision_nms(boxes[valid], scores[valid], iou_threshold)]
+    return None, inds[:max_num] if max_num > 0 else inds
+
+
+class ONNXNMSop(Function):
+    @staticmethod
+    def forward(ctx, boxes, scores, max_output_boxes_per_class: int, iou_threshold: float, score_threshold: float):
+        batch_size, num_class, _ = scores.shape
+        score_threshold = float(score_threshold)
+        iou_threshold = float(iou_threshold)
+        indices = []
+        for batch_id in range(batch_size):
+            for cls_id in range(num_class):
+                _boxes = boxes[batch_id, ...]
+                _scores = scores[batch_id, cls_id, ...].contiguous()
+                _, box_inds = _mmcv_nms(_boxes, _scores, iou_threshold, offset=0, score_threshold=score_threshold,
+                                        max_num=max_output_boxes_per_class)
+                batch_inds = torch.zeros_like(box_inds) + batch_id
+                cls_inds = torch.zeros_like(box_inds) + cls_id
+                indices.append(torch.stack([batch_inds, cls_inds, box_inds], dim=-1))
+        indices = torch.cat(indices)
+        return indices
+
+    @staticmethod
+    def symbolic(g, boxes, scores, max_output_boxes_per_class: int, iou_threshold: float, score_threshold: float):
+        if not symbolic_helper._is_value(max_output_boxes_per_class):
+            max_output_boxes_per_class = g.op("Constant", value_t=torch.tensor(max_output_boxes_per_class,
+                                                                               dtype=torch.long))
+        if not symbolic_helper._is_value(iou_threshold):
+            iou_threshold = g.op("Constant", value_t=torch.tensor([iou_threshold], dtype=torch.float))
+        if not symbolic_helper._is_value(score_threshold):
+            score_threshold = g.op("Constant", value_t=torch.tensor([score_threshold], dtype=torch.float))
+        return g.op("NonMaxSuppression", boxes, scores, max_output_boxes_per_class, iou_threshold, score_threshold)
+
+
+class MulticlassNMS(torch.nn.Module):
+    """mmdeploy's _multiclass_nms up to the Function (torch >= 1.13): thresholds made tensors, scores permuted."""
+
+    def __init__(self, max_output_boxes_per_class=3, iou_threshold=0.5, score_threshold=0.05):
+        super().__init__()
+        self.max_output_boxes_per_class = max_output_boxes_per_class
+        self.iou_threshold, self.score_threshold = iou_threshold, score_threshold
+
+    def forward(self, boxes, scores):
+        iou_threshold = torch.tensor([self.iou_threshold], dtype=torch.float32)
+        score_threshold = torch.tensor([self.score_threshold], dtype=torch.float32)
+        scores = scores.permute(0, 2, 1)
+        return ONNXNMSop.apply(boxes, scores, self.max_output_boxes_per_class, iou_threshold, score_threshold)
+
+
+def onnx_nms_fake(boxes, scores, *rest):  # NOTE: mmcv's nms keeps a data-dependent count
+    return boxes.new_empty(torch.library.get_ctx().new_dynamic_size(), 3, dtype=torch.long)
+
+
+def test_mmdeploy_onnx_nms_standard_op_symbolic_branching_on_is_value(reg, monkeypatch):
+    """The thresholds reach the symbolic as graph values (_is_value: passed on as they are), the box count as an
+    int (a Constant): NonMaxSuppression is written into the graph, and onnxruntime's agrees with forward."""
+    bridge.register(ONNXNMSop, registry=reg, fake=onnx_nms_fake)
+    model, args = MulticlassNMS(), batched_nms_case(2, 0)
+    ours = bridge.export(model, args, registry=reg, opset_version=17, dynamic_shapes=({0: B}, {0: B}))
+    assert [n.op_type for n in ours.graph.node if n.op_type == "NonMaxSuppression"] == ["NonMaxSuppression"]
+    assert not list(custom_nodes(ours))
+    for tier in ("python", "function"):
+        bridge.assert_parity(model, args, registry=reg, tier=tier, dynamic_shapes=({0: B}, {0: B}),
+                             extra_args=[batched_nms_case(3, 1), batched_nms_case(1, 2)])
+    # NOTE: the TorchScript exporter cannot trace the stand-in's loops; its node comes from symbolic alone
+    shape = model(*args).shape
+    monkeypatch.setattr(ONNXNMSop, "forward", staticmethod(lambda ctx, *a: torch.zeros(shape, dtype=torch.long)))
+    legacy = legacy_export(model, args, 17)
+    mine, theirs = (next(n for n in p.graph.node if n.op_type == "NonMaxSuppression") for p in (ours, legacy))
+    assert node_identity(mine, ours.graph)[:3] == node_identity(theirs, legacy.graph)[:3]
+    assert len(mine.input) == len(theirs.input) == 5
