@@ -3,8 +3,10 @@ compiled extension (stood in by plain torch): mmcv 2.x's ModulatedDeformConv2dFu
 mmcv 2.x's RoIAlignFunction (``output_size: int`` called with a tuple; a symbolic of standard ops written with
 ``symbolic_opset9.sub`` for opsets before 13), a symbolic written with ``torch.onnx.symbolic_helper`` (mmdeploy's
 and pytorch-quantization's style), an attribute left out for None, and Functions called with keywords, written in
-place or reading ``ctx.needs_input_grad``. Each node is compared with what ``torch.onnx.export(dynamo=False)``
-writes for the same call; parity runs in every tier that applies."""
+place or reading ``ctx.needs_input_grad``; mmcv 2.2.0's DeformConv2dFunction (keyword defaults into attributes) and
+SoftNMSop (``float(x)`` into ``g.op``, ``outputs=2``), mmdeploy 1.3.1's TRTBatchedNMSop (output count from a bool)
+and ONNXNMSop (``_is_value`` branches, NonMaxSuppression). Each node is compared with what
+``torch.onnx.export(dynamo=False)`` writes for the same call; parity runs in every tier that applies."""
 
 import io
 import math
@@ -794,7 +796,8 @@ def test_mmcv_deform_conv_v1_keyword_defaults_and_a_bool_are_the_node_torchscrip
     bridge.register(DeformConv2dFunction, registry=dynamic, fake=lambda x, offset, weight, stride, padding, *rest:
                     deform_fake(x, offset, None, weight, None, stride, padding))
     bridge.assert_parity(model, args, registry=dynamic, tier="python", rtol=1e-4, atol=1e-4,
-                         dynamic_shapes=({0: B}, {0: B}), extra_args=[(torch.randn(3, 4, 6, 5), torch.randn(3, 36, 6, 5))])
+                         dynamic_shapes=({0: B}, {0: B}),
+                         extra_args=[(torch.randn(3, 4, 6, 5), torch.randn(3, 36, 6, 5))])
     # NOTE: as for ModulatedDeformConv2dFunction above, the TorchScript exporter cannot trace the stand-in's sizes
     shape = model(*args).shape
     monkeypatch.setattr(DeformConv2dFunction, "forward", staticmethod(lambda ctx, *a: torch.zeros(shape)))
