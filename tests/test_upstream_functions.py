@@ -899,6 +899,29 @@ def test_mmcv_soft_nms_two_outputs_of_data_dependent_length(reg, method):
                          extra_args=[soft_nms_case(7, 1), soft_nms_case(30, 2)])
 
 
+class Twice(Function):
+    """float(k) * 2 and not flag: attributes computed from arguments, which no probe maps back."""
+
+    @staticmethod
+    def symbolic(g, x, k, flag):
+        return g.op("mine::Twice", x, k_f=float(k) * 2, flag_i=not flag)
+
+    @staticmethod
+    def forward(ctx, x, k, flag):
+        return x if flag else x * k * 2
+
+
+def test_attributes_computed_from_float_of_an_argument_are_still_refused(reg):
+    bridge.register(Twice, registry=reg)
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return Twice.apply(x, 1.5, False)
+
+    with pytest.raises(bridge.OpBridgeError, match=r"Twice\.symbolic never passes argument\(s\) \['k', 'flag'\]"):
+        bridge.export(M(), (torch.randn(3),), registry=reg)
+
+
 # -- mmdeploy 1.3.1 mmdeploy/mmcv/ops/nms.py TRTBatchedNMSop: outputs=3 or 2 as a bool argument says, attributes
 # written from constants (is_normalized_i=False) and from an argument renamed (topk_i=pre_topk), a tuple returned --
 def _trt_batched_nms(boxes, scores, num_classes, pre_topk, after_topk, iou_threshold, score_threshold,
