@@ -3,8 +3,10 @@ compiled extension (stood in by plain torch): mmcv 2.x's ModulatedDeformConv2dFu
 mmcv 2.x's RoIAlignFunction (``output_size: int`` called with a tuple; a symbolic of standard ops written with
 ``symbolic_opset9.sub`` for opsets before 13), a symbolic written with ``torch.onnx.symbolic_helper`` (mmdeploy's
 and pytorch-quantization's style), an attribute left out for None, and Functions called with keywords, written in
-place or reading ``ctx.needs_input_grad``. Each node is compared with what ``torch.onnx.export(dynamo=False)``
-writes for the same call; parity runs in every tier that applies."""
+place or reading ``ctx.needs_input_grad``; mmcv 2.2.0's DeformConv2dFunction (keyword defaults into attributes) and
+SoftNMSop (``float(x)`` into ``g.op``, ``outputs=2``), mmdeploy 1.3.1's TRTBatchedNMSop (output count from a bool)
+and ONNXNMSop (``_is_value`` branches, NonMaxSuppression). Each node is compared with what
+``torch.onnx.export(dynamo=False)`` writes for the same call; parity runs in every tier that applies."""
 
 import io
 import math
@@ -29,6 +31,7 @@ from torch.autograd import Function
 from torch.nn.modules.utils import _pair
 from torch.onnx import symbolic_helper
 from vision_ops import deform_conv2d
+from vision_ops import nms as vision_nms
 
 import bridge
 from bridge.core.basics.graphs import custom_nodes
@@ -702,3 +705,387 @@ def test_mmcv_rotated_roi_align_symbolic_that_checks_its_arguments_is_the_node_t
     assert [(a.name, onnx.helper.get_attribute_value(a)) for a in mine.attribute][:4] == \
         [("aligned", 1), ("clockwise", 0), ("output_height", h), ("output_width", w)]
     bridge.assert_parity(model, ROTATED_ARGS, registry=reg, tier="python")
+
+
+# -- mmcv 2.2.0 mmcv/ops/deform_conv.py: symbolic keyword defaults (bias=False, im2col_step=32) into attributes,
+# a bool into bias_i, _pair tuples into stride_i=; forward sizes its output with int(...) of a helper staticmethod --
+class _DeformConvExt:
+    """Stands in for mmcv's compiled ``deform_conv_forward``: writes into ``output`` (mask all ones)."""
+
+    @staticmethod
+    def deform_conv_forward(input, weight, offset, output, columns, ones, kW, kH, dW, dH, padW, padH, dilationW,
+                            dilationH, group, deformable_group, im2col_step):
+        mask = offset.new_ones(offset.shape[0], offset.shape[1] // 2, *offset.shape[2:])
+        output.copy_(deform_conv2d(input, weight, offset, mask, torch.zeros(weight.shape[0]), dH, dW, padH, padW,
+                                   dilationH, dilationW, group, deformable_group, True))
+
+
+class DeformConv2dFunction(Function):
+    @staticmethod
+    def symbolic(g, input, offset, weight, stride, padding, dilation, groups, deform_groups, bias=False,
+                 im2col_step=32):
+        return g.op("mmcv::MMCVDeformConv2d", input, offset, weight, stride_i=stride, padding_i=padding,
+                    dilation_i=dilation, groups_i=groups, deform_groups_i=deform_groups, bias_i=bias,
+                    im2col_step_i=im2col_step)
+
+    @staticmethod
+    def forward(ctx, input, offset, weight, stride=1, padding=0, dilation=1, groups: int = 1, deform_groups: int = 1,
+                bias: bool = False, im2col_step: int = 32):
+        if input is not None and input.dim() != 4:
+            raise ValueError(f"Expected 4D tensor as input, got {input.dim()}D tensor instead.")
+        assert bias is False, "Only support bias is False."
+        ctx.stride, ctx.padding, ctx.dilation = _pair(stride), _pair(padding), _pair(dilation)
+        ctx.groups, ctx.deform_groups, ctx.im2col_step = groups, deform_groups, im2col_step
+        ctx.device = input.device.type
+        input = input.type_as(offset)
+        weight = weight.type_as(input)
+        ctx.save_for_backward(input, offset, weight)
+        output = input.new_empty([int(i) for i in DeformConv2dFunction._output_size(ctx, input, weight)])
+        ctx.bufs_ = [input.new_empty(0), input.new_empty(0)]  # columns, ones
+        cur_im2col_step = min(ctx.im2col_step, input.size(0))
+        assert (input.size(0) % cur_im2col_step) == 0, "batch size must be divisible by im2col_step"
+        _DeformConvExt.deform_conv_forward(
+            input, weight, offset, output, ctx.bufs_[0], ctx.bufs_[1], kW=weight.size(3), kH=weight.size(2),
+            dW=ctx.stride[1], dH=ctx.stride[0], padW=ctx.padding[1], padH=ctx.padding[0], dilationW=ctx.dilation[1],
+            dilationH=ctx.dilation[0], group=ctx.groups, deformable_group=ctx.deform_groups,
+            im2col_step=cur_im2col_step)
+        return output
+
+    @staticmethod
+    def _output_size(ctx, input, weight):
+        channels = weight.size(0)
+        output_size = (input.size(0), channels)
+        for d in range(input.dim() - 2):
+            in_size = input.size(d + 2)
+            pad = ctx.padding[d]
+            kernel = ctx.dilation[d] * (weight.size(d + 2) - 1) + 1
+            stride_ = ctx.stride[d]
+            output_size += ((in_size + (2 * pad) - kernel) // stride_ + 1,)
+        if not all(map(lambda s: s > 0, output_size)):
+            raise ValueError("convolution input is too small (output would be " + "x".join(map(str, output_size)) + ")")
+        return output_size
+
+
+class DeformConv2d(torch.nn.Module):
+    """mmcv's DeformConv2d layer (offsets from the caller), its attributes as its __init__ keeps them."""
+
+    def __init__(self, in_channels=4, out_channels=3, kernel_size=3, stride=1, padding=1, deform_groups=1):
+        super().__init__()
+        g = torch.Generator().manual_seed(1)
+        self.kernel_size, self.stride, self.padding = _pair(kernel_size), _pair(stride), _pair(padding)
+        self.dilation, self.groups, self.deform_groups, self.im2col_step = _pair(1), 1, deform_groups, 32
+        self.weight = torch.nn.Parameter(torch.randn(out_channels, in_channels, *self.kernel_size, generator=g))
+
+    def forward(self, x, offset):
+        return DeformConv2dFunction.apply(x, offset, self.weight, self.stride, self.padding, self.dilation,
+                                          self.groups, self.deform_groups, False, self.im2col_step)
+
+
+def test_mmcv_deform_conv_v1_keyword_defaults_and_a_bool_are_the_node_torchscript_wrote(reg, monkeypatch):
+    """The symbolic's keyword defaults are attributes (im2col_step=32), False is bias_i=0, the layer's _pair tuples
+    INTS: the node the TorchScript exporter wrote. forward's stand-in makes tensors without device= (as the
+    CUDA extension's callers never needed to): the node's shape inference runs it on CPU fake tensors."""
+    bridge.register(DeformConv2dFunction, registry=reg)
+    model = DeformConv2d(deform_groups=2)
+    args = (torch.randn(2, 4, 6, 5), torch.randn(2, 36, 6, 5))
+    ours = bridge.export(model, args, registry=reg, opset_version=17)
+    bridge.assert_parity(model, args, registry=reg, tier="python", rtol=1e-4, atol=1e-4)
+    # NOTE: forward's int(...) of its sizes and its im2col_step assert fix the batch when it runs on fake tensors:
+    # a dynamic batch takes fake= (the real extension needs it anyway)
+    dynamic = bridge.Registry()
+    bridge.register(DeformConv2dFunction, registry=dynamic, fake=lambda x, offset, weight, stride, padding, *rest:
+                    deform_fake(x, offset, None, weight, None, stride, padding))
+    bridge.assert_parity(model, args, registry=dynamic, tier="python", rtol=1e-4, atol=1e-4,
+                         dynamic_shapes=({0: B}, {0: B}),
+                         extra_args=[(torch.randn(3, 4, 6, 5), torch.randn(3, 36, 6, 5))])
+    # NOTE: as for ModulatedDeformConv2dFunction above, the TorchScript exporter cannot trace the stand-in's sizes
+    shape = model(*args).shape
+    monkeypatch.setattr(DeformConv2dFunction, "forward", staticmethod(lambda ctx, *a: torch.zeros(shape)))
+    legacy = legacy_export(model, args, 17)
+    (mine,), (theirs,) = custom_nodes(ours), custom_nodes(legacy)
+    assert node_identity(mine, ours.graph)[:3] == node_identity(theirs, legacy.graph)[:3]
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in mine.attribute}
+    assert (attrs["bias"], attrs["im2col_step"], attrs["stride"], attrs["deform_groups"]) == (0, 32, [1, 1], 2)
+
+
+# -- mmcv 2.2.0 mmcv/ops/nms.py SoftNMSop: g.op(..., outputs=2), forward returning a tuple, float()/int() of the
+# arguments inside symbolic, an output of data-dependent length -------------------------------------------------
+class _SoftNMSExt:
+    """Stands in for mmcv's compiled ``softnms`` (CPU): writes the rescored boxes into ``dets``, returns the kept
+    indices, best first."""
+
+    @staticmethod
+    def softnms(boxes, scores, dets, iou_threshold, sigma, min_score, method, offset):
+        x1, y1, x2, y2 = boxes.unbind(1)
+        areas = (x2 - x1 + offset) * (y2 - y1 + offset)
+        scores, live, keep = scores.clone(), list(range(len(boxes))), []
+        while live:
+            best = max(live, key=lambda j: (float(scores[j]), -j))
+            keep.append(best)
+            live.remove(best)
+            rest = torch.tensor(live, dtype=torch.long)
+            w = (torch.minimum(x2[best], x2[rest]) - torch.maximum(x1[best], x1[rest]) + offset).clamp(min=0)
+            h = (torch.minimum(y2[best], y2[rest]) - torch.maximum(y1[best], y1[rest]) + offset).clamp(min=0)
+            iou = w * h / (areas[best] + areas[rest] - w * h)
+            weight = (torch.where(iou > iou_threshold, 1 - iou, 1.0) if method == 1 else
+                      torch.exp(-iou * iou / sigma) if method == 2 else (iou <= iou_threshold).float())
+            scores[rest] *= weight
+            live = [j for j in live if scores[j] >= min_score]
+        dets[:len(keep), :4], dets[:len(keep), 4] = boxes[keep], scores[keep]
+        return torch.tensor(keep, dtype=torch.long)
+
+
+class SoftNMSop(Function):
+    @staticmethod
+    def forward(ctx, boxes, scores, iou_threshold: float, sigma: float, min_score: float, method: int, offset: int):
+        dets = boxes.new_empty((boxes.size(0), 5), device="cpu")
+        inds = _SoftNMSExt.softnms(boxes.cpu(), scores.cpu(), dets.cpu(), iou_threshold=float(iou_threshold),
+                                   sigma=float(sigma), min_score=float(min_score), method=int(method),
+                                   offset=int(offset))
+        return dets, inds
+
+    @staticmethod
+    def symbolic(g, boxes, scores, iou_threshold, sigma, min_score, method, offset):
+        from packaging import version
+        assert version.parse(torch.__version__) >= version.parse("1.7.0")
+        nms_out = g.op("mmcv::SoftNonMaxSuppression", boxes, scores, iou_threshold_f=float(iou_threshold),
+                       sigma_f=float(sigma), min_score_f=float(min_score), method_i=int(method), offset_i=int(offset),
+                       outputs=2)
+        return nms_out
+
+
+def soft_nms(boxes, scores, iou_threshold=0.3, sigma=0.5, min_score=1e-3, method="linear", offset=0):
+    """mmcv's soft_nms (tensors only): the Function's dets cut to the kept count."""
+    method_dict = {"naive": 0, "linear": 1, "gaussian": 2}
+    dets, inds = SoftNMSop.apply(boxes.cpu(), scores.cpu(), float(iou_threshold), float(sigma), float(min_score),
+                                 method_dict[method], int(offset))
+    dets = dets[:inds.size(0)]
+    return dets.to(device=boxes.device), inds.to(device=boxes.device)
+
+
+class SoftNMSModel(torch.nn.Module):
+    def __init__(self, method="linear"):
+        super().__init__()
+        self.method = method
+
+    def forward(self, boxes, scores):
+        return soft_nms(boxes, scores, 0.3, sigma=0.5, min_score=0.05, method=self.method)
+
+
+def soft_nms_fake(boxes, scores, *rest):  # NOTE: mmcv's kernel keeps a data-dependent count
+    return boxes.new_empty(boxes.size(0), 5), boxes.new_empty(torch.library.get_ctx().new_dynamic_size(),
+                                                              dtype=torch.long)
+
+
+def soft_nms_case(n: int, seed: int):
+    g = torch.Generator().manual_seed(seed)
+    corner = torch.rand(n, 2, generator=g) * 20
+    return torch.cat((corner, corner + 2 + torch.rand(n, 2, generator=g) * 8), 1), torch.rand(n, generator=g)
+
+
+@pytest.mark.parametrize("method", ["linear", "gaussian"])
+def test_mmcv_soft_nms_two_outputs_of_data_dependent_length(reg, method):
+    bridge.register(SoftNMSop, registry=reg, fake=soft_nms_fake)
+    model, args = SoftNMSModel(method), soft_nms_case(12, 0)
+    n = torch.export.Dim("n")
+    ours = bridge.export(model, args, registry=reg, opset_version=17, dynamic_shapes=({0: n}, {0: n}))
+    legacy = legacy_export(model, args, 17)
+    (mine,), (theirs,) = custom_nodes(ours), custom_nodes(legacy)
+    # NOTE: inputs not compared: the TorchScript exporter writes soft_nms's boxes.cpu() as nodes before it
+    assert node_identity(mine, ours.graph)[:3] == node_identity(theirs, legacy.graph)[:3]
+    assert [a.name for a in mine.attribute] == ["iou_threshold", "method", "min_score", "offset", "sigma"]
+    assert len(mine.output) == len(theirs.output) == 2
+    bridge.assert_parity(model, args, registry=reg, tier="python", dynamic_shapes=({0: n}, {0: n}),
+                         extra_args=[soft_nms_case(7, 1), soft_nms_case(30, 2)])
+
+
+class Twice(Function):
+    """float(k) * 2 and not flag: attributes computed from arguments, which no probe maps back."""
+
+    @staticmethod
+    def symbolic(g, x, k, flag):
+        return g.op("mine::Twice", x, k_f=float(k) * 2, flag_i=not flag)
+
+    @staticmethod
+    def forward(ctx, x, k, flag):
+        return x if flag else x * k * 2
+
+
+def test_attributes_computed_from_float_of_an_argument_are_still_refused(reg):
+    bridge.register(Twice, registry=reg)
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return Twice.apply(x, 1.5, False)
+
+    with pytest.raises(bridge.OpBridgeError, match=r"Twice\.symbolic never passes argument\(s\) \['k', 'flag'\]"):
+        bridge.export(M(), (torch.randn(3),), registry=reg)
+
+
+# -- mmdeploy 1.3.1 mmdeploy/mmcv/ops/nms.py TRTBatchedNMSop: outputs=3 or 2 as a bool argument says, attributes
+# written from constants (is_normalized_i=False) and from an argument renamed (topk_i=pre_topk), a tuple returned --
+def _trt_batched_nms(boxes, scores, num_classes, pre_topk, after_topk, iou_threshold, score_threshold,
+                     background_label_id=-1, return_index=False):
+    """Stands in for TensorRT's batchedNMS plugin (mmdeploy's own forward returns random tensors of the output
+    shapes): per class NMS above score_threshold, the best after_topk per image, padded with zeros and label -1."""
+    batch, num_boxes, _ = scores.shape
+    k = min(num_boxes, after_topk)
+    dets, labels = scores.new_zeros(batch, k, 5), torch.full((batch, k), -1, dtype=torch.long)
+    index = torch.full((batch, k), -1, dtype=torch.long)
+    for b in range(batch):
+        found = []
+        for c in range(num_classes):
+            s = scores[b, :, c]
+            kept = vision_nms(boxes[b, :, 0], s, iou_threshold)
+            found += [(float(s[i]), c, int(i)) for i in kept if s[i] > score_threshold]
+        found = sorted(found, key=lambda t: (-t[0], t[1], t[2]))[:k]
+        for j, (score, c, i) in enumerate(found):
+            dets[b, j, :4], dets[b, j, 4], labels[b, j], index[b, j] = boxes[b, i, 0], score, c, i
+    return (dets, labels, index) if return_index else (dets, labels)
+
+
+class TRTBatchedNMSop(Function):
+    @staticmethod
+    def forward(ctx, boxes, scores, num_classes: int, pre_topk: int, after_topk: int, iou_threshold: float,
+                score_threshold: float, background_label_id: int = -1, return_index: bool = False):
+        return _trt_batched_nms(boxes, scores, num_classes, pre_topk, after_topk, iou_threshold, score_threshold,
+                                background_label_id, return_index)
+
+    @staticmethod
+    def symbolic(g, boxes, scores, num_classes: int, pre_topk: int, after_topk: int, iou_threshold: float,
+                 score_threshold: float, background_label_id: int = -1, return_index: bool = False):
+        return g.op("mmdeploy::TRTBatchedNMS", boxes, scores, num_classes_i=num_classes,
+                    background_label_id_i=background_label_id, iou_threshold_f=iou_threshold,
+                    score_threshold_f=score_threshold, topk_i=pre_topk, keep_topk_i=after_topk, is_normalized_i=False,
+                    clip_boxes_i=False, return_index_i=return_index, outputs=3 if return_index else 2)
+
+
+class MulticlassNMSStatic(torch.nn.Module):
+    """mmdeploy's multiclass_nms_static (its TensorRT rewrite of _multiclass_nms), defaults as mmdet configs pass."""
+
+    def __init__(self, output_index=False, max_output_boxes_per_class=5, iou_threshold=0.5, score_threshold=0.05,
+                 pre_top_k=-1, keep_top_k=4):
+        super().__init__()
+        self.output_index, self.max_output_boxes_per_class = output_index, max_output_boxes_per_class
+        self.iou_threshold, self.score_threshold = iou_threshold, score_threshold
+        self.pre_top_k, self.keep_top_k = pre_top_k, keep_top_k
+
+    def forward(self, boxes, scores):
+        boxes = boxes if boxes.dim() == 4 else boxes.unsqueeze(2)
+        keep_top_k = self.max_output_boxes_per_class if self.keep_top_k < 0 else min(
+            self.max_output_boxes_per_class, self.keep_top_k)
+        nms_output = TRTBatchedNMSop.apply(boxes, scores, int(scores.shape[-1]), self.pre_top_k, keep_top_k,
+                                           self.iou_threshold, self.score_threshold, -1, self.output_index)
+        dets, labels = nms_output[0], nms_output[1]
+        box_index = None if len(nms_output) <= 2 else nms_output[2]
+        batch_size = boxes.size(0)
+        dets = dets.reshape([batch_size, *dets.shape[1:]])
+        labels = labels.reshape([batch_size, *labels.shape[1:]])
+        return (dets, labels, box_index) if self.output_index else (dets, labels)
+
+
+def trt_batched_nms_fake(boxes, scores, num_classes, pre_topk, after_topk, iou_threshold, score_threshold,
+                         background_label_id=-1, return_index=False):
+    k = min(scores.shape[1], after_topk)
+    outs = (scores.new_empty(scores.shape[0], k, 5), scores.new_empty(scores.shape[0], k, dtype=torch.long))
+    return outs + (scores.new_empty(scores.shape[0], k, dtype=torch.long),) if return_index else outs
+
+
+def batched_nms_case(batch: int, seed: int, n: int = 9, classes: int = 3):
+    boxes, _ = soft_nms_case(batch * n, seed)
+    g = torch.Generator().manual_seed(seed)
+    return boxes.reshape(batch, n, 4), torch.rand(batch, n, classes, generator=g)
+
+
+@pytest.mark.parametrize("output_index", [False, True], ids=["dets-labels", "with-index"])
+def test_mmdeploy_trt_batched_nms_outputs_as_a_bool_argument_says(reg, output_index):
+    bridge.register(TRTBatchedNMSop, registry=reg, fake=trt_batched_nms_fake)
+    model, args = MulticlassNMSStatic(output_index), batched_nms_case(2, 0)
+    ours = bridge.export(model, args, registry=reg, opset_version=17, dynamic_shapes=({0: B}, {0: B}))
+    legacy = legacy_export(model, args, 17)
+    (mine,), (theirs,) = custom_nodes(ours), custom_nodes(legacy)
+    assert node_identity(mine, ours.graph)[:3] == node_identity(theirs, legacy.graph)[:3]
+    assert len(mine.output) == len(theirs.output) == (3 if output_index else 2)
+    attrs = {a.name: onnx.helper.get_attribute_value(a) for a in mine.attribute}
+    assert (attrs["is_normalized"], attrs["topk"], attrs["keep_topk"], attrs["num_classes"]) == (0, -1, 4, 3)
+    bridge.assert_parity(model, args, registry=reg, tier="python", dynamic_shapes=({0: B}, {0: B}),
+                         extra_args=[batched_nms_case(3, 1)])
+
+
+# -- mmdeploy 1.3.1 mmdeploy/mmcv/ops/nms.py ONNXNMSop: a standard-op symbolic branching on _is_value (the caller
+# passes thresholds as tensors, the box count as an int), an output of data-dependent length -------------------
+def _mmcv_nms(boxes, scores, iou_threshold, offset=0, score_threshold=0, max_num=-1):
+    """Stands in for mmcv.ops.nms (its NMSop and compiled kernel): the kept indices, best first."""
+    valid = torch.nonzero(scores > score_threshold, as_tuple=False).squeeze(1)
+    inds = valid[vision_nms(boxes[valid], scores[valid], iou_threshold)]
+    return None, inds[:max_num] if max_num > 0 else inds
+
+
+class ONNXNMSop(Function):
+    @staticmethod
+    def forward(ctx, boxes, scores, max_output_boxes_per_class: int, iou_threshold: float, score_threshold: float):
+        batch_size, num_class, _ = scores.shape
+        score_threshold = float(score_threshold)
+        iou_threshold = float(iou_threshold)
+        indices = []
+        for batch_id in range(batch_size):
+            for cls_id in range(num_class):
+                _boxes = boxes[batch_id, ...]
+                _scores = scores[batch_id, cls_id, ...].contiguous()
+                _, box_inds = _mmcv_nms(_boxes, _scores, iou_threshold, offset=0, score_threshold=score_threshold,
+                                        max_num=max_output_boxes_per_class)
+                batch_inds = torch.zeros_like(box_inds) + batch_id
+                cls_inds = torch.zeros_like(box_inds) + cls_id
+                indices.append(torch.stack([batch_inds, cls_inds, box_inds], dim=-1))
+        indices = torch.cat(indices)
+        return indices
+
+    @staticmethod
+    def symbolic(g, boxes, scores, max_output_boxes_per_class: int, iou_threshold: float, score_threshold: float):
+        if not symbolic_helper._is_value(max_output_boxes_per_class):
+            max_output_boxes_per_class = g.op("Constant", value_t=torch.tensor(max_output_boxes_per_class,
+                                                                               dtype=torch.long))
+        if not symbolic_helper._is_value(iou_threshold):
+            iou_threshold = g.op("Constant", value_t=torch.tensor([iou_threshold], dtype=torch.float))
+        if not symbolic_helper._is_value(score_threshold):
+            score_threshold = g.op("Constant", value_t=torch.tensor([score_threshold], dtype=torch.float))
+        return g.op("NonMaxSuppression", boxes, scores, max_output_boxes_per_class, iou_threshold, score_threshold)
+
+
+class MulticlassNMS(torch.nn.Module):
+    """mmdeploy's _multiclass_nms up to the Function (torch >= 1.13): thresholds made tensors, scores permuted."""
+
+    def __init__(self, max_output_boxes_per_class=3, iou_threshold=0.5, score_threshold=0.05):
+        super().__init__()
+        self.max_output_boxes_per_class = max_output_boxes_per_class
+        self.iou_threshold, self.score_threshold = iou_threshold, score_threshold
+
+    def forward(self, boxes, scores):
+        iou_threshold = torch.tensor([self.iou_threshold], dtype=torch.float32)
+        score_threshold = torch.tensor([self.score_threshold], dtype=torch.float32)
+        scores = scores.permute(0, 2, 1)
+        return ONNXNMSop.apply(boxes, scores, self.max_output_boxes_per_class, iou_threshold, score_threshold)
+
+
+def onnx_nms_fake(boxes, scores, *rest):  # NOTE: mmcv's nms keeps a data-dependent count
+    return boxes.new_empty(torch.library.get_ctx().new_dynamic_size(), 3, dtype=torch.long)
+
+
+def test_mmdeploy_onnx_nms_standard_op_symbolic_branching_on_is_value(reg, monkeypatch):
+    """The thresholds reach the symbolic as graph values (_is_value: passed on as they are), the box count as an
+    int (a Constant): NonMaxSuppression is written into the graph, and onnxruntime's agrees with forward."""
+    bridge.register(ONNXNMSop, registry=reg, fake=onnx_nms_fake)
+    model, args = MulticlassNMS(), batched_nms_case(2, 0)
+    ours = bridge.export(model, args, registry=reg, opset_version=17, dynamic_shapes=({0: B}, {0: B}))
+    assert [n.op_type for n in ours.graph.node if n.op_type == "NonMaxSuppression"] == ["NonMaxSuppression"]
+    assert not list(custom_nodes(ours))
+    for tier in ("python", "function"):
+        bridge.assert_parity(model, args, registry=reg, tier=tier, dynamic_shapes=({0: B}, {0: B}),
+                             extra_args=[batched_nms_case(3, 1), batched_nms_case(1, 2)])
+    # NOTE: the TorchScript exporter cannot trace the stand-in's loops; its node comes from symbolic alone
+    shape = model(*args).shape
+    monkeypatch.setattr(ONNXNMSop, "forward", staticmethod(lambda ctx, *a: torch.zeros(shape, dtype=torch.long)))
+    legacy = legacy_export(model, args, 17)
+    mine, theirs = (next(n for n in p.graph.node if n.op_type == "NonMaxSuppression") for p in (ours, legacy))
+    assert node_identity(mine, ours.graph)[:3] == node_identity(theirs, legacy.graph)[:3]
+    assert len(mine.input) == len(theirs.input) == 5

@@ -618,6 +618,8 @@ def describe(cls: type, *, name: str | None = None, use_symbolic: bool = True,
             raise
         symbolic, read = None, None  # NOTE: the prim::PythonOp symbolic passes it by; name= names its node
     if read is not None and any(is_custom(n.domain) for n in read[0].nodes):
+        if sample is not None:
+            _probe_sources(cls, symbolic, params, sample, read[0])
         found = _from_symbolic(cls, *read, params, _given(params, sample))
         if name is not None:
             raise OpBridgeError(f"{class_name(cls)}: its symbolic names the node "
@@ -665,7 +667,7 @@ def _read_symbolic(cls, symbolic, params, sample) -> tuple[Recorder, list]:
     given = _given(params, sample)
     tensors = {p.name for p in params
                if isinstance(given.get(p.name), torch.Tensor) or _kind_of_annotation(p.annotation) == "tensor"}
-    needs, held = None, False
+    needs, held, branched = None, False, None
     while True:
         args = (_placeholders(params, tensors, given) if needs is None
                 else _known_values(params, sample, tensors, held=held))
@@ -677,6 +679,7 @@ def _read_symbolic(cls, symbolic, params, sample) -> tuple[Recorder, list]:
         except Declined:
             raise  # NOTE: the prim::PythonOp symbolic passes the class by its name, whatever the values
         except _NeedsValue as e:
+            branched = str(e) if held and sample is None else branched
             needs, held = _after_use(cls, e, needs, held)
             continue
         except OpBridgeError as e:
@@ -685,6 +688,10 @@ def _read_symbolic(cls, symbolic, params, sample) -> tuple[Recorder, list]:
         if held and not any(is_custom(n.domain) for n in g.nodes):
             held = False  # NOTE: standard ops only: read as before, with the values as they are
             continue
+        if branched is not None and any(is_custom(n.domain) for n in g.nodes):
+            # NOTE: read with the default, its custom node is the default's (mmdeploy's TRTBatchedNMSop writes
+            # outputs=3 if return_index else 2): the call's value tells which
+            raise NeedsCall(cls, f"its symbolic branches on {branched}, whose value only a call gives")
         return g, outs
 
 
@@ -724,6 +731,56 @@ def _placeholders(params, tensors: set[str], given: Mapping[str, Any]) -> list:
 def _tensor_input(name: str, given: Mapping[str, Any]) -> torch_compat.GraphInput:
     value = given.get(name)
     return _graph_input(name, value) if isinstance(value, torch.Tensor) else torch_compat.GraphInput(name)
+
+
+_PROBE = 65537  # NOTE: probe numbers from here, 7 apart: exact in float32, unlike any value a symbolic adds
+
+
+def _probe_sources(cls, symbolic, params, sample, g: Recorder) -> None:
+    """Give each attribute of ``g``'s custom node that symbolic wrote from ``float(x)`` or ``int(x)`` of an argument
+    (or an element of one: mmcv's ``iou_threshold_f=float(iou_threshold)``, ``int(output_size[0])``; the builtin
+    returns a plain number, so the tag is lost) that argument as its source. symbolic is read once more with each
+    number no attribute carries replaced by a distinct probe; an attribute holding a probe is written from it; and
+    once per such bool, flipped. A symbolic that refuses the probes keeps its node as read (the unmapped arguments
+    are named later; :func:`check_written` checks each call's node)."""
+    node = next(n for n in g.nodes if is_custom(n.domain))
+    if all(isinstance(v, _Arg) for _, v in node.attrs.values()):
+        return
+    tensors = {x.name for x in node.inputs if isinstance(x, _Arg)}
+    mapped = tensors | {v.name for _, v in node.attrs.values() if isinstance(v, _Arg)}
+    args, probes = _known_values(params, sample, tensors), {}
+
+    def probe(value, source: _Arg):
+        if isinstance(value, (tuple, list)):
+            return type(value)(probe(v, _Arg(source.name, source.path + (i,))) for i, v in enumerate(value))
+        if type(value) not in (int, float):
+            return value
+        number = type(value)(_PROBE + 7 * len(probes))
+        probes[number] = source
+        return number
+
+    probed = _probe(cls, symbolic, [a if p.name in mapped else probe(a, _Arg(p.name)) for p, a in zip(params, args)])
+    for name, (kind, value) in list(node.attrs.items()):
+        found = probed.get(name, (None, None))[1]
+        if not isinstance(value, _Arg) and type(found) in (int, float) and found in probes:
+            node.attrs[name] = (kind, probes[found])
+    # NOTE: a bool is read as it is (symbolic may branch on it): the attribute that flips with it is written from it
+    for i, p in enumerate(params):
+        if p.name in mapped or type(args[i]) is not bool:
+            continue
+        flipped = _probe(cls, symbolic, args[:i] + [not args[i]] + args[i + 1:])
+        for name, (kind, value) in list(node.attrs.items()):
+            found = flipped.get(name, (None, None))[1]
+            if type(value) is bool and value is args[i] and type(found) is bool and found is not value:
+                node.attrs[name] = (kind, _Arg(p.name))
+
+
+def _probe(cls, symbolic, args: list) -> dict[str, tuple[str, Any]]:
+    """The attributes of the custom node symbolic writes for ``args``; none where it refuses them."""
+    try:
+        return next(n for n in _run_symbolic(cls, symbolic, args)[0].nodes if is_custom(n.domain)).attrs
+    except Exception:  # noqa: BLE001  NOTE: a symbolic checking its values (assert points in [1, 5]) refuses them
+        return {}
 
 
 def _from_symbolic(cls, g: Recorder, outs: list, params, given: Mapping[str, Any]) -> dict[str, Any]:

@@ -63,7 +63,10 @@ def _fake_input(mode, type_proto: onnx.TypeProto, first_hint: int, symbols: dict
     for size, param in zip(fake.shape, params):
         if isinstance(size, torch.SymInt) and param:
             symbols.setdefault(size.node.expr, param)
-    return fake
+    # NOTE: on the CPU, as export ran the kernel: a forward that makes tensors without device= (mmcv's stand-ins,
+    # torch.arange(n)) and combines them with its inputs fails on meta inputs
+    with mode:
+        return fake.to("cpu")
 
 
 def _output_type(out: torch.Tensor, symbols: dict) -> onnx.TypeProto:
