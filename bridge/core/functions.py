@@ -748,7 +748,8 @@ def _probe_sources(cls, symbolic, params, sample, g: Recorder) -> None:
         return
     tensors = {x.name for x in node.inputs if isinstance(x, _Arg)}
     mapped = tensors | {v.name for _, v in node.attrs.values() if isinstance(v, _Arg)}
-    args, probes = _known_values(params, sample, tensors), {}
+    args = _known_values(params, sample, tensors)
+    probes: dict[int | float, _Arg] = {}
 
     def probe(value, source: _Arg):
         if isinstance(value, (tuple, list)):
