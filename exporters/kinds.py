@@ -26,7 +26,7 @@ import torch
 from bridge.core.basics.errors import OpBridgeError
 from bridge.core.basics.graphs import ProtoMemo
 from bridge.core.basics.torch_compat import torchlib_translation
-from bridge.core.checks import guarded_body, unreadable
+from bridge.core.checks import Check, Checks, guarded_body, is_guard, unreadable
 from bridge.core.registry import Registry, validate_body
 from bridge.core.spec import BodyBuilder, OpSpec, Written, bind_attribute_defaults, node_attributes, values_key
 from exporters.bodies.opsets import convert_function, portable_constants
@@ -36,9 +36,10 @@ from exporters.derive.implementation import implementation
 from exporters.derive.sites import NoPortableBody, Site, Untraceable, sample_site, site_of
 
 
-def guarded_copy(proto: onnx.FunctionProto, spec: OpSpec) -> onnx.FunctionProto:
+def guarded_copy(proto: onnx.FunctionProto, spec: OpSpec, extra: tuple[Check, ...] = ()) -> onnx.FunctionProto:
     """A copy of ``proto`` (``spec``'s body, written, built or derived) with the op's check guards
-    (``bridge.core.checks``) where the body keeps every attribute they read as a function attribute.
+    (``bridge.core.checks``) where the body keeps every attribute they read as a function attribute,
+    and ``extra`` (a derived body's index checks) after them, but on an input a declared ``values_in`` reads.
 
     NOTE: a check reading an attribute baked into this body (its value was known when the body was
     made; the function tier checks attribute values before a session opens) gets no guard; every
@@ -46,16 +47,36 @@ def guarded_copy(proto: onnx.FunctionProto, spec: OpSpec) -> onnx.FunctionProto:
     """
     copy = onnx.FunctionProto()
     copy.CopyFrom(proto)  # NOTE: guarding edits the body it is given; ``proto`` may be a cached one
-    if spec.checks is not None:
+    declared = tuple(spec.checks or ())
+    covered = {c.input for c in declared if c.kind == "values_in"}
+    added = tuple(c for c in extra if c.input not in covered)
+    checks = Checks(spec.qualname, [*declared, *added]) if added else spec.checks
+    if checks is not None:
         names = {*copy.attribute, *(a.name for a in copy.attribute_proto)}  # without and with defaults
         kept = {p.name: p.onnx_attribute_type for p in spec.attributes if p.name in names}
-        return guarded_body(copy, spec.checks, kept, skip=list(unreadable(copy, spec.checks, kept)))
+        copy = guarded_body(copy, checks, kept, skip=list(unreadable(copy, checks, kept)))
+        if added:  # NOTE: the function tier words these guards' failures from the checks they state
+            _GUARDED.update({n.name: (spec, checks) for n in copy.node if is_guard(n)})
     return copy
 
 
-def _finished(proto: onnx.FunctionProto, spec: OpSpec, opset: int | None) -> onnx.FunctionProto:
-    """``proto`` as it goes into a model: with the op's guards, at ``opset`` (None: its own), constants as tensors."""
-    proto = guarded_copy(proto, spec)
+# NOTE: guard node name -> (the op's spec, the checks it states), for guards of checks the op does not declare
+# (derived index checks) made in this process; a file derived elsewhere gets the op's own (onnxruntime's words)
+_GUARDED: dict[str, tuple[OpSpec, Checks]] = {}
+
+
+def guard_checks(name: str, spec: OpSpec) -> Checks | None:
+    """The checks guard node ``name`` of ``spec``'s body states: the op's own, or with derived index checks
+    (those of this very spec: a new registration is a new spec)."""
+    made, checks = _GUARDED.get(name, (None, None))
+    return checks if made is spec else spec.checks
+
+
+def _finished(proto: onnx.FunctionProto, spec: OpSpec, opset: int | None,
+              extra: tuple[Check, ...] = ()) -> onnx.FunctionProto:
+    """``proto`` as it goes into a model: with the op's guards (and ``extra``), at ``opset`` (None: its own),
+    constants as tensors."""
+    proto = guarded_copy(proto, spec, extra)
     return portable_constants(convert_function(proto, opset) if opset is not None else proto)
 
 
@@ -197,8 +218,8 @@ class DerivedBody(BodyKind):
             return None
         try:
             site = site_of(self.spec, ir.serde.serialize_node(node), types())
-            return _finished(derive(self.spec, site, opset, registry, translation=self.translation).proto,
-                             self.spec, opset)
+            body = derive(self.spec, site, opset, registry, translation=self.translation)
+            return _finished(body.proto, self.spec, opset, body.checks)
         except NoPortableBody:
             return None
         except Untraceable as e:
