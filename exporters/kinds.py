@@ -26,13 +26,14 @@ import torch
 from bridge.core.basics.errors import OpBridgeError
 from bridge.core.basics.graphs import ProtoMemo
 from bridge.core.basics.torch_compat import torchlib_translation
-from bridge.core.checks import Check, Checks, guarded_body, is_guard, unreadable
+from bridge.core.checks import Check, Checks, guarded_body, unreadable
 from bridge.core.registry import Registry, validate_body
 from bridge.core.spec import BodyBuilder, OpSpec, Written, bind_attribute_defaults, node_attributes, values_key
 from exporters.bodies.opsets import convert_function, portable_constants
 from exporters.derive.cache import CACHE
 from exporters.derive.derivation import derive
 from exporters.derive.implementation import implementation
+from exporters.derive.indices import stated, stated_checks
 from exporters.derive.sites import NoPortableBody, Site, Untraceable, sample_site, site_of
 
 
@@ -50,26 +51,21 @@ def guarded_copy(proto: onnx.FunctionProto, spec: OpSpec, extra: tuple[Check, ..
     declared = tuple(spec.checks or ())
     covered = {c.input for c in declared if c.kind == "values_in"}
     added = tuple(c for c in extra if c.input not in covered)
-    checks = Checks(spec.qualname, [*declared, *added]) if added else spec.checks
+    if added:  # NOTE: said in the body: the function tier words these guards' failures from any file
+        copy.doc_string = "\n".join(filter(None, [copy.doc_string, stated(added)]))
+    checks = body_checks(copy, spec)
     if checks is not None:
         names = {*copy.attribute, *(a.name for a in copy.attribute_proto)}  # without and with defaults
         kept = {p.name: p.onnx_attribute_type for p in spec.attributes if p.name in names}
-        copy = guarded_body(copy, checks, kept, skip=list(unreadable(copy, checks, kept)))
-        if added:  # NOTE: the function tier words these guards' failures from the checks they state
-            _GUARDED.update({n.name: (spec, checks) for n in copy.node if is_guard(n)})
+        return guarded_body(copy, checks, kept, skip=list(unreadable(copy, checks, kept)))
     return copy
 
 
-# NOTE: guard node name -> (the op's spec, the checks it states), for guards of checks the op does not declare
-# (derived index checks) made in this process; a file derived elsewhere gets the op's own (onnxruntime's words)
-_GUARDED: dict[str, tuple[OpSpec, Checks]] = {}
-
-
-def guard_checks(name: str, spec: OpSpec) -> Checks | None:
-    """The checks guard node ``name`` of ``spec``'s body states: the op's own, or with derived index checks
-    (those of this very spec: a new registration is a new spec)."""
-    made, checks = _GUARDED.get(name, (None, None))
-    return checks if made is spec else spec.checks
+def body_checks(proto: onnx.FunctionProto, spec: OpSpec) -> Checks | None:
+    """The checks ``proto`` (a body of ``spec``'s op) guards: the op's own, then the index checks its
+    ``doc_string`` states (a derived body's, ``exporters.derive.indices``)."""
+    added = stated_checks(proto.doc_string)
+    return Checks(spec.qualname, [*(spec.checks or ()), *added]) if added else spec.checks
 
 
 def _finished(proto: onnx.FunctionProto, spec: OpSpec, opset: int | None,

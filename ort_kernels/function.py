@@ -20,7 +20,7 @@ from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
 from exporters.derive import Crash, crash_sites, last_failure
 from exporters.export import DEFAULT_OPSET
-from exporters.kinds import body_kind, guard_checks
+from exporters.kinds import body_checks, body_kind
 from exporters.resolve import attach_functions
 from ort_kernels.base import Paths, Plan, Planned, Prepared, Refuse, Session, Tier, libraries, private_domains
 
@@ -285,9 +285,9 @@ def _guard_nodes(plan: Plan) -> dict[str, Checks]:
     guards = {}
     for function in plan.model.functions:
         spec = plan.registry.find(function.domain, function.name)
-        if spec is not None:
-            guards.update({n.name: checks for n in function.node if is_guard(n)
-                           for checks in [guard_checks(n.name, spec)] if checks is not None})
+        checks = None if spec is None else body_checks(function, spec)
+        if checks is not None:
+            guards.update({n.name: checks for n in function.node if is_guard(n)})
     return guards
 
 

@@ -32,7 +32,7 @@ def _export(model, feed, path, registry):
     batch = Dim("batch")
     proto = bridge.export(model, feed, path, registry=registry,
                           dynamic_shapes=tuple({0: batch} for _ in feed))
-    return [n.name for f in proto.functions for n in f.node if n.name.startswith("opbridge_check/")]
+    return [n.name for f in proto.functions for n in f.node if n.name.startswith("opbridge_check/")], proto
 
 
 def _refused(model, path, registry, feeds, name, index, high):
@@ -67,7 +67,10 @@ def test_gather_with_an_input_index_refuses_what_eager_refuses_in_every_tier(reg
     model = _gather_perm(registry, name)
     x, idx = torch.randn(2, 10, 3), torch.randint(0, 10, (2, 4, 3))
     path = tmp_path / "gather.onnx"
-    assert _export(model, (x, idx), path, registry) == [f"opbridge_check/{name}/idx/0.values_in"]
+    guards, proto = _export(model, (x, idx), path, registry)
+    assert guards == [f"opbridge_check/{name}/idx/0.values_in"]
+    # NOTE: the body says what it guards: a session on the file in any process words the failure (function tier)
+    assert "opbridge index check: input 'idx' values must lie in [0, x.shape[1])" in proto.functions[0].doc_string
     _matches(model, path, registry, [(x, idx), (torch.randn(5, 10, 3), torch.randint(0, 10, (5, 4, 3)))])
     _refused(model, path, registry, [(x, torch.full((2, 4, 3), -1)), (x, torch.full((2, 4, 3), 15))],
              name, "idx", 10)
@@ -78,7 +81,9 @@ def test_a_declared_check_on_the_index_is_not_duplicated(registry, fresh_name, t
     model = _gather_perm(registry, name, checks=[C.values_in("idx", 0, C.dim("x", 1))])
     x, idx = torch.randn(2, 10, 3), torch.randint(0, 10, (2, 4, 3))
     path = tmp_path / "checked.onnx"
-    assert _export(model, (x, idx), path, registry) == [f"opbridge_check/{name}/idx/0.values_in"]
+    guards, proto = _export(model, (x, idx), path, registry)
+    assert guards == [f"opbridge_check/{name}/idx/0.values_in"]
+    assert "opbridge index check" not in proto.functions[0].doc_string
     _refused(model, path, registry, [(x, torch.full((2, 4, 3), -1))], name, "idx", 10)
 
 

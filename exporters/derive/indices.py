@@ -5,9 +5,13 @@ own words. Each becomes ``checks.values_in(input, 0, <that dim of the indexed te
 declared it: the body's guard refuses it with the op's message (``exporters.kinds``).
 
 NOTE: only an index that is an op input (through value-keeping views and copies) gets one; an index
-the implementation computes is not checked (docs/ops.md, derived bodies)."""
+the implementation computes is not checked (docs/ops.md, derived bodies). The guarded body's
+``doc_string`` states them (:func:`stated`): a session reads them back from any file (:func:`stated_checks`)."""
 
 from __future__ import annotations
+
+import re
+from collections.abc import Sequence
 
 import torch
 
@@ -76,3 +80,23 @@ def index_checks(program, by_name: dict[str, tuple]) -> tuple[Check, ...]:
         if check is not None and check not in found:
             found.append(check)
     return tuple(found)
+
+
+_STATED = re.compile(r"^opbridge index check: input '(\w+)' values must lie in \[0, (?:(\d+)|(\w+)\.shape\[(\d+)\])\)$",
+                     re.MULTILINE)
+
+
+def stated(checks: Sequence[Check]) -> str:
+    """The ``doc_string`` lines of a body that say it guards ``checks`` (:func:`index_checks`' kind).
+
+    Example:
+        >>> stated_checks(stated([values_in("idx", 0, dim("x", 1)), values_in("i", 0, 4)]))
+        (ValuesIn(input='idx', ...), ValuesIn(input='i', ...))
+    """
+    return "\n".join(f"opbridge index check: {c.what()}" for c in checks)
+
+
+def stated_checks(doc_string: str) -> tuple[Check, ...]:
+    """The index checks a body's ``doc_string`` states (:func:`stated`)."""
+    return tuple(values_in(m[1], 0, int(m[2]) if m[2] else dim(m[3], int(m[4])))
+                 for m in _STATED.finditer(doc_string or ""))
