@@ -57,7 +57,7 @@ class FunctionTier(Tier):
         _check_optional_inputs(plan)
         guards = _guard_nodes(plan)  # NOTE: read before domains move
         stated = {c.qualname: c for c in guards.values()}  # NOTE: with a derived body's index checks
-        calls = tuple(_Call.of(checks, p) for p in plan.graph if p.spec is not None
+        calls = tuple(_Call.of(checks, p.spec, p) for p in plan.graph if p.spec is not None
                       for checks in [stated.get(p.spec.qualname, p.spec.checks)] if checks is not None)
         explain = functools.partial(_explain, calls, guards)
         for call in calls:
@@ -262,9 +262,9 @@ class _Call:
     attrs: dict
 
     @staticmethod
-    def of(checks: Checks, p: Planned) -> _Call:
-        names = [*p.node.input, *[""] * len(p.spec.tensors)]
-        return _Call(checks, {t.name: name for t, name in zip(p.spec.tensors, names)}, p.attributes())
+    def of(checks: Checks, spec: OpSpec, p: Planned) -> _Call:
+        names = [*p.node.input, *[""] * len(spec.tensors)]
+        return _Call(checks, {t.name: name for t, name in zip(spec.tensors, names)}, p.attributes())
 
     def failure(self, values: dict) -> str | None:
         """The eager message of the first check of the op that fails on the node's inputs in

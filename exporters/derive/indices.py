@@ -59,24 +59,29 @@ def _size(size, shapes: dict[str, tuple]) -> Expr | int | None:
     return None
 
 
+def _check(node, inputs: dict[str, str], shapes: dict[str, tuple]) -> Check | None:
+    """The range check of ``node`` (an fx node) where it indexes with an op input, else None."""
+    where = _INDEXING.get(node.target) if node.op == "call_function" else None
+    if where is None or len(node.args) <= max(k for k in where if k is not None):
+        return None
+    data, axis, index = node.args[where[0]], 0 if where[1] is None else node.args[where[1]], node.args[where[2]]
+    name = _source(index, inputs)
+    val = data.meta.get("val") if isinstance(data, torch.fx.Node) else None
+    if name is None or not isinstance(axis, int) or not isinstance(val, torch.Tensor) or not val.dim():
+        return None
+    high = _size(val.shape[axis % val.dim()], shapes)
+    return None if high is None else values_in(name, 0, high)
+
+
 def index_checks(program, by_name: dict[str, tuple]) -> tuple[Check, ...]:
     """``values_in`` checks for the op inputs ``program`` (a torch.export trace whose placeholders
     ``by_name`` gives the roles of) indexes with, one per input and bound, in trace order."""
     inputs = {n: role[2].name for n, role in by_name.items() if role[0] == "tensor"}
-    shapes = {role[2].name: tuple(node.meta["val"].shape) for node in program.graph.nodes
-              if node.op == "placeholder" and node.name in inputs for role in [by_name[node.name]]}
+    shapes = {inputs[node.name]: tuple(node.meta["val"].shape) for node in program.graph.nodes
+              if node.op == "placeholder" and node.name in inputs}
     found: list[Check] = []
     for node in program.graph.nodes:
-        where = _INDEXING.get(node.target) if node.op == "call_function" else None
-        if where is None or len(node.args) <= max(k for k in where if k is not None):
-            continue
-        data, axis, index = node.args[where[0]], 0 if where[1] is None else node.args[where[1]], node.args[where[2]]
-        name = _source(index, inputs)
-        val = data.meta.get("val") if isinstance(data, torch.fx.Node) else None
-        if name is None or not isinstance(axis, int) or not isinstance(val, torch.Tensor) or not val.dim():
-            continue
-        high = _size(val.shape[axis % val.dim()], shapes)
-        check = None if high is None else values_in(name, 0, high)
+        check = _check(node, inputs, shapes)
         if check is not None and check not in found:
             found.append(check)
     return tuple(found)
