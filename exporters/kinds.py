@@ -26,19 +26,21 @@ import torch
 from bridge.core.basics.errors import OpBridgeError
 from bridge.core.basics.graphs import ProtoMemo
 from bridge.core.basics.torch_compat import torchlib_translation
-from bridge.core.checks import guarded_body, unreadable
+from bridge.core.checks import Check, Checks, guarded_body, unreadable
 from bridge.core.registry import Registry, validate_body
 from bridge.core.spec import BodyBuilder, OpSpec, Written, bind_attribute_defaults, node_attributes, values_key
 from exporters.bodies.opsets import convert_function, portable_constants
 from exporters.derive.cache import CACHE
 from exporters.derive.derivation import derive
 from exporters.derive.implementation import implementation
+from exporters.derive.indices import stated, stated_checks
 from exporters.derive.sites import NoPortableBody, Site, Untraceable, sample_site, site_of
 
 
-def guarded_copy(proto: onnx.FunctionProto, spec: OpSpec) -> onnx.FunctionProto:
+def guarded_copy(proto: onnx.FunctionProto, spec: OpSpec, extra: tuple[Check, ...] = ()) -> onnx.FunctionProto:
     """A copy of ``proto`` (``spec``'s body, written, built or derived) with the op's check guards
-    (``bridge.core.checks``) where the body keeps every attribute they read as a function attribute.
+    (``bridge.core.checks``) where the body keeps every attribute they read as a function attribute,
+    and ``extra`` (a derived body's index checks) after them, but on an input a declared ``values_in`` reads.
 
     NOTE: a check reading an attribute baked into this body (its value was known when the body was
     made; the function tier checks attribute values before a session opens) gets no guard; every
@@ -46,16 +48,31 @@ def guarded_copy(proto: onnx.FunctionProto, spec: OpSpec) -> onnx.FunctionProto:
     """
     copy = onnx.FunctionProto()
     copy.CopyFrom(proto)  # NOTE: guarding edits the body it is given; ``proto`` may be a cached one
-    if spec.checks is not None:
+    declared = tuple(spec.checks or ())
+    covered = {c.input for c in declared if c.kind == "values_in"}
+    added = tuple(c for c in extra if c.input not in covered)
+    if added:  # NOTE: said in the body: the function tier words these guards' failures from any file
+        copy.doc_string = "\n".join(filter(None, [copy.doc_string, stated(added)]))
+    checks = body_checks(copy, spec)
+    if checks is not None:
         names = {*copy.attribute, *(a.name for a in copy.attribute_proto)}  # without and with defaults
         kept = {p.name: p.onnx_attribute_type for p in spec.attributes if p.name in names}
-        return guarded_body(copy, spec.checks, kept, skip=list(unreadable(copy, spec.checks, kept)))
+        return guarded_body(copy, checks, kept, skip=list(unreadable(copy, checks, kept)))
     return copy
 
 
-def _finished(proto: onnx.FunctionProto, spec: OpSpec, opset: int | None) -> onnx.FunctionProto:
-    """``proto`` as it goes into a model: with the op's guards, at ``opset`` (None: its own), constants as tensors."""
-    proto = guarded_copy(proto, spec)
+def body_checks(proto: onnx.FunctionProto, spec: OpSpec) -> Checks | None:
+    """The checks ``proto`` (a body of ``spec``'s op) guards: the op's own, then the index checks its
+    ``doc_string`` states (a derived body's, ``exporters.derive.indices``)."""
+    added = stated_checks(proto.doc_string)
+    return Checks(spec.qualname, [*(spec.checks or ()), *added]) if added else spec.checks
+
+
+def _finished(proto: onnx.FunctionProto, spec: OpSpec, opset: int | None,
+              extra: tuple[Check, ...] = ()) -> onnx.FunctionProto:
+    """``proto`` as it goes into a model: with the op's guards (and ``extra``), at ``opset`` (None: its own),
+    constants as tensors."""
+    proto = guarded_copy(proto, spec, extra)
     return portable_constants(convert_function(proto, opset) if opset is not None else proto)
 
 
@@ -201,8 +218,8 @@ class DerivedBody(BodyKind):
             return None
         try:
             site = site_of(self.spec, ir.serde.serialize_node(node), types())
-            return _finished(derive(self.spec, site, opset, registry, translation=self.translation).proto,
-                             self.spec, opset)
+            body = derive(self.spec, site, opset, registry, translation=self.translation)
+            return _finished(body.proto, self.spec, opset, body.checks)
         except NoPortableBody:
             return None
         except Untraceable as e:

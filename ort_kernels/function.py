@@ -20,7 +20,7 @@ from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
 from exporters.derive import Crash, crash_sites, last_failure
 from exporters.export import DEFAULT_OPSET
-from exporters.kinds import body_kind
+from exporters.kinds import body_checks, body_kind
 from exporters.resolve import attach_functions
 from ort_kernels.base import Explain, Paths, Plan, Planned, Prepared, Refuse, Session, Tier, libraries, private_domains
 
@@ -55,10 +55,10 @@ class FunctionTier(Tier):
                 "tier='native' or 'python'."
             )
         _check_optional_inputs(plan)
-        for call in _calls(plan):
+        for call in _calls(plan, _guard_nodes(plan)):
             # NOTE: a bad attribute can fail onnxruntime's load (shape inference of the body) before
             # any guard runs: the attribute checks run here, with the same message.
-            message = call.spec.checks.attribute_failure(call.attrs)
+            message = call.checks.attribute_failure(call.attrs)
             if message is not None:
                 raise OpBridgeError(message)
         # NOTE: options that carry a custom-op library (reused from a native or python session) would
@@ -249,17 +249,17 @@ def _why(plan: Plan, domain: str, name: str) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class _Call:
-    """A custom node of an op with checks: the op, the value each tensor parameter reads ("" when
-    omitted) and its attribute values."""
+    """A custom node of an op with checks: the checks its body states (the op's own, a derived body's
+    index checks), the value each tensor parameter reads ("" when omitted) and its attribute values."""
 
-    spec: OpSpec
+    checks: Checks
     inputs: dict[str, str]
     attrs: dict
 
     @staticmethod
-    def of(spec: OpSpec, p: Planned) -> _Call:
+    def of(checks: Checks, spec: OpSpec, p: Planned) -> _Call:
         names = [*p.node.input, *[""] * len(spec.tensors)]
-        return _Call(spec, {t.name: name for t, name in zip(spec.tensors, names)}, p.attributes())
+        return _Call(checks, {t.name: name for t, name in zip(spec.tensors, names)}, p.attributes())
 
     def failure(self, values: dict) -> str | None:
         """The eager message of the first check of the op that fails on the node's inputs in
@@ -270,13 +270,17 @@ class _Call:
                 return None
             env[param] = torch.from_numpy(np.array(values[name])) if name else None
         try:
-            return self.spec.checks.first_failure(env)
+            return self.checks.first_failure(env)
         except Exception:  # noqa: BLE001  values a check cannot read (a sequence, an odd dtype) explain nothing
             return None
 
 
-def _calls(plan: Plan) -> tuple[_Call, ...]:
-    return tuple(_Call.of(p.spec, p) for p in plan.graph if p.spec is not None and p.spec.checks is not None)
+def _calls(plan: Plan, guards: dict[str, Checks]) -> tuple[_Call, ...]:
+    """The graph's calls of ops with checks, each with the checks its body guards (``guards``: a derived
+    body's index checks too)."""
+    stated = {c.qualname: c for c in guards.values()}
+    return tuple(_Call.of(checks, p.spec, p) for p in plan.graph if p.spec is not None
+                 for checks in [stated.get(p.spec.qualname, p.spec.checks)] if checks is not None)
 
 
 def guard_explainer(plan: Plan) -> Explain:
@@ -285,7 +289,7 @@ def guard_explainer(plan: Plan) -> Explain:
     kernel (``bridge.session`` adds it for every tier)."""
     guards = _guard_nodes(plan)
     # NOTE: no guard, no calls to read (a native session whose ops all have C++ kernels)
-    return functools.partial(_explain, _calls(plan) if guards else (), guards)
+    return functools.partial(_explain, _calls(plan, guards) if guards else (), guards)
 
 
 def _guard_nodes(plan: Plan) -> dict[str, Checks]:
@@ -294,8 +298,9 @@ def _guard_nodes(plan: Plan) -> dict[str, Checks]:
     for function in plan.model.functions:
         # NOTE: a tier may have moved the bodies to private domains (the function tier's)
         spec = plan.registry.find(function.domain.removeprefix(FUNCTION_DOMAIN), function.name)
-        if spec is not None and spec.checks is not None:
-            guards.update({n.name: spec.checks for n in function.node if is_guard(n)})
+        checks = None if spec is None else body_checks(function, spec)
+        if checks is not None:
+            guards.update({n.name: checks for n in function.node if is_guard(n)})
     return guards
 
 
@@ -315,7 +320,7 @@ def _explain(calls: tuple[_Call, ...], guards: dict[str, Checks], error: BaseExc
     qualnames = {guards[name].qualname for name in stopped}
     values = dict(feed or {})  # NOTE: None: the feed is not known (an IOBinding's run)
     for call in calls:
-        if call.spec.checks.qualname not in qualnames:
+        if call.checks.qualname not in qualnames:
             continue
         missing = [name for name in call.inputs.values() if name and name not in values]
         if missing:

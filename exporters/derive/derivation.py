@@ -20,6 +20,7 @@ from bridge.core.spec import OpSpec
 from exporters.derive.body import function_body
 from exporters.derive.cache import CACHE, Generation
 from exporters.derive.implementation import implementation
+from exporters.derive.indices import index_checks
 from exporters.derive.scatter import avoid_racy_scatter, racy_nodes
 from exporters.derive.sites import Derived, NoPortableBody, Site, TensorSig, Untraceable  # noqa: F401  (doctest)
 from exporters.derive.tracing import example_sizes, export_program, flat_roles, symbolic_int, to_onnx
@@ -172,4 +173,5 @@ def _derive(spec: OpSpec, fn: Callable, site: Site, opset: int, registry: Regist
         # (box indices, sorted scores), so it is only loaded here; parity runs on the model's inputs
         loads(spec, site, proto, out_types)
     fixed = tuple((n, v) for n, v in site.attrs if n not in parametric)
-    return Derived(proto, fixed, tuple(p.name for p in spec.attributes if p.name in parametric))
+    return Derived(proto, fixed, tuple(p.name for p in spec.attributes if p.name in parametric),
+                   index_checks(program, by_name) if reused is None else ())

@@ -83,6 +83,7 @@ class Derived:
     proto: onnx.FunctionProto
     fixed: tuple[tuple[str, Any], ...]
     parametric: tuple[str, ...]  # attributes the body reads from the node
+    checks: tuple = ()  # NOTE: range checks on the op inputs it indexes with (derive.indices), guarded as declared
 
 
 def _tensor_sig(name: str, t: onnx.TypeProto | None, param: str) -> TensorSig:
