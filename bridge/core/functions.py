@@ -749,6 +749,20 @@ def _probe_sources(cls, symbolic, params, sample, g: Recorder) -> None:
     tensors = {x.name for x in node.inputs if isinstance(x, _Arg)}
     mapped = tensors | {v.name for _, v in node.attrs.values() if isinstance(v, _Arg)}
     args = _known_values(params, sample, tensors)
+    _probe_numbers(cls, symbolic, node, [(p, a) for p, a in zip(params, args)], mapped)
+    # NOTE: a bool is read as it is (symbolic may branch on it): the attribute that flips with it is written from it
+    for i, p in enumerate(params):
+        if p.name in mapped or type(args[i]) is not bool:
+            continue
+        flipped = _probe(cls, symbolic, args[:i] + [not args[i]] + args[i + 1:])
+        for name, (kind, value) in list(node.attrs.items()):
+            found = flipped.get(name, (None, None))[1]
+            if type(value) is bool and value is args[i] and type(found) is bool and found is not value:
+                node.attrs[name] = (kind, _Arg(p.name))
+
+
+def _probe_numbers(cls, symbolic, node: Node, given: list[tuple[Any, Any]], mapped: set[str]) -> None:
+    """:func:`_probe_sources` for numbers: each (param, value) of ``given`` not ``mapped`` read with distinct probes."""
     probes: dict[int | float, _Arg] = {}
 
     def probe(value, source: _Arg):
@@ -760,20 +774,11 @@ def _probe_sources(cls, symbolic, params, sample, g: Recorder) -> None:
         probes[number] = source
         return number
 
-    probed = _probe(cls, symbolic, [a if p.name in mapped else probe(a, _Arg(p.name)) for p, a in zip(params, args)])
+    probed = _probe(cls, symbolic, [a if p.name in mapped else probe(a, _Arg(p.name)) for p, a in given])
     for name, (kind, value) in list(node.attrs.items()):
         found = probed.get(name, (None, None))[1]
         if not isinstance(value, _Arg) and type(found) in (int, float) and found in probes:
             node.attrs[name] = (kind, probes[found])
-    # NOTE: a bool is read as it is (symbolic may branch on it): the attribute that flips with it is written from it
-    for i, p in enumerate(params):
-        if p.name in mapped or type(args[i]) is not bool:
-            continue
-        flipped = _probe(cls, symbolic, args[:i] + [not args[i]] + args[i + 1:])
-        for name, (kind, value) in list(node.attrs.items()):
-            found = flipped.get(name, (None, None))[1]
-            if type(value) is bool and value is args[i] and type(found) is bool and found is not value:
-                node.attrs[name] = (kind, _Arg(p.name))
 
 
 def _probe(cls, symbolic, args: list) -> dict[str, tuple[str, Any]]:
