@@ -241,18 +241,19 @@ class Session(ort.InferenceSession):
         super().__init__(content, options, providers=list(providers))
 
     def run(self, output_names, input_feed, run_options=None):
-        return self._checked(lambda: super(Session, self).run(output_names, input_feed, run_options), input_feed)
+        return self._checked(lambda: super(Session, self).run(output_names, input_feed, quiet(run_options)),
+                             input_feed)
 
     def run_with_ort_values(self, output_names, input_dict_ort_values, run_options=None):
         return self._checked(lambda: super(Session, self).run_with_ort_values(
-            output_names, input_dict_ort_values, run_options), input_dict_ort_values)
+            output_names, input_dict_ort_values, quiet(run_options)), input_dict_ort_values)
 
     def run_with_iobinding(self, iobinding, run_options=None):
-        return self._checked(lambda: super(Session, self).run_with_iobinding(iobinding, run_options), None)
+        return self._checked(lambda: super(Session, self).run_with_iobinding(iobinding, quiet(run_options)), None)
 
     def run_with_ortvaluevector(self, run_options, feed_names, feeds, fetch_names, fetches, fetch_devices):
         return self._checked(lambda: super(Session, self).run_with_ortvaluevector(
-            run_options, feed_names, feeds, fetch_names, fetches, fetch_devices), dict(zip(feed_names, feeds)))
+            quiet(run_options), feed_names, feeds, fetch_names, fetches, fetch_devices), dict(zip(feed_names, feeds)))
 
     def run_async(self, output_names, input_feed, callback, user_data, run_options=None):
         """Like onnxruntime's: ``callback(results, user_data, error_text)`` is called from another
@@ -289,6 +290,21 @@ class Session(ort.InferenceSession):
                 if message is None:
                     raise
                 raise OpBridgeError(message) from e
+
+
+def quiet(run_options: ort.RunOptions | None) -> ort.RunOptions:
+    """The run options of a session's run: the caller's when given (as they are), else options that keep
+    onnxruntime from logging a failed run's error line to stderr before the exception carrying the same
+    text (which the session explains, or raises as onnxruntime's).
+
+    >>> quiet(None).log_severity_level, quiet(ort.RunOptions()).log_severity_level
+    (4, -1)
+    """
+    if run_options is not None:
+        return run_options
+    options = ort.RunOptions()
+    options.log_severity_level = 4  # NOTE: fatal only: a run's errors reach the caller as exceptions
+    return options
 
 
 def _shapes(feed: dict) -> dict[str, tuple]:

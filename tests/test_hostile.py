@@ -296,7 +296,7 @@ OUT_OF_RANGE = {
 
 @pytest.mark.parametrize("bad", BAD_FEEDS)
 @pytest.mark.parametrize("tier", bridge.TIERS)
-def test_bad_feeds_are_opbridge_errors_in_every_tier(demo_sessions, tier, bad):
+def test_bad_feeds_are_opbridge_errors_in_every_tier(demo_sessions, tier, bad, capfd):
     case, expected, sessions = demo_sessions
     sess = sessions[tier]
     feed = bridge.parity.ort_feed(sess, case.args)
@@ -307,6 +307,8 @@ def test_bad_feeds_are_opbridge_errors_in_every_tier(demo_sessions, tier, bad):
     message = str(info.value)
     assert message.startswith("opbridge: ") and message.count("opbridge:") == 1 and needle in message, message
     assert ".." not in message and "ONNXRuntimeError" not in message, message
+    # NOTE: onnxruntime logs nothing of its own before the exception (its error line said the same, in red)
+    assert "onnxruntime" not in capfd.readouterr().err
     if bad == "out_of_range":
         assert OUT_OF_RANGE[tier] in message and "the Python kernel raised" not in message, message
 
