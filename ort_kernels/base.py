@@ -23,6 +23,7 @@ import torch
 from bridge.core.basics.domains import is_custom
 from bridge.core.basics.errors import OpBridgeError
 from bridge.core.basics.graphs import ProtoMemo, calling_functions, model_value_types, value_types, walk
+from bridge.core.opdef import typed_as_written
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec, explicit_attributes, node_attributes
 
@@ -130,8 +131,11 @@ class Plan:
         names of every node it meets are checked to be text first (:func:`readable`)."""
         graph = list(walk(self.model.graph.node))
         readable(self.model, what, graph)
-        found = [(n, None) for n in graph] + [(n, f) for f in calling_functions(self.model) for n in walk(f.node)]
-        self.nodes = [Planned(n, self.registry.find(n.domain, n.op_type), f) for n, f in found if is_custom(n.domain)]
+        found = [(n, f) for n, f in [(n, None) for n in graph] + [(n, f) for f in calling_functions(self.model)
+                                                                   for n in walk(f.node)] if is_custom(n.domain)]
+        # NOTE: before the lookup: a Function's record takes the attribute types its nodes were written with
+        typed_as_written(self.registry, (n for n, _ in found))
+        self.nodes = [Planned(n, self.registry.find(n.domain, n.op_type), f) for n, f in found]
 
     @property
     def graph(self) -> list[Planned]:

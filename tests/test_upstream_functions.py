@@ -13,6 +13,7 @@ import math
 import warnings
 
 import mmdeploy_lib
+import numpy as np
 import onnx
 import pytest
 import torch
@@ -185,6 +186,89 @@ def test_mmcv_deform_conv_eager_and_gradients_unchanged(reg):
     bridge.register(ModulatedDeformConv2dFunction, fake=deform_fake, registry=reg)
     bridge.export(model, (x,), registry=reg)
     assert torch.equal(model(x), before)
+
+
+def test_mmcv_deform_conv_file_runs_where_the_function_was_only_registered(reg, tmp_path):
+    """A process that registers the Function and loads the file (``opbridge --ops mmcv_ops run``, a deploying
+    process) has the record registration gave (stride: INT, from forward's annotation); the file's node carries
+    the _pair tuples as INTS. The session retypes the record as the file was written, as the exporting process
+    did, in every tier, and onnx's checker then knows the node."""
+    model, x = ModulatedDeformConv2dPack(stride=2).eval(), torch.randn(2, 4, 9, 8)
+    bridge.register(ModulatedDeformConv2dFunction, fake=deform_fake, registry=reg)
+    path = tmp_path / "mdcn.onnx"
+    bridge.export(model, (x,), path, registry=reg)
+    loading = bridge.Registry()
+    bridge.register(ModulatedDeformConv2dFunction, fake=deform_fake, registry=loading)
+    stride = next(p for p in loading.get("mmcv::MMCVModulatedDeformConv2d").attributes if p.name == "stride")
+    assert stride.attr_type == onnx.AttributeProto.INT  # NOTE: what registration alone knows
+    sess = bridge.session(path, tier="python", registry=loading)
+    got = sess.run(None, {"x": x.numpy()})[0]
+    np.testing.assert_allclose(got, model(x).detach().numpy(), rtol=1e-5, atol=1e-5)
+    stride = next(p for p in loading.get("mmcv::MMCVModulatedDeformConv2d").attributes if p.name == "stride")
+    assert stride.attr_type == onnx.AttributeProto.INTS
+    onnx.checker.check_model(onnx.load(path), full_check=True)
+
+
+class PairPool(Function):
+    """An mmcv-style Function of its own domain (no other test registers it): forward annotates int, the layer
+    passes _pair tuples."""
+
+    @staticmethod
+    def symbolic(g, x, kernel: int = 1, stride: int = 1):
+        return g.op("pairpool::PairPool", x, kernel_i=kernel, stride_i=stride)
+
+    @staticmethod
+    def forward(ctx, x, kernel: int = 1, stride: int = 1):
+        return torch.nn.functional.avg_pool2d(x, _pair(kernel), _pair(stride))
+
+
+class PairPoolModel(torch.nn.Module):
+    def forward(self, x):
+        return PairPool.apply(x, _pair(2), _pair(2)) * 3
+
+
+def test_tools_see_a_functions_schema_once_a_use_tells_its_types(reg, tmp_path):
+    """Registration alone cannot know a Function's attribute types (mmcv passes tuples where forward annotates
+    int): its ONNX schema is registered at its first use, so onnx.checker, onnxslim and onnxsim read a file in a
+    process that only registered the Function as they read it in one that never did; after an export or a
+    session (which type the record from the call or the file) the schema is there, with the file's types."""
+    x = torch.randn(1, 2, 6, 6)
+    bridge.register(PairPool, registry=reg)
+    path = tmp_path / "pool.onnx"
+    bridge.export(PairPoolModel(), (x,), path, registry=reg)
+    assert onnx.defs.get_schema("PairPool", 1, "pairpool").attributes["stride"].type == onnx.AttributeProto.INTS
+    reg.remove("pairpool::PairPool")  # NOTE: the exporting process ends
+    loading = bridge.Registry()
+    bridge.register(PairPool, registry=loading)
+    assert not onnx.defs.has("PairPool", "pairpool")
+    onnx.checker.check_model(onnx.load(path), full_check=True)
+    sess = bridge.session(path, tier="python", registry=loading)
+    np.testing.assert_allclose(sess.run(None, {"x": x.numpy()})[0], PairPoolModel()(x).numpy(), rtol=1e-6)
+    assert onnx.defs.get_schema("PairPool", 1, "pairpool").attributes["stride"].type == onnx.AttributeProto.INTS
+    onnx.checker.check_model(onnx.load(path), full_check=True)
+    loading.remove("pairpool::PairPool")
+    assert not onnx.defs.has("PairPool", "pairpool")
+
+
+def test_a_file_whose_nodes_of_one_function_disagree_in_types_is_refused(reg, tmp_path):
+    """Export writes one signature per Function; a file edited to hold an INT and an INTS stride is refused,
+    naming both nodes, not run with one of them misread."""
+    model, x = ModulatedDeformConv2dPack().eval(), torch.randn(1, 4, 6, 6)
+    bridge.register(ModulatedDeformConv2dFunction, fake=deform_fake, registry=reg)
+    proto = bridge.export(model, (x,), registry=reg)
+    node = next(n for n in proto.graph.node if n.domain == "mmcv")
+    twin = onnx.NodeProto()
+    twin.CopyFrom(node)
+    twin.name, twin.output[0] = "twin", "twin_out"
+    stride = next(a for a in twin.attribute if a.name == "stride")
+    stride.CopyFrom(onnx.helper.make_attribute("stride", 1))
+    proto.graph.node.append(twin)
+    proto.graph.output.append(onnx.helper.make_tensor_value_info("twin_out", onnx.TensorProto.FLOAT, None))
+    loading = bridge.Registry()
+    bridge.register(ModulatedDeformConv2dFunction, fake=deform_fake, registry=loading)
+    with pytest.raises(bridge.OpBridgeError, match=r"ModulatedDeformConv2dFunction: nodes '.*' and 'twin' of "
+                                                   r"mmcv::MMCVModulatedDeformConv2d carry attributes of other types"):
+        bridge.session(proto, tier="python", registry=loading)
 
 
 # -- an attribute the call leaves None: TorchScript leaves it out of the node --------------------------------------

@@ -466,6 +466,35 @@ class FunctionBridge:
         containers = dict(self.containers)
         containers.update((a.source, type(values[a.source])) for a in attrs
                           if a.source is not None and isinstance(values[a.source], (tuple, list)))
+        return self._typed(attrs, containers)
+
+    def for_node(self, attributes: Mapping[str, Any]) -> FunctionBridge:
+        """This node typed as a file's node with ``attributes`` (name -> value as onnx reads it: a list for
+        INTS) needs it, as :meth:`for_call` types it for the call that wrote the node: INTS where the record
+        said int (a tuple, or the container the record knows, for ``forward``: mmcv's ``_pair``), an
+        attribute the node leaves out as None. A file exported in another process reads as it was written.
+
+        >>> import torch
+        >>> class Pool(torch.autograd.Function):
+        ...     @staticmethod
+        ...     def symbolic(g, x, stride: int = 1):
+        ...         return g.op("mine::Pool", x, stride_i=stride)
+        ...     @staticmethod
+        ...     def forward(ctx, x, stride: int = 1):
+        ...         return x
+        >>> fb = describe(Pool)
+        >>> [a.kind for a in fb.for_node({"stride": [2, 2]}).attrs], fb.for_node({"stride": 2}) is fb
+        (['is'], True)
+        """
+        attrs = tuple(a.for_value(attributes.get(a.name)) for a in self.attrs)
+        containers = dict(self.containers)
+        for a in attrs:
+            if a.source is not None and not a.path and isinstance(attributes.get(a.name), list):
+                containers.setdefault(a.source, tuple)
+        return self._typed(attrs, containers)
+
+    def _typed(self, attrs: tuple[Attr, ...], containers: dict[str, type]) -> FunctionBridge:
+        """This node with ``attrs`` and ``containers``; ``self`` where they are its own."""
         if attrs == self.attrs and containers == dict(self.containers):
             return self
         fb = dataclasses.replace(self, attrs=attrs, containers=tuple(containers.items()))

@@ -602,16 +602,51 @@ class FunctionCalls:
                 f"{class_name(fb.cls)}: the model calls it with values of other types at two places, so its "
                 f"{fb.qualname} nodes would need two attribute signatures, which one kernel cannot read. Got "
                 f"{self.schema} and {node.schema}. Pass the same types at every call (say a tuple everywhere).")
-        if node is not fb:
-            spec = self.registry.replace(_function_spec(
-                node, version=spec.version, function=node.body or (None if fb.body is not None else spec.function),
-                reference=getattr(spec.reference, "__wrapped__", None),
-                sample_inputs=getattr(spec.sample_inputs, "__wrapped__", None), dtypes=spec.dtypes,
-                native=spec.native_source))
+        spec = _retyped(self.registry, spec, node)
+        self.registry.settle(spec)
         self.schema = node.schema
         check_written(node, values)
         record_body(node, values)
         return node, spec.custom_op, specialisation_check(spec.qualname, spec.overload)
+
+
+def _retyped(registry: Registry, spec: OpSpec, node) -> OpSpec:
+    """``spec`` (a Function's record) for its node typed as ``node`` (a ``FunctionBridge``): the record itself
+    where it is, else a new record (a proxy op for the new signature) in its place."""
+    fb = spec.origin.function
+    if node is fb or fb is None:
+        return spec
+    return registry.replace(_function_spec(
+        node, version=spec.version, function=node.body or (None if fb.body is not None else spec.function),
+        reference=getattr(spec.reference, "__wrapped__", None),
+        sample_inputs=getattr(spec.sample_inputs, "__wrapped__", None), dtypes=spec.dtypes,
+        native=spec.native_source))
+
+
+def typed_as_written(registry: Registry, nodes: Iterable[onnx.NodeProto]) -> bool:
+    """Each Function's record retyped as a file's ``nodes`` of it were written (``FunctionBridge.for_node``),
+    as the export that wrote them retyped it for its calls: mmcv's ``_pair`` tuples where forward annotates int
+    are INTS in the file, which a process that only registered the Function reads as INT; its ONNX schema is
+    registered then (``Registry.settle``). Whether a record changed. A file whose nodes of one Function need two
+    signatures is refused, as export refuses the calls."""
+    typed: dict[str, tuple[str, onnx.NodeProto]] = {}
+    changed = False
+    for n in nodes:
+        spec = registry.find(n.domain, n.op_type)
+        fb = None if spec is None else spec.origin.function
+        if spec is None or fb is None:
+            continue
+        node = fb.for_node({a.name: onnx.helper.get_attribute_value(a) for a in n.attribute})
+        first = typed.setdefault(spec.qualname, (node.schema, n))
+        if first[0] != node.schema:
+            raise OpBridgeError(
+                f"{class_name(fb.cls)}: nodes {first[1].name!r} and {n.name!r} of {fb.qualname} carry attributes of "
+                f"other types, which one kernel cannot read. Got {first[0]} and {node.schema}. Export the model "
+                "again (one export writes one signature per Function).")
+        retyped = _retyped(registry, spec, node)
+        registry.settle(retyped)
+        changed = retyped is not spec or changed
+    return changed
 
 
 def _via_apply(fb, fn: Callable) -> Callable:

@@ -34,6 +34,9 @@ class Origin:
     """An op declared with ``@bridge.op``: the op export records is the op itself."""
 
     proxied = False  # the op export records (``OpSpec.custom_op``) is a proxy standing for another
+    # the node's attribute types are known from a call or a file, not from registration (a Function's
+    # ``int`` argument may be called with a tuple): its ONNX schema waits for that use (``Registry.settle``)
+    typed_by_use = False
 
     def recorded(self, overload: Any) -> Any | None:
         """The torch op whose calls torch.export records as this op's node (``overload``: the op's own), or None
@@ -101,6 +104,7 @@ class FunctionClass(Origin):
 
     bridge: FunctionBridge | None = None
     proxied = True
+    typed_by_use = True
 
     def recorded(self, overload: Any) -> None:
         return None

@@ -40,6 +40,7 @@ class Registry:
         # NOTE: onnx's schema table is process-wide: an op also registered elsewhere (another
         # registry) gets its schema back when this registry forgets the op.
         self._displaced: dict[str, defs.OpSchema] = {}
+        self._schemas: set[str] = set()  # the ops whose ONNX schema this registry registered
         # NOTE: torch.autograd.Function classes whose node only a call tells (bridge.core.opdef): class ->
         # the options of their bridge.register, until an export's first call describes them; and torchbind
         # methods ("ns::Class.method") registered without their state's names, until an export's object tells them
@@ -135,8 +136,16 @@ class Registry:
             except OpBridgeError:
                 torch_compat.destroy_custom_op(twin.custom_op)  # the twin goes with the failed declaration
                 raise
-        self._store(spec, twin)
+        # NOTE: a Function's node types are known from a call or a file (Origin.typed_by_use): its schema then
+        self._store(spec, twin, schema=not spec.origin.typed_by_use)
         return spec
+
+    def settle(self, spec: OpSpec) -> None:
+        """Register ``spec``'s ONNX schema where :meth:`add` left it to the op's first use (a Function's: an
+        export's call, or a file's node, tells its attribute types; until then tools such as onnx.checker,
+        onnxslim and onnxsim see no schema of the node's op, as before the op was registered)."""
+        if spec.qualname not in self._schemas:
+            self._register_schema(spec.qualname, self.functional(spec))
 
     def replace(self, spec: OpSpec) -> OpSpec:
         """Swap in a changed record of a registered op (same qualname, validated like a new one)."""
@@ -152,24 +161,29 @@ class Registry:
         self._store(spec, twin)
         return spec
 
-    def _store(self, spec: OpSpec, twin: OpSpec | None) -> None:
-        onnx_spec = twin or spec
-        displaced = _schema(onnx_spec) if spec.qualname not in self._ops else None
-        _register_onnx_schema(onnx_spec)
-        if displaced is not None:
-            self._displaced[spec.qualname] = displaced
+    def _store(self, spec: OpSpec, twin: OpSpec | None, *, schema: bool = True) -> None:
+        if schema:
+            self._register_schema(spec.qualname, twin or spec)
         self._ops[spec.qualname] = spec
         if twin is not None:
             self._twins[spec.qualname] = twin
         self.generation += 1
+
+    def _register_schema(self, qualname: str, onnx_spec: OpSpec) -> None:
+        displaced = _schema(onnx_spec) if qualname not in self._schemas else None
+        _register_onnx_schema(onnx_spec)
+        if displaced is not None:
+            self._displaced[qualname] = displaced
+        self._schemas.add(qualname)
 
     def remove(self, qualname: str) -> None:
         """Forget an op (tests use this); its ONNX schema is deregistered too."""
         spec = self._twins.pop(qualname, None) or self._ops[qualname]
         self._ops.pop(qualname)
         self.generation += 1
-        if _schema(spec) is not None:
+        if qualname in self._schemas and _schema(spec) is not None:
             defs.deregister_schema(spec.name, spec.version, spec.domain)
+        self._schemas.discard(qualname)
         displaced = self._displaced.pop(qualname, None)
         if displaced is not None:
             defs.register_schema(displaced)
