@@ -18,6 +18,7 @@ import onnx_ir as ir
 import torch
 
 from bridge.core.basics import files, torch_compat
+from bridge.core.basics.domains import ONNX_DOMAINS
 from bridge.core.basics.dtypes import torch_dtype
 from bridge.core.basics.errors import OpBridgeError
 from bridge.core.basics.graphs import (
@@ -472,18 +473,20 @@ def write_constant_reads(model: ir.Model, registry: Registry, written: set[str])
     readers = {(s.domain, s.name): fb for s in registry
                if (fb := s.origin.function) is not None and fb.inline and fb.constants}
     nodes = [n for n in ir_custom_nodes(model, functions=False) if (n.domain, n.op_type) in readers]
+    if not nodes:
+        return False
     for node in nodes:
         fb = readers[node.domain, node.op_type]
         body = constant_body(fb, _node_values(fb, node), model.opset_imports[""])
         for n in body.node:  # NOTE: custom nodes it writes besides (TensorRT's TRT_FP8QuantizeLinear) stay as written
-            if n.domain not in ("", "ai.onnx"):
+            if n.domain not in ONNX_DOMAINS:
                 model.opset_imports.setdefault(n.domain, 1)
         _write_in_place(node, body)
         written.add(class_name(fb.cls))
     left = {n.domain for n in ir_custom_nodes(model)}
     for domain in {n.domain for n in nodes} - left:
         model.opset_imports.pop(domain, None)
-    return bool(nodes)
+    return True
 
 
 def _node_values(fb: FunctionBridge, node: ir.Node) -> dict[str, Any]:

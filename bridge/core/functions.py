@@ -29,8 +29,10 @@ RoIAlignFunction.apply``) and torch looks ``forward`` up at each call.
 
 Limits: a custom node's inputs must be ``forward``'s tensors (or ``None``) and its attributes ``forward``'s
 arguments passed through or indexed (not computed from them); an argument that never reaches the node is
-called with its default (export refuses a call with another value, bitwise); a tensor argument's value is
-not known to symbolic (export traces it).
+called with its default (export refuses a call with another value, bitwise). A tensor argument symbolic reads as
+a constant (``parse_args('t')``, ``.numel()``, arithmetic: pytorch-quantization's amax) is known to it only where
+the export knows the value (a buffer, parameter or constant of the module): such a symbolic's ops are written into
+the graph after the export, with that value (``FunctionBridge.constants``, :func:`constant_body`).
 """
 
 from __future__ import annotations
