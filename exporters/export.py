@@ -18,6 +18,8 @@ import onnx_ir as ir
 import torch
 
 from bridge.core.basics import files, torch_compat
+from bridge.core.basics.domains import ONNX_DOMAINS
+from bridge.core.basics.dtypes import torch_dtype
 from bridge.core.basics.errors import OpBridgeError
 from bridge.core.basics.graphs import (
     custom_nodes,
@@ -32,10 +34,12 @@ from bridge.core.functions import (
     Declined,
     FunctionBridge,
     class_name,
+    constant_body,
     dispatched,
     export_forward,
     function_classes,
     swap_forwards,
+    symbolic_name,
 )
 from bridge.core.opdef import FunctionCalls, described, described_method, register
 from bridge.core.proxy import proxy_name, redirect, specialisation_check
@@ -404,10 +408,13 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
         lambda m: name_proxy_outputs(m, _function_names(reg), proxy_name("fn", "")),
         lambda m: name_graph_io(m, input_names, output_names),
         lambda m: rename_dims(m, dims)]
+    baked: set[str] = set()  # NOTE: symbolics that read a module's constants: written with their values first
+    edits.append(lambda m: write_constant_reads(m, reg, baked))
     if functions or ops:  # NOTE: without functions, the bodies of the symbolics the file holds inlined
         edits.append(lambda m: attach_functions_ir(m, reg, ops=ops))  # written, built, translated or derived
     proto = _edited(onnx_program, opset_version, edits)
     proto, symbolics = inline_symbolic_ops(proto, reg)
+    symbolics = tuple(sorted(set(symbolics) | baked))
     relativize_paths(proto)  # NOTE: after the bodies: nothing in the file keeps this machine's paths
     model_tensor_constants(proto)  # NOTE: graph, subgraphs and bodies: every Constant a tensor (tools read that)
     if functions:  # NOTE: a body called at one set of input types takes the branches those types decide
@@ -455,6 +462,102 @@ def inline_symbolic_ops(proto: onnx.ModelProto, registry: Registry) -> tuple[onn
     del flat.opset_import[:]
     flat.opset_import.extend(imports)
     return flat, written
+
+
+def write_constant_reads(model: ir.Model, registry: Registry, written: set[str]) -> bool:
+    """Each node of a standard-op symbolic that reads tensor arguments as constants (``FunctionBridge.constants``:
+    pytorch-quantization's amax) replaced by the standard ops its symbolic writes for the values the model holds
+    there (an initializer: a buffer, parameter or constant of the module; or a Constant node), as
+    ``torch.onnx.export(dynamo=False)`` wrote them; refused where the model computes the value at run time. Adds
+    the classes written so to ``written``; returns whether it changed the model."""
+    readers = {(s.domain, s.name): fb for s in registry
+               if (fb := s.origin.function) is not None and fb.inline and fb.constants}
+    nodes = [n for n in ir_custom_nodes(model, functions=False) if (n.domain, n.op_type) in readers]
+    if not nodes:
+        return False
+    for node in nodes:
+        fb = readers[node.domain, node.op_type]
+        body = constant_body(fb, _node_values(fb, node), model.opset_imports[""])
+        for n in body.node:  # NOTE: custom nodes it writes besides (TensorRT's TRT_FP8QuantizeLinear) stay as written
+            if n.domain not in ONNX_DOMAINS:
+                model.opset_imports.setdefault(n.domain, 1)
+        _write_in_place(node, body)
+        written.add(class_name(fb.cls))
+    left = {n.domain for n in ir_custom_nodes(model)}
+    for domain in {n.domain for n in nodes} - left:
+        model.opset_imports.pop(domain, None)
+    return True
+
+
+def _node_values(fb: FunctionBridge, node: ir.Node) -> dict[str, Any]:
+    """What :func:`constant_body` reads for ``node``: its attributes' values, its constants' tensors and a
+    typed graph input per other tensor input, by ``forward``'s argument name."""
+    values: dict[str, Any] = {a.name: (node.attributes[a.name].value if a.name in node.attributes else None)
+                              for a in fb.attrs}
+    for (name, _), value in zip(fb.inputs, node.inputs):
+        if value is None:
+            values[name] = None
+        elif name in fb.constants:
+            values[name] = _known_tensor(fb, node, name, value)
+        else:
+            dims = None if value.shape is None else tuple(d if isinstance(d, int) else None for d in value.shape)
+            values[name] = torch_compat.GraphInput(name, None if value.dtype is None else torch_dtype(value.dtype),
+                                                   dims)
+    return values
+
+
+def _known_tensor(fb: FunctionBridge, node: ir.Node, name: str, value: ir.Value) -> torch.Tensor:
+    """The value the model holds for ``node``'s input ``name`` (an initializer or a Constant's), or the refusal."""
+    producer = value.producer()
+    held = value.const_value
+    if held is None and producer is not None and producer.op_type == "Constant" and "value" in producer.attributes:
+        held = producer.attributes["value"].value
+    if held is not None:
+        return torch.from_numpy(held.numpy().copy())
+    source = "a graph input" if producer is None else f"node {producer.name!r} ({producer.op_type})"
+    raise OpBridgeError(
+        f"{symbolic_name(fb.cls)} reads tensor argument '{name}' as a constant, and this call's '{name}' is not "
+        "known at export: the model computes it at run time, where the TorchScript exporter had a constant. Got "
+        f"'{name}' from {source} (value {value.name!r}). Keep it in a buffer, parameter or constant of the module "
+        "(a calibrated TensorQuantizer's _amax, loaded with load_calib_amax()), or register the Function with "
+        "name= and function= (a body reading it as an input).")
+
+
+def _write_in_place(node: ir.Node, body: onnx.GraphProto) -> None:
+    """``node`` replaced in its graph by ``body``'s nodes (its inputs named as the node's tensor arguments), each
+    name prefixed with the node's first output's so none meets a name of the model."""
+    graph = node.graph
+    assert graph is not None  # NOTE: a node of the model's graphs
+    inner = ir.serde.deserialize_graph(body)
+    sources = dict(zip((v.name for v in inner.inputs), node.inputs))
+    for v in list(inner.inputs):
+        source = sources.get(v.name)
+        assert source is not None  # NOTE: constant_body's graph inputs are the node's tensor inputs it was given
+        ir.convenience.replace_all_uses_with(v, source)
+    written, outputs = list(inner), list(inner.outputs)
+    inner.outputs.clear()
+    inner.remove(written)
+    prefix = node.outputs[0].name or node.name or node.op_type
+    for i, n in enumerate(written):
+        n.name = f"{prefix}/{n.op_type}_{i}"
+        for out in n.outputs:
+            out.name = f"{prefix}/{out.name}"
+    graph.insert_before(node, written)
+    held = [v for v in node.inputs if v is not None and v.is_initializer()]
+    for old, new in zip(node.outputs, outputs):
+        ir.convenience.replace_all_uses_with(old, new, replace_graph_outputs=True)
+        name, old.name = old.name, None
+        new.name, new.type, new.shape = name, new.type or old.type, new.shape or old.shape
+    graph.remove(node, safe=True)
+    _drop_unused(graph, held)
+
+
+def _drop_unused(graph: ir.Graph, initializers: Sequence[ir.Value]) -> None:
+    """Each of ``initializers`` nothing reads any more removed (a value written into ops as a constant leaves
+    the file with its last use)."""
+    for v in initializers:
+        if not v.uses() and v not in graph.outputs and v.name is not None and v.name in graph.initializers:
+            graph.initializers.pop(v.name)
 
 
 def to_onnx(program: torch.export.ExportedProgram, registry: Registry, opset: int):

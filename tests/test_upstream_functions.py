@@ -654,66 +654,6 @@ def test_bevdet_quick_cumsum_registered_alone_as_bevdet_ships_it(reg):
                              extra_args=[bev_frame(3, keep=0.4)])
 
 
-# -- NVIDIA pytorch-quantization's tensor_quant.py: a symbolic that reads its amax tensor as a constant -------------
-def _onnx_int8_helper(g, inputs, amax, num_bits, unsigned, narrow_range):
-    """The shape of pytorch-quantization's helper: amax's value (numel, arithmetic) becomes Constant scales."""
-    maxbound = (1 << (num_bits - 1 + int(unsigned))) - 1
-    zero_point, axis = (torch.tensor(0.0), None) if amax.numel() == 1 else (torch.zeros_like(amax.squeeze()), 0)
-    zero_point = g.op("Cast", g.op("Constant", value_t=zero_point), to_i=onnx.TensorProto.INT8)
-    scale = g.op("Constant", value_t=amax / maxbound)
-    return g.op("DequantizeLinear", g.op("QuantizeLinear", inputs, scale, zero_point, axis_i=axis), scale,
-                zero_point, axis_i=axis)
-
-
-class FakeTensorQuantFunction(Function):
-    @staticmethod
-    @symbolic_helper.parse_args("v", "t", "i", "b", "b")
-    def symbolic(g, inputs, amax, num_bits=8, unsigned=False, narrow_range=True):
-        return _onnx_int8_helper(g, inputs, amax, num_bits, unsigned, narrow_range)
-
-    @staticmethod
-    def forward(ctx, inputs, amax, num_bits=8, unsigned=False, narrow_range=True):
-        scale = (2 ** (num_bits - 1) - 1) / amax
-        return torch.clamp(torch.round(inputs * scale), -127, 127) / scale
-
-
-class TensorQuantizer(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.register_buffer("_amax", torch.tensor(2.5))
-
-    def forward(self, x):
-        return FakeTensorQuantFunction.apply(x, self._amax, 8, False, False)
-
-
-def test_pytorch_quantization_amax_read_as_a_constant_is_named(reg):
-    """Its symbolic reads amax's value, which the TorchScript exporter had as a constant: not bridged yet, and the
-    error says that, naming the argument and the way round it (not a cause that is not the one)."""
-    bridge.register(FakeTensorQuantFunction, registry=reg)
-    with pytest.raises(bridge.OpBridgeError, match=r"FakeTensorQuantFunction\.symbolic reads tensor argument 'amax' "
-                                                   r"as a constant .* Pass that value as a Python number"):
-        bridge.export(TensorQuantizer(), (torch.randn(3, 4),), registry=reg)
-
-
-class DataTensorQuantizer(TensorQuantizer):
-    """pytorch-quantization's TensorQuantizer before its export mode: ``_get_amax`` reads ``self._amax.data``."""
-
-    def forward(self, x):
-        amax = self._amax.data
-        if amax.dtype not in (torch.double, torch.float):
-            amax = amax.float()
-        return FakeTensorQuantFunction.apply(x, amax, 8, False, False)
-
-
-def test_pytorch_quantization_amax_data_names_dot_data_and_detach(reg):
-    """``.data`` cuts the value from torch.export's graph, which then refuses it from inside torch; the error says
-    what the model does and the fix (a registered FakeTensorQuantFunction stops before, at its symbolic)."""
-    with warnings.catch_warnings(), pytest.raises(bridge.OpBridgeError, match=r"a tensor's \.data .*self\._amax\.data.* Read it with "
-                                                   r"\.detach\(\) instead"):
-        warnings.simplefilter("ignore")  # NOTE: the unregistered Function's symbolic is not used (warned once)
-        bridge.export(DataTensorQuantizer(), (torch.randn(3, 4),), registry=reg)
-
-
 # -- mmcv 2.x mmcv/ops/roi_align_rotated.py: a symbolic that checks its arguments, and writes output_width_i=out_h --
 class RoIAlignRotatedFunction(Function):
     @staticmethod

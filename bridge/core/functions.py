@@ -29,8 +29,10 @@ RoIAlignFunction.apply``) and torch looks ``forward`` up at each call.
 
 Limits: a custom node's inputs must be ``forward``'s tensors (or ``None``) and its attributes ``forward``'s
 arguments passed through or indexed (not computed from them); an argument that never reaches the node is
-called with its default (export refuses a call with another value, bitwise); a tensor argument's value is
-not known to symbolic (export traces it).
+called with its default (export refuses a call with another value, bitwise). A tensor argument symbolic reads as
+a constant (``parse_args('t')``, ``.numel()``, arithmetic: pytorch-quantization's amax) is known to it only where
+the export knows the value (a buffer, parameter or constant of the module): such a symbolic's ops are written into
+the graph after the export, with that value (``FunctionBridge.constants``, :func:`constant_body`).
 """
 
 from __future__ import annotations
@@ -87,6 +89,15 @@ class _IsTensor(Exception):
 
     def __init__(self, name: str):
         super().__init__(name)
+        self.name = name
+
+
+class ReadsConstant(OpBridgeError):
+    """A symbolic reads tensor argument ``name`` as a constant (``parse_args('t')``, ``.numel()``, arithmetic): it
+    is read with that value where the export knows it (``FunctionBridge.constants``)."""
+
+    def __init__(self, message: str, name: str):
+        super().__init__(message)
         self.name = name
 
 
@@ -429,6 +440,9 @@ class FunctionBridge:
     bodies: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
     inline: bool = False  # a standard-op symbolic's node without name=: its body goes into the graph in its place
     symbolic_node: bool = False  # the node is the custom node symbolic writes
+    # tensor arguments symbolic reads as constants (pytorch-quantization's amax): each node's standard ops are
+    # written after the export, with the value the model holds (``constant_body``)
+    constants: tuple[str, ...] = ()
 
     @property
     def qualname(self) -> str:
@@ -640,13 +654,17 @@ def describe(cls: type, *, name: str | None = None, use_symbolic: bool = True,
                             "Got a variadic forward. Name each argument.")
     base: dict[str, Any] = dict(cls=cls, forward=forward, setup_style=setup_style(cls), params=tuple(params))
     symbolic = symbolic_of(cls) if use_symbolic else None
+    constants: set[str] = set()
     try:
-        read = None if symbolic is None else _read_symbolic(cls, symbolic, params, sample)
+        read = None if symbolic is None else _read_symbolic(cls, symbolic, params, sample, constants)
     except Declined:
         if _static(cls, "symbolic") is not None or name is None:
             raise
         symbolic, read = None, None  # NOTE: the prim::PythonOp symbolic passes it by; name= names its node
-    if read is not None and any(is_custom(n.domain) for n in read[0].nodes):
+    # NOTE: a symbolic reading constants is written into the graph as it writes, custom nodes (TensorRT's
+    # TRT_FP8QuantizeLinear) and all, with the values of each call (constant_body)
+    if _custom_node(read, constants):
+        assert read is not None  # NOTE: _custom_node says so
         if sample is not None:
             _probe_sources(cls, symbolic, params, sample, read[0])
         found = _from_symbolic(cls, *read, params, _given(params, sample))
@@ -655,7 +673,13 @@ def describe(cls: type, *, name: str | None = None, use_symbolic: bool = True,
                                 f"{found['domain']}::{found['op_type']}. Got name={name!r} as well. Drop name=, or "
                                 "pass symbolic=False to name the node yourself.")
         return FunctionBridge(**base, **found, symbolic_node=True)
-    return _plain(cls, base, name, params, sample, symbolic, read)
+    return _plain(cls, base, name, params, sample, symbolic, read, tuple(p.name for p in params if p.name in constants))
+
+
+def _custom_node(read: tuple[Recorder, list] | None, constants: set[str]) -> bool:
+    """Whether symbolic's node is the custom node it writes (not when it reads a tensor as a constant: its ops,
+    custom or not, are written into the graph with each call's value)."""
+    return read is not None and not constants and any(is_custom(n.domain) for n in read[0].nodes)
 
 
 def _read(cls, symbolic, args: list, passes: tuple = ()) -> tuple[Recorder, list]:
@@ -676,30 +700,33 @@ def symbolic_raised(cls: type, args: Sequence, opset: int, cause: str) -> OpBrid
     for the values a call gives, or the call's values)."""
     constant = _CONSTANT.search(cause)
     if constant is not None:
-        return OpBridgeError(
+        return ReadsConstant(
             f"{symbolic_name(cls)} reads tensor argument '{constant.group(1)}' as a constant (parse_args 't', "
-            "_get_const, .numel() on it), as the TorchScript exporter could for a module's buffer; opbridge gives a "
-            f"symbolic tensors as graph inputs only. Got {cause.splitlines()[0][:200]}. Pass that value as a Python "
-            "number or list (an attribute), or register with name= and function= (a body of your own).")
+            "_get_const, .numel() on it), which opbridge gives it where the export knows the value (a buffer, "
+            "parameter or constant of the module) and the argument is one of forward's tensors. Got "
+            f"{cause.splitlines()[0][:200]}. Pass a tensor the module holds, or that value as a Python number or "
+            "list (an attribute), or register with name= and function= (a body of your own).", constant.group(1))
     shown = ["<tensor>" if isinstance(a, torch_compat.GraphInput) else f"<{a!r}: a call's value>"
-             if isinstance(a, _Arg) else a for a in args]
+             if isinstance(a, _Arg) else f"<tensor {a.name} read as a constant>"
+             if isinstance(a, torch_compat.ConstantInput) else a for a in args]
     return OpBridgeError(f"{symbolic_name(cls)} raised when run (as the TorchScript exporter runs it, at opset "
                          f"{opset}) with the arguments {shown}. Got {cause.splitlines()[0][:300]}. Fix the symbolic "
                          f"for these arguments, or call {cls.__name__}.apply with values it accepts.")
 
 
-def _read_symbolic(cls, symbolic, params, sample) -> tuple[Recorder, list]:
+def _read_symbolic(cls, symbolic, params, sample, constants: set[str]) -> tuple[Recorder, list]:
     """symbolic run on torch.onnx's graph context with a graph input per tensor argument and a placeholder
     per other argument, or where it computes with one, with the values known (then it may write standard
     ops only). An argument is a tensor where the sample passes one, its annotation says so, or symbolic
-    passes it to g.op as an input (found as it runs: the read starts again)."""
+    passes it to g.op as an input (found as it runs: the read starts again). A tensor symbolic reads as a
+    constant is added to ``constants`` and read again as a stand-in real tensor of the call's dtype and shape."""
     given = _given(params, sample)
     tensors = {p.name for p in params
                if isinstance(given.get(p.name), torch.Tensor) or _kind_of_annotation(p.annotation) == "tensor"}
     needs, held, branched = None, False, None
     while True:
-        args = (_placeholders(params, tensors, given) if needs is None
-                else _known_values(params, sample, tensors, held=held))
+        args = (_placeholders(params, tensors, given, constants) if needs is None
+                else _known_values(params, sample, tensors, held=held, constants=constants))
         try:
             g, outs = _read(cls, symbolic, args, (_NeedsValue, _IsTensor))
         except _IsTensor as e:
@@ -707,6 +734,9 @@ def _read_symbolic(cls, symbolic, params, sample) -> tuple[Recorder, list]:
             continue
         except Declined:
             raise  # NOTE: the prim::PythonOp symbolic passes the class by its name, whatever the values
+        except ReadsConstant as e:
+            _read_as_constant(e, tensors, constants)
+            continue
         except _NeedsValue as e:
             branched = str(e) if held and sample is None else branched
             needs, held = _after_use(cls, e, needs, held)
@@ -722,6 +752,14 @@ def _read_symbolic(cls, symbolic, params, sample) -> tuple[Recorder, list]:
             # outputs=3 if return_index else 2): the call's value tells which
             raise NeedsCall(cls, f"its symbolic branches on {branched}, whose value only a call gives")
         return g, outs
+
+
+def _read_as_constant(e: ReadsConstant, tensors: set[str], constants: set[str]) -> None:
+    """After symbolic read tensor argument ``e.name`` as a constant: read it as one (added to ``constants``, as the
+    TorchScript exporter read a module's constant: its value), unless it is no tensor or was read so already."""
+    if e.name not in tensors or e.name in constants:
+        raise e
+    constants.add(e.name)
 
 
 def _after_use(cls, e: _NeedsValue, needs: str | None, held: bool) -> tuple[str, bool]:
@@ -752,13 +790,17 @@ def _after_failure(cls, e: OpBridgeError, needs: str | None, held: bool, params,
     raise e
 
 
-def _placeholders(params, tensors: set[str], given: Mapping[str, Any]) -> list:
+def _placeholders(params, tensors: set[str], given: Mapping[str, Any], constants: Iterable[str] = ()) -> list:
     """A graph input per tensor (typed as the sample's), a placeholder per other argument."""
-    return [_tensor_input(p.name, given) if p.name in tensors else _Arg(p.name) for p in params]
+    return [_tensor_input(p.name, given, constants) if p.name in tensors else _Arg(p.name) for p in params]
 
 
-def _tensor_input(name: str, given: Mapping[str, Any]) -> torch_compat.GraphInput:
+def _tensor_input(name: str, given: Mapping[str, Any], constants: Iterable[str] = ()) -> Any:
+    """A tensor argument as symbolic gets it: a graph input, or (in ``constants``) a stand-in real tensor."""
     value = given.get(name)
+    if name in constants:
+        return (torch_compat.ConstantInput(name, *_typed(value)) if isinstance(value, torch.Tensor)
+                else torch_compat.ConstantInput(name))
     return _graph_input(name, value) if isinstance(value, torch.Tensor) else torch_compat.GraphInput(name)
 
 
@@ -901,7 +943,7 @@ def _given(params, sample) -> dict[str, Any]:
     return dict(inspect.Signature(list(params)).bind_partial(*sample[0], **sample[1]).arguments)
 
 
-def _known_values(params, sample, tensors: set[str], held: bool = False) -> list:
+def _known_values(params, sample, tensors: set[str], held: bool = False, constants: Iterable[str] = ()) -> list:
     """Values to run symbolic with: tensors stay graph inputs, other arguments from ``sample`` or their
     defaults; a placeholder where one has neither. ``held``: each value tagged with its argument (:func:`_held`),
     for a symbolic that checks its arguments (``isinstance(output_size, tuple)``) before passing them to g.op."""
@@ -910,7 +952,7 @@ def _known_values(params, sample, tensors: set[str], held: bool = False) -> list
     for p in params:
         v = given.get(p.name, p.default)
         if p.name in tensors or isinstance(v, torch.Tensor):
-            out.append(_tensor_input(p.name, given))
+            out.append(_tensor_input(p.name, given, constants))
         elif v is _NO_DEFAULT or (v is None and p.name not in given):
             out.append(_Arg(p.name))  # NOTE: an argument symbolic must pass through as it is stays a placeholder
         else:
@@ -955,8 +997,10 @@ def _usage(g: Recorder) -> dict[str, str]:
     return kinds
 
 
-def _plain(cls, base: dict, name: str | None, params, sample, symbolic, read) -> FunctionBridge:
-    """The node of a Function without symbolic, or whose symbolic (``read``: its run) writes standard ops."""
+def _plain(cls, base: dict, name: str | None, params, sample, symbolic, read,
+           constants: tuple[str, ...] = ()) -> FunctionBridge:
+    """The node of a Function without symbolic, or whose symbolic (``read``: its run) writes standard ops (or
+    reads ``constants``: tensor arguments read as constants)."""
     inline = name is None and symbolic is not None
     if inline:  # NOTE: written into the graph as symbolic's standard ops; the name never reaches a file
         name = INLINE_DOMAIN + "::" + re.sub(r"\W", "_", class_name(cls))
@@ -988,7 +1032,8 @@ def _plain(cls, base: dict, name: str | None, params, sample, symbolic, read) ->
             containers.append((p.name, type(value)))
     # NOTE: without symbolic, one output (limit: a Function without symbolic returns one tensor)
     fb = FunctionBridge(**base, domain=domain, op_type=op_type, inputs=tuple(inputs), attrs=tuple(attrs),
-                        num_outputs=1 if read is None else len(read[1]), containers=tuple(containers), inline=inline)
+                        num_outputs=1 if read is None else len(read[1]), containers=tuple(containers), inline=inline,
+                        constants=constants)
     return fb if symbolic is None else dataclasses.replace(fb, body=_builder(fb, symbolic))
 
 
@@ -1031,6 +1076,12 @@ def _body(fb: FunctionBridge, symbolic: Callable, values: Mapping[str, Any],
     the TorchScript exporter ran it (``SYMBOLIC_OPSET``; a symbolic written for an opset before 13, say
     ``Squeeze(axes_i=...)``, at ``LEGACY_OPSET``: the body is converted to the model's opset as it is
     attached); ``tensors`` (a call's, by name) type its inputs."""
+    if fb.constants:
+        raise OpBridgeError(
+            f"{symbolic_name(fb.cls)} reads tensor argument(s) {list(fb.constants)} as constants, so the ops it "
+            f"writes depend on each call's value, which a {fb.qualname} node does not carry. Got a node of it to "
+            "give a body to (registered with name=, or in a file written before). Register it without name= and "
+            "export the model again (its ops are written with the value the module holds), or pass function=.")
     apply_args = fb.to_apply([None] * len(fb.inputs) + [values[a.name] for a in fb.attrs])
     args = [(_graph_input(p.name, tensors[p.name]) if tensors and tensors.get(p.name) is not None
              else torch_compat.GraphInput(p.name)) if p.name in dict(fb.inputs) else v
@@ -1068,7 +1119,14 @@ def _as_function(fb: FunctionBridge, graph: onnx.GraphProto, opset: int) -> onnx
 
 def _outputs(fb: FunctionBridge, out, what: str):
     outs = tuple(out) if isinstance(out, (tuple, list)) else (out,)
-    if len(outs) != fb.num_outputs or not all(isinstance(o, torch.Tensor) for o in outs):
+    tensors = all(isinstance(o, torch.Tensor) for o in outs)
+    if tensors and len(outs) != fb.num_outputs and (fb.body is not None or fb.symbolic_node):
+        raise OpBridgeError(
+            f"{symbolic_name(fb.cls)} writes {fb.num_outputs} output(s) where forward returns {len(outs)}, so its "
+            "ops cannot stand for the call (torch.onnx.export(dynamo=False) refuses it too: 'produced an incorrect "
+            f"number of outputs'). Got {what} returning {len(outs)} tensors. Return one value per output of forward "
+            "from the symbolic, or register with symbolic=False, name= and function=.")
+    if len(outs) != fb.num_outputs or not tensors:
         raise OpBridgeError(f"{class_name(fb.cls)}: {what} returned {[type(o).__name__ for o in outs]}; the node "
                             f"has {fb.num_outputs} tensor output(s). Return tensors only, as many as the node has.")
     return outs[0] if fb.num_outputs == 1 else outs
@@ -1125,7 +1183,7 @@ def record_body(fb: FunctionBridge, values: Mapping[str, Any]) -> None:
     the call's tensor types and kept for the node's attribute values (the builder gives it); one call whose
     types give the same values another body is refused, as one node cannot hold two."""
     symbolic = symbolic_of(fb.cls)
-    if fb.body is None or symbolic is None:
+    if fb.body is None or symbolic is None or fb.constants:  # NOTE: constants: written after the export
         return
     attrs = {a.name: a.of(values) for a in fb.attrs}
     body = _body(fb, symbolic, attrs, {name: values[name] for name, _ in fb.inputs})
@@ -1159,7 +1217,31 @@ def _as_held(v: Any) -> Any:
 
 def _graph_input(name: str, value: Any) -> torch_compat.GraphInput:
     """A tensor of the call (real, fake or traced) as a graph input: its dtype, its sizes (a dynamic one None)."""
-    return torch_compat.GraphInput(name, value.dtype, tuple(d if isinstance(d, int) else None for d in value.shape))
+    return torch_compat.GraphInput(name, *_typed(value))
+
+
+def _typed(value: Any) -> tuple[torch.dtype, tuple[int | None, ...]]:
+    """A tensor's dtype and sizes (a dynamic one None)."""
+    return value.dtype, tuple(d if isinstance(d, int) else None for d in value.shape)
+
+
+def constant_body(fb: FunctionBridge, node_values: Mapping[str, Any], opset: int) -> onnx.GraphProto:
+    """The ops ``fb``'s symbolic writes for one node whose constants the export knows (``FunctionBridge.
+    constants``), as ``torch.onnx.export(dynamo=False)`` wrote them where the value was a constant of the module:
+    ``node_values`` holds, by ``forward``'s argument name, each attribute's value, each constant's tensor and, for
+    every other tensor input, its ``torch_compat.GraphInput`` (the graph's inputs, named as those arguments)."""
+    symbolic = symbolic_of(fb.cls)
+    assert symbolic is not None and fb.constants  # NOTE: asked of a standard-op symbolic reading constants only
+    apply_args = fb.to_apply([node_values.get(name) for name, _ in fb.inputs]
+                             + [node_values[a.name] for a in fb.attrs])
+    args = [torch_compat.ConstantInput(p.name, v.dtype, tuple(v.shape), v) if p.name in fb.constants else v
+            for p, v in zip(fb.params, apply_args)]
+    graph = standard_graph(fb.cls, symbolic, args, opset)
+    invalid = _valid_at([n for n in graph.node if n.domain in ONNX_DOMAINS], opset)
+    if invalid is not None:
+        raise OpBridgeError(f"{symbolic_name(fb.cls)} writes nodes the model's opset {opset} cannot hold. Got "
+                            f"{invalid}. Export at the opset the symbolic was written for.")
+    return graph
 
 
 def check_written(fb: FunctionBridge, values: Mapping[str, Any], opset: int = SYMBOLIC_OPSET) -> None:

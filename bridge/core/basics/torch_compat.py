@@ -277,6 +277,25 @@ class GraphInput:
     shape: tuple[int | None, ...] | None = None
 
 
+@dataclasses.dataclass(frozen=True)
+class ConstantInput:
+    """A tensor argument a symbolic function reads as a constant (``parse_args('t')``, ``.numel()``, arithmetic),
+    as the TorchScript exporter gave it a module's constant: a real tensor, ``value`` (a tensor, array or number
+    of the value the export knows), else ones of ``dtype`` and ``shape`` (a stand-in that gives its kind only).
+    Made while torch.export's fake and proxy modes are off, so it is real even during a trace."""
+
+    name: str
+    dtype: torch.dtype | None = None
+    shape: tuple[int | None, ...] | None = None
+    value: Any = None
+
+    def tensor(self) -> torch.Tensor:
+        """The real tensor the symbolic gets (call with the current modes off: :func:`run_symbolic` does)."""
+        if self.value is not None:
+            return torch.as_tensor(self.value, dtype=self.dtype).clone()
+        return torch.ones([1 if d is None else d for d in self.shape or ()], dtype=self.dtype or torch.float32)
+
+
 class SymbolicFailed(Exception):
     """The symbolic function raised (``__cause__`` is what it raised)."""
 
@@ -295,7 +314,8 @@ def _export_opset(opset: int):
 def run_symbolic(symbolic: Callable, args: Sequence, opset: int, hook: Callable | None = None) -> Any:
     """``symbolic(g, *args)`` on the TorchScript exporter's own graph context at ``opset`` (2.12-2.15), as
     ``torch.onnx.export(dynamo=False)`` runs it for one call: each :class:`GraphInput` in ``args`` is a
-    graph input (a ``torch._C.Value``), every other argument is passed as the call gave it. Returns the
+    graph input (a ``torch._C.Value``), each :class:`ConstantInput` its real tensor, every other argument is
+    passed as the call gave it. Returns the
     graph as that exporter serializes it (an ``onnx.ModelProto``'s bytes, inputs named as given, no
     shape inference or constant folding); raises :class:`SymbolicFailed` from what the symbolic raised.
 
@@ -335,8 +355,9 @@ def run_symbolic(symbolic: Callable, args: Sequence, opset: int, hook: Callable 
     # NOTE: also while torch.export traces (its fake and proxy modes off): constants the symbolic makes or reads
     # (torch.tensor(...), parse_args' int(...)) are real tensors, as under the TorchScript exporter
     with _export_opset(opset), _python_dispatch._disable_current_modes():
+        called: list[Any] = [v.tensor() if isinstance(v, ConstantInput) else v for v in values]
         try:
-            out = symbolic(context, *values)
+            out = symbolic(context, *called)
         except Exception as e:  # noqa: BLE001  the user's symbolic: the caller names it
             raise SymbolicFailed(f"{type(e).__name__}: {e}") from e
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
