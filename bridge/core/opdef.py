@@ -591,12 +591,21 @@ class FunctionCalls:
     def __init__(self, registry: Registry, qualname: str):
         self.registry, self.qualname = registry, qualname
         self.schema: str | None = None  # the signature this export recorded
+        self.outputs: int | None = None  # the output count this export recorded
 
     def __call__(self, values) -> tuple:
         spec = self.registry.get(self.qualname)
         fb = spec.origin.function
         assert fb is not None  # NOTE: FunctionCalls is made for a Function's record only
         node = fb.for_call(values)
+        if self.outputs is not None and node.num_outputs != self.outputs:
+            raise OpBridgeError(
+                f"{class_name(fb.cls)}: its symbolic gives the {fb.qualname} node {self.outputs} output(s) at one call "
+                f"of the model and {node.num_outputs} at another (it counts them from the call's values), and one "
+                "node type has one output count for the kernels that serve it. Got the call "
+                f"{ {k: v for k, v in values.items() if not isinstance(v, torch.Tensor)} }. Pass the value that sets "
+                "the count alike at every call of one model (take the outputs you need from each), or export the "
+                "calls in separate models.")
         if self.schema is not None and node.schema != self.schema:
             raise OpBridgeError(
                 f"{class_name(fb.cls)}: the model calls it with values of other types at two places, so its "
@@ -608,7 +617,7 @@ class FunctionCalls:
                 reference=getattr(spec.reference, "__wrapped__", None),
                 sample_inputs=getattr(spec.sample_inputs, "__wrapped__", None), dtypes=spec.dtypes,
                 native=spec.native_source))
-        self.schema = node.schema
+        self.schema, self.outputs = node.schema, node.num_outputs
         check_written(node, values)
         record_body(node, values)
         return node, spec.custom_op, specialisation_check(spec.qualname, spec.overload)
