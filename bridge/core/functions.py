@@ -29,10 +29,13 @@ RoIAlignFunction.apply``) and torch looks ``forward`` up at each call.
 
 Limits: a custom node's inputs must be ``forward``'s tensors (or ``None``) and its attributes ``forward``'s
 arguments passed through or indexed (not computed from them); an argument that never reaches the node is
-called with its default (export refuses a call with another value, bitwise). A tensor argument symbolic reads as
+called with its default (export refuses a call with another value, bitwise), or, where forward has none and its
+value leaves the node as it is (mmcv 1.x's NMSop), with the first call's value. A tensor argument symbolic reads as
 a constant (``parse_args('t')``, ``.numel()``, arithmetic: pytorch-quantization's amax) is known to it only where
 the export knows the value (a buffer, parameter or constant of the module): such a symbolic's ops are written into
-the graph after the export, with that value (``FunctionBridge.constants``, :func:`constant_body`).
+the graph after the export, with that value (``FunctionBridge.constants``, :func:`constant_body`). A symbolic that
+counts its outputs from a value (``outputs=3 if return_index else 2``) gives each call's node its count; one model
+holds one count per Function.
 """
 
 from __future__ import annotations
@@ -480,13 +483,16 @@ class FunctionBridge:
         containers = dict(self.containers)
         containers.update((a.source, type(values[a.source])) for a in attrs
                           if a.source is not None and isinstance(values[a.source], (tuple, list)))
-        return self._typed(attrs, containers)
+        # NOTE: a symbolic may count its outputs from the call's values (mmdeploy's TRTBatchedNMSop writes
+        # outputs=3 if return_index else 2): the call's count, as the TorchScript exporter wrote it
+        return self._typed(attrs, containers, _written_outputs(self, values))
 
-    def for_node(self, attributes: Mapping[str, Any]) -> FunctionBridge:
+    def for_node(self, attributes: Mapping[str, Any], outputs: int) -> FunctionBridge:
         """This node typed as a file's node with ``attributes`` (name -> value as onnx reads it: a list for
         INTS) needs it, as :meth:`for_call` types it for the call that wrote the node: INTS where the record
         said int (a tuple, or the container the record knows, for ``forward``: mmcv's ``_pair``), an
-        attribute the node leaves out as None. A file exported in another process reads as it was written.
+        attribute the node leaves out as None; its ``outputs`` as the node has them. A file exported in another
+        process reads as it was written.
 
         >>> import torch
         >>> class Pool(torch.autograd.Function):
@@ -497,7 +503,7 @@ class FunctionBridge:
         ...     def forward(ctx, x, stride: int = 1):
         ...         return x
         >>> fb = describe(Pool)
-        >>> [a.kind for a in fb.for_node({"stride": [2, 2]}).attrs], fb.for_node({"stride": 2}) is fb
+        >>> [a.kind for a in fb.for_node({"stride": [2, 2]}, 1).attrs], fb.for_node({"stride": 2}, 1) is fb
         (['is'], True)
         """
         attrs = tuple(a.for_value(attributes.get(a.name)) for a in self.attrs)
@@ -505,13 +511,13 @@ class FunctionBridge:
         for a in attrs:
             if a.source is not None and not a.path and isinstance(attributes.get(a.name), list):
                 containers.setdefault(a.source, tuple)
-        return self._typed(attrs, containers)
+        return self._typed(attrs, containers, outputs)
 
-    def _typed(self, attrs: tuple[Attr, ...], containers: dict[str, type]) -> FunctionBridge:
-        """This node with ``attrs`` and ``containers``; ``self`` where they are its own."""
-        if attrs == self.attrs and containers == dict(self.containers):
+    def _typed(self, attrs: tuple[Attr, ...], containers: dict[str, type], outputs: int) -> FunctionBridge:
+        """This node with ``attrs``, ``containers`` and ``outputs``; ``self`` where they are its own."""
+        if attrs == self.attrs and containers == dict(self.containers) and outputs == self.num_outputs:
             return self
-        fb = dataclasses.replace(self, attrs=attrs, containers=tuple(containers.items()))
+        fb = dataclasses.replace(self, attrs=attrs, containers=tuple(containers.items()), num_outputs=outputs)
         symbolic = symbolic_of(self.cls)
         return fb if self.body is None or symbolic is None else dataclasses.replace(fb, body=_builder(fb, symbolic))
 
@@ -522,10 +528,14 @@ class FunctionBridge:
         for p in self.params:
             v = values[p.name]
             if p.name not in mapped and not _same(v, p.default):
+                own = inspect.signature(self.forward).parameters[p.name].default is not _NO_DEFAULT
                 raise OpBridgeError(
                     f"{class_name(self.cls)}: argument '{p.name}' of forward does not reach the ONNX node its symbolic "
-                    f"writes, so the kernel tiers call forward with its default {p.default!r}. Got {p.name}={v!r}. "
-                    "Call apply with the default, or pass the value through symbolic's g.op.")
+                    f"writes, so the kernel tiers call forward with "
+                    f"{'its default' if own else 'the value the first export call gave (forward has no default)'} "
+                    f"{p.default!r}. Got {p.name}={v!r}. Call apply with "
+                    f"{'the default' if own else 'that value (or register the Function in another registry)'}, or "
+                    "pass the value through symbolic's g.op.")
         return [values[name] for name, _ in self.inputs] + [a.of(values) for a in self.attrs]
 
     def to_apply(self, node_args: Sequence) -> list:
@@ -667,6 +677,8 @@ def describe(cls: type, *, name: str | None = None, use_symbolic: bool = True,
         assert read is not None  # NOTE: _custom_node says so
         if sample is not None:
             _probe_sources(cls, symbolic, params, sample, read[0])
+        params = _unread_defaults(cls, symbolic, params, sample, read[0])
+        base["params"] = tuple(params)
         found = _from_symbolic(cls, *read, params, _given(params, sample))
         if name is not None:
             raise OpBridgeError(f"{class_name(cls)}: its symbolic names the node "
@@ -852,6 +864,47 @@ def _probe_numbers(cls, symbolic, node: Node, given: list[tuple[Any, Any]], mapp
             node.attrs[name] = (kind, probes[found])
 
 
+def _unread_defaults(cls, symbolic, params, sample, g: Recorder) -> list[inspect.Parameter]:
+    """``params`` with a default for each argument of forward that has none, never reaches ``g``'s custom node, and
+    whose value leaves that node as it is (mmcv 1.x's NMSop writes ``mmcv::NonMaxSuppression`` without its
+    ``score_threshold`` and ``max_num``): the call's value (``sample``), which the kernel tiers then call forward
+    with and every later call must pass (:meth:`FunctionBridge.to_node`), as a default would be. An argument the
+    node depends on otherwise (an attribute computed from it) keeps no default (:func:`_check_names` names it)."""
+    node = next(n for n in g.nodes if is_custom(n.domain))
+    inputs = {x.name for x in node.inputs if isinstance(x, _Arg)}
+    mapped = inputs | {v.name for _, v in node.attrs.values() if isinstance(v, _Arg)}
+    unread = [p.name for p in params if p.name not in mapped and p.default is _NO_DEFAULT]
+    if not unread:
+        return list(params)
+    if sample is None:
+        raise NeedsCall(cls, f"argument(s) {unread} of forward never reach its node and have no default: a call "
+                             "gives the values the node stands for")
+    given = _given(params, sample)
+    tensors = {p.name for p in params if isinstance(given.get(p.name), torch.Tensor)} | inputs
+    free = _node_free_of(cls, symbolic, params, _known_values(params, sample, tensors),
+                         [n for n in unread if n in given])
+    return [p.replace(default=given[p.name]) if p.name in free else p for p in params]
+
+
+def _node_free_of(cls, symbolic, params, args: list, names: list[str]) -> set[str]:
+    """Those of ``names`` (arguments of forward) whose value leaves the custom node symbolic writes for ``args`` (the
+    call's values) as it is: read again with each changed (:func:`_other_value`), its attributes are the same."""
+    written = _probe(cls, symbolic, args)
+    free = set()
+    for i, p in enumerate(params):
+        other = _other_value(args[i]) if p.name in names else None
+        if other is not None and written and _probe(cls, symbolic, args[:i] + [other] + args[i + 1:]) == written:
+            free.add(p.name)
+    return free
+
+
+def _other_value(value: Any) -> Any:
+    """A value of ``value``'s type unlike it (a probe number, the other bool), or None for other types."""
+    if type(value) is bool:
+        return not value
+    return type(value)(_PROBE) if type(value) in (int, float) and value != _PROBE else None
+
+
 def _probe(cls, symbolic, args: list) -> dict[str, tuple[str, Any]]:
     """The attributes of the custom node symbolic writes for ``args``; none where it refuses them."""
     try:
@@ -864,6 +917,7 @@ def _from_symbolic(cls, g: Recorder, outs: list, params, given: Mapping[str, Any
     """The custom node symbolic writes (a dict of FunctionBridge fields)."""
     node = next(n for n in g.nodes if is_custom(n.domain))
     if len(g.nodes) != 1 or outs != node.outputs:
+        _refuse_computed_inputs(cls, g, node)
         raise _symbolic_error(cls, "writes a custom node together with other nodes",
                               f"{[f'{n.domain}::{n.op_type}' if n.domain else n.op_type for n in g.nodes]}")
     inputs = _node_inputs(cls, node, {p.name: p.default for p in params})
@@ -873,6 +927,23 @@ def _from_symbolic(cls, g: Recorder, outs: list, params, given: Mapping[str, Any
     containers = tuple((p.name, type(p.default)) for p in params if isinstance(p.default, (tuple, list)))
     return dict(domain=node.domain, op_type=node.op_type, inputs=tuple(inputs), attrs=tuple(attrs),
                 num_outputs=len(outs), containers=containers)
+
+
+def _refuse_computed_inputs(cls, g: Recorder, node: Node) -> None:
+    """Raise where symbolic computes inputs of its custom node with other nodes (mmdeploy's GridPriorsTRTOp passes
+    ``ConstantOfShape`` of the feature map's height and width, shape carriers): no tier can give such a node's
+    inputs back to forward as the arguments they were computed from."""
+    made = {o: n for n in g.nodes if n is not node for o in n.outputs}
+    computed = [(i, made[x]) for i, x in enumerate(node.inputs) if type(x) is int and x in made]
+    if not computed:
+        return
+    raise OpBridgeError(
+        f"{symbolic_name(cls)} gives its {node.domain}::{node.op_type} node input(s) it computes with other nodes "
+        f"({', '.join(f'input {i} from {n.op_type}' for i, n in computed)}), so no kernel tier can call forward "
+        "with the arguments they were computed from. Got the nodes "
+        f"{[f'{n.domain}::{n.op_type}' if n.domain else n.op_type for n in g.nodes]}. Leave the Function "
+        "unregistered (export then traces its forward as plain torch code), or register it with symbolic=False, "
+        "name='ns::op' and function=... (a node of forward's own arguments).")
 
 
 def _check_names(cls, inputs: list[tuple[str, bool]], attrs: list[Attr], params) -> None:
@@ -1252,9 +1323,7 @@ def check_written(fb: FunctionBridge, values: Mapping[str, Any], opset: int = SY
     symbolic = symbolic_of(fb.cls)
     if symbolic is None or not fb.symbolic_node:
         return
-    args = [_graph_input(p.name, values[p.name]) if isinstance(values[p.name], torch.Tensor) else values[p.name]
-            for p in fb.params]
-    graph = standard_graph(fb.cls, symbolic, args, opset)
+    graph = standard_graph(fb.cls, symbolic, _call_args(fb, values), opset)
     theirs = [n for n in graph.node if n.domain not in ONNX_DOMAINS]
     if len(graph.node) != 1 or len(theirs) != 1:
         raise _symbolic_error(fb.cls, "writes other nodes for this call than for the arguments it was read with",
@@ -1268,6 +1337,21 @@ def check_written(fb: FunctionBridge, values: Mapping[str, Any], opset: int = SY
         raise _symbolic_error(fb.cls, "writes another node for this call than for the arguments it was read with",
                               f"{node.domain}::{node.op_type}{list(node.input)}, read as "
                               f"{fb.domain}::{fb.op_type}{inputs}")
+
+
+def _call_args(fb: FunctionBridge, values: Mapping[str, Any]) -> list:
+    """symbolic's arguments for the call ``values``: a graph input per tensor, the call's other values as given."""
+    return [_graph_input(p.name, values[p.name]) if isinstance(values[p.name], torch.Tensor) else values[p.name]
+            for p in fb.params]
+
+
+def _written_outputs(fb: FunctionBridge, values: Mapping[str, Any]) -> int:
+    """How many outputs symbolic gives its custom node for the call ``values`` (``fb.num_outputs`` where ``fb``'s
+    node is not symbolic's custom node)."""
+    symbolic = symbolic_of(fb.cls)
+    if symbolic is None or not fb.symbolic_node:
+        return fb.num_outputs
+    return len(standard_graph(fb.cls, symbolic, _call_args(fb, values), SYMBOLIC_OPSET).output)
 
 
 def _check_attributes(fb: FunctionBridge, values: Mapping[str, Any], written: Mapping[str, Any]) -> None:

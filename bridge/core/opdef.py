@@ -591,12 +591,21 @@ class FunctionCalls:
     def __init__(self, registry: Registry, qualname: str):
         self.registry, self.qualname = registry, qualname
         self.schema: str | None = None  # the signature this export recorded
+        self.outputs: int | None = None  # the output count this export recorded
 
     def __call__(self, values) -> tuple:
         spec = self.registry.get(self.qualname)
         fb = spec.origin.function
         assert fb is not None  # NOTE: FunctionCalls is made for a Function's record only
         node = fb.for_call(values)
+        if self.outputs is not None and node.num_outputs != self.outputs:
+            raise OpBridgeError(
+                f"{class_name(fb.cls)}: its symbolic gives the {fb.qualname} node {self.outputs} output(s) at one call "
+                f"of the model and {node.num_outputs} at another (it counts them from the call's values), and one "
+                "node type has one output count for the kernels that serve it. Got the call "
+                f"{ {k: v for k, v in values.items() if not isinstance(v, torch.Tensor)} }. Pass the value that sets "
+                "the count alike at every call of one model (take the outputs you need from each), or export the "
+                "calls in separate models.")
         if self.schema is not None and node.schema != self.schema:
             raise OpBridgeError(
                 f"{class_name(fb.cls)}: the model calls it with values of other types at two places, so its "
@@ -604,7 +613,7 @@ class FunctionCalls:
                 f"{self.schema} and {node.schema}. Pass the same types at every call (say a tuple everywhere).")
         spec = _retyped(self.registry, spec, node)
         self.registry.settle(spec)
-        self.schema = node.schema
+        self.schema, self.outputs = node.schema, node.num_outputs
         check_written(node, values)
         record_body(node, values)
         return node, spec.custom_op, specialisation_check(spec.qualname, spec.overload)
@@ -636,7 +645,7 @@ def typed_as_written(registry: Registry, nodes: Iterable[onnx.NodeProto]) -> boo
         fb = None if spec is None else spec.origin.function
         if spec is None or fb is None:
             continue
-        node = fb.for_node({a.name: onnx.helper.get_attribute_value(a) for a in n.attribute})
+        node = fb.for_node({a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}, len(n.output))
         first = typed.setdefault(spec.qualname, (node.schema, n))
         if first[0] != node.schema:
             raise OpBridgeError(
