@@ -133,12 +133,13 @@ def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts
                 bev_feat_shape: Sequence[int]):
     # NOTE: segment sums that never mix cells and that onnxruntime runs fast and deterministically.
     # The guards (CHECKS) run first: every index below is in range.
-    # 1. Intervals are sorted by cell (TopK), then cut into chunks of CHUNK points, the last one
-    #    padded; padding reads a zero depth element and a zero feature row put in front (0 * 0 = 0).
+    # 1. Intervals, in the order given, are cut into chunks of CHUNK points, the last one padded;
+    #    padding reads a zero depth value and a zero feature row put in front (0 * 0 = 0).
     #    A chunk's sum is one batched MatMul row: [1, CHUNK] depth values x [CHUNK, C] feature rows.
-    # 2. Chunk rows of one cell are consecutive: each cell's first row is written with one
-    #    ScatterND (every cell once: deterministic), the others (long cells, ~1/3 of the rows at
-    #    BEVDet size) are added with ScatterElements-add (serial in onnxruntime: deterministic).
+    # 2. Every chunk row is added into its cell of the zero grid by one ScatterElements-add, in row
+    #    order (onnxruntime runs it serially: deterministic, a cell's rows add in its intervals'
+    #    order, so no sort is needed); a cell's first row lands exactly (0 + row = row: MatMul's
+    #    sums start at +0, never -0.0).
     # Only a cell's own points meet in a sum, so an Inf/NaN/huge value stays in its cell (global
     # prefix-sum differences were tried and dropped: one Inf/NaN or huge value spoils every later
     # cell). Chunk sums accumulate in float64 for float64 input, else in float32 (float16 too);
@@ -151,10 +152,6 @@ def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts
     starts = op.Cast(interval_starts, to=INT64.dtype)
     # an empty interval may start at the end: the pad entry
     cell = op.Gather(op.Concat(ranks_bev, op.Constant(value=INT32_ZERO), axis=0), starts)
-    _, order = op.TopK(cell, op.Shape(starts), largest=0)
-    lengths = op.Gather(lengths, order)
-    starts = op.Gather(starts, order)
-    cell = op.Gather(cell, order)
     # 1. chunks: the interval (owner) of each row, the points of its slots (1-based; 0 pads)
     chunks = op.Div(op.Add(lengths, op.Constant(value_ints=[CHUNK - 1])), width)
     chunk_offsets = op.CumSum(chunks, zero, exclusive=1)
@@ -172,7 +169,6 @@ def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts
     valid = op.LessOrEqual(slots, op.Unsqueeze(op.Sub(op.Gather(lengths, owner), done), minus1))
     point = op.Where(valid, op.Add(op.Unsqueeze(op.Add(op.Gather(starts, owner), done), minus1), slots), zero)
     one32 = op.Constant(value=INT32_ONE)
-    rd = op.Gather(op.Concat(op.Constant(value=INT32_ZERO), op.Add(ranks_depth, one32), axis=0), point)
     rf = op.Gather(op.Concat(op.Constant(value=INT32_ZERO), op.Add(ranks_feat, one32), axis=0), point)
     depth_flat = op.Reshape(depth, minus1)
     # NOTE: Flatten, not Reshape to [-1, C]: with C = 0 the -1 would be ambiguous
@@ -181,28 +177,26 @@ def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts
     # Not Concat([1], Shape(feat, start=4)): onnx-graphsurgeon 0.6.1 folds a Shape with start= to the
     # whole shape; nor a Gather from the bev_feat_shape constant: symbolic_shape_infer misreads it
     pad_row = op.Shape(op.Slice(feat_rows, zero1, one1))
+    # NOTE: depth values gathered per point (by ranks_depth), then per padded slot: one gather over the
+    # padded slots fewer than gathering their depth indices first
     if op.Cast(op.CastLike(op.Constant(value=WIDE_PROBE), feat), to=BOOL.dtype):
         z64 = op.Constant(value=DOUBLE_ZERO1)
-        d64 = op.Gather(op.Concat(z64, op.Cast(depth_flat, to=DOUBLE.dtype), axis=0), rd)
+        d64 = op.Gather(op.Concat(z64, op.Cast(op.Gather(depth_flat, ranks_depth), to=DOUBLE.dtype), axis=0), point)
         f64 = op.Gather(op.Concat(op.Expand(z64, pad_row), op.Cast(feat_rows, to=DOUBLE.dtype), axis=0), rf)
         part = op.MatMul(op.Unsqueeze(d64, one1), f64)
     else:
         z32 = op.Constant(value=FLOAT_ZERO1)
-        d32 = op.Gather(op.Concat(z32, op.Cast(depth_flat, to=FLOAT32), axis=0), rd)
+        d32 = op.Gather(op.Concat(z32, op.Cast(op.Gather(depth_flat, ranks_depth), to=FLOAT32), axis=0), point)
         f32 = op.Gather(op.Concat(op.Expand(z32, pad_row), op.Cast(feat_rows, to=FLOAT32), axis=0), rf)
         part = op.Cast(op.MatMul(op.Unsqueeze(d32, one1), f32), to=DOUBLE.dtype)
-    part = op.Squeeze(part, one1)
-    # 2. each cell's first row, then the rest
+    # 2. every row added into the flat grid: element (cell, c) at cell * C + c
+    # NOTE: flat (1-D), not axis 0 of [cells, C]: onnxruntime's ScatterElements costs ~3x per element
+    # on the 2-D grid. C is the product of pad_row ([1, C]), for the reasons noted there.
     row_cell = op.Cast(op.Gather(cell, owner), to=INT64.dtype)
-    first = op.Greater(row_cell, op.Concat(minus1, op.Slice(row_cell, zero1, minus1), axis=0))
-    firsts = op.Reshape(op.NonZero(first), minus1)
-    rest = op.Reshape(op.NonZero(op.Not(first)), minus1)
-    # NOTE: Flatten of the zero grid (not a Reshape to [-1, C], ambiguous with C = 0): [cells, C]
-    acc = op.ScatterND(op.Flatten(op.Expand(op.Constant(value=DOUBLE_ZERO), shape), axis=4),
-                       op.Unsqueeze(op.Gather(row_cell, firsts), minus1), op.Gather(part, firsts))
-    rest_part = op.Gather(part, rest)
-    rest_cells = op.Expand(op.Unsqueeze(op.Gather(row_cell, rest), minus1), op.Shape(rest_part))
-    acc = op.ScatterElements(acc, rest_cells, rest_part, axis=0, reduction="add")
+    channels = op.ReduceProd(pad_row, keepdims=0)
+    flat = op.Add(op.Mul(op.Unsqueeze(row_cell, minus1), channels), op.Range(zero, channels, one))
+    acc = op.ScatterElements(op.Reshape(op.Expand(op.Constant(value=DOUBLE_ZERO), shape), minus1),
+                             op.Reshape(flat, minus1), op.Reshape(part, minus1), axis=0, reduction="add")
     # NOTE: allowzero: a zero size in bev_feat_shape (an empty grid) is a size, not "copy this dim"
     return op.Transpose(op.CastLike(op.Reshape(acc, shape, allowzero=1), feat), perm=[0, 4, 1, 2, 3])
 
