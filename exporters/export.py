@@ -132,13 +132,29 @@ class ModelEdit(ir.passes.InPlacePass):
         return ir.passes.PassResult(model, bool(self.edit(model)))
 
 
+def _check_opset(opset: Any) -> None:
+    """Refuse, before any export runs, an opset_version no ONNX tool here can write.
+
+    >>> _check_opset(99)
+    Traceback (most recent call last):
+    ...
+    bridge.core.basics.errors.OpBridgeError: opbridge: opset_version must be an ONNX opset this onnx knows ...
+    """
+    highest = onnx.defs.onnx_opset_version()
+    if isinstance(opset, bool) or not isinstance(opset, int) or not 1 <= opset <= highest:
+        raise OpBridgeError(f"opset_version must be an ONNX opset this onnx knows (1 to {highest}; opbridge "
+                            f"tests 17 to 23). Got {opset!r}. Pass an int from 17 to 23 (the default is "
+                            f"{DEFAULT_OPSET}).")
+
+
 def _edited(onnx_program, opset: int, edits: Sequence[Callable[[ir.Model], object]]) -> onnx.ModelProto:
     """torch.onnx's onnx-ir model at ``opset`` after ``edits`` (each run as a :class:`ModelEdit`), as a proto."""
     converted = convert_model(onnx_program.model_proto, opset) if opset < TORCH_MIN_OPSET else None
     model = onnx_program.model if converted is None else ir.serde.deserialize_model(converted)
     if (got := model.opset_imports.get("")) != opset:
+        way = "higher" if got is None or got > opset else "lower (17 to 23 are tested)"
         raise OpBridgeError(f"torch.onnx could not write the model at ONNX opset {opset}. Got opset {got}. "
-                            f"Export at opset_version={got} or higher.")
+                            f"Export at opset_version={got} or {way}.")
     for edit in edits:  # NOTE: not ir.passes.Sequential, which wraps every error (export's own) in a PassError
         ModelEdit(edit)(model)
     proto = ir.serde.serialize_model(model)
@@ -364,6 +380,7 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
             input_names, output_names, inline, register_functions) -> Exported:
     reg = REGISTRY if registry is None else registry
     args = tuple(args)
+    _check_opset(opset_version)
     if f is not None:
         files.check_writable(f, what="model")  # NOTE: a path that cannot be written fails before the export
     describe_methods(model, args, kwargs, reg)

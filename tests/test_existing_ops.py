@@ -130,3 +130,32 @@ def test_multi_output_custom_node_values_are_named_after_the_op(registry):
     node = next(n for n in proto.graph.node if n.op_type == "affine_head")
     assert list(node.output) == ["affine_head_out0", "affine_head_out1"]
     assert not any(v.startswith("getitem") for n in proto.graph.node for v in n.output)
+
+
+@torch.library.custom_op("existing_grad::plain", mutates_args=())
+def _plain(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@torch.library.custom_op("existing_grad::with_backward", mutates_args=())
+def _with_backward(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+_with_backward.register_autograd(lambda ctx, grad: grad * 2)
+
+
+@pytest.mark.parametrize("name,grad", [("existing_grad::plain", False), ("existing_grad::with_backward", True)])
+def test_an_existing_custom_op_has_autograd_only_with_a_backward(registry, name, grad):
+    """torch.library.custom_op gives every op an Autograd kernel (one that raises without register_autograd):
+    registered by name, the op has autograd as its backward says, as `opbridge ops` shows it."""
+    spec = bridge.register(name, registry=registry).spec
+    assert spec.has_autograd is grad
+    x = torch.ones(3, requires_grad=True)
+    out = getattr(torch.ops.existing_grad, name.split("::")[1])(x).sum()
+    if grad:
+        out.backward()
+        assert torch.equal(x.grad, torch.full((3,), 2.0))
+    else:
+        with pytest.raises(RuntimeError, match="no autograd formula"):
+            out.backward()

@@ -6,6 +6,7 @@ import doctest
 import getpass
 import importlib
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -383,3 +384,20 @@ def test_opbridge_attach_replace_restores_a_broken_body(request, tmp_path, capsy
                                                                     for f in onnx.load(good).functions]
     got = ort.InferenceSession(str(broken)).run(None, {"x": x.numpy()})[0]
     np.testing.assert_array_equal(got, _Crop()(x).numpy())
+
+
+class _Plus(torch.nn.Module):
+    def forward(self, x):
+        return x + 1
+
+
+@pytest.mark.parametrize("opset", [99, 0, -3, True, "20", 20.0])
+def test_an_opset_no_tool_can_write_is_refused_before_the_export(opset, tmp_path):
+    """What onnx does not know (99, 0) or is no int is refused up front, naming the range, with no export run
+    (torch.onnx printed onnxscript's traceback for 99, then a message asking for a higher opset)."""
+    path = tmp_path / "m.onnx"
+    with pytest.raises(bridge.OpBridgeError, match=rf"^opbridge: opset_version must be an ONNX opset this onnx "
+                                                   rf"knows \(1 to {onnx.defs.onnx_opset_version()}; opbridge "
+                                                   rf"tests 17 to 23\)\. Got {re.escape(repr(opset))}\."):
+        bridge.export(_Plus(), (torch.ones(2),), path, opset_version=opset)
+    assert not path.exists()

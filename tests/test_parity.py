@@ -11,6 +11,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from cli_runner import run as in_process
 from op_db import parity_params
 
 import bridge
@@ -195,3 +196,17 @@ def test_export_names_the_output_a_fake_kernel_lies_about_on_the_samples(registr
     with pytest.raises(bridge.OpBridgeError, match=message):
         bridge.export(model, (torch.randn(3, 4),), tmp_path / "m.onnx", registry=registry)
     assert not (tmp_path / "m.onnx").exists()
+
+
+@pytest.mark.parametrize("override", [dict(rtol=-1), dict(atol=float("inf")), dict(rtol=float("nan")),
+                                      dict(atol={torch.float32: -1e-3}), dict(rtol="1e-3"), dict(atol=True)])
+def test_a_tolerance_that_is_no_finite_number_at_least_zero_is_refused(override):
+    """A negative tolerance fails every output and an infinite one passes any: refused before the export."""
+    name = next(iter(override))
+    with pytest.raises(bridge.OpBridgeError, match=rf"^opbridge: {name} must be a finite number >= 0 .* Got {name}="):
+        bridge.check_parity(torch.nn.Identity(), (torch.ones(2),), **override)
+
+
+def test_cli_check_refuses_a_negative_tolerance():
+    r = in_process("check", "--op", "opbridge::crop", "--rtol", "-1")
+    assert r.returncode == 2 and "opbridge: rtol must be a finite number >= 0" in r.stderr, r.stderr

@@ -7,6 +7,7 @@ import importlib.util
 import io
 import json
 import math
+import numbers
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
@@ -405,7 +406,7 @@ def check_parity(model: torch.nn.Module, args: Sequence, *, kwargs: dict | None 
         >>> report.passed, report.outputs[0].max_abs
         (True, 0.0)
     """
-    _check_options(runtime, tier, inline)
+    _check_options(runtime, tier, inline, rtol, atol)
     with tempfile.TemporaryDirectory() as tmp:
         onnx_path = os.fspath(path) if path is not None else os.path.join(tmp, "model.onnx")
         exported = export_with_program(model, args, onnx_path, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
@@ -450,8 +451,17 @@ def _sizes(names: list[str], runs: Sequence[Sequence]) -> dict[str, list[str]]:
             if all(len(s) == len(names) for s in shapes) and len({s[i] for s in shapes}) > 1}
 
 
-def _check_options(runtime: str, tier: str, inline: bool) -> None:
-    """Refuse a runtime check_parity does not know, and a tier asked of an inlined file."""
+def _check_options(runtime: str, tier: str, inline: bool, rtol=None, atol=None) -> None:
+    """Refuse a runtime check_parity does not know, a tier asked of an inlined file, and a tolerance that is no
+    finite number >= 0 (a negative one fails every output; an infinite one passes any)."""
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        values = value.values() if isinstance(value, Mapping) else [] if value is None else [value]
+        bad = [v for v in values
+               if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 <= float(v) < math.inf]
+        if bad:
+            raise OpBridgeError(f"{name} must be a finite number >= 0 (or a {{dtype: number}} map of them). Got "
+                                f"{name}={value!r}. Pass {name}=0 for exact, or leave it out for the per-dtype "
+                                "default.")
     if runtime not in RUNTIMES:
         raise OpBridgeError(f"unknown runtime. Got {runtime!r}. Use one of {RUNTIMES}.")
     if inline and tier != "function":

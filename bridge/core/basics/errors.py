@@ -1,5 +1,10 @@
 """The one exception type the bridge raises for user-facing problems."""
 
+import re
+
+# NOTE: a quoted message of another library's that ends in a period, followed by the bridge's ". Do Y."
+_DOUBLE_STOP = re.compile(r"(?<![./])\.\.(?= )")
+
 
 class OpBridgeError(Exception):
     """A problem the user can fix; the message says what is wrong, what was got, and what to do.
@@ -9,12 +14,14 @@ class OpBridgeError(Exception):
         Traceback (most recent call last):
         ...
         bridge.core.basics.errors.OpBridgeError: opbridge: op 'x' is not registered. Got 'x'. Declare it with ...
+        >>> str(OpBridgeError("m.npz is not readable. Got ValueError: use `pickle.load()`.. Save it with savez."))
+        'opbridge: m.npz is not readable. Got ValueError: use `pickle.load()`. Save it with savez.'
     """
 
     def __init__(self, message: str):
         if not message.startswith("opbridge: "):
             message = "opbridge: " + message
-        super().__init__(message)
+        super().__init__(_DOUBLE_STOP.sub(".", message))
 
 
 class UnsupportedInTier(OpBridgeError):

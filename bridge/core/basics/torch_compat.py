@@ -125,8 +125,12 @@ def custom_op_fake(custom_op: Any) -> Callable | None:
 
 
 def custom_op_backward(custom_op: Any) -> bool | None:
-    """Whether a ``CustomOpDef`` has a backward registered (``register_autograd``: its ``_backward_fn``);
-    None for an op without that record (an OpOverload, whose autograd is a dispatch key)."""
+    """Whether a ``CustomOpDef`` has a backward registered (``register_autograd``: its ``_backward_fn``), also
+    for the OpOverload of one (an op ``torch.library.custom_op`` made, registered by name: its Autograd kernel
+    is there with or without a backward); None for an op without that record (whose autograd is a dispatch
+    key)."""
+    if not hasattr(custom_op, "_backward_fn") and hasattr(custom_op, "name"):
+        custom_op = custom_op_def(custom_op.name().split(".")[0]) or custom_op
     if not hasattr(custom_op, "_backward_fn"):
         return None
     return custom_op._backward_fn is not None
