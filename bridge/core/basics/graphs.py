@@ -113,14 +113,27 @@ def topological(nodes: Sequence[onnx.NodeProto]) -> list[onnx.NodeProto] | None:
     ...          helper.make_node("Neg", ["x"], ["a"])]
     >>> [n.op_type for n in topological(nodes)], topological(nodes[1:])
     (['Neg', 'Relu', 'Abs'], None)
+    >>> cycle = [helper.make_node("Neg", ["b"], ["a"]), helper.make_node("Abs", ["a"], ["b"])]
+    >>> [n.op_type for n in topological(cycle[::-1])]
+    ['Neg', 'Abs']
     """
     writer = {o: k for k, node in enumerate(nodes) for o in node.output if o}
-    needs = [[writer[i] for inner in walk([node]) for i in inner.input if i in writer] for node in nodes]
+    # NOTE: a node's own inputs, its subgraphs' only where it may hold some (sessions order every body: the
+    # walk per node would cost them more than the check)
+    reads = [[i for inner in walk([node]) for i in inner.input] if may_hold_subgraphs(node) else node.input
+             for node in nodes]
+    needs = [[writer[i] for i in names if i in writer] for names in reads]
     if all(w < k for k, waits in enumerate(needs) for w in waits):
         return None
-    placed = [False] * len(nodes)
-    order: list[onnx.NodeProto] = []
-    for start in range(len(nodes)):
+    return [nodes[k] for k in _placed(needs)]
+
+
+def _placed(needs: list[list[int]]) -> list[int]:
+    """:func:`topological`'s order: each index in turn, after the indices it ``needs`` not placed yet (depth
+    first), an edge back to one being placed (a cycle) not followed."""
+    placed = [False] * len(needs)
+    order: list[int] = []
+    for start in range(len(needs)):
         if placed[start]:
             continue
         # NOTE: depth first without recursion: a chain of thousands of nodes would pass Python's recursion limit
@@ -137,7 +150,7 @@ def topological(nodes: Sequence[onnx.NodeProto]) -> list[onnx.NodeProto] | None:
             stack.pop()
             if not placed[k]:
                 placed[k] = True
-                order.append(nodes[k])
+                order.append(k)
     return order
 
 
