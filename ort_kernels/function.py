@@ -14,8 +14,8 @@ import torch
 
 from bridge.core.basics.errors import OpBridgeError, UnsupportedInTier
 from bridge.core.basics.files import load_model
-from bridge.core.basics.graphs import model_value_types, subgraphs, value_types, walk
-from bridge.core.checks import Checks, guard_failure, is_guard, ordered
+from bridge.core.basics.graphs import cone, model_value_types, subgraphs, value_types, walk
+from bridge.core.checks import Checks, guard_failure, is_guard, ordered, unregistered_guard_failure
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
 from exporters.derive import Crash, crash_sites, last_failure
@@ -289,7 +289,9 @@ def guard_explainer(plan: Plan) -> Explain:
     kernel (``bridge.session`` adds it for every tier)."""
     guards = _guard_nodes(plan)
     # NOTE: no guard, no calls to read (a native session whose ops all have C++ kernels)
-    return functools.partial(_explain, _calls(plan, guards) if guards else (), guards)
+    explain = functools.partial(_explain, _calls(plan, guards) if guards else (), guards)
+    unknown = _unregistered_guard_nodes(plan)
+    return explain if not unknown else functools.partial(_explain_unregistered, explain, unknown)
 
 
 def _guard_nodes(plan: Plan) -> dict[str, Checks]:
@@ -302,6 +304,27 @@ def _guard_nodes(plan: Plan) -> dict[str, Checks]:
         if checks is not None:
             guards.update({n.name: checks for n in function.node if is_guard(n)})
     return guards
+
+
+def _unregistered_guard_nodes(plan: Plan) -> tuple[str, ...]:
+    """The names of the guard nodes in the bodies of ops the plan's registry lacks (a file run without
+    importing the module that registers them): their checks are known only by those names."""
+    return tuple(n.name for function in plan.model.functions
+                 if plan.registry.find(function.domain.removeprefix(FUNCTION_DOMAIN), function.name) is None
+                 for n in function.node if is_guard(n))
+
+
+def _explain_unregistered(explain: Explain, unknown: tuple[str, ...], error: BaseException, feed: dict | None,
+                          model: bytes | str) -> str | None:
+    """``explain`` (the registered ops' guards, :func:`_explain`), else a failed guard of an unregistered op
+    worded from its node's name and onnxruntime's message (:func:`unregistered_guard_failure`)."""
+    message = explain(error, feed, model)
+    if message is not None:
+        return message
+    text = str(error)
+    stopped = [name for name in unknown if name in text]
+    # NOTE: one guard node's name may begin another's
+    return unregistered_guard_failure(max(stopped, key=len), text) if stopped else None
 
 
 def _explain(calls: tuple[_Call, ...], guards: dict[str, Checks], error: BaseException, feed: dict,
@@ -348,7 +371,8 @@ def _computed(model: bytes | str, names: list[str], feed: dict) -> dict:
     try:
         proto = load_model(model)
         graph = proto.graph
-        nodes = _cone(graph.node, names)
+        # NOTE: onnxruntime runs every node of a graph, read or not: the copy keeps only these
+        nodes = cone(graph.node, names)
         types = value_types(graph)
         del graph.node[:], graph.output[:]
         graph.node.extend(nodes)
@@ -359,16 +383,3 @@ def _computed(model: bytes | str, names: list[str], feed: dict) -> dict:
         return dict(zip(names, Session(proto.SerializeToString(), options).run(names, feed)))
     except Exception:  # noqa: BLE001  what cannot be computed stays unknown
         return {}
-
-
-def _cone(nodes, names: list[str]) -> list[onnx.NodeProto]:
-    """The ``nodes`` (of one graph, in order) the values ``names`` depend on.
-
-    NOTE: onnxruntime runs every node of a graph, read or not: the copy keeps only these."""
-    wanted = set(names)
-    kept = []
-    for node in reversed(nodes):
-        if wanted.intersection(node.output):
-            kept.append(node)
-            wanted.update(name for inner in walk([node]) for name in inner.input)
-    return kept[::-1]

@@ -1,5 +1,5 @@
 """Shared test models: the bev_pool_v2 pooling module, for pytest tests and tests/scripts alike;
-a custom node inside an If branch.
+a custom node inside an If branch; a file calling a checked op of a test registry.
 
 Tests import it as ``models`` (pytest puts tests/ on sys.path); the scripts in tests/scripts,
 run in subprocesses, put tests/ on sys.path themselves. bev_pool_v2 is called by keyword, so
@@ -103,3 +103,23 @@ class HeldOut(torch.nn.Module):
         # values with ==, and merges two nodes of one input whose attributes are 0.0 and -0.0
         return (self.floor_half(x, 4), self.floor_half(x, -5), self.divide(x, 0.0), self.divide(-x, -0.0),
                 self.divide(x, float("nan")))
+
+
+def rows_file(registry: bridge.Registry, fresh_name, path) -> str:
+    """Export to ``path`` a model calling a fresh op declared in ``registry`` only (its rows of ``x`` at
+    ``idx``, checked: ``values_in("idx", 0, dim("x", 0))``), on x [4, 3] float32 and idx [2] int64; the op's
+    qualname. Opened with another registry (or by the CLI), the op is one whose module was not imported."""
+    name = fresh_name("rows")
+
+    @bridge.op(name, fake=lambda x, idx: x.new_empty(idx.shape[0], *x.shape[1:]), registry=registry,
+               checks=[bridge.checks.values_in("idx", 0, bridge.checks.dim("x", 0))])
+    def rows(x: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
+        rows.check(x, idx)
+        return x.index_select(0, idx) * 2
+
+    class Rows(torch.nn.Module):
+        def forward(self, x, idx):
+            return rows(x, idx)
+
+    bridge.export(Rows(), (torch.ones(4, 3), torch.tensor([0, 3])), path, registry=registry)
+    return name

@@ -11,7 +11,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
-from models import crop_in_a_branch
+from models import crop_in_a_branch, rows_file
 from onnx import TensorProto, helper
 from op_db import F32, OPS
 
@@ -549,3 +549,57 @@ def test_bev_pool_v2_guards_stay_lean():
     guarded, raw = body_kind(spec).at(), spec.function.to_function_proto()
     assert len([c for c in spec.checks if c.guarded]) == 19
     assert len(guarded.node) - len(raw.node) <= 125 and len(guarded.node) <= 215
+
+
+def test_a_failed_guard_of_an_unregistered_op_names_the_op_input_and_check(registry, fresh_name, tmp_path):
+    """A file opened where its op is not registered (its module not imported): the session still runs its
+    body, and a failed guard names the op, the input and the check from the node's name, with onnxruntime's
+    message and the way to the op's own; where the op is registered, eager's message as before."""
+    path = tmp_path / "rows.onnx"
+    name = rows_file(registry, fresh_name, path)
+    x = np.ones((4, 3), np.float32)
+    good, bad = {"x": x, "idx": np.array([1, 3])}, {"x": x, "idx": np.array([1, 4])}
+    sess = bridge.session(path, registry=bridge.Registry())
+    assert sess.run(None, good)[0].tolist() == [[2.0] * 3] * 2
+    with pytest.raises(bridge.OpBridgeError) as info:
+        sess.run(None, bad)
+    node = f"opbridge_check/{name}/idx/0.values_in"
+    message = str(info.value)
+    assert message.startswith(f"opbridge: {name}: input 'idx' failed its check 0 (values_in) inside the model, "
+                              f"at guard node '{node}'. Got onnxruntime's message: "), message
+    assert "idx=1 must be within" in message and "(its idx=1 is the check's number plus one" in message, message
+    assert message.endswith(f"import the module that registers {name} before opening the session (on the "
+                            "command line: --ops MODULE)."), message
+    with pytest.raises(bridge.OpBridgeError) as registered:
+        bridge.session(path, registry=registry).run(None, bad)
+    assert str(registered.value) == f"opbridge: {name}: input 'idx' values must lie in [0, 4). Got min 1, max 4. " \
+                                    "Check idx against the sizes it indexes.", str(registered.value)
+
+
+def test_a_body_a_tool_put_before_its_guard_waits_for_it():
+    """A tool may order a body's nodes any valid way (onnxslim puts body nodes before the guard): the
+    session's ordered body is still in topological order, the body after the wait for the guard, and a bad
+    input fails at the guard in onnxruntime (before, the moved node read a value written after it)."""
+    body = helper.make_function("d", "f", ["x"], ["y"], [helper.make_node("Neg", ["x"], ["y"])],
+                                [helper.make_opsetid("", 20)])
+    guarded = C.guarded_body(body, C.Checks("d::f", [C.rank("x", 2)]), {})
+    neg = next(n for n in guarded.node if n.op_type == "Neg")
+    moved = [neg, *[n for n in guarded.node if n.op_type != "Neg"]]
+    del guarded.node[:]
+    guarded.node.extend(moved)
+    assert ordered(guarded)
+    written: set[str] = set(guarded.input)
+    for node in guarded.node:
+        assert all(i in written for i in node.input if i), (node.op_type, list(node.input))
+        written.update(node.output)
+    at = {n.name or n.op_type: k for k, n in enumerate(guarded.node)}  # NOTE: the last Squeeze: the wait
+    assert at["opbridge_check/d::f/x/0.rank"] < at["Squeeze"] < at["Neg"], list(at)
+    graph = helper.make_graph([helper.make_node("f", ["x"], ["y"], domain="d")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, None)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20), helper.make_opsetid("d", 1)],
+                              functions=[guarded])
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert sess.run(None, {"x": np.ones((2, 2), np.float32)})[0].tolist() == [[-1.0, -1.0]] * 2
+    with pytest.raises(Exception, match=r"opbridge_check/d::f/x/0\.rank"):
+        sess.run(None, {"x": np.ones(2, np.float32)})

@@ -468,3 +468,17 @@ def test_the_seed_ops_and_the_demo_come_from_opbridges_entry_points(monkeypatch)
     with pytest.raises(OpBridgeError, match=r"^opbridge: no default --model\. Got no 'demo' entry point in group "
                                                    r"'opbridge\.models'.*Pass --model MODULE:FACTORY"):
         preflight.default_model()
+
+
+def test_run_without_ops_words_a_failed_guard_from_its_node(registry, fresh_name, tmp_path):
+    """``opbridge run`` on a file whose op's module is not imported (no --ops): a bad input fails the body's
+    guard, and the one-line error names the op, the input and the check, and says to import the module."""
+    from models import rows_file
+
+    path = tmp_path / "rows.onnx"
+    name = rows_file(registry, fresh_name, path)
+    np.savez(tmp_path / "bad.npz", x=np.ones((4, 3), np.float32), idx=np.array([1, 4]))
+    r = in_process("-q", "run", str(path), "--inputs", str(tmp_path / "bad.npz"))
+    _one_line_error(r, f"opbridge: {name}: input 'idx' failed its check 0 (values_in) inside the model")
+    assert "onnxruntime failed to run" not in r.stderr and f"registers {name} before opening" in r.stderr, r.stderr
+    assert "--ops MODULE" in r.stderr, r.stderr

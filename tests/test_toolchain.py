@@ -21,6 +21,7 @@ import onnx
 import onnx.version_converter
 import onnxruntime as ort
 import pytest
+import torch
 
 import bridge
 import custom_ops  # noqa: F401
@@ -44,7 +45,10 @@ def files(tmp_path_factory):
     feed = {n: a.numpy() for n, a in zip(names, case.args)}
     lib = str(library_path())
     expected = {kind: run(path, feed, lib if kind == "native" else None) for kind, path in paths.items()}
-    return {"paths": paths, "feed": feed, "lib": lib, "expected": expected, "folder": folder}
+    with torch.no_grad():
+        eager = case.model(*case.args)
+    eager = [t.numpy() for t in (eager if isinstance(eager, (tuple, list)) else (eager,))]
+    return {"paths": paths, "feed": feed, "lib": lib, "expected": expected, "folder": folder, "eager": eager}
 
 
 def options(lib: str | None) -> ort.SessionOptions:
@@ -378,6 +382,24 @@ def test_checks_survive_optimizers(files, tool):
     model = OPTIMIZERS[tool](onnx.load(files["paths"]["function"]))
     assert_same(files, "function", model)
     assert_refused_naming(files, model, "ranks_depth")
+
+
+@pytest.mark.parametrize("tool", ["onnxslim", "onnxsim"])
+def test_sessions_open_a_simplified_function_file_in_every_tier(files, tool):
+    """The function file through onnxslim (which orders each body's nodes its own way, body nodes before the
+    guard) and onnxsim: bridge.session opens it in every tier with eager's outputs, and the function tier
+    still refuses a ranks_depth out of range with bev_pool_v2's own message."""
+    pytest.importorskip(tool)
+    model = OPTIMIZERS[tool](onnx.load(files["paths"]["function"]))
+    for tier in bridge.TIERS:
+        got = bridge.session(model, tier=tier).run(None, files["feed"])
+        for a, b in zip(got, files["eager"], strict=True):
+            assert a.shape == b.shape and float(np.abs(a.astype(np.float64) - b).max()) <= TOL, tier
+    bad = dict(files["feed"], ranks_depth=files["feed"]["ranks_depth"].copy())
+    bad["ranks_depth"][0] = np.iinfo(bad["ranks_depth"].dtype).max
+    with pytest.raises(bridge.OpBridgeError, match=r"^opbridge: bev::bev_pool_v2: input 'ranks_depth' values must "
+                                                   rf"lie in \[0, \d+\)\. Got min \d+, max {bad['ranks_depth'][0]}\."):
+        bridge.session(model, tier="function").run(None, bad)
 
 
 # -- bev_pool_v2's body: buffers sized from shapes, any interval order ---------------------

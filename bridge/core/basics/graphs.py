@@ -20,7 +20,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import threading
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 
 import numpy as np
 import onnx
@@ -81,6 +81,77 @@ def walk(nodes: Iterable[onnx.NodeProto]) -> Iterator[onnx.NodeProto]:
         if may_hold_subgraphs(node):
             for sub in _graph_attributes(node):
                 yield from walk(sub.node)
+
+
+def cone(nodes: Sequence[onnx.NodeProto], names: Iterable[str]) -> list[onnx.NodeProto]:
+    """The ``nodes`` (of one graph or function, in topological order) the values ``names`` depend on, in their
+    order (a node's subgraphs' outer-scope reads count).
+
+    >>> from onnx import helper
+    >>> nodes = [helper.make_node("Neg", ["x"], ["a"]), helper.make_node("Abs", ["x"], ["b"]),
+    ...          helper.make_node("Relu", ["a"], ["c"])]
+    >>> [n.op_type for n in cone(nodes, ["c"])]
+    ['Neg', 'Relu']
+    """
+    wanted = set(names)
+    kept = []
+    for node in reversed(nodes):
+        if wanted.intersection(node.output):
+            kept.append(node)
+            wanted.update(name for inner in walk([node]) for name in inner.input)
+    return kept[::-1]
+
+
+def topological(nodes: Sequence[onnx.NodeProto]) -> list[onnx.NodeProto] | None:
+    """``nodes`` (of one graph or function) reordered so that each comes after the nodes writing the values it
+    reads (its subgraphs' outer-scope reads too), moving no more than it must: each node in its given order,
+    preceded by those it waits for that are not placed yet. None when the order holds already (nothing to
+    rebuild). A cycle is left to whoever runs the nodes: an edge that closes one is not followed.
+
+    >>> from onnx import helper
+    >>> nodes = [helper.make_node("Relu", ["a"], ["c"]), helper.make_node("Abs", ["x"], ["b"]),
+    ...          helper.make_node("Neg", ["x"], ["a"])]
+    >>> [n.op_type for n in topological(nodes)], topological(nodes[1:])
+    (['Neg', 'Relu', 'Abs'], None)
+    >>> cycle = [helper.make_node("Neg", ["b"], ["a"]), helper.make_node("Abs", ["a"], ["b"])]
+    >>> [n.op_type for n in topological(cycle[::-1])]
+    ['Neg', 'Abs']
+    """
+    writer = {o: k for k, node in enumerate(nodes) for o in node.output if o}
+    # NOTE: a node's own inputs, its subgraphs' only where it may hold some (sessions order every body: the
+    # walk per node would cost them more than the check)
+    reads = [[i for inner in walk([node]) for i in inner.input] if may_hold_subgraphs(node) else node.input
+             for node in nodes]
+    needs = [[writer[i] for i in names if i in writer] for names in reads]
+    if all(w < k for k, waits in enumerate(needs) for w in waits):
+        return None
+    return [nodes[k] for k in _placed(needs)]
+
+
+def _placed(needs: list[list[int]]) -> list[int]:
+    """:func:`topological`'s order: each index in turn, after the indices it ``needs`` not placed yet (depth
+    first), an edge back to one being placed (a cycle) not followed."""
+    placed = [False] * len(needs)
+    order: list[int] = []
+    for start in range(len(needs)):
+        if placed[start]:
+            continue
+        # NOTE: depth first without recursion: a chain of thousands of nodes would pass Python's recursion limit
+        stack, open_ = [(start, 0)], {start}
+        while stack:
+            k, at = stack[-1]
+            if at < len(needs[k]):
+                stack[-1] = (k, at + 1)
+                w = needs[k][at]
+                if not placed[w] and w not in open_:
+                    stack.append((w, 0))
+                    open_.add(w)
+                continue
+            stack.pop()
+            if not placed[k]:
+                placed[k] = True
+                order.append(k)
+    return order
 
 
 def model_nodes(model: onnx.ModelProto, *, functions: bool = False) -> Iterator[onnx.NodeProto]:

@@ -13,7 +13,8 @@ the bridge derives:
   ``opbridge_check/<qualname>/<input>/<index>.<kind>+...`` (the input's checks; ``idx=<index + 1>`` in
   onnxruntime's message: the first failing check); the function
   tier's session then runs the checks themselves on the values the op was given, for eager's
-  message (:func:`guard_failure` words it where those values cannot be read back);
+  message (:func:`guard_failure` words it where those values cannot be read back,
+  :func:`unregistered_guard_failure` where the op is not registered in the process);
 - the text the native kernels' messages are held to (tests/op_db.py's bad inputs).
 
 Two modules of this package hold it: ``vocabulary`` (the kinds, one class each, their constructors and
@@ -39,6 +40,7 @@ from bridge.core.checks.guards import (
     ordered,
     unguarded,
     unreadable,
+    unregistered_guard_failure,
 )
 from bridge.core.checks.vocabulary import (
     PRODUCT_LIMIT_MAX,
@@ -69,5 +71,5 @@ __all__ = [
     "GUARD_PREFIX", "PRODUCT_LIMIT_MAX", "Check", "CheckError", "Checks", "DimEq", "Expr", "attr", "attr_ge",
     "attr_le", "attr_len", "attr_prod_le", "dim", "dim_eq", "dtype_is", "guard_failure", "guarded_body",
     "intervals_within", "is_guard", "numel", "ordered", "rank", "same_dtype", "same_len", "same_shape",
-    "unguarded", "unreadable", "values_ge", "values_in",
+    "unguarded", "unreadable", "unregistered_guard_failure", "values_ge", "values_in",
 ]

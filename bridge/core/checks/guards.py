@@ -22,6 +22,7 @@ Example:
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Sequence
 from typing import cast
 
@@ -30,7 +31,7 @@ from onnx import TensorProto, helper
 
 from bridge.core.basics.domains import is_onnx
 from bridge.core.basics.errors import OpBridgeError
-from bridge.core.basics.graphs import FreshNames, ProtoMemo, drop_unread, value_names, walk
+from bridge.core.basics.graphs import FreshNames, ProtoMemo, drop_unread, topological, value_names, walk
 from bridge.core.checks.vocabulary import Check, Checks, Compare, DtypeIs
 
 GUARD_PREFIX = "opbridge_check"
@@ -70,6 +71,56 @@ def guard_failure(checks: Checks, node: str) -> str:
         fails, fix = "fails one of them", "Run the op eagerly on the same inputs to see which check fails."
     return (f"opbridge: {checks.qualname}: {what}. Got a value that {fails} inside the model (onnxruntime stopped "
             f"at guard node '{node}'). {fix}")
+
+
+def _stated(node: str) -> tuple[str, list[tuple[str, int, str]]]:
+    """The op's qualname and the (input, index, kind) of each check guard node ``node``'s name states.
+
+    >>> _stated("opbridge_check/d::f/x/0.rank+x/2.values_ge")
+    ('d::f', [('x', 0, 'rank'), ('x', 2, 'values_ge')])
+    """
+    qualname, _, stated = node.removeprefix(f"{GUARD_PREFIX}/").partition("/")
+    parts = []
+    for part in stated.split("+"):
+        name, _, label = part.rpartition("/")
+        index, _, kind = label.partition(".")
+        if index.isdigit():
+            parts.append((name, int(index), kind))
+    return qualname, parts
+
+
+def unregistered_guard_failure(node: str, error: str) -> str:
+    """The message of guard node ``node`` failing (``error``: onnxruntime's text) in the body of an op this
+    process has not registered: its checks are not known here, only what the node's name states (the op,
+    the input, each check's index and kind) and the check onnxruntime's ``idx=<index + 1>`` names.
+
+    Example:
+        >>> node = "opbridge_check/mine::gather_rows/idx/0.values_in"
+        >>> unregistered_guard_failure(node, f"... Gather node. Name:'_inlfunc_f_{node}' Status Message: indices "
+        ...                            "element out of data bounds, idx=1 must be within the inclusive range [-1,0]")
+        ... # doctest: +NORMALIZE_WHITESPACE
+        "opbridge: mine::gather_rows: input 'idx' failed its check 0 (values_in) inside the model, at guard node
+        'opbridge_check/mine::gather_rows/idx/0.values_in'. Got onnxruntime's message: indices element out of data
+        bounds, idx=1 must be within the inclusive range [-1,0] (its idx=1 is the check's number plus one, not a
+        value of the input). Fix the input; for the op's own message (what the check requires, and the value that
+        fails it), import the module that registers mine::gather_rows before opening the session (on the command
+        line: --ops MODULE)."
+    """
+    qualname, parts = _stated(node)
+    # NOTE: onnxruntime's text is read only for what it adds (the status message, idx=): which guard stopped
+    # is known by the node's own name
+    status = error.partition("Status Message: ")[2].strip() or error.strip()
+    code = re.search(r"\bidx=(\d+)\b", status)
+    failed = [p for p in parts if code is not None and p[1] == int(code.group(1)) - 1] or parts
+    inputs = list(dict.fromkeys(name for name, _, _ in failed))
+    checks = ", ".join(f"{index} ({kind})" for _, index, kind in failed)
+    what = (f"input '{inputs[0]}'" if len(inputs) == 1 else "inputs " + ", ".join(f"'{i}'" for i in inputs)) + \
+        (f" failed its check {checks}" if len(failed) == 1 else f" failed one of its checks {checks}")
+    why = f" (its idx={code.group(1)} is the check's number plus one, not a value of the input)" if code else ""
+    return (f"opbridge: {qualname}: {what} inside the model, at guard node '{node}'. Got onnxruntime's message: "
+            f"{status}{why}. Fix the input; for the op's own message (what the check requires, and the value that "
+            f"fails it), import the module that registers {qualname} before opening the session (on the command "
+            "line: --ops MODULE).")
 
 
 def _pad(n: int) -> int:
@@ -392,6 +443,12 @@ def _order(proto: onnx.FunctionProto) -> bool:
     at = len(nodes) if not read & set(proto.input) else at + 1
     for k, wait in enumerate(waits):
         proto.node.insert(at + k, wait)  # NOTE: in place: rebuilding the list copies every node (sessions pay it)
+    # NOTE: a tool may order a body's nodes any valid way (onnxslim puts body nodes before the guard): those
+    # that now read a wait placed after them move after it; a body in opbridge's own order is left as it is
+    moved = topological(proto.node)
+    if moved is not None:
+        del proto.node[:]
+        proto.node.extend(moved)
     return True
 
 
