@@ -401,3 +401,21 @@ def test_an_opset_no_tool_can_write_is_refused_before_the_export(opset, tmp_path
                                                    rf"tests 17 to 23\)\. Got {re.escape(repr(opset))}\."):
         bridge.export(_Plus(), (torch.ones(2),), path, opset_version=opset)
     assert not path.exists()
+
+
+class _Means(torch.nn.Module):
+    def forward(self, x):
+        return x.mean(dim=(2, 3)) + x.sum(dim=(2, 3)).amax(dim=1, keepdim=True) - x.amin(dim=(1, 2, 3)).unsqueeze(1)
+
+
+@pytest.mark.parametrize("opset", [17, 18])
+def test_a_model_with_means_exports_at_every_opset(opset):
+    """onnx.version_converter kept ReduceMean-18's noop_with_empty_axes going down to 17, where only ReduceSum has
+    it: the checker refused every model with a mean at opset 17."""
+    x = torch.randn(2, 3, 4, 5)
+    proto = bridge.export(_Means(), (x,), opset_version=opset)
+    assert onnx_opset(proto) == opset
+    reduces = {n.op_type: sorted(a.name for a in n.attribute) for n in proto.graph.node if n.op_type.startswith("Red")}
+    assert ("noop_with_empty_axes" in reduces["ReduceMean"]) == (opset >= 18)
+    got = ort.InferenceSession(proto.SerializeToString()).run(None, {"x": x.numpy()})[0]
+    np.testing.assert_allclose(got, _Means()(x).numpy(), rtol=1e-5, atol=1e-5)

@@ -451,6 +451,7 @@ def convert_model(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
             raise OpBridgeError(f"onnx.version_converter cannot take the model from opset {source} to {opset}. "
                                 f"Got {type(e).__name__}: {str(e)[:300]}. Use an opset the graph's ops exist "
                                 "at.") from None
+        _noop_down(converted)
         inputs = {i.name for i in model.graph.input}
         keep = [i for i in converted.graph.input if i.name in inputs]
         del converted.graph.input[:]
@@ -458,3 +459,24 @@ def convert_model(model: onnx.ModelProto, opset: int) -> onnx.ModelProto:
     del converted.functions[:]
     converted.functions.extend(convert_function(f, opset) for f in model.functions)
     return converted
+
+
+def _noop_down(model: onnx.ModelProto) -> None:
+    """Drop ``noop_with_empty_axes`` from the ReduceX nodes (not ReduceSum) of a graph below opset 18.
+
+    NOTE: ``onnx.version_converter`` (1.23.2) takes ReduceX-18's axes input down to the attribute and keeps the
+    attribute, which only ReduceSum had before 18: onnx.checker refuses the file ("Unrecognized attribute:
+    noop_with_empty_axes for operator ReduceMean"), so any model with a mean failed at opset 17. Its value 0 is
+    what the older op does; 1 with no axes (the identity) becomes an Identity, as the bodies' adapter does."""
+    if (onnx_opset(model) or 18) >= 18:
+        return
+    for node in walk(model.graph.node):
+        noop = _attr(node, "noop_with_empty_axes") if is_onnx(node.domain) and node.op_type in _REDUCE_18 else None
+        if noop is None:
+            continue
+        _drop_attr(node, "noop_with_empty_axes")
+        axes = _attr(node, "axes")
+        if noop.i and (axes is None or not axes.ints):
+            node.op_type = "Identity"
+            del node.attribute[:]
+            del node.input[1:]
