@@ -37,6 +37,7 @@ from ort_matrix_table import cache_folder  # noqa: E402
 from torch_matrix_table import DEFAULT_JSON, render  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+MMDEPLOY_LIB = ROOT / "build" / "mmdeploy-1.3.1" / "libmmdeploy_onnxruntime_ops.so"  # tests/mmdeploy_lib.py's
 VERSIONS = ("2.12.1", "2.13.0", "2.14.1", "2.15.0")
 # NOTE: export, derive, the function/native/python tiers, torchbind and the CLI; the seed ops run in
 # them and in `opbridge check`. Adding test_ops.py and test_opsets.py took 37 min (2.13.0) on the
@@ -53,6 +54,9 @@ def pip_env(base: dict | None = None) -> dict:
     # NOTE: pip ignores an empty PIP_CONSTRAINT; os.devnull is a constraint file that says nothing
     env = dict(os.environ if base is None else base, PIP_CONSTRAINT=os.devnull, PIP_DISABLE_PIP_VERSION_CHECK="1")
     env.pop("PYTHONPATH", None)
+    # NOTE: the snapshot has no build/: the tests that run mmdeploy's kernel library use this checkout's copy
+    if MMDEPLOY_LIB.is_file():
+        env.setdefault("OPBRIDGE_TEST_MMDEPLOY_LIB", str(MMDEPLOY_LIB))
     return env
 
 
