@@ -131,8 +131,8 @@ class Plan:
         names of every node it meets are checked to be text first (:func:`readable`)."""
         graph = list(walk(self.model.graph.node))
         readable(self.model, what, graph)
-        found = [(n, f) for n, f in [(n, None) for n in graph] + [(n, f) for f in calling_functions(self.model)
-                                                                   for n in walk(f.node)] if is_custom(n.domain)]
+        in_functions = [(n, f) for f in calling_functions(self.model) for n in walk(f.node)]
+        found = [(n, f) for n, f in [(n, None) for n in graph] + in_functions if is_custom(n.domain)]
         # NOTE: before the lookup: a Function's record takes the attribute types its nodes were written with
         typed_as_written(self.registry, (n for n, _ in found))
         self.nodes = [Planned(n, self.registry.find(n.domain, n.op_type), f) for n, f in found]

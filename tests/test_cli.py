@@ -18,7 +18,7 @@ import bridge
 from bridge.core import cppbuild
 from bridge.core.basics import installed
 from bridge.core.basics.errors import OpBridgeError
-from bridge.tools import preflight
+from bridge.tools import cli, preflight
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,6 +89,20 @@ def test_run_on_a_corrupt_file(tmp_path):
     (tmp_path / "x.npz").write_bytes(b"")
     r = in_process("run", str(bad), "--inputs", str(tmp_path / "x.npz"))
     assert r.returncode == 2 and "not a readable ONNX model" in r.stderr
+    # without inputs beside it, the file's state is still what is said (its inputs would not help)
+    r = in_process("run", str(bad))
+    assert r.returncode == 2 and "not a readable ONNX model" in r.stderr and "no inputs" not in r.stderr
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--bogus"], "unrecognized arguments: --bogus"),  # not "the following arguments are required: command"
+    (["--bogus", "ops"], "unrecognized arguments: --bogus"),
+    ([], "a command is required"),
+])
+def test_argument_errors_name_what_is_wrong_first(argv, needle, capsys):
+    with pytest.raises(SystemExit) as e:
+        cli.parse(argv)
+    assert e.value.code == 2 and needle in capsys.readouterr().err
 
 
 # --- every failure a one-line error, found before the expensive work --------------------------------------

@@ -97,7 +97,7 @@ def _tier_arguments(p: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="opbridge", description=__doc__.split("\n")[0])
     _common(parser, "")
-    sub = parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command")
 
     p = _sub(sub, "ops", help="list registered ops, their pieces and kernel tiers")
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -173,7 +173,14 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     >>> args.command, args.ops, args.quiet, args.tier
     ('check', ['a', 'b.py'], True, 'native')
     """
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, unknown = parser.parse_known_args(argv)
+    # NOTE: parse_args would report a missing command before an unknown option: `opbridge --bogus` said
+    # "the following arguments are required: command", hiding the typo
+    if unknown:
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
+    if args.command is None:
+        parser.error("a command is required: one of those in braces above (opbridge -h says what each does)")
     args.ops = args.ops + args.ops_after
     args.quiet = args.quiet or args.quiet_after
     args.verbose = args.verbose or args.verbose_after

@@ -56,6 +56,9 @@ def run_inputs(args) -> str:
     """The inputs file of ``opbridge run`` (``--inputs``, else the one beside the model), once it exists."""
     path = args.inputs or inputs_path(args.model_file)
     if not os.path.isfile(path):
+        # NOTE: a file that is no model is the first thing to fix: its inputs would not help (read only here,
+        # on the way to an error, as a run reads the model once, later)
+        files.load_model(args.model_file, external_data=False)
         raise OpBridgeError(f"no inputs for {args.model_file}. Got no file {path!r}. "
                             "Pass --inputs FILE.npz (arrays keyed by input name), or export with `opbridge export`.")
     return path
