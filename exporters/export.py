@@ -20,7 +20,7 @@ import torch
 from bridge.core.basics import files, torch_compat
 from bridge.core.basics.domains import ONNX_DOMAINS
 from bridge.core.basics.dtypes import torch_dtype
-from bridge.core.basics.errors import OpBridgeError
+from bridge.core.basics.errors import OpBridgeError, raised_at
 from bridge.core.basics.graphs import (
     custom_nodes,
     fold_function_type_probes,
@@ -68,7 +68,8 @@ logging.getLogger(torch_compat.ONNX_REGISTRY_LOGGER).setLevel(logging.ERROR)
 DEFAULT_OPSET = 20
 TORCH_MIN_OPSET = 18  # NOTE: below it, torch.onnx writes 18 and the bridge converts (exporters.bodies.opsets)
 # NOTE: namespaces torch.onnx translates by itself; any other op must come from the registry.
-_TORCH_NAMESPACES = {"aten", "prim", "prims", "_operator", "math", "higher_order", "torchvision"}
+# NOTE: onnx_symbolic: torch.onnx.ops.symbolic's nodes, which torch.onnx writes as the ONNX node they name
+_TORCH_NAMESPACES = {"aten", "prim", "prims", "_operator", "math", "higher_order", "torchvision", "onnx_symbolic"}
 
 
 def _walk(value):
@@ -376,6 +377,51 @@ def export_with_program(model: torch.nn.Module, args: Sequence, f: str | os.Path
     return _export(**bound.arguments)
 
 
+def _trace(model, args: tuple, kwargs, dynamic_shapes) -> torch.export.ExportedProgram:
+    """torch.export's program of the model; what it raises that the user can fix, as the fix."""
+    try:
+        return torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+    except RuntimeError as e:
+        violation = constraint_violation(e, model, args, kwargs, dynamic_shapes)
+        if violation is not None:
+            raise violation from e
+        if "fake tensor in the exported program constant" in str(e):
+            raise OpBridgeError(
+                "torch.export cannot trace a value the model takes from a tensor's .data (pytorch-quantization's "
+                "TensorQuantizer reads its amax buffer as self._amax.data): the value is cut from the graph, "
+                f"and torch.export refuses it. Got: {str(e).splitlines()[0].rstrip('.')}. Read it with "
+                ".detach() instead (newer TensorQuantizers do so under export).") from e
+        if "data is not allocated" not in str(e):
+            raise
+        raise OpBridgeError(
+            "torch.export traced into an op's own (C++) kernel, which reads tensor data that tracing does not "
+            f"have. Got: {str(e).splitlines()[0].rstrip('.')}. Bridge that op with bridge.register('ns::name', "
+            "fake=...): an op whose only kernel is CompositeImplicitAutograd (torch-scatter's, "
+            "torch::RegisterOperators) then stays one node.") from e
+    except OpBridgeError:
+        raise
+    except Exception as e:  # noqa: BLE001  the user's code failed under tracing: say where, once
+        raise _traced_code_error(e) from e
+
+
+# NOTE: frames of these folders are the tracer's and ours; the innermost other one is the user's code that raised
+# (the library's folder: three up from bridge/core/basics/files.py)
+_LIBRARY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(files.__file__))))
+_TRACER_FOLDERS = (os.path.dirname(torch.__file__) + os.sep, _LIBRARY + os.sep,
+                   os.path.dirname(os.path.abspath(__file__)) + os.sep, "<")
+
+
+def _traced_code_error(e: Exception) -> OpBridgeError:
+    """An error of the user's code (a fake kernel, the model's forward) as torch.export traced it: what raised
+    it and where, not torch's 60 frames (the exception is the cause)."""
+    line = (str(e).strip().splitlines() or [""])[0][:200]
+    return OpBridgeError(
+        f"torch.export could not trace the model: code it ran on fake tensors raised an error (each custom op runs "
+        f"its fake kernel there, not its kernel). Got {type(e).__name__}: {line}{raised_at(e, _TRACER_FOLDERS)}. "
+        "Fix that code: a fake computes its outputs' shapes and dtypes from its inputs' alone (try it on tensors "
+        "made with device='meta').")
+
+
 def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opset_version, check, rewrites,
             input_names, output_names, inline, register_functions) -> Exported:
     reg = REGISTRY if registry is None else registry
@@ -387,27 +433,9 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
     watch = _Watch(reg, register_functions)
     routes = function_routes(reg)
     with step("torch.export"), redirect(proxy_targets(reg)), \
-            swap_forwards(routes, watch, function_classes()), symbolic_calls(reg, routes):
-        try:
-            program = torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
-                                          strict=False)
-        except RuntimeError as e:
-            violation = constraint_violation(e, model, args, kwargs, dynamic_shapes)
-            if violation is not None:
-                raise violation from e
-            if "fake tensor in the exported program constant" in str(e):
-                raise OpBridgeError(
-                    "torch.export cannot trace a value the model takes from a tensor's .data (pytorch-quantization's "
-                    "TensorQuantizer reads its amax buffer as self._amax.data): the value is cut from the graph, "
-                    f"and torch.export refuses it. Got: {str(e).splitlines()[0].rstrip('.')}. Read it with "
-                    ".detach() instead (newer TensorQuantizers do so under export).") from e
-            if "data is not allocated" not in str(e):
-                raise
-            raise OpBridgeError(
-                "torch.export traced into an op's own (C++) kernel, which reads tensor data that tracing does not "
-                f"have. Got: {str(e).splitlines()[0].rstrip('.')}. Bridge that op with bridge.register('ns::name', "
-                "fake=...): an op whose only kernel is CompositeImplicitAutograd (torch-scatter's, "
-                "torch::RegisterOperators) then stays one node.") from e
+            swap_forwards(routes, watch, function_classes()), symbolic_calls(reg, routes), \
+            torch_compat.traced_as_torch_onnx():
+        program = _trace(model, args, kwargs, dynamic_shapes)
     for rewrite in DEFAULT_REWRITES if rewrites is None else rewrites:
         program = rewrite(program, reg)
     check_program(program, reg)

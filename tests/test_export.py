@@ -124,6 +124,81 @@ def test_unregistered_custom_op_is_a_clear_error(fresh_name):
         bridge.export(M(), (torch.ones(2),))
 
 
+def test_a_fake_kernel_that_raises_is_named_with_its_line(registry, fresh_name):
+    """A user's fake raising IndexError under export: one OpBridgeError naming the error and the fake's own line,
+    not torch's trace (which stays the cause)."""
+    def fake(x):
+        return x.new_empty(x.shape[5])  # the bug: x has 2 dims
+
+    @bridge.op(fresh_name("badfake"), dtypes=(torch.float32,), fake=fake, registry=registry)
+    def badfake(x: torch.Tensor) -> torch.Tensor:
+        return x.clone()
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return badfake(x) + 1
+
+    with pytest.raises(bridge.OpBridgeError) as info:
+        bridge.export(M(), (torch.randn(2, 3),), registry=registry)
+    message = str(info.value)
+    assert "Got IndexError: tuple index out of range" in message, message
+    assert f"({__file__}:{fake.__code__.co_firstlineno + 1} in fake)" in message, message
+    assert isinstance(info.value.__cause__, IndexError)
+
+
+class _ExportBranch(torch.nn.Module):
+    """torch's documented pattern for a node of an ONNX op of one's own (torch.onnx.ops.symbolic's docstring): the
+    node under ``torch.onnx.is_in_onnx_export()``, plain torch otherwise."""
+
+    def forward(self, x):
+        x = x + 1
+        if torch.onnx.is_in_onnx_export():
+            y = torch.onnx.ops.symbolic("custom_domain::CustomOp", (x,), {"alpha": 0.5, "mode": "a", "k": [1, 2]},
+                                        dtype=x.dtype, shape=x.shape, version=1)
+        else:
+            y = x * 0.5
+        return torch.relu(y)
+
+
+def _nodes(graph: onnx.GraphProto) -> list:
+    return [(n.domain, n.op_type, [(a.name, onnx.helper.get_attribute_value(a)) for a in n.attribute])
+            for n in graph.node]
+
+
+def test_the_model_is_traced_as_torch_onnx_traces_it():
+    """While bridge.export traces, torch.onnx.is_in_onnx_export() is True, as in torch.onnx.export(dynamo=True):
+    the branch written for export is the one exported (the node torch.onnx.ops.symbolic names, as torch.onnx writes
+    it); eager, before and after, takes the other."""
+    x = torch.randn(2, 3)
+    ours = bridge.export(_ExportBranch(), (x,), opset_version=20)
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = torch.onnx.export(_ExportBranch(), (x,), dynamo=True, opset_version=20).model_proto
+    assert _nodes(ours.graph) == _nodes(theirs.graph)
+    assert _nodes(ours.graph)[1] == ("custom_domain", "CustomOp", [("alpha", 0.5), ("mode", b"a"), ("k", [1, 2])])
+    assert {(o.domain, o.version) for o in ours.opset_import} >= {("custom_domain", 1)}
+    assert not torch.onnx.is_in_onnx_export()
+    torch.testing.assert_close(_ExportBranch()(x), torch.relu((x + 1) * 0.5))
+    # NOTE: no tier has a kernel for an op no registry knows: each says so and names the way out
+    with pytest.raises(bridge.OpBridgeError, match=r"no C\+\+ kernel for custom_domain::CustomOp.*native_library="):
+        bridge.session(ours.SerializeToString(), tier="native")
+
+
+class _Flatten(torch.nn.Module):
+    def forward(self, x):
+        return torch.ops.opbridge.identity_conv(x, 3).reshape(x.shape[0], -1) * 2
+
+
+def test_a_dynamic_batch_exported_from_a_batch_of_one_stays_dynamic():
+    """A deployment export: example batch 1, the batch marked dynamic. torch.onnx.export(dynamo=True) keeps it
+    dynamic (size 0/1 examples traced size-obliviously); so does bridge.export, and the file runs other batches."""
+    batch = torch.export.Dim("batch")
+    x = torch.randn(1, 3, 4, 4)
+    proto = bridge.export(_Flatten(), (x,), dynamic_shapes=({0: batch},))
+    assert proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    bridge.assert_parity(_Flatten(), (x,), dynamic_shapes=({0: batch},), extra_args=[(torch.randn(3, 3, 4, 4),)])
+
+
 def test_bad_attribute_value_fails_at_export_with_the_op_message():
     class M(torch.nn.Module):
         def forward(self, x):

@@ -132,6 +132,62 @@ class NMSModel(torch.nn.Module):
         return mmcv_nms(boxes, scores, **self.cfg)
 
 
+# NOTE: mmcv 1.7.2's batched_nms finds its nms op by name (eval(nms_cfg['type'])): mmcv's nms, as above
+nms = mmcv_nms
+
+
+# -- mmcv 1.7.2 mmcv/ops/nms.py batched_nms (axis-aligned boxes): one nms of offset boxes, or, past split_thr boxes
+# and not under torch.onnx.is_in_onnx_export(), one nms per class in a loop over torch.unique(idxs) -------------------
+def batched_nms(boxes, scores, idxs, nms_cfg, class_agnostic=False):
+    if nms_cfg is None:
+        scores, inds = scores.sort(descending=True)
+        boxes = boxes[inds]
+        return torch.cat([boxes, scores[:, None]], -1), inds
+    nms_cfg_ = nms_cfg.copy()
+    class_agnostic = nms_cfg_.pop("class_agnostic", class_agnostic)
+    if class_agnostic:
+        boxes_for_nms = boxes
+    else:
+        max_coordinate = boxes.max()
+        offsets = idxs.to(boxes) * (max_coordinate + torch.tensor(1).to(boxes))
+        boxes_for_nms = boxes + offsets[:, None]
+    nms_type = nms_cfg_.pop("type", "nms")
+    nms_op = eval(nms_type)
+    split_thr = nms_cfg_.pop("split_thr", 10000)
+    # Won't split to multiple nms nodes when exporting to onnx
+    if boxes_for_nms.shape[0] < split_thr or torch.onnx.is_in_onnx_export():
+        dets, keep = nms_op(boxes_for_nms, scores, **nms_cfg_)
+        boxes = boxes[keep]
+        scores = dets[:, -1]
+    else:
+        max_num = nms_cfg_.pop("max_num", -1)
+        total_mask = scores.new_zeros(scores.size(), dtype=torch.bool)
+        scores_after_nms = scores.new_zeros(scores.size())
+        for id in torch.unique(idxs):
+            mask = (idxs == id).nonzero(as_tuple=False).view(-1)
+            dets, keep = nms_op(boxes_for_nms[mask], scores[mask], **nms_cfg_)
+            total_mask[mask[keep]] = True
+            scores_after_nms[mask[keep]] = dets[:, -1]
+        keep = total_mask.nonzero(as_tuple=False).view(-1)
+        scores, inds = scores_after_nms[keep].sort(descending=True)
+        keep = keep[inds]
+        boxes = boxes[keep]
+        if max_num > 0:
+            keep = keep[:max_num]
+            boxes = boxes[:max_num]
+            scores = scores[:max_num]
+    boxes = torch.cat([boxes, scores[:, None]], -1)
+    return boxes, keep
+
+
+class BatchedNMSModel(torch.nn.Module):
+    """As mmdet 2.x's bbox heads call it: ``batched_nms(boxes, scores, labels, cfg.nms)``, here with a split_thr
+    below the box count, so eager loops over the classes (mmdet's default 10000 does so on crowded images)."""
+
+    def forward(self, boxes, scores, labels):
+        return batched_nms(boxes, scores, labels, dict(type="nms", iou_threshold=0.5, split_thr=8))
+
+
 def nms_fake(bboxes, scores, *rest):  # NOTE: mmcv's kernel keeps a data-dependent count
     return bboxes.new_empty(torch.library.get_ctx().new_dynamic_size(), dtype=torch.long)
 
@@ -399,6 +455,25 @@ def test_mmcv1_nms_with_a_score_threshold_and_a_cap(reg, mmcv_ops):
                                                        r"node .* the value the first export call gave \(forward has no "
                                                        r"default\) 0\.3\. Got score_threshold=0\.2\."):
             bridge.export(NMSModel(iou_threshold=0.5, score_threshold=0.2, max_num=3), args, registry=reg)
+
+
+def test_mmcv1_batched_nms_exports_the_branch_it_writes_for_onnx(reg, mmcv_ops):
+    """Traced with torch.onnx.is_in_onnx_export() True, as torch.onnx.export(dynamo=True) traces: one nms node over
+    the class-offset boxes (the branch mmcv writes for export; the per-class loop over torch.unique cannot be
+    traced), mmcv's node where its ops were built; its results equal eager's per-class loop, box for box."""
+    bridge.register(NMSop, registry=reg, fake=nms_fake)
+    g = torch.Generator().manual_seed(3)
+    model = BatchedNMSModel()
+    cases = [(*nms_case(n, s), torch.randint(0, 3, (n,), generator=g)) for n, s in ((12, 0), (30, 2), (9, 1))]
+    # NOTE: mmcv's `shape[0] < split_thr` is a guard torch.export keeps (as torch.onnx.export's trace does): n >= 8
+    boxes_n = torch.export.Dim("boxes_n", min=8)
+    dynamic = ({0: boxes_n}, {0: boxes_n}, {0: boxes_n})
+    ours = bridge.export(model, cases[0], registry=reg, opset_version=17, dynamic_shapes=dynamic)
+    kinds = [(n.domain, n.op_type) for n in ours.graph.node]
+    assert kinds.count(("mmcv", "NonMaxSuppression") if mmcv_ops else ("", "NonMaxSuppression")) == 1, kinds
+    assert not any(op in {t for _, t in kinds} for op in ("Loop", "Unique")), kinds
+    for tier in ("python",) if mmcv_ops else ("function", "python"):
+        bridge.assert_parity(model, cases[0], registry=reg, tier=tier, dynamic_shapes=dynamic, extra_args=cases[1:])
 
 
 def test_mmcv1_nms_tensorrt_backend_takes_the_standard_branch(reg, monkeypatch):

@@ -14,7 +14,6 @@ import os
 import platform
 import sys
 import time
-import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,7 +24,7 @@ import torch
 
 from bridge.core import cppbuild
 from bridge.core.basics import files
-from bridge.core.basics.errors import OpBridgeError
+from bridge.core.basics.errors import OpBridgeError, raised_at
 from bridge.core.basics.graphs import custom_nodes, nonstandard_ops
 from bridge.core.basics.progress import enable as enable_progress
 from bridge.core.basics.progress import format_table
@@ -46,16 +45,17 @@ from ort_kernels import build, tiers
 from ort_kernels.libraries import user_libraries
 
 # NOTE: an import error's location is shown only where it is the user's code, never opbridge's own
-_OWN_PACKAGE = str(Path(__file__).resolve().parents[1]) + os.sep
+_NOT_THE_MODULE = (str(Path(__file__).resolve().parents[1]) + os.sep, os.path.dirname(importlib.__file__) + os.sep,
+                   "<frozen importlib")
 
 
 def _import_error(name: str, e: BaseException, option: str = "--ops") -> OpBridgeError:
     """The module's own error, its last frame inside the module, not a traceback of the CLI."""
-    frames = [f for f in traceback.extract_tb(e.__traceback__)
-              if "importlib" not in f.filename and not f.filename.startswith(_OWN_PACKAGE)]
-    where = f" ({frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    where = raised_at(e, _NOT_THE_MODULE)
+    # NOTE: our own message quoted once: no second "opbridge: ", and its period after the location
+    text = str(e).removeprefix("opbridge: ").rstrip(". ")
     what = "op module" if option == "--ops" else "module"
-    return OpBridgeError(f"cannot import {what} {name!r}. Got {type(e).__name__}: {e}{where}. Fix the module, "
+    return OpBridgeError(f"cannot import {what} {name!r}. Got {type(e).__name__}: {text}{where}. Fix the module, "
                          f"or pass a module name importable from here or a path to a .py file to {option}.")
 
 

@@ -1,6 +1,7 @@
 """The one exception type the bridge raises for user-facing problems."""
 
 import re
+import traceback
 
 # NOTE: a quoted message of another library's that ends in a period, followed by the bridge's ". Do Y."
 _DOUBLE_STOP = re.compile(r"(?<![./])\.\.(?= )")
@@ -38,3 +39,20 @@ class BuildError(OpBridgeError):
         super().__init__(message)
         self.cause = cause
         self.detail = detail
+
+
+def raised_at(e: BaseException, skip: tuple[str, ...]) -> str:
+    """`` (FILE:LINE in FUNCTION)`` of the innermost frame of ``e``'s traceback whose file name starts with none
+    of ``skip`` (the folders of opbridge and of the library that called the user's code); "" when none is left.
+
+    Example:
+        >>> def users_code():
+        ...     return ()[1]
+        >>> try:
+        ...     users_code()
+        ... except IndexError as e:
+        ...     raised_at(e, skip=()).endswith("in users_code)")
+        True
+    """
+    frames = [f for f in traceback.extract_tb(e.__traceback__) if not f.filename.startswith(skip)]
+    return f" ({frames[-1].filename}:{frames[-1].lineno} in {frames[-1].name})" if frames else ""

@@ -42,6 +42,11 @@ try:  # NOTE: torch.onnx's exporter pieces (2.12-2.15), to build its op registry
 except ImportError:  # pragma: no cover  another torch: callers use the public torch.onnx.export
     _EXPORTER = False
 
+try:  # NOTE: the flag torch.onnx.is_in_onnx_export() reads while torch.onnx.export(dynamo=True) runs (2.12-2.15)
+    from torch.onnx._internal.exporter import _flags as _onnx_flags
+except ImportError:  # pragma: no cover  another torch: traced_as_torch_onnx() leaves the flag as it is
+    _onnx_flags = None  # type: ignore[assignment]
+
 try:  # NOTE: torch.onnx's TorchScript exporter (2.12-2.15 ship it, deprecated): symbolics run on its own graph
     from torch.onnx._internal.torchscript_exporter import jit_utils as _ts_jit_utils
     from torch.onnx._internal.torchscript_exporter import registration as _ts_registration
@@ -217,6 +222,32 @@ def onnx_export(program: Any, registry: Any, opset: int) -> Any:
     (:func:`onnx_registry`); the caller optimizes the ONNXProgram (its public ``optimize()``)."""
     return _onnx_core.export(program, registry=registry, optimize=False, verify=False, opset_version=opset,
                              verbose=False)
+
+
+@contextlib.contextmanager
+def traced_as_torch_onnx():
+    """Inside, torch.export traces as ``torch.onnx.export(dynamo=True)`` has it trace (its ``_core.export`` and
+    non-strict capture strategy): ``torch.onnx.is_in_onnx_export()`` is True (upstream code branches on it: mmcv's
+    batched_nms, ``torch.onnx.ops.symbolic`` under ``if torch.onnx.is_in_onnx_export():``), and a dynamic dim whose
+    example size is 0 or 1 stays dynamic (``backed_size_oblivious``: a batch of 1 for a dynamic batch).
+
+    >>> with traced_as_torch_onnx():
+    ...     torch.onnx.is_in_onnx_export()
+    True
+    >>> torch.onnx.is_in_onnx_export()
+    False
+    """
+    oblivious = (torch.fx.experimental._config.patch(backed_size_oblivious=True)  # type: ignore[attr-defined]
+                 if hasattr(torch.fx.experimental._config, "backed_size_oblivious") else contextlib.nullcontext())
+    before = None if _onnx_flags is None else _onnx_flags._is_onnx_exporting
+    if _onnx_flags is not None:
+        _onnx_flags._is_onnx_exporting = True
+    try:
+        with oblivious:
+            yield
+    finally:
+        if _onnx_flags is not None:
+            _onnx_flags._is_onnx_exporting = before
 
 
 def fake_mode(*, shape_env: bool = False) -> FakeTensorMode:
