@@ -636,6 +636,8 @@ def _dim_sites(model, args: Sequence, kwargs: dict | None, dynamic_shapes) -> di
 
 _SPECIALISED = re.compile(r"You marked (\S+) as dynamic but your code specialized it to be a constant \((-?\d+)\)")
 _SOURCE = re.compile(r"L\['(?:args'\]\[\d+\]\[)?'?(\w+)'?\]\.size\(\)\[(\d+)\]")
+# NOTE: torch.export's own fixes, one per line under this heading (``n_feat = n_depth``: one Dim for both)
+_SUGGESTED = re.compile(r"^Suggested fixes:\n((?:[ \t]+\S.*\n?)+)", re.M)
 
 
 def constraint_violation(error: BaseException, model, args: Sequence, kwargs: dict | None,
@@ -670,9 +672,14 @@ def constraint_violation(error: BaseException, model, args: Sequence, kwargs: di
     line = next((ln.strip(" -") for ln in text.splitlines()[1:] if ln.strip(" -")), "")
     what = (f"the model's code fixes it to {found.group(2)}" if found
             else f"the model's code restricts it ({line[:200]})")
+    suggested = _SUGGESTED.search(text)
+    fixes = "; ".join(ln.strip() for ln in suggested.group(1).splitlines() if ln.strip()) if suggested else ""
+    # NOTE: where torch.export suggests fixes (sizes that must be equal: one Dim object for both), they come first
+    fix = (f"Apply torch.export's suggested fixes to dynamic_shapes ({fixes[:300]}: one Dim object where sizes "
+           "must be equal), or look" if fixes else "Look")
     return OpBridgeError(
         f"torch.export could not keep {where} dynamic: {what}. Got a constraint violation from torch.export. "
-        "Look in the model for a len() of that input or an .item() turned into a size, and compute with "
+        f"{fix} in the model for a len() of that input or an .item() turned into a size, and compute with "
         "tensor sizes (x.shape[0]) instead; state what holds with torch._check(...); or mark the dimension "
         "static (rerun with --verbose, or read the exception's __cause__, for torch's full trace).")
 

@@ -17,6 +17,7 @@ from op_db import TIERS
 import bridge
 import custom_ops.demo as demo
 from bridge.core.basics import torch_compat
+from custom_ops.bev_pool_v2 import random_case
 from exporters.bodies.translation import translation_table
 from exporters.derive.cache import CACHE
 from exporters.export import DEFAULT_OPSET, to_onnx
@@ -197,6 +198,27 @@ def test_a_dynamic_batch_exported_from_a_batch_of_one_stays_dynamic():
     proto = bridge.export(_Flatten(), (x,), dynamic_shapes=({0: batch},))
     assert proto.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
     bridge.assert_parity(_Flatten(), (x,), dynamic_shapes=({0: batch},), extra_args=[(torch.randn(3, 3, 4, 4),)])
+
+
+class _BevPool(torch.nn.Module):
+    def forward(self, depth, feat, ranks_depth, ranks_feat, ranks_bev, starts, lengths):
+        return torch.ops.bev.bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, [1, 2, 4, 5, 6], starts,
+                                         lengths)
+
+
+def test_sizes_the_op_needs_equal_marked_with_two_dims_name_torchs_fix():
+    """Each rank array marked with a Dim of its own: bev_pool_v2 needs one length per point, torch.export refuses
+    and suggests one Dim; the error quotes its fixes first, and with them the export keeps the points dynamic."""
+    depth, feat, rd, rf, rb, _, starts, lengths = random_case()
+    args = (depth, feat, rd, rf, rb, starts, lengths)
+    n_depth, n_feat, n_bev, n_int = (torch.export.Dim(n) for n in ("n_depth", "n_feat", "n_bev", "n_int"))
+    with pytest.raises(bridge.OpBridgeError, match=r"Apply torch.export's suggested fixes to dynamic_shapes "
+                                                   r"\(n_bev = n_depth; n_feat = n_depth: one Dim object"):
+        bridge.export(_BevPool(), args, dynamic_shapes=(None, None, {0: n_depth}, {0: n_feat}, {0: n_bev},
+                                                         {0: n_int}, {0: n_int}))
+    proto = bridge.export(_BevPool(), args, dynamic_shapes=(None, None, {0: n_depth}, {0: n_depth}, {0: n_depth},
+                                                            {0: n_int}, {0: n_int}))
+    assert [i.type.tensor_type.shape.dim[0].dim_param for i in proto.graph.input[2:]] == ["n_depth"] * 3 + ["n_int"] * 2
 
 
 def test_bad_attribute_value_fails_at_export_with_the_op_message():
