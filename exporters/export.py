@@ -10,7 +10,7 @@ import logging
 import os
 import re
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import onnx
@@ -56,6 +56,7 @@ from exporters.names import (
     name_graph_io,
     name_proxy_outputs,
     rename_dims,
+    shapes_from_axes,
     snake_case,
 )
 from exporters.portable import relativize_paths, stamp_ir_version
@@ -322,6 +323,7 @@ def export(
     output_names: Sequence[str] | None = None,
     inline: bool = False,
     register_functions: bool = False,
+    dynamic_axes: Mapping[str, Mapping[int, str] | Sequence[int]] | None = None,
 ) -> onnx.ModelProto:
     """Export ``model`` with every registered custom op; return (and write to ``f``) the ModelProto.
 
@@ -338,7 +340,9 @@ def export(
     multi-output custom nodes are ``<op>_out<i>``. A ``torch.autograd.Function`` registered with
     ``bridge.register(Cls)`` is recorded as the node its ``symbolic`` writes; one reached unregistered
     that has a ``symbolic`` is traced through as torch does, with a warning (once per Function), or
-    registered on the spot with ``register_functions=True`` (``bridge.core.functions``).
+    registered on the spot with ``register_functions=True`` (``bridge.core.functions``). ``dynamic_axes``,
+    as code written for ``torch.onnx.export`` passes it, stands for ``dynamic_shapes``
+    (``exporters.names.shapes_from_axes``: one ``torch.export.Dim`` per dim name).
 
     Example:
         >>> import torch, bridge, custom_ops
@@ -352,7 +356,7 @@ def export(
     return _export(model, args, f, kwargs=kwargs, dynamic_shapes=dynamic_shapes, registry=registry,
                    functions=functions, opset_version=opset_version, check=check, rewrites=rewrites,
                    input_names=input_names, output_names=output_names, inline=inline,
-                   register_functions=register_functions).proto
+                   register_functions=register_functions, dynamic_axes=dynamic_axes).proto
 
 
 def export_with_program(model: torch.nn.Module, args: Sequence, f: str | os.PathLike | None = None,
@@ -423,9 +427,14 @@ def _traced_code_error(e: Exception) -> OpBridgeError:
 
 
 def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opset_version, check, rewrites,
-            input_names, output_names, inline, register_functions) -> Exported:
+            input_names, output_names, inline, register_functions, dynamic_axes) -> Exported:
     reg = REGISTRY if registry is None else registry
     args = tuple(args)
+    if dynamic_axes is not None:
+        if dynamic_shapes is not None:
+            raise OpBridgeError("dynamic_axes and dynamic_shapes both given. Got both. Pass one (dynamic_shapes: "
+                                "torch.export's form; dynamic_axes: torch.onnx.export's, turned into it).")
+        dynamic_shapes = shapes_from_axes(model, args, kwargs, dynamic_axes, input_names, output_names)
     _check_opset(opset_version)
     if f is not None:
         files.check_writable(f, what="model")  # NOTE: a path that cannot be written fails before the export

@@ -111,3 +111,48 @@ def rename_dims(model: ir.Model, mapping: dict[str, str]) -> bool:
         value.shape = shape.copy()  # NOTE: values may share a shape: each gets its own
         value.shape[i] = ir.SymbolicDim(pattern.sub(lambda m: mapping[m.group(1)], dim))
     return bool(dims)
+
+
+def shapes_from_axes(model: torch.nn.Module, args: Sequence, kwargs: dict | None,
+                     dynamic_axes: Mapping[str, Mapping[int, str] | Sequence[int]], input_names: Sequence[str] | None,
+                     output_names: Sequence[str] | None) -> dict[str, dict[int, object] | None]:
+    """torch.onnx.export's ``dynamic_axes`` (``{input name: {axis: dim name}}`` or ``{input name: [axes]}``) as
+    ``dynamic_shapes`` keyed by ``forward``'s parameter names. Input names are ``input_names`` (in the order of the
+    tensor arguments), else the parameters'. One ``torch.export.Dim`` per dim name: inputs that share a name share
+    the size, as one ``dim_param`` in an ONNX file says; an axis given without a name is named as the TorchScript
+    exporter named it (``<input>_dynamic_axes_<n>``). Outputs are skipped: their dims follow the inputs'.
+
+    Example:
+        >>> class M(torch.nn.Module):
+        ...     def forward(self, boxes, scores, k: int):
+        ...         return boxes[:, :2] * scores[:, None] * k
+        >>> shapes = shapes_from_axes(M(), (torch.ones(5, 4), torch.ones(5), 2), None,
+        ...                           {"b": {0: "n"}, "s": {0: "n"}, "out": [0]}, ["b", "s"], ["out"])
+        >>> {p: {a: d.__name__ for a, d in s.items()} if s else s for p, s in shapes.items()}
+        {'boxes': {0: 'n'}, 'scores': {0: 'n'}, 'k': None}
+    """
+    bound = inspect.signature(model.forward).bind(*args, **(kwargs or {}))
+    tensors = [p for p, v in bound.arguments.items() if isinstance(v, torch.Tensor)]
+    named = {(input_names[i] if input_names and i < len(input_names) else p): p for i, p in enumerate(tensors)}
+    dims: dict[str, object] = {}
+    shapes: dict[str, dict[int, object] | None] = {p: None for p in bound.arguments}
+    for key, axes in dynamic_axes.items():
+        if key in (output_names or ()):
+            continue
+        if key not in named:
+            raise OpBridgeError(
+                f"dynamic_axes names {key!r}, which is no tensor input of the model. Got inputs {list(named)}"
+                f"{f' and outputs {list(output_names)}' if output_names else ''}. Key dynamic_axes by input name "
+                "(input_names=, else forward's parameter names); an output's dims follow the inputs'.")
+        param = named[key]
+        rank = bound.arguments[param].dim()
+        pairs = axes.items() if isinstance(axes, Mapping) else [(a, f"{key}_dynamic_axes_{n + 1}")
+                                                                for n, a in enumerate(axes)]
+        spec = shapes[param] = {}
+        for axis, name in pairs:
+            if not (isinstance(axis, int) and -rank <= axis < rank) or not str(name).isidentifier():
+                raise OpBridgeError(
+                    f"dynamic_axes[{key!r}] must map axes of that {rank}-d input to dim names that are Python "
+                    f"identifiers (torch.export.Dim's names). Got {axis!r}: {name!r}. Pass e.g. {{0: 'batch'}}.")
+            spec[axis % rank] = dims.setdefault(name, torch.export.Dim(name))
+    return shapes

@@ -221,6 +221,48 @@ def test_sizes_the_op_needs_equal_marked_with_two_dims_name_torchs_fix():
     assert [i.type.tensor_type.shape.dim[0].dim_param for i in proto.graph.input[2:]] == ["n_depth"] * 3 + ["n_int"] * 2
 
 
+POOL_INPUTS = ["depth", "feat", "ranks_depth", "ranks_feat", "ranks_bev", "interval_starts", "interval_lengths"]
+
+
+def test_dynamic_axes_as_torch_onnx_export_takes_them():
+    """A deploy script's call, swapped from torch.onnx.export: input_names and dynamic_axes with a name per axis.
+    Inputs that share a name share one Dim; the file names each dim as given and runs other point counts."""
+    depth, feat, rd, rf, rb, _, starts, lengths = random_case()
+    axes = {"ranks_depth": {0: "n_points"}, "ranks_feat": {0: "n_points"}, "ranks_bev": {0: "n_points"},
+            "interval_starts": {0: "n_intervals"}, "interval_lengths": {0: "n_intervals"}, "bev": {0: "batch"}}
+    proto = bridge.export(_BevPool(), (depth, feat, rd, rf, rb, starts, lengths), input_names=POOL_INPUTS,
+                          output_names=["bev"], dynamic_axes=axes)
+    assert [(i.name, [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim]) for i in proto.graph.input][2:] \
+        == [(n, [a[0]]) for n, a in ((k, list(axes[k].values())) for k in POOL_INPUTS[2:])]
+    other = random_case(seed=4)
+    args = other[:5] + other[6:]
+    sess = bridge.session(proto.SerializeToString())
+    torch.testing.assert_close(torch.from_numpy(bridge.parity.run_ort(sess, args)[0]), _BevPool()(*args))
+
+
+class _Scale(torch.nn.Module):
+    def forward(self, x, y, k: int = 2):
+        return x * y.mean() * k
+
+
+def test_dynamic_axes_in_list_form_and_their_errors():
+    """{input: [axes]} names each axis as the TorchScript exporter did; parameter names serve without input_names;
+    a name that is no input, an axis out of range, a name no Dim takes, both forms at once: each refused by name."""
+    x, y = torch.randn(2, 3), torch.randn(4)
+    proto = bridge.export(_Scale(), (x, y), dynamic_axes={"x": [0, 1], "y": {0: "m"}})
+    assert [[d.dim_param for d in i.type.tensor_type.shape.dim] for i in proto.graph.input] == \
+        [["x_dynamic_axes_1", "x_dynamic_axes_2"], ["m"]]
+    with pytest.raises(bridge.OpBridgeError, match=r"dynamic_axes names 'z', which is no tensor input of the model\. "
+                                                   r"Got inputs \['x', 'y'\]"):
+        bridge.export(_Scale(), (x, y), dynamic_axes={"z": [0]})
+    with pytest.raises(bridge.OpBridgeError, match=r"dynamic_axes\['x'\] must map axes of that 2-d input .* Got 2: "):
+        bridge.export(_Scale(), (x, y), dynamic_axes={"x": [2]})
+    with pytest.raises(bridge.OpBridgeError, match=r"Got 0: 'batch size'"):
+        bridge.export(_Scale(), (x, y), dynamic_axes={"x": {0: "batch size"}})
+    with pytest.raises(bridge.OpBridgeError, match="dynamic_axes and dynamic_shapes both given"):
+        bridge.export(_Scale(), (x, y), dynamic_axes={"x": [0]}, dynamic_shapes=({0: torch.export.Dim("b")}, None))
+
+
 def test_bad_attribute_value_fails_at_export_with_the_op_message():
     class M(torch.nn.Module):
         def forward(self, x):
