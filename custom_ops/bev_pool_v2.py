@@ -22,7 +22,7 @@ from bridge import SampleInput, checks
 
 DOMAIN = values.Opset("bev", 1)
 DOUBLE_ZERO = onnx.helper.make_tensor("zero", onnx.TensorProto.DOUBLE, [], [0.0])
-# NOTE: [0.0]: the zero element put before the depth values, broadcast to the zero feature row
+# NOTE: [0.0]: the zero element put after the depth values, broadcast to the zero feature row
 DOUBLE_ZERO1 = onnx.helper.make_tensor("zero", onnx.TensorProto.DOUBLE, [1], [0.0])
 FLOAT_ZERO1 = onnx.helper.make_tensor("zero", onnx.TensorProto.FLOAT, [1], [0.0])
 FLOAT32 = onnx.TensorProto.FLOAT
@@ -33,9 +33,9 @@ WIDE_PROBE = onnx.helper.make_tensor("probe", onnx.TensorProto.DOUBLE, [], [1e-3
 # batched MatMul pays per row, so 16 (1.6x fewer rows than 8 at BEVDet size, where the mean
 # interval is ~18 points) is faster although it pads more.
 CHUNK = 16
-SLOTS = list(range(1, CHUNK + 1))
-INT32_ZERO = onnx.helper.make_tensor("zero", onnx.TensorProto.INT32, [1], [0])
-INT32_ONE = onnx.helper.make_tensor("one", onnx.TensorProto.INT32, [], [1])
+SLOTS = list(range(CHUNK))
+# NOTE: the pad entry put after ranks_feat (and ranks_bev): -1, the last entry, read by index -1
+INT32_PAD = onnx.helper.make_tensor("pad", onnx.TensorProto.INT32, [1], [-1])
 _INDEX_NAMES = ("ranks_depth", "ranks_feat", "ranks_bev", "interval_starts", "interval_lengths")
 
 
@@ -134,7 +134,7 @@ def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts
     # NOTE: segment sums that never mix cells and that onnxruntime runs fast and deterministically.
     # The guards (CHECKS) run first: every index below is in range.
     # 1. Intervals, in the order given, are cut into chunks of CHUNK points, the last one padded;
-    #    padding reads a zero depth value and a zero feature row put in front (0 * 0 = 0).
+    #    padding reads index -1: a zero depth value and a zero feature row put at the end (0 * 0 = 0).
     #    A chunk's sum is one batched MatMul row: [1, CHUNK] depth values x [CHUNK, C] feature rows.
     # 2. Every chunk row is added into its cell of the zero grid by one ScatterElements-add, in row
     #    order (onnxruntime runs it serially: deterministic, a cell's rows add in its intervals'
@@ -144,15 +144,18 @@ def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts
     # prefix-sum differences were tried and dropped: one Inf/NaN or huge value spoils every later
     # cell). Chunk sums accumulate in float64 for float64 input, else in float32 (float16 too);
     # the rest in float64.
+    # NOTE: GatherElements, not Gather, for every gather of single elements (all 1-D here): onnxruntime's
+    # Gather copies element by element through a generic row copy, ~6x slower per element at BEVDet size
     zero, one = op.Constant(value_int=0), op.Constant(value_int=1)
     zero1, one1, minus1 = op.Constant(value_ints=[0]), op.Constant(value_ints=[1]), op.Constant(value_ints=[-1])
     width = op.Constant(value_ints=[CHUNK])
     shape = op.Constant(value_ints=bev_feat_shape)
     lengths = op.Cast(interval_lengths, to=INT64.dtype)
     starts = op.Cast(interval_starts, to=INT64.dtype)
-    # an empty interval may start at the end: the pad entry
-    cell = op.Gather(op.Concat(ranks_bev, op.Constant(value=INT32_ZERO), axis=0), starts)
-    # 1. chunks: the interval (owner) of each row, the points of its slots (1-based; 0 pads)
+    pad = op.Constant(value=INT32_PAD)
+    # an empty interval may start at the end: the pad entry (its cell is never read: it has no rows)
+    cell = op.GatherElements(op.Concat(ranks_bev, pad, axis=0), starts)
+    # 1. chunks: the interval (owner) of each row, the points of its slots (-1 pads)
     chunks = op.Div(op.Add(lengths, op.Constant(value_ints=[CHUNK - 1])), width)
     chunk_offsets = op.CumSum(chunks, zero, exclusive=1)
     n_rows = op.ReduceSum(chunks, keepdims=1)
@@ -164,12 +167,13 @@ def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts
     # NOTE: the row index as a CumSum over the rows (not Range(0, n_rows)): onnxruntime's symbolic
     # shape inference (quant_pre_process, no auto_merge) then sees it has owner's length
     row = op.CumSum(op.Expand(one, op.Shape(owner)), zero, exclusive=1)
-    done = op.Mul(op.Sub(row, op.Gather(chunk_offsets, owner)), width)
+    done = op.Mul(op.Sub(row, op.GatherElements(chunk_offsets, owner)), width)
     slots = op.Constant(value_ints=SLOTS)
-    valid = op.LessOrEqual(slots, op.Unsqueeze(op.Sub(op.Gather(lengths, owner), done), minus1))
-    point = op.Where(valid, op.Add(op.Unsqueeze(op.Add(op.Gather(starts, owner), done), minus1), slots), zero)
-    one32 = op.Constant(value=INT32_ONE)
-    rf = op.Gather(op.Concat(op.Constant(value=INT32_ZERO), op.Add(ranks_feat, one32), axis=0), point)
+    valid = op.Less(slots, op.Unsqueeze(op.Sub(op.GatherElements(lengths, owner), done), minus1))
+    # flat: GatherElements takes indices of its data's rank
+    point = op.Reshape(op.Where(valid, op.Add(op.Unsqueeze(op.Add(op.GatherElements(starts, owner), done), minus1),
+                                              slots), minus1), minus1)
+    rf = op.Reshape(op.GatherElements(op.Concat(ranks_feat, pad, axis=0), point), op.Constant(value_ints=[-1, CHUNK]))
     depth_flat = op.Reshape(depth, minus1)
     # NOTE: Flatten, not Reshape to [-1, C]: with C = 0 the -1 would be ambiguous
     feat_rows = op.Flatten(feat, axis=4)
@@ -177,26 +181,31 @@ def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts
     # Not Concat([1], Shape(feat, start=4)): onnx-graphsurgeon 0.6.1 folds a Shape with start= to the
     # whole shape; nor a Gather from the bev_feat_shape constant: symbolic_shape_infer misreads it
     pad_row = op.Shape(op.Slice(feat_rows, zero1, one1))
+    # 2. every row's element (cell, c) at cell * C + c of the flat grid
+    # NOTE: flat (1-D), not axis 0 of [cells, C]: onnxruntime's ScatterElements costs ~3x per element
+    # on the 2-D grid. C is the product of pad_row ([1, C]), for the reasons noted there.
+    row_cell = op.Cast(op.GatherElements(cell, owner), to=INT64.dtype)
+    channels = op.ReduceProd(pad_row, keepdims=0)
+    flat = op.Reshape(op.Add(op.Mul(op.Unsqueeze(row_cell, minus1), channels), op.Range(zero, channels, one)), minus1)
+    chunk_shape = op.Constant(value_ints=[-1, 1, CHUNK])
     # NOTE: depth values gathered per point (by ranks_depth), then per padded slot: one gather over the
     # padded slots fewer than gathering their depth indices first
     if op.Cast(op.CastLike(op.Constant(value=WIDE_PROBE), feat), to=BOOL.dtype):
         z64 = op.Constant(value=DOUBLE_ZERO1)
-        d64 = op.Gather(op.Concat(z64, op.Cast(op.Gather(depth_flat, ranks_depth), to=DOUBLE.dtype), axis=0), point)
-        f64 = op.Gather(op.Concat(op.Expand(z64, pad_row), op.Cast(feat_rows, to=DOUBLE.dtype), axis=0), rf)
-        part = op.MatMul(op.Unsqueeze(d64, one1), f64)
+        d64 = op.GatherElements(op.Concat(op.Cast(op.GatherElements(depth_flat, ranks_depth), to=DOUBLE.dtype), z64,
+                                          axis=0), point)
+        f64 = op.Gather(op.Concat(op.Cast(feat_rows, to=DOUBLE.dtype), op.Expand(z64, pad_row), axis=0), rf)
+        part = op.MatMul(op.Reshape(d64, chunk_shape), f64)
     else:
         z32 = op.Constant(value=FLOAT_ZERO1)
-        d32 = op.Gather(op.Concat(z32, op.Cast(op.Gather(depth_flat, ranks_depth), to=FLOAT32), axis=0), point)
-        f32 = op.Gather(op.Concat(op.Expand(z32, pad_row), op.Cast(feat_rows, to=FLOAT32), axis=0), rf)
-        part = op.Cast(op.MatMul(op.Unsqueeze(d32, one1), f32), to=DOUBLE.dtype)
-    # 2. every row added into the flat grid: element (cell, c) at cell * C + c
-    # NOTE: flat (1-D), not axis 0 of [cells, C]: onnxruntime's ScatterElements costs ~3x per element
-    # on the 2-D grid. C is the product of pad_row ([1, C]), for the reasons noted there.
-    row_cell = op.Cast(op.Gather(cell, owner), to=INT64.dtype)
-    channels = op.ReduceProd(pad_row, keepdims=0)
-    flat = op.Add(op.Mul(op.Unsqueeze(row_cell, minus1), channels), op.Range(zero, channels, one))
-    acc = op.ScatterElements(op.Reshape(op.Expand(op.Constant(value=DOUBLE_ZERO), shape), minus1),
-                             op.Reshape(flat, minus1), op.Reshape(part, minus1), axis=0, reduction="add")
+        d32 = op.GatherElements(op.Concat(op.Cast(op.GatherElements(depth_flat, ranks_depth), to=FLOAT32), z32, axis=0),
+                                point)
+        f32 = op.Gather(op.Concat(op.Cast(feat_rows, to=FLOAT32), op.Expand(z32, pad_row), axis=0), rf)
+        part = op.Cast(op.MatMul(op.Reshape(d32, chunk_shape), f32), to=DOUBLE.dtype)
+    # NOTE: the grid in float64 for every input type: float16 converters (onnxconverter-common) turn every
+    # float32 tensor into float16, and onnxruntime has no float16 ScatterElements-add
+    acc = op.ScatterElements(op.Reshape(op.Expand(op.Constant(value=DOUBLE_ZERO), shape), minus1), flat,
+                             op.Reshape(part, minus1), axis=0, reduction="add")
     # NOTE: allowzero: a zero size in bev_feat_shape (an empty grid) is a size, not "copy this dim"
     return op.Transpose(op.CastLike(op.Reshape(acc, shape, allowzero=1), feat), perm=[0, 4, 1, 2, 3])
 
