@@ -34,7 +34,8 @@ WIDE_PROBE = onnx.helper.make_tensor("probe", onnx.TensorProto.DOUBLE, [], [1e-3
 # interval is ~18 points) is faster although it pads more.
 CHUNK = 16
 SLOTS = list(range(CHUNK))
-# NOTE: the pad entry put after ranks_feat (and ranks_bev): -1, the last entry, read by index -1
+# NOTE: the entry put after ranks_feat (and ranks_bev), which padding reads by index -1: its value -1
+# picks the zero feature row put last
 INT32_PAD = onnx.helper.make_tensor("pad", onnx.TensorProto.INT32, [1], [-1])
 _INDEX_NAMES = ("ranks_depth", "ranks_feat", "ranks_bev", "interval_starts", "interval_lengths")
 
@@ -145,7 +146,7 @@ def bev_pool_v2(depth, feat, ranks_depth, ranks_feat, ranks_bev, interval_starts
     # cell). Chunk sums accumulate in float64 for float64 input, else in float32 (float16 too);
     # the rest in float64.
     # NOTE: GatherElements, not Gather, for every gather of single elements (all 1-D here): onnxruntime's
-    # Gather copies element by element through a generic row copy, ~6x slower per element at BEVDet size
+    # Gather copies each element as a row of its own, several times slower per element
     zero, one = op.Constant(value_int=0), op.Constant(value_int=1)
     zero1, one1, minus1 = op.Constant(value_ints=[0]), op.Constant(value_ints=[1]), op.Constant(value_ints=[-1])
     width = op.Constant(value_ints=[CHUNK])
