@@ -10,6 +10,7 @@ from collections.abc import Mapping, Sequence
 import onnx_ir as ir
 import torch
 
+from bridge.core.basics import torch_compat
 from bridge.core.basics.errors import OpBridgeError
 from bridge.core.basics.graphs import FreshNames, ir_custom_nodes
 
@@ -132,8 +133,7 @@ def shapes_from_axes(model: torch.nn.Module, args: Sequence, kwargs: dict | None
         {'boxes': {0: 'n'}, 'scores': {0: 'n'}, 'k': None}
     """
     bound = inspect.signature(model.forward).bind(*args, **(kwargs or {}))
-    tensors = [p for p, v in bound.arguments.items() if isinstance(v, torch.Tensor)]
-    named = {(input_names[i] if input_names and i < len(input_names) else p): p for i, p in enumerate(tensors)}
+    named = _input_parameters(bound.arguments, input_names)
     dims: dict[str, object] = {}
     shapes: dict[str, dict[int, object] | None] = {p: None for p in bound.arguments}
     for key, axes in dynamic_axes.items():
@@ -156,3 +156,18 @@ def shapes_from_axes(model: torch.nn.Module, args: Sequence, kwargs: dict | None
                     f"identifiers (torch.export.Dim's names). Got {axis!r}: {name!r}. Pass e.g. {{0: 'batch'}}.")
             spec[axis % rank] = dims.setdefault(name, torch.export.Dim(name))
     return shapes
+
+
+def _input_parameters(arguments: Mapping[str, object], input_names: Sequence[str] | None) -> dict[str, str]:
+    """Graph input name -> the parameter it is: ``input_names`` by position over the tensor arguments, else the
+    parameter's own name."""
+    # NOTE: the graph's inputs are the tensors flattened from every argument: names given by position would name
+    # another input past an argument that holds several
+    nested = [p for p, v in arguments.items() if not isinstance(v, torch.Tensor)
+              and any(isinstance(leaf, torch.Tensor) for leaf in torch_compat.pytree.tree_leaves(v))]
+    if nested:
+        raise OpBridgeError(
+            f"dynamic_axes names inputs of arguments that are tensors, one each. Got {nested} holding several "
+            "(a list, tuple or dict of tensors). Pass dynamic_shapes= instead, its structure that of the arguments.")
+    tensors = [p for p, v in arguments.items() if isinstance(v, torch.Tensor)]
+    return {(input_names[i] if input_names and i < len(input_names) else p): p for i, p in enumerate(tensors)}

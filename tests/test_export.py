@@ -245,9 +245,15 @@ class _Scale(torch.nn.Module):
         return x * y.mean() * k
 
 
+class _Pair(torch.nn.Module):
+    def forward(self, x, y):
+        return x[0] * x[1] * y.mean()
+
+
 def test_dynamic_axes_in_list_form_and_their_errors():
     """{input: [axes]} names each axis as the TorchScript exporter did; parameter names serve without input_names;
-    a name that is no input, an axis out of range, a name no Dim takes, both forms at once: each refused by name."""
+    a name that is no input, an axis out of range, a name no Dim takes, an argument holding several tensors (the
+    names by position would shift past it), both forms at once: each refused by name."""
     x, y = torch.randn(2, 3), torch.randn(4)
     proto = bridge.export(_Scale(), (x, y), dynamic_axes={"x": [0, 1], "y": {0: "m"}})
     assert [[d.dim_param for d in i.type.tensor_type.shape.dim] for i in proto.graph.input] == \
@@ -259,6 +265,8 @@ def test_dynamic_axes_in_list_form_and_their_errors():
         bridge.export(_Scale(), (x, y), dynamic_axes={"x": [2]})
     with pytest.raises(bridge.OpBridgeError, match=r"Got 0: 'batch size'"):
         bridge.export(_Scale(), (x, y), dynamic_axes={"x": {0: "batch size"}})
+    with pytest.raises(bridge.OpBridgeError, match=r"Got \['x'\] holding several .* Pass dynamic_shapes= instead"):
+        bridge.export(_Pair(), ([x, x], y), input_names=["x0", "x1", "y"], dynamic_axes={"y": [0]})
     with pytest.raises(bridge.OpBridgeError, match="dynamic_axes and dynamic_shapes both given"):
         bridge.export(_Scale(), (x, y), dynamic_axes={"x": [0]}, dynamic_shapes=({0: torch.export.Dim("b")}, None))
 
