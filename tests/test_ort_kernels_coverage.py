@@ -37,6 +37,8 @@ KERNELS_1_17 = {
     ("Flatten", "T"): {"DOUBLE", "FLOAT"},
     ("Gather", "T"): {"BOOL", "DOUBLE", "FLOAT", "INT32", "INT64"},
     ("Gather", "Tind"): {"INT32", "INT64"},
+    ("GatherElements", "T"): {"DOUBLE", "FLOAT", "INT32", "INT64"},
+    ("GatherElements", "Tind"): {"INT32", "INT64"},
     ("Greater", "T"): {"INT64"},
     ("GreaterOrEqual", "T"): {"DOUBLE", "INT64"},
     ("Identity", "V"): {"FLOAT"},
