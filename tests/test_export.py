@@ -7,6 +7,7 @@ import sys
 import textwrap
 import warnings
 
+import mmdeploy_lib
 import numpy as np
 import onnx
 import pytest
@@ -123,6 +124,30 @@ def test_unregistered_custom_op_is_a_clear_error(fresh_name):
 
     with pytest.raises(bridge.OpBridgeError, match=f"custom op {name}.*bridge.register.*@bridge.op"):
         bridge.export(M(), (torch.ones(2),))
+
+
+class _GridSampler(torch.nn.Module):
+    """mmdeploy's grid_sampler node written with torch.onnx.ops.symbolic under is_in_onnx_export(); eager: torch."""
+
+    def forward(self, x, grid):
+        if torch.onnx.is_in_onnx_export():
+            return torch.onnx.ops.symbolic("mmdeploy::grid_sampler", (x, grid),
+                                           {"interpolation_mode": 0, "padding_mode": 0, "align_corners": 0},
+                                           dtype=x.dtype, shape=(x.shape[0], x.shape[1], grid.shape[1], grid.shape[2]),
+                                           version=1)
+        return torch.nn.functional.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+
+
+@pytest.mark.long
+def test_a_torch_onnx_symbolic_node_runs_in_the_kernel_library_that_serves_it():
+    """The node torch.onnx.ops.symbolic names, unknown to every registry, runs in the native tier through the
+    library that serves it (mmdeploy 1.3.1's), with eager's values."""
+    x, grid = torch.randn(1, 3, 8, 8), torch.rand(1, 5, 6, 2) * 2 - 1
+    proto = bridge.export(_GridSampler(), (x, grid))
+    assert [(n.domain, n.op_type) for n in proto.graph.node] == [("mmdeploy", "grid_sampler")]
+    sess = bridge.session(proto.SerializeToString(), tier="native", native_library=mmdeploy_lib.library())
+    np.testing.assert_allclose(bridge.parity.run_ort(sess, (x, grid))[0], _GridSampler()(x, grid).numpy(),
+                               rtol=1e-5, atol=1e-5)
 
 
 def test_a_fake_kernel_that_raises_is_named_with_its_line(registry, fresh_name):
