@@ -20,7 +20,7 @@ import torch
 from bridge.core.basics import files, torch_compat
 from bridge.core.basics.domains import ONNX_DOMAINS
 from bridge.core.basics.dtypes import torch_dtype
-from bridge.core.basics.errors import OpBridgeError, raised_at
+from bridge.core.basics.errors import BRIDGE_FOLDER, OpBridgeError, raised_at
 from bridge.core.basics.graphs import (
     custom_nodes,
     fold_function_type_probes,
@@ -409,9 +409,7 @@ def _trace(model, args: tuple, kwargs, dynamic_shapes) -> torch.export.ExportedP
 
 
 # NOTE: frames of these folders are the tracer's and ours; the innermost other one is the user's code that raised
-# (the library's folder: three up from bridge/core/basics/files.py)
-_LIBRARY = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(files.__file__))))
-_TRACER_FOLDERS = (os.path.dirname(torch.__file__) + os.sep, _LIBRARY + os.sep,
+_TRACER_FOLDERS = (os.path.dirname(torch.__file__) + os.sep, BRIDGE_FOLDER,
                    os.path.dirname(os.path.abspath(__file__)) + os.sep, "<")
 
 

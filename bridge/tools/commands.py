@@ -24,7 +24,7 @@ import torch
 
 from bridge.core import cppbuild
 from bridge.core.basics import files
-from bridge.core.basics.errors import OpBridgeError, raised_at
+from bridge.core.basics.errors import BRIDGE_FOLDER, OpBridgeError, raised_at
 from bridge.core.basics.graphs import custom_nodes, nonstandard_ops
 from bridge.core.basics.progress import enable as enable_progress
 from bridge.core.basics.progress import format_table
@@ -45,7 +45,7 @@ from ort_kernels import build, tiers
 from ort_kernels.libraries import user_libraries
 
 # NOTE: an import error's location is shown only where it is the user's code, never opbridge's own
-_NOT_THE_MODULE = (str(Path(__file__).resolve().parents[1]) + os.sep, os.path.dirname(importlib.__file__) + os.sep,
+_NOT_THE_MODULE = (BRIDGE_FOLDER, os.path.dirname(importlib.__file__) + os.sep,
                    "<frozen importlib")
 
 

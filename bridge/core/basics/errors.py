@@ -1,10 +1,14 @@
 """The one exception type the bridge raises for user-facing problems."""
 
+import os
 import re
 import traceback
 
 # NOTE: a quoted message of another library's that ends in a period, followed by the bridge's ". Do Y."
 _DOUBLE_STOP = re.compile(r"(?<![./])\.\.(?= )")
+# NOTE: the bridge package's folder (two up from here), with its separator: frames there are opbridge's, never
+# the user's code (raised_at's skip)
+BRIDGE_FOLDER = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) + os.sep
 
 
 class OpBridgeError(Exception):

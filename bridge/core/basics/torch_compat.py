@@ -239,15 +239,21 @@ def traced_as_torch_onnx():
     """
     oblivious = (torch.fx.experimental._config.patch(backed_size_oblivious=True)  # type: ignore[attr-defined]
                  if hasattr(torch.fx.experimental._config, "backed_size_oblivious") else contextlib.nullcontext())
-    before = None if _onnx_flags is None else _onnx_flags._is_onnx_exporting
-    if _onnx_flags is not None:
-        _onnx_flags._is_onnx_exporting = True
+    with oblivious, _onnx_exporting():
+        yield
+
+
+@contextlib.contextmanager
+def _onnx_exporting():
+    """Inside, torch.onnx's exporting flag is set (on a torch without it, nothing changes)."""
+    if _onnx_flags is None:
+        yield
+        return
+    before, _onnx_flags._is_onnx_exporting = _onnx_flags._is_onnx_exporting, True
     try:
-        with oblivious:
-            yield
+        yield
     finally:
-        if _onnx_flags is not None:
-            _onnx_flags._is_onnx_exporting = before
+        _onnx_flags._is_onnx_exporting = before
 
 
 def fake_mode(*, shape_env: bool = False) -> FakeTensorMode:
