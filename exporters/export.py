@@ -51,6 +51,8 @@ from exporters.derive.tracing import onnx_program, program_calls
 from exporters.fakes import check_fake
 from exporters.inline import inline_functions
 from exporters.names import (
+    call_args,
+    check_torch_onnx_options,
     dim_names,
     name_custom_outputs,
     name_graph_io,
@@ -58,6 +60,7 @@ from exporters.names import (
     rename_dims,
     shapes_from_axes,
     snake_case,
+    weights_as_inputs,
 )
 from exporters.portable import relativize_paths, stamp_ir_version
 from exporters.resolve import attach_functions_ir
@@ -324,6 +327,7 @@ def export(
     inline: bool = False,
     register_functions: bool = False,
     dynamic_axes: Mapping[str, Mapping[int, str] | Sequence[int]] | None = None,
+    **torch_onnx_options: Any,
 ) -> onnx.ModelProto:
     """Export ``model`` with every registered custom op; return (and write to ``f``) the ModelProto.
 
@@ -340,9 +344,11 @@ def export(
     multi-output custom nodes are ``<op>_out<i>``. A ``torch.autograd.Function`` registered with
     ``bridge.register(Cls)`` is recorded as the node its ``symbolic`` writes; one reached unregistered
     that has a ``symbolic`` is traced through as torch does, with a warning (once per Function), or
-    registered on the spot with ``register_functions=True`` (``bridge.core.functions``). ``dynamic_axes``,
-    as code written for ``torch.onnx.export`` passes it, stands for ``dynamic_shapes``
-    (``exporters.names.shapes_from_axes``: one ``torch.export.Dim`` per dim name).
+    registered on the spot with ``register_functions=True`` (``bridge.core.functions``). A call written for
+    ``torch.onnx.export`` passes as it is: ``args`` one tensor, ``dynamic_axes`` (it stands for ``dynamic_shapes``:
+    ``exporters.names.shapes_from_axes``, one ``torch.export.Dim`` per dim name), and torch.onnx.export's other
+    keywords (``exporters.names.TORCH_ONNX_KEYWORDS``: ``export_params=True``, ``do_constant_folding``, ...; a
+    value asking for what bridge.export does not do is refused).
 
     Example:
         >>> import torch, bridge, custom_ops
@@ -356,7 +362,8 @@ def export(
     return _export(model, args, f, kwargs=kwargs, dynamic_shapes=dynamic_shapes, registry=registry,
                    functions=functions, opset_version=opset_version, check=check, rewrites=rewrites,
                    input_names=input_names, output_names=output_names, inline=inline,
-                   register_functions=register_functions, dynamic_axes=dynamic_axes).proto
+                   register_functions=register_functions, dynamic_axes=dynamic_axes,
+                   torch_onnx_options=torch_onnx_options).proto
 
 
 def export_with_program(model: torch.nn.Module, args: Sequence, f: str | os.PathLike | None = None,
@@ -381,14 +388,19 @@ def export_with_program(model: torch.nn.Module, args: Sequence, f: str | os.Path
     return _export(**bound.arguments)
 
 
-def _trace(model, args: tuple, kwargs, dynamic_shapes) -> torch.export.ExportedProgram:
-    """torch.export's program of the model; what it raises that the user can fix, as the fix."""
+def _trace(model, args: tuple, kwargs, dynamic_shapes, narrowed: bool = False) -> torch.export.ExportedProgram:
+    """torch.export's program of the model; what it raises that the user can fix, as the fix. A constraint
+    violation whose suggested fixes keep every marked dim dynamic is traced again with them (once), as
+    torch.onnx.export(dynamo=True) does, with a warning (:func:`narrowed_shapes`)."""
     try:
         return torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes, strict=False)
     except RuntimeError as e:
         violation = constraint_violation(e, model, args, kwargs, dynamic_shapes)
         if violation is not None:
-            raise violation from e
+            fixed = None if narrowed else narrowed_shapes(e, dynamic_shapes)
+            if fixed is None:
+                raise violation from e
+            return _trace(model, args, kwargs, fixed, narrowed=True)
         if "fake tensor in the exported program constant" in str(e):
             raise OpBridgeError(
                 "torch.export cannot trace a value the model takes from a tensor's .data (pytorch-quantization's "
@@ -425,9 +437,10 @@ def _traced_code_error(e: Exception) -> OpBridgeError:
 
 
 def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opset_version, check, rewrites,
-            input_names, output_names, inline, register_functions, dynamic_axes) -> Exported:
+            input_names, output_names, inline, register_functions, dynamic_axes, torch_onnx_options) -> Exported:
     reg = REGISTRY if registry is None else registry
-    args = tuple(args)
+    check_torch_onnx_options(torch_onnx_options)
+    args = call_args(args)
     if dynamic_axes is not None:
         if dynamic_shapes is not None:
             raise OpBridgeError("dynamic_axes and dynamic_shapes both given. Got both. Pass one (dynamic_shapes: "
@@ -460,6 +473,8 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
         lambda m: name_proxy_outputs(m, _function_names(reg), proxy_name("fn", "")),
         lambda m: name_graph_io(m, input_names, output_names),
         lambda m: rename_dims(m, dims)]
+    if torch_onnx_options.get("keep_initializers_as_inputs"):
+        edits.append(weights_as_inputs)
     baked: set[str] = set()  # NOTE: symbolics that read a module's constants: written with their values first
     edits.append(lambda m: write_constant_reads(m, reg, baked))
     if functions or ops:  # NOTE: without functions, the bodies of the symbolics the file holds inlined
@@ -645,6 +660,42 @@ _SPECIALISED = re.compile(r"You marked (\S+) as dynamic but your code specialize
 _SOURCE = re.compile(r"L\['(?:args'\]\[\d+\]\[)?'?(\w+)'?\]\.size\(\)\[(\d+)\]")
 # NOTE: torch.export's own fixes, one per line under this heading (``n_feat = n_depth``: one Dim for both)
 _SUGGESTED = re.compile(r"^Suggested fixes:\n((?:[ \t]+\S.*\n?)+)", re.M)
+
+
+def narrowed_shapes(error: BaseException, dynamic_shapes):
+    """``dynamic_shapes`` with torch.export's suggested fixes applied (sizes that must be equal share one Dim, a
+    size the code needs even is ``2*Dim``, a least size is a Dim's min), as torch.onnx.export(dynamo=True) applies
+    them, with a warning naming them; None where there are none, they cannot be applied, or they would make a dim
+    marked dynamic static (the model fixes its size: refused, for the file would not take other sizes).
+
+    Example:
+        >>> class Scale(torch.nn.Module):
+        ...     def forward(self, boxes, scores):
+        ...         return boxes * scores[:, None]
+        >>> nb, ns = torch.export.Dim("nb"), torch.export.Dim("ns")
+        >>> with warnings.catch_warnings(record=True) as caught:
+        ...     warnings.simplefilter("always")
+        ...     proto = export(Scale(), (torch.ones(5, 4), torch.ones(5)), dynamic_shapes=({0: nb}, {0: ns}))
+        >>> [i.type.tensor_type.shape.dim[0].dim_param for i in proto.graph.input], str(caught[0].message)[:77]
+        (['nb', 'nb'], 'opbridge: dynamic_shapes narrowed to what the model needs (ns = nb), as torch')
+    """
+    suggested = _SUGGESTED.search(str(error))
+    if suggested is None:
+        return None
+    try:
+        fixed = torch.export.dynamic_shapes.refine_dynamic_shapes_from_suggested_fixes(
+            getattr(error, "msg", str(error)), dynamic_shapes)
+    except Exception:  # noqa: BLE001  fixes torch cannot apply itself: the violation stands
+        return None
+    before, after = torch_compat.pytree.tree_leaves(dynamic_shapes), torch_compat.pytree.tree_leaves(fixed)
+    if len(before) != len(after) or any(isinstance(b, int) and not isinstance(a, int) for a, b in zip(before, after)):
+        return None
+    fixes = "; ".join(ln.strip() for ln in suggested.group(1).splitlines() if ln.strip())
+    warnings.warn(f"opbridge: dynamic_shapes narrowed to what the model needs ({fixes[:300]}), as "
+                  "torch.onnx.export(dynamo=True) narrows them: the file is exported for those sizes only (outside "
+                  "them the model's code may compute otherwise). Got torch.export's constraint violation. Pass "
+                  "dynamic_shapes with these fixes to export without this warning.", stacklevel=2)
+    return fixed
 
 
 def constraint_violation(error: BaseException, model, args: Sequence, kwargs: dict | None,

@@ -171,3 +171,63 @@ def _input_parameters(arguments: Mapping[str, object], input_names: Sequence[str
             "(a list, tuple or dict of tensors). Pass dynamic_shapes= instead, its structure that of the arguments.")
     tensors = [p for p, v in arguments.items() if isinstance(v, torch.Tensor)]
     return {(input_names[i] if input_names and i < len(input_names) else p): p for i, p in enumerate(tensors)}
+
+
+def call_args(args: Sequence | torch.Tensor) -> tuple:
+    """The model's positional arguments as a tuple, as torch.onnx.export reads ``args``: one tensor is one
+    argument (a tuple of it), never iterated into its rows.
+
+    Example:
+        >>> [tuple(a.shape) for a in call_args(torch.ones(1, 3, 8, 8))], len(call_args([torch.ones(2), 3]))
+        ([(1, 3, 8, 8)], 2)
+    """
+    return (args,) if isinstance(args, torch.Tensor) else tuple(args)
+
+
+# NOTE: torch.onnx.export's other keywords, as a deploy script passes them to the call bridge.export replaces:
+# (the values that mean what bridge.export does, None for any: torch.onnx.export(dynamo=True) ignores those too;
+# what bridge.export does instead)
+TORCH_ONNX_KEYWORDS: dict[str, tuple[tuple | None, str]] = {
+    "export_params": ((True,), "writes the model's weights into the file"),
+    "dynamo": ((True,), "exports with torch.export, as torch.onnx.export(dynamo=True)"),
+    "optimize": ((True,), "runs torch.onnx's optimizer on every file"),
+    "export_modules_as_functions": ((False,), "writes modules' nodes into the graph"),
+    "verify": ((False,), "checks the file against eager with bridge.check_parity(model, args)"),
+    "report": ((False,), "writes no report files (it raises errors that name the fix)"),
+    "profile": ((False,), "writes no report files (it raises errors that name the fix)"),
+    "dump_exported_program": ((False,), "writes no report files (bridge.export_with_program returns the program)"),
+    "keep_initializers_as_inputs": (None, "lists the weights as graph inputs too (weights_as_inputs)"),
+    **{key: (None, "ignores it, as torch.onnx.export(dynamo=True) does") for key in (
+        "verbose", "do_constant_folding", "training", "operator_export_type", "custom_opsets", "autograd_inlining",
+        "external_data", "artifacts_dir")},
+}
+
+
+def check_torch_onnx_options(options: Mapping[str, object]) -> None:
+    """Refuse a keyword of ``options`` (torch.onnx.export's, passed to bridge.export) that is none of
+    :data:`TORCH_ONNX_KEYWORDS`, or has a value asking for what bridge.export does not do.
+
+    Example:
+        >>> check_torch_onnx_options({"export_params": True, "do_constant_folding": False, "verbose": True})
+        >>> check_torch_onnx_options({"export_params": False})
+        Traceback (most recent call last):
+        ...
+        bridge.core.basics.errors.OpBridgeError: opbridge: export_params=False asks what bridge.export does not ...
+    """
+    for key, value in options.items():
+        if key not in TORCH_ONNX_KEYWORDS:
+            raise OpBridgeError(f"bridge.export() got an unexpected keyword argument {key!r}. Got {key}={value!r}. "
+                                "Pass export's own keywords (help(bridge.export)) or torch.onnx.export's "
+                                f"({', '.join(TORCH_ONNX_KEYWORDS)}).")
+        allowed, does = TORCH_ONNX_KEYWORDS[key]
+        if allowed is not None and not any(value is a or (type(value) is type(a) and value == a) for a in allowed):
+            raise OpBridgeError(f"{key}={value!r} asks what bridge.export does not do: it {does}. Got {value!r}. "
+                                f"Drop {key}= (or pass {key}={allowed[0]!r}).")
+
+
+def weights_as_inputs(model: ir.Model) -> bool:
+    """List each initializer (weight) of ``model`` as a graph input too, after the model's own inputs (what
+    ``keep_initializers_as_inputs=True`` asks): its value stays the default, a caller may feed another."""
+    weights = [v for v in model.graph.initializers.values() if v not in model.graph.inputs]
+    model.graph.inputs.extend(weights)
+    return bool(weights)

@@ -231,19 +231,79 @@ class _BevPool(torch.nn.Module):
                                          lengths)
 
 
-def test_sizes_the_op_needs_equal_marked_with_two_dims_name_torchs_fix():
-    """Each rank array marked with a Dim of its own: bev_pool_v2 needs one length per point, torch.export refuses
-    and suggests one Dim; the error quotes its fixes first, and with them the export keeps the points dynamic."""
+def test_sizes_the_op_needs_equal_marked_with_two_dims_are_narrowed_as_torch_onnx_narrows_them():
+    """Each rank array marked with a Dim of its own: bev_pool_v2 needs one length per point. torch.export refuses
+    and suggests one Dim; torch.onnx.export(dynamo=True) exports with its fixes applied, and so does bridge.export,
+    with a warning naming them. The points stay dynamic (one dim name) and the file runs another point count."""
     depth, feat, rd, rf, rb, _, starts, lengths = random_case()
     args = (depth, feat, rd, rf, rb, starts, lengths)
     n_depth, n_feat, n_bev, n_int = (torch.export.Dim(n) for n in ("n_depth", "n_feat", "n_bev", "n_int"))
-    with pytest.raises(bridge.OpBridgeError, match=r"Apply torch.export's suggested fixes to dynamic_shapes "
-                                                   r"\(n_bev = n_depth; n_feat = n_depth: one Dim object"):
-        bridge.export(_BevPool(), args, dynamic_shapes=(None, None, {0: n_depth}, {0: n_feat}, {0: n_bev},
-                                                         {0: n_int}, {0: n_int}))
-    proto = bridge.export(_BevPool(), args, dynamic_shapes=(None, None, {0: n_depth}, {0: n_depth}, {0: n_depth},
-                                                            {0: n_int}, {0: n_int}))
+    shapes = (None, None, {0: n_depth}, {0: n_feat}, {0: n_bev}, {0: n_int}, {0: n_int})
+    with pytest.warns(UserWarning, match=r"opbridge: dynamic_shapes narrowed to what the model needs "
+                                         r"\(n_bev = n_depth; n_feat = n_depth\), as torch\.onnx\.export"):
+        proto = bridge.export(_BevPool(), args, dynamic_shapes=shapes)
     assert [i.type.tensor_type.shape.dim[0].dim_param for i in proto.graph.input[2:]] == ["n_depth"] * 3 + ["n_int"] * 2
+    other = random_case(seed=4)
+    assert other[2].numel() != rd.numel()
+    torch.testing.assert_close(torch.from_numpy(bridge.parity.run_ort(bridge.session(proto.SerializeToString()),
+                                                                      other[:5] + other[6:])[0]),
+                               _BevPool()(*other[:5], *other[6:]))
+
+
+class _Halves(torch.nn.Module):
+    def forward(self, x):
+        return torch.ops.opbridge.identity_conv(x, 3).reshape(x.shape[0] // 2, 2, -1).sum(1)
+
+
+class _ScoreBoxes(torch.nn.Module):
+    def forward(self, boxes, scores):
+        return torch.ops.opbridge.identity_conv(boxes, 3) * scores[:, None, None, None]
+
+
+class _Small(torch.nn.Module):
+    def forward(self, x):
+        return x * 2 if x.shape[0] >= 8 else x
+
+
+def _dims(proto: onnx.ModelProto) -> list[list]:
+    return [[d.dim_param or d.dim_value for d in v.type.tensor_type.shape.dim] for v in proto.graph.input]
+
+
+@pytest.mark.parametrize("model, args, axes", [
+    # names that must be one size (boxes and their scores), a size the code needs even, a least size (a branch)
+    (_ScoreBoxes(), (torch.randn(5, 3, 2, 2), torch.randn(5)),
+     {"boxes": {0: "num_boxes"}, "scores": {0: "num_scores"}}),
+    (_Halves(), (torch.randn(6, 3, 2, 2),), {"x": {0: "batch"}}),
+    (_Small(), (torch.randn(9),), {"x": {0: "n"}}),
+], ids=["equal", "even", "least"])
+def test_a_deploy_scripts_dynamic_axes_the_model_narrows_export_as_torch_onnx_exports_them(model, args, axes):
+    """torch.onnx.export(dynamo=True) exports these deploy-script calls, narrowing the dims to what the model's
+    code needs; bridge.export exports the same dims (names and all), warns which, and eager agrees on another size
+    inside them."""
+    names = list(axes)
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        theirs = torch.onnx.export(model, args, input_names=names, dynamic_axes=axes, dynamo=True,
+                                   custom_translation_table=translation_table(bridge.REGISTRY)).model_proto
+    with pytest.warns(UserWarning, match="dynamic_shapes narrowed to what the model needs"):
+        ours = bridge.export(model, args, input_names=names, dynamic_axes=axes)
+    assert _dims(ours) == _dims(theirs)
+    bigger = tuple(torch.cat([a, a]) for a in args)
+    sess = bridge.session(ours.SerializeToString())
+    torch.testing.assert_close(torch.from_numpy(bridge.parity.run_ort(sess, bigger)[0]), model(*bigger))
+
+
+def test_a_dim_the_model_fixes_stays_refused_not_narrowed_to_static():
+    """torch.export's fix for a size the model fixes (len() of a dynamic input) is that size: applied, the file would
+    not take another; refused with the violation, no warning."""
+    class Lead(torch.nn.Module):
+        def forward(self, x, boxes):
+            return x[: len(boxes)] * 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # NOTE: no narrowing warning on the way to the refusal
+        with pytest.raises(bridge.OpBridgeError, match=r"dimension 0 of input 'boxes' \(Dim n\) dynamic: the "
+                                                       r"model's code fixes it to 4"):
+            bridge.export(Lead(), (torch.ones(9), torch.ones(4, 5)), dynamic_shapes=(None, {0: torch.export.Dim("n")}))
 
 
 POOL_INPUTS = ["depth", "feat", "ranks_depth", "ranks_feat", "ranks_bev", "interval_starts", "interval_lengths"]
@@ -468,3 +528,68 @@ def test_an_op_defined_after_the_table_was_built_gets_its_translation():
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().splitlines()[-1] == "['QuantizeLinear']"
+
+
+class _Detector(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 4, 3, padding=1)
+
+    def forward(self, img):
+        return torch.ops.opbridge.identity_conv(self.conv(img), 4).flatten(2).softmax(-1)
+
+
+def _saved_inputs(path) -> list[tuple[str, list]]:
+    return [(i.name, [d.dim_param or d.dim_value for d in i.type.tensor_type.shape.dim])
+            for i in onnx.load(path).graph.input]
+
+
+@pytest.mark.parametrize("options", [
+    # mmdet 2.x tools/deployment/pytorch2onnx.py: weights listed as inputs too
+    {"export_params": True, "keep_initializers_as_inputs": True, "do_constant_folding": True, "verbose": False},
+    # mmdeploy apis/onnx/export.py
+    {"export_params": True, "keep_initializers_as_inputs": False, "verbose": False},
+], ids=["mmdet2", "mmdeploy"])
+def test_a_deploy_scripts_torch_onnx_export_call_passes_as_written(tmp_path, options):
+    """The call as deploy scripts write it: one tensor as args, torch.onnx.export's own keywords. bridge.export
+    writes a file with the inputs torch.onnx.export's file has (weights included where asked), batch 1 stays
+    batch 1 (args never iterated into rows), and the file agrees with eager on another batch."""
+    model, img = _Detector().eval(), torch.randn(1, 3, 8, 8)
+    call = dict(input_names=["input"], output_names=["probs"], opset_version=17,
+                dynamic_axes={"input": {0: "batch", 2: "height", 3: "width"}, "probs": {0: "batch"}}, **options)
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, img, tmp_path / "theirs.onnx", dynamo=True,
+                          custom_translation_table=translation_table(bridge.REGISTRY), **call)
+        bridge.export(model, img, tmp_path / "ours.onnx", **call)
+    ours, theirs = _saved_inputs(tmp_path / "ours.onnx"), _saved_inputs(tmp_path / "theirs.onnx")
+    # NOTE: constants torch.onnx lifts (val_<n>, numbered per export) compared by count, the rest by name and shape
+    assert [i for i in ours if not i[0].startswith("val_")] == [i for i in theirs if not i[0].startswith("val_")]
+    assert len(ours) == len(theirs) == (1 + len(onnx.load(tmp_path / "ours.onnx").graph.initializer)
+                                        if options["keep_initializers_as_inputs"] else 1)
+    assert _saved_inputs(tmp_path / "ours.onnx")[0] == ("input", ["batch", 3, "height", "width"])
+    other = torch.randn(2, 3, 6, 10)
+    sess = bridge.session(str(tmp_path / "ours.onnx"))
+    torch.testing.assert_close(torch.from_numpy(bridge.parity.run_ort(sess, other)[0]), model(other))
+
+
+def test_one_tensor_as_args_is_one_argument_everywhere():
+    """torch.onnx.export takes ``args`` as one tensor; so do export, check_parity and the sessions' feed. Before,
+    tuple(x) made a batch of one an unbatched input (a [3, 8, 8] file for a [1, 3, 8, 8] call), and parity passed on
+    the wrong shapes."""
+    conv, x = torch.nn.Conv2d(3, 4, 3).eval(), torch.randn(1, 3, 8, 8)
+    assert [d.dim_value for d in bridge.export(conv, x).graph.input[0].type.tensor_type.shape.dim] == [1, 3, 8, 8]
+    report = bridge.check_parity(conv, x)
+    assert report.passed and report.outputs[0].shape == (1, 4, 6, 6)
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"export_params": False}, r"export_params=False asks what bridge.export does not do: it writes the model's "
+                               r"weights into the file\. Got False\. Drop export_params="),
+    ({"dynamo": False}, r"dynamo=False asks .* it exports with torch.export"),
+    ({"verify": True}, r"verify=True asks .* bridge\.check_parity"),
+    ({"opset": 17}, r"unexpected keyword argument 'opset'\. Got opset=17\. .*opset_version|torch\.onnx\.export's"),
+])
+def test_torch_onnx_keywords_asking_for_what_export_does_not_do_are_refused(options, match):
+    with pytest.raises(bridge.OpBridgeError, match=match):
+        bridge.export(torch.nn.ReLU(), (torch.randn(2),), **options)

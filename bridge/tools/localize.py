@@ -30,6 +30,7 @@ from bridge.core.basics.errors import OpBridgeError
 from bridge.core.basics.progress import format_table, step
 from bridge.core.basics.torch_compat import pytree
 from bridge.tools.sessions import load_model, ort_feed, run_feed, session
+from exporters.names import call_args
 from ort_kernels.function import FunctionTier
 
 _FX_NODE_KEY = "pkg.torch.onnx.fx_node"
@@ -205,7 +206,7 @@ def _fx_name(node: onnx.NodeProto) -> str | None:
 
 def _program_inputs(program: torch.export.ExportedProgram, args: Sequence, kwargs: dict | None) -> list:
     """The graph module's flat inputs: lifted parameters, buffers and constants, then the user's."""
-    user = pytree.tree_leaves((tuple(args), kwargs or {}))
+    user = pytree.tree_leaves((call_args(args), kwargs or {}))
     n_user = sum(1 for s in program.graph_signature.input_specs if s.kind == InputKind.USER_INPUT)
     if n_user != len(user):
         raise OpBridgeError(f"the exported program takes {n_user} inputs but the call has {len(user)}. "

@@ -28,6 +28,7 @@ from bridge.tools.localize import localize as localize_run
 from bridge.tools.openvino_runtime import session as openvino_session
 from bridge.tools.sessions import native_code, native_libraries, ort_feed, run_feed, session
 from exporters.export import export_with_program
+from exporters.names import call_args
 from ort_kernels.base import Paths
 
 # NOTE: (rtol, atol) per dtype; a finite pair passes when |ort - eager| <= atol + rtol * |eager|
@@ -407,6 +408,7 @@ def check_parity(model: torch.nn.Module, args: Sequence, *, kwargs: dict | None 
         (True, 0.0)
     """
     _check_options(runtime, tier, inline, rtol, atol)
+    args, extra_args = call_args(args), [call_args(a) for a in extra_args]
     with tempfile.TemporaryDirectory() as tmp:
         onnx_path = os.fspath(path) if path is not None else os.path.join(tmp, "model.onnx")
         exported = export_with_program(model, args, onnx_path, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
@@ -417,7 +419,7 @@ def check_parity(model: torch.nn.Module, args: Sequence, *, kwargs: dict | None 
         rows: list[OutputParity] = []
         localization = None
         declared = {o.name: o for o in exported.proto.graph.output}
-        for run, run_args in enumerate([tuple(args), *map(tuple, extra_args)]):
+        for run, run_args in enumerate([args, *extra_args]):
             native = native_libraries(getattr(sess, "kernels", {}))
             with step(f"eager + {runtime} run {run + 1}{native_code(native)}", native=native), torch.no_grad():
                 # NOTE: eager on copies: every tier is fed the inputs as they were before eager ran

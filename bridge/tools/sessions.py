@@ -21,6 +21,7 @@ from bridge.core.basics.graphs import model_nodes, model_tensors
 from bridge.core.basics.progress import Native, step
 from bridge.core.basics.torch_compat import pytree
 from bridge.core.registry import REGISTRY, Registry
+from exporters.names import call_args
 from ort_kernels import tiers
 from ort_kernels.base import Explain, Paths, Plan, Session, readable
 from ort_kernels.function import crash_refusal, guard_explainer
@@ -217,7 +218,7 @@ def ort_feed(sess, args: Sequence, kwargs: dict | None = None) -> dict[str, np.n
 def input_arrays(names: Sequence[str], args: Sequence, kwargs: dict | None = None) -> dict[str, np.ndarray]:
     """The arrays of the model's ONNX inputs ``names`` from its (args, kwargs): the tensor leaves in
     order (a non-tensor argument is a constant of the exported file, not an input), each as its dtype."""
-    tensors = [x for x in pytree.tree_leaves((tuple(args), kwargs or {})) if isinstance(x, torch.Tensor)]
+    tensors = [x for x in pytree.tree_leaves((call_args(args), kwargs or {})) if isinstance(x, torch.Tensor)]
     if len(names) != len(tensors):
         raise OpBridgeError(f"the model has {len(names)} ONNX inputs {names} but the call has "
                             f"{len(tensors)} tensors. Got mismatched inputs. Pass the inputs used at export.")
