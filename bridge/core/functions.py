@@ -389,6 +389,9 @@ class Attr:
     path: tuple[int, ...] = ()
     value: Any = None
     optional: bool = False  # a call passes None: the node leaves the attribute out (as TorchScript did)
+    # the number type forward takes the argument as, where the node's kind gives another: an int the symbolic
+    # writes as a float (mmcv's CARAFE scale_factor_f), a bool as an int (mmdeploy's align_corners_i)
+    number: type | None = None
 
     def raw(self, values: Mapping[str, Any]) -> Any:
         """The value ``forward``'s arguments ``values`` give the attribute, as the call passed it."""
@@ -401,14 +404,20 @@ class Attr:
         v = self.raw(values)
         return None if v is None else _as_kind(v, self.kind)
 
-    def for_value(self, v: Any) -> Attr:
+    def for_value(self, v: Any, call: bool = True) -> Attr:
         """This attribute typed as a call's value ``v`` needs it: a tuple or list where the node said one
         int or float is ints or floats (``g.op`` writes INTS for ``stride_i=(1, 1)``), a float where it said
-        int is a float, None leaves it out."""
+        int is a float, None leaves it out; forward gets the number as the call passed it (:attr:`number`).
+        ``call=False``: ``v`` is a file's attribute value, as onnx reads it (the number type stays the record's)."""
         if self.source is None:
             return self
         if v is None:
             return self if self.optional else dataclasses.replace(self, optional=True)
+        typed = self._kind_for(v)
+        number = passed_number(typed.kind, v) if call and not self.path else typed.number
+        return typed if number == typed.number else dataclasses.replace(typed, number=number)
+
+    def _kind_for(self, v: Any) -> Attr:
         base = self.kind[0]
         if isinstance(v, (list, tuple)) and base in "ifb":
             floats = base == "f" or any(isinstance(x, float) for x in v)
@@ -506,7 +515,7 @@ class FunctionBridge:
         >>> [a.kind for a in fb.for_node({"stride": [2, 2]}, 1).attrs], fb.for_node({"stride": 2}, 1) is fb
         (['is'], True)
         """
-        attrs = tuple(a.for_value(attributes.get(a.name)) for a in self.attrs)
+        attrs = tuple(a.for_value(attributes.get(a.name), call=False) for a in self.attrs)
         containers = dict(self.containers)
         for a in attrs:
             if a.source is not None and not a.path and isinstance(attributes.get(a.name), list):
@@ -546,9 +555,10 @@ class FunctionBridge:
             if a.source is not None:
                 parts.setdefault(a.source, {})[a.path] = v
         containers, defaults = dict(self.containers), {p.name: p.default for p in self.params}
+        numbers = {a.source: a.number for a in self.attrs if a.source is not None and not a.path}
         for name, got in parts.items():
             container = containers.get(name)
-            values[name] = (_as_param(got[()], defaults[name], container) if () in got
+            values[name] = (_as_param(got[()], defaults[name], container, numbers.get(name)) if () in got
                             else _rebuild(got, container or tuple))
         return [values.get(p.name, p.default) for p in self.params]
 
@@ -590,9 +600,23 @@ def _as_kind(v, kind: str):
     return v
 
 
-def _as_param(v, default: Any, container: type | None):
-    if isinstance(default, bool) and isinstance(v, int):
+def passed_number(kind: str, v: Any) -> type | None:
+    """The number type of a call's value ``v`` where an attribute of ``kind`` holds it as another (bool as int or
+    float, int as float); None where the kind's own type is the value's.
+
+    >>> passed_number("f", 2), passed_number("i", False), passed_number("f", 2.0), passed_number("i", 3)
+    (<class 'int'>, <class 'bool'>, None, None)
+    """
+    if isinstance(v, bool) and kind in ("i", "f"):
+        return bool
+    return int if type(v) is int and kind == "f" else None
+
+
+def _as_param(v, default: Any, container: type | None, number: type | None = None):
+    if (isinstance(default, bool) or number is bool) and isinstance(v, (int, float)):
         return bool(v)
+    if number is int and isinstance(v, float) and v.is_integer():
+        return int(v)
     if container is not None and isinstance(v, (list, tuple)):
         return container(v)
     return v
@@ -733,9 +757,8 @@ def _read_symbolic(cls, symbolic, params, sample, constants: set[str]) -> tuple[
     passes it to g.op as an input (found as it runs: the read starts again). A tensor symbolic reads as a
     constant is added to ``constants`` and read again as a stand-in real tensor of the call's dtype and shape."""
     given = _given(params, sample)
-    tensors = {p.name for p in params
-               if isinstance(given.get(p.name), torch.Tensor) or _kind_of_annotation(p.annotation) == "tensor"}
-    needs, held, branched = None, False, None
+    annotated, tensors = _tensors(params, given)
+    needs, held, branched, doubted = None, False, None, None
     while True:
         args = (_placeholders(params, tensors, given, constants) if needs is None
                 else _known_values(params, sample, tensors, held=held, constants=constants))
@@ -754,7 +777,11 @@ def _read_symbolic(cls, symbolic, params, sample, constants: set[str]) -> tuple[
             needs, held = _after_use(cls, e, needs, held)
             continue
         except OpBridgeError as e:
-            needs, held = _after_failure(cls, e, needs, held, params, tensors, given, sample)
+            if doubted is None and annotated & tensors and needs is None:
+                doubted = e  # NOTE: read once more with placeholders where only annotations said tensor
+                tensors.difference_update(annotated)
+                continue
+            needs, held = _after_failure(cls, doubted or e, needs, held, params, tensors | annotated, given, sample)
             continue
         if held and not any(is_custom(n.domain) for n in g.nodes):
             held = False  # NOTE: standard ops only: read as before, with the values as they are
@@ -764,6 +791,15 @@ def _read_symbolic(cls, symbolic, params, sample, constants: set[str]) -> tuple[
             # outputs=3 if return_index else 2): the call's value tells which
             raise NeedsCall(cls, f"its symbolic branches on {branched}, whose value only a call gives")
         return g, outs
+
+
+def _tensors(params, given: Mapping[str, Any]) -> tuple[set[str], set[str]]:
+    """(the arguments only an annotation says are tensors, every argument read as a tensor first). An annotation
+    may be wrong: the sample's value wins (mmcv's MultiScaleDeformableAttnFunction annotates ``im2col_step:
+    torch.Tensor``, its callers pass 64), and a symbolic that fails on the annotated tensors is read once more with
+    placeholders there (passed to g.op as inputs they are tensors again; failing again, the first error stands)."""
+    annotated = {p.name for p in params if p.name not in given and _kind_of_annotation(p.annotation) == "tensor"}
+    return annotated, {p.name for p in params if isinstance(given.get(p.name), torch.Tensor)} | annotated
 
 
 def _read_as_constant(e: ReadsConstant, tensors: set[str], constants: set[str]) -> None:
@@ -921,12 +957,25 @@ def _from_symbolic(cls, g: Recorder, outs: list, params, given: Mapping[str, Any
         raise _symbolic_error(cls, "writes a custom node together with other nodes",
                               f"{[f'{n.domain}::{n.op_type}' if n.domain else n.op_type for n in g.nodes]}")
     inputs = _node_inputs(cls, node, {p.name: p.default for p in params})
-    attrs = [_node_attr(cls, key, kind, value) for key, (kind, value) in node.attrs.items()]
+    attrs = [_passed_as(_node_attr(cls, key, kind, value), params, given) for key, (kind, value) in node.attrs.items()]
     _check_names(cls, inputs, attrs, params)
     _check_paths(cls, attrs, given)
     containers = tuple((p.name, type(p.default)) for p in params if isinstance(p.default, (tuple, list)))
     return dict(domain=node.domain, op_type=node.op_type, inputs=tuple(inputs), attrs=tuple(attrs),
                 num_outputs=len(outs), containers=containers)
+
+
+def _passed_as(attr: Attr, params, given: Mapping[str, Any]) -> Attr:
+    """``attr`` with the number type forward takes its argument as (:attr:`Attr.number`): the sample's value's,
+    else the default's, else the annotation's."""
+    param = next((p for p in params if p.name == attr.source), None)
+    if param is None or attr.path:
+        return attr
+    value = given.get(param.name, param.default)
+    if value is _NO_DEFAULT or value is None:
+        value = {"i": 0, "b": False}.get(_kind_of_annotation(param.annotation) or "")
+    number = passed_number(attr.kind, value)
+    return attr if number is None else dataclasses.replace(attr, number=number)
 
 
 def _refuse_computed_inputs(cls, g: Recorder, node: Node) -> None:

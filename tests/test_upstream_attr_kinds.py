@@ -1,0 +1,259 @@
+"""Functions whose attribute kinds upstream code states one way and passes another, as the repositories ship
+them (their compiled kernels stood in by plain torch): mmcv 2.x's CARAFEFunction (``scale_factor: int`` written
+``scale_factor_f=``), mmdeploy 1.3.1's BicubicInterpolate (a bool written ``align_corners_i=``) and mmcv's
+MultiScaleDeformableAttnFunction with mmdeploy's symbolic installed on it (``im2col_step: torch.Tensor``, called with
+64, written ``im2col_step_i=``). The node is what ``torch.onnx.export(dynamo=False)`` writes; forward gets each value
+as the call passed it (before: 2.0, 0 and a tensor placeholder), in export's fake run and in every tier."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from test_upstream_functions import legacy_export, node_identity
+from torch import Tensor
+from torch.autograd import Function
+
+import bridge
+from bridge.core.basics.graphs import custom_nodes
+
+
+@pytest.fixture
+def reg():
+    return bridge.Registry()
+
+
+# -- mmcv 2.x mmcv/ops/carafe.py (CARAFEFunction.forward and symbolic as shipped; the kernel stood in) ----------
+class _CarafeExt:
+    @staticmethod
+    def carafe_forward(features, masks, rfeatures, routput, rmasks, output, kernel_size, group_size, scale_factor):
+        n, c, h, w = features.shape
+        cols = F.unfold(features, kernel_size, padding=(kernel_size - 1) // 2)
+        cols = cols.view(n, group_size, c // group_size, kernel_size ** 2, h, w)
+        cols = cols.repeat_interleave(scale_factor, 4).repeat_interleave(scale_factor, 5)
+        m = masks.view(n, group_size, 1, kernel_size ** 2, h * scale_factor, w * scale_factor)
+        output.copy_((cols * m).sum(3).view(n, c, h * scale_factor, w * scale_factor))
+
+
+class CARAFEFunction(Function):
+
+    @staticmethod
+    def symbolic(g, features: Tensor, masks: Tensor, kernel_size: int,
+                 group_size: int, scale_factor: int) -> Tensor:
+        return g.op(
+            'mmcv::MMCVCARAFE',
+            features,
+            masks,
+            kernel_size_i=kernel_size,
+            group_size_i=group_size,
+            scale_factor_f=scale_factor)
+
+    @staticmethod
+    def forward(ctx, features: Tensor, masks: Tensor, kernel_size: int,
+                group_size: int, scale_factor: int) -> Tensor:
+        assert scale_factor >= 1
+        assert masks.size(1) == kernel_size * kernel_size * group_size
+        assert masks.size(-1) == features.size(-1) * scale_factor
+        assert masks.size(-2) == features.size(-2) * scale_factor
+        assert features.size(1) % group_size == 0
+        assert (kernel_size - 1) % 2 == 0 and kernel_size >= 1
+        ctx.kernel_size = kernel_size
+        ctx.group_size = group_size
+        ctx.scale_factor = scale_factor
+        ctx.feature_size = features.size()
+        ctx.mask_size = masks.size()
+
+        n, c, h, w = features.size()
+        output = features.new_zeros((n, c, h * scale_factor, w * scale_factor))
+        routput = features.new_zeros(output.size(), requires_grad=False)
+        rfeatures = features.new_zeros(features.size(), requires_grad=False)
+        rmasks = masks.new_zeros(masks.size(), requires_grad=False)
+        _CarafeExt.carafe_forward(
+            features,
+            masks,
+            rfeatures,
+            routput,
+            rmasks,
+            output,
+            kernel_size=kernel_size,
+            group_size=group_size,
+            scale_factor=scale_factor)
+
+        if features.requires_grad or masks.requires_grad or \
+                torch.__version__ == 'parrots':
+            ctx.save_for_backward(features, masks, rfeatures)
+        return output
+
+
+carafe = CARAFEFunction.apply
+
+
+class CARAFE(torch.nn.Module):  # mmcv's CARAFE module (its forward's call)
+    def __init__(self, kernel_size: int, group_size: int, scale_factor: int):
+        super().__init__()
+        assert isinstance(kernel_size, int) and isinstance(group_size, int) and isinstance(scale_factor, int)
+        self.kernel_size = kernel_size
+        self.group_size = group_size
+        self.scale_factor = scale_factor
+
+    def forward(self, features: Tensor, masks: Tensor) -> Tensor:
+        return carafe(features, masks, self.kernel_size, self.group_size, self.scale_factor)
+
+
+# -- mmdeploy 1.3.1 mmdeploy/pytorch/functions/interpolate.py (BicubicInterpolate as shipped) -------------------
+class BicubicInterpolate(Function):
+
+    @staticmethod
+    def symbolic(g, input, scale_factor, align_corners):
+        """Symbolic function for creating onnx op."""
+        return g.op(
+            'mmdeploy::TRTBicubicInterpolate',
+            input,
+            scale_factor_f=scale_factor,
+            align_corners_i=align_corners)
+
+    @staticmethod
+    def forward(g, input, scale_factor, align_corners):
+        """Run forward."""
+        return F.interpolate(
+            input,
+            scale_factor=scale_factor,
+            mode='bicubic',
+            align_corners=align_corners)
+
+
+class Bicubic(torch.nn.Module):  # interpolate__tensorrt's call for mode='bicubic'
+    def __init__(self, align_corners):
+        super().__init__()
+        self.align_corners = align_corners
+
+    def forward(self, x):
+        return BicubicInterpolate.apply(x, [2.0, 2.0], self.align_corners)
+
+
+# -- mmcv mmcv/ops/multi_scale_deform_attn.py (forward as shipped; its CUDA kernel stood in by mmcv's own pytorch
+# version) with mmdeploy 1.3.1's ms_deform_attn_default installed as its symbolic, as mmdeploy's rewriter does
+def multi_scale_deformable_attn_pytorch(value, value_spatial_shapes, sampling_locations, attention_weights):
+    bs, _, num_heads, embed_dims = value.shape
+    _, num_queries, num_heads, num_levels, num_points, _ = sampling_locations.shape
+    value_list = value.split([H_ * W_ for H_, W_ in value_spatial_shapes], dim=1)
+    sampling_grids = 2 * sampling_locations - 1
+    sampling_value_list = []
+    for level, (H_, W_) in enumerate(value_spatial_shapes):
+        value_l_ = value_list[level].flatten(2).transpose(1, 2).reshape(bs * num_heads, embed_dims, H_, W_)
+        sampling_grid_l_ = sampling_grids[:, :, :, level].transpose(1, 2).flatten(0, 1)
+        sampling_value_l_ = F.grid_sample(value_l_, sampling_grid_l_, mode='bilinear', padding_mode='zeros',
+                                          align_corners=False)
+        sampling_value_list.append(sampling_value_l_)
+    attention_weights = attention_weights.transpose(1, 2).reshape(bs * num_heads, 1, num_queries,
+                                                                  num_levels * num_points)
+    output = (torch.stack(sampling_value_list, dim=-2).flatten(-2) *
+              attention_weights).sum(-1).view(bs, num_heads * embed_dims, num_queries)
+    return output.transpose(1, 2).contiguous()
+
+
+class _MsdaExt:
+    @staticmethod
+    def ms_deform_attn_forward(value, value_spatial_shapes, value_level_start_index, sampling_locations,
+                               attention_weights, im2col_step):
+        return multi_scale_deformable_attn_pytorch(value, value_spatial_shapes, sampling_locations, attention_weights)
+
+
+class MultiScaleDeformableAttnFunction(Function):
+
+    @staticmethod
+    def forward(ctx, value: torch.Tensor, value_spatial_shapes: torch.Tensor,
+                value_level_start_index: torch.Tensor,
+                sampling_locations: torch.Tensor,
+                attention_weights: torch.Tensor,
+                im2col_step: torch.Tensor) -> torch.Tensor:
+        ctx.im2col_step = im2col_step
+        sampling_locations = sampling_locations.type_as(value)
+        attention_weights = attention_weights.type_as(value)
+        output = _MsdaExt.ms_deform_attn_forward(
+            value,
+            value_spatial_shapes,
+            value_level_start_index,
+            sampling_locations,
+            attention_weights,
+            im2col_step=ctx.im2col_step)
+        ctx.save_for_backward(value, value_spatial_shapes,
+                              value_level_start_index, sampling_locations,
+                              attention_weights)
+        return output
+
+
+def ms_deform_attn_default(
+    g,
+    value,
+    value_spatial_shapes,
+    value_level_start_index,
+    sampling_locations,
+    attention_weights,
+    im2col_step=64,
+):
+    """Rewrite msda symbolic function for all backend."""
+    return g.op(
+        'mmdeploy::MMCVMultiScaleDeformableAttention',
+        value,
+        value_spatial_shapes,
+        value_level_start_index,
+        sampling_locations,
+        attention_weights,
+        im2col_step_i=im2col_step,
+    )
+
+
+class MSDA(torch.nn.Module):  # MultiScaleDeformableAttention.forward's call, im2col_step=64
+    def __init__(self):
+        super().__init__()
+        self.im2col_step = 64
+        self.register_buffer("spatial_shapes", torch.tensor([[6, 8], [3, 4]]))
+        self.register_buffer("level_start_index", torch.tensor([0, 48]))
+
+    def forward(self, value, sampling_locations, attention_weights):
+        return MultiScaleDeformableAttnFunction.apply(value, self.spatial_shapes, self.level_start_index,
+                                                      sampling_locations, attention_weights, self.im2col_step)
+
+
+def _msda_fake(value, value_spatial_shapes, value_level_start_index, sampling_locations, attention_weights,
+               im2col_step):
+    bs, nq, nh = sampling_locations.shape[:3]
+    return value.new_empty(bs, nq, nh * value.shape[3])
+
+
+def _cases():
+    g = torch.Generator().manual_seed(0)
+    masks = torch.rand(1, 9, 8, 10, generator=g).softmax(1)
+    return {
+        "carafe": (CARAFEFunction, {}, CARAFE(3, 1, 2), (torch.randn(1, 4, 4, 5, generator=g), masks)),
+        "bicubic": (BicubicInterpolate, {}, Bicubic(False), (torch.randn(1, 3, 5, 6, generator=g),)),
+        "bicubic-aligned": (BicubicInterpolate, {}, Bicubic(True), (torch.randn(1, 3, 5, 6, generator=g),)),
+        "msda": (MultiScaleDeformableAttnFunction, {"fake": _msda_fake}, MSDA(),
+                 (torch.randn(1, 60, 2, 4, generator=g), torch.rand(1, 5, 2, 2, 3, 2, generator=g),
+                  torch.rand(1, 5, 2, 2, 3, generator=g).softmax(-1))),
+    }
+
+
+@pytest.mark.parametrize("case", list(_cases()))
+def test_attribute_kinds_as_upstream_passes_them(reg, monkeypatch, case):
+    cls, options, model, args = _cases()[case]
+    if cls is MultiScaleDeformableAttnFunction:
+        monkeypatch.setattr(cls, "symbolic", ms_deform_attn_default, raising=False)
+    theirs = legacy_export(model, args, 18)
+    bridge.register(cls, registry=reg, **options)  # NOTE: as shipped: no sample_inputs, no annotations changed
+    ours = bridge.export(model, args, opset_version=18, registry=reg)
+    assert [node_identity(n, ours.graph) for n in custom_nodes(ours)] == \
+        [node_identity(n, theirs.graph) for n in custom_nodes(theirs)]
+    for tier in ("python", "function"):
+        assert bridge.check_parity(model, args, tier=tier, registry=reg).passed, tier
+
+
+def test_a_file_read_where_the_function_was_only_registered_calls_forward_with_an_int(reg):
+    """A process that only registers CARAFEFunction reads scale_factor=2.0 (FLOAT) off the node: forward, which
+    annotates it int, gets 2 (new_zeros takes no float size)."""
+    _, _, model, args = _cases()["carafe"]
+    bridge.register(CARAFEFunction, registry=reg)
+    proto = bridge.export(model, args, opset_version=18, registry=reg)
+    fresh = bridge.Registry()
+    bridge.register(CARAFEFunction, registry=fresh)
+    sess = bridge.session(proto.SerializeToString(), tier="python", registry=fresh)
+    torch.testing.assert_close(torch.from_numpy(bridge.parity.run_ort(sess, args)[0]), model(*args))
