@@ -38,6 +38,7 @@ import importlib.util
 import itertools
 import json
 import threading
+import warnings
 import weakref
 from typing import Any
 
@@ -52,7 +53,7 @@ from bridge.core.basics.graphs import FreshNames, model_graphs, value_names
 from bridge.core.basics.installed import pip_line
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec, node_attributes
-from ort_kernels.base import Paths, Plan, Prepared, Tier, libraries, node_types, with_library
+from ort_kernels.base import FUNCTION_BODY, Paths, Plan, Prepared, Tier, libraries, node_types, with_library
 from ort_kernels.build import io_types
 
 _lock = threading.Lock()
@@ -422,7 +423,18 @@ def _no_extensions() -> str:
 
 
 def _served(plan: Plan, helpers: set) -> list:
-    """The planned nodes the tier serves (all but calls of helper functions); an unregistered op is refused."""
+    """The planned nodes the tier serves (all but calls of helper functions); an unregistered op is refused. A
+    helper outside the exporters' own ``pkg.*`` domains is most likely an op whose module was not imported: it
+    runs from the file's body (``kernels`` says so) with a warning, for no eager implementation runs it."""
+    bodies = [p for p in plan.graph if p.key in helpers and not p.key[0].startswith("pkg.")]
+    for p in bodies:
+        p.served = FUNCTION_BODY
+    if bodies:
+        ops = sorted({p.op for p in bodies})
+        warnings.warn(f"opbridge: tier 'python' runs {', '.join(ops)} from the file's function body, not an eager "
+                      f"implementation: no registered op has that name. Got ops {ops}. Import the module that "
+                      "registers it before the session (on the command line: --ops MODULE) to run its own "
+                      "implementation.", stacklevel=2)
     served = [p for p in plan.graph if p.key not in helpers]
     missing = sorted({p.op for p in served if p.spec is None})
     if missing:

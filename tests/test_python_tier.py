@@ -384,3 +384,19 @@ def test_a_live_session_keeps_its_own_registrys_kernel():
     assert r.returncode == 0, r.stderr[-3000:]
     assert json.loads(r.stdout.splitlines()[-1]) == {"a": [1.0, 2.0, 3.0], "b": [100.0, 101.0, 102.0],
                                                      "a_after": [1.0, 2.0, 3.0]}
+
+
+def test_an_op_whose_module_was_not_imported_runs_from_its_body_with_a_warning():
+    """A file holding identity_conv's body opened where no registry knows the op (its module not imported): the
+    python tier cannot run eager code for it; it says it runs the body, in a warning and in ``kernels``."""
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return torch.ops.opbridge.identity_conv(x, 2) * 2
+    x = torch.randn(1, 2, 3, 3)
+    proto = bridge.export(M(), (x,))
+    with pytest.warns(UserWarning, match=r"tier 'python' runs opbridge::identity_conv from the file's function "
+                                         r"body, not an eager implementation: no registered op has that name\. .* "
+                                         r"--ops MODULE"):
+        sess = bridge.session(proto.SerializeToString(), tier="python", registry=bridge.Registry())
+    assert sess.kernels == {"opbridge::identity_conv": "function body"}
+    np.testing.assert_array_equal(bridge.parity.run_ort(sess, (x,))[0], M()(x).numpy())
