@@ -52,6 +52,7 @@ from exporters.fakes import check_fake
 from exporters.inline import inline_functions
 from exporters.names import (
     call_args,
+    check_model_call,
     check_torch_onnx_options,
     dim_names,
     name_custom_outputs,
@@ -401,6 +402,14 @@ def _trace(model, args: tuple, kwargs, dynamic_shapes, narrowed: bool = False) -
             if fixed is None:
                 raise violation from e
             return _trace(model, args, kwargs, fixed, narrowed=True)
+        missing = _NO_FAKE.search(str(e))
+        if missing is not None:
+            op = missing.group(1) or missing.group(2).replace(".", "::", 1)
+            raise OpBridgeError(
+                f"{op} has no fake kernel, which torch.export needs for the op's output shapes and dtypes. Got torch's "
+                "'no fake impl registered'. Pass fake= to @bridge.op / bridge.register (a function of the op's "
+                "arguments returning empty outputs, e.g. lambda x: torch.empty_like(x)), or give it one with "
+                "op.register_fake(fn).") from e
         if "fake tensor in the exported program constant" in str(e):
             raise OpBridgeError(
                 "torch.export cannot trace a value the model takes from a tensor's .data (pytorch-quantization's "
@@ -419,6 +428,9 @@ def _trace(model, args: tuple, kwargs, dynamic_shapes, narrowed: bool = False) -
     except Exception as e:  # noqa: BLE001  the user's code failed under tracing: say where, once
         raise _traced_code_error(e) from e
 
+
+# NOTE: torch's message for an op without a fake kernel (a custom_op's, or any overload's)
+_NO_FAKE = re.compile(r"no fake impl registered for <(?:CustomOpDef\(([^)]+)\)|OpOverload\(op='([^']+)')")
 
 # NOTE: frames of these folders are the tracer's and ours; the innermost other one is the user's code that raised
 _TRACER_FOLDERS = (os.path.dirname(torch.__file__) + os.sep, BRIDGE_FOLDER,
@@ -441,6 +453,7 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
     reg = REGISTRY if registry is None else registry
     check_torch_onnx_options(torch_onnx_options)
     args = call_args(args)
+    check_model_call(model, args, kwargs)
     if dynamic_axes is not None:
         if dynamic_shapes is not None:
             raise OpBridgeError("dynamic_axes and dynamic_shapes both given. Got both. Pass one (dynamic_shapes: "

@@ -184,6 +184,27 @@ def call_args(args: Sequence | torch.Tensor) -> tuple:
     return (args,) if isinstance(args, torch.Tensor) else tuple(args)
 
 
+def check_model_call(model: object, args: tuple, kwargs: Mapping | None) -> None:
+    """Refuse what torch.export cannot trace as a call of ``model``: no ``torch.nn.Module``, or numpy arrays among
+    the arguments (torch would trace them as constants, or fail deep inside).
+
+    Example:
+        >>> check_model_call(torch.nn.ReLU(), (torch.ones(2),), None)
+        >>> check_model_call(torch.relu, (torch.ones(2),), None)
+        Traceback (most recent call last):
+        ...
+        bridge.core.basics.errors.OpBridgeError: opbridge: the model must be a torch.nn.Module. Got builtin_function...
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise OpBridgeError(f"the model must be a torch.nn.Module. Got {type(model).__name__} {model!r:.60}. Wrap "
+                            "it in a Module whose forward calls it.")
+    arrays = [type(v).__module__ for v in torch_compat.pytree.tree_leaves((args, kwargs or {}))
+              if type(v).__module__ == "numpy"]
+    if arrays:
+        raise OpBridgeError(f"the model's arguments must be torch tensors (or Python values). Got {len(arrays)} numpy "
+                            "value(s). Convert each with torch.from_numpy(a) (torch.tensor(v) for a numpy scalar).")
+
+
 # NOTE: torch.onnx.export's other keywords, as a deploy script passes them to the call bridge.export replaces:
 # (the values that mean what bridge.export does, None for any: torch.onnx.export(dynamo=True) ignores those too;
 # what bridge.export does instead)

@@ -366,3 +366,51 @@ def test_cli_run_passes_a_kernel_refusal_on_once(demo_sessions, tmp_path):
         lines = [line for line in r.stderr.splitlines() if line.startswith("error: ")]  # NOTE: onnxruntime logs too
         assert r.returncode == 2 and len(lines) == 1, r.stderr
         assert lines[0].count("opbridge:") == 1 and ".." not in lines[0] and OUT_OF_RANGE[tier] in lines[0], lines
+
+
+# -- a new user's mistakes at declaration and call: each an opbridge error naming the fix -----------------------
+
+def _twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+class _Calls(torch.nn.Module):
+    def __init__(self, op):
+        super().__init__()
+        self.op = op
+
+    def forward(self, x):
+        return self.op(x)
+
+
+def test_declaration_mistakes_are_named_where_they_are_made():
+    reg = bridge.Registry()
+    with pytest.raises(bridge.OpBridgeError, match=r"t::strs: dtypes must be a sequence of torch dtypes\. Got "
+                                                   r"\('float32',\)\. Pass e\.g\. dtypes=\(torch\.float32"):
+        bridge.op("t::strs", fake=lambda x: torch.empty_like(x), dtypes=("float32",), registry=reg)(_twice)
+    # NOTE: one tensor as a sample's args is its one argument (OpInfo's SampleInput takes it so); a number is refused
+    assert [tuple(a.shape) for a in bridge.SampleInput(torch.ones(3)).args] == [(3,)]
+    with pytest.raises(bridge.OpBridgeError, match=r"SampleInput takes the op's arguments as a tuple\. Got int 3"):
+        bridge.SampleInput(3)
+    nofake = bridge.op("t::nofake", registry=reg)(_twice)
+    with pytest.raises(bridge.OpBridgeError, match=r"t::nofake has no fake kernel, which torch\.export needs .* "
+                                                   r"Pass fake= to @bridge\.op"):
+        bridge.export(_Calls(nofake), (torch.randn(3),), registry=reg)
+
+
+@pytest.mark.parametrize("model, args, match", [
+    (lambda x: x + 1, (torch.ones(2),), r"the model must be a torch\.nn\.Module\. Got function"),
+    (torch.nn.Linear(3, 2), (torch.randn(2, 3).double(),),
+     r"eager torch refuses the call, so there is nothing to compare\. Got RuntimeError: mat1 and mat2 must have the "
+     r"same dtype"),
+    (torch.nn.Linear(3, 2), (np.ones((2, 3), np.float32),), r"eager torch refuses the call.*numpy"),
+], ids=["function", "float64-into-float32-weights", "numpy"])
+def test_a_call_eager_cannot_make_is_named_not_the_exporters_symptom(model, args, match):
+    with pytest.raises(bridge.OpBridgeError, match=match):
+        bridge.check_parity(model, args)
+
+
+def test_numpy_arguments_to_export_are_named():
+    with pytest.raises(bridge.OpBridgeError, match=r"must be torch tensors .* Got 1 numpy value\(s\)\. Convert each "
+                                                   r"with torch\.from_numpy"):
+        bridge.export(torch.nn.ReLU(), (np.ones(3, np.float32),))

@@ -297,6 +297,12 @@ def _check_version(qualname: str, version: Any) -> None:
         raise OpBridgeError(f"{qualname}: version must be an int >= 1. Got {version!r}. Use version=1.")
 
 
+def _check_dtypes(what: str, dtypes: Any) -> None:
+    if isinstance(dtypes, (str, torch.dtype)) or not dtypes or not all(isinstance(d, torch.dtype) for d in dtypes):
+        raise OpBridgeError(f"{what}: dtypes must be a sequence of torch dtypes. Got {dtypes!r}. Pass e.g. "
+                            "dtypes=(torch.float32, torch.float16).")
+
+
 def _torchbind_target(op: Any) -> str | None:
     """``"ns::Class.method"`` when ``op`` names a method of a torchbind class, else None."""
     if not isinstance(op, str) or "." not in op:
@@ -373,6 +379,7 @@ def register(
         (['x', 'k'], 'opbridge_proxy::vendor_doc__shift')
     """
     reg = REGISTRY if registry is None else registry
+    _check_dtypes(class_name(op) if isinstance(op, type) else str(op), dtypes)
     base = _caller_folder()
     if is_function_class(op):
         refused = {"domain": domain, "translation": translation, "names": names, "attributes": attributes,
@@ -796,6 +803,7 @@ def op(
                             f"replace or shadow it. Bridge the existing op instead: bridge.register({qualname!r}, "
                             "function=..., reference=..., sample_inputs=...).")
     _check_version(qualname, version)
+    _check_dtypes(qualname, dtypes)
     if backward is None and setup_context is not None:
         raise OpBridgeError(f"{qualname}: setup_context given without backward. Got only one. Pass both.")
     base = _caller_folder()

@@ -290,11 +290,30 @@ def function_signature(function: Any) -> tuple[str, str, list[str], list[str], i
 
 @dataclasses.dataclass(frozen=True)
 class SampleInput:
-    """One call of an op for tests and parity tables: ``op(*args, **kwargs)``."""
+    """One call of an op for tests and parity tables: ``op(*args, **kwargs)``. One tensor as ``args`` is the one
+    argument (as torch.onnx.export and OpInfo's SampleInput take it); a list is the arguments.
+
+    Example:
+        >>> import torch
+        >>> [tuple(a.shape) for a in SampleInput(torch.ones(3)).args], SampleInput([torch.ones(2), 2]).args[1]
+        ([(3,)], 2)
+    """
 
     args: tuple
     kwargs: dict = dataclasses.field(default_factory=dict)
     name: str = ""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.args, torch.Tensor):
+            object.__setattr__(self, "args", (self.args,))
+        elif isinstance(self.args, list):
+            object.__setattr__(self, "args", tuple(self.args))
+        elif not isinstance(self.args, tuple):
+            raise OpBridgeError(f"SampleInput takes the op's arguments as a tuple. Got {type(self.args).__name__} "
+                                f"{self.args!r:.80}. Pass SampleInput((x, ...)) (one tensor alone also serves).")
+        if not isinstance(self.kwargs, dict):
+            raise OpBridgeError(f"SampleInput takes keyword arguments as a dict. Got {type(self.kwargs).__name__}. "
+                                "Pass kwargs={'name': value}.")
 
 
 def node_attributes(spec: OpSpec, node: onnx.NodeProto) -> dict[str, Any]:

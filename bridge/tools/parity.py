@@ -358,6 +358,22 @@ def _copies(tree):
     return pytree.tree_map(lambda v: v.clone() if isinstance(v, torch.Tensor) else v, tree)
 
 
+def _eager_refusal(model, args: tuple, kwargs: dict | None) -> OpBridgeError | None:
+    """Where an export failed: eager's own error on the same call, as the cause to name (a call eager refuses, say
+    float64 inputs to float32 weights, fails in the exporter with a message about the graph); None where eager runs
+    it (or ``model`` is no module: the export's error says so)."""
+    if not isinstance(model, torch.nn.Module):
+        return None
+    try:
+        with torch.no_grad():
+            model(*_copies(args), **_copies(kwargs or {}))
+    except Exception as e:  # noqa: BLE001  eager's own refusal, named
+        return OpBridgeError(f"eager torch refuses the call, so there is nothing to compare. Got {type(e).__name__}: "
+                             f"{str(e).strip().splitlines()[0][:300] if str(e).strip() else ''}. Pass inputs the "
+                             "model runs on in eager torch.")
+    return None
+
+
 def refuse_random(proto) -> None:
     """Raise OpBridgeError when the file draws random numbers: no run of it can be compared with eager."""
     drawn = random_nodes(proto)
@@ -411,8 +427,14 @@ def check_parity(model: torch.nn.Module, args: Sequence, *, kwargs: dict | None 
     args, extra_args = call_args(args), [call_args(a) for a in extra_args]
     with tempfile.TemporaryDirectory() as tmp:
         onnx_path = os.fspath(path) if path is not None else os.path.join(tmp, "model.onnx")
-        exported = export_with_program(model, args, onnx_path, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
-                                       registry=registry, inline=inline)
+        try:
+            exported = export_with_program(model, args, onnx_path, kwargs=kwargs, dynamic_shapes=dynamic_shapes,
+                                           registry=registry, inline=inline)
+        except Exception as e:
+            refused = _eager_refusal(model, args, kwargs)
+            if refused is None:
+                raise
+            raise refused from e
         refuse_random(exported.proto)
         sess = (openvino_session(onnx_path) if runtime == "openvino"
                 else session(onnx_path, tier=tier, registry=registry, native_library=native_library))
