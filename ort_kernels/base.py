@@ -12,7 +12,7 @@ import contextlib
 import dataclasses
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from itertools import chain
 from typing import ClassVar
 
@@ -245,8 +245,33 @@ class Session(ort.InferenceSession):
         super().__init__(content, options, providers=list(providers))
 
     def run(self, output_names, input_feed, run_options=None):
-        return self._checked(lambda: super(Session, self).run(output_names, input_feed, quiet(run_options)),
-                             input_feed)
+        try:
+            return self._checked(lambda: super(Session, self).run(output_names, input_feed, quiet(run_options)),
+                                 input_feed)
+        except OpBridgeError:
+            raise
+        except Exception as e:
+            misuse = self._misuse(output_names, input_feed)
+            if misuse is None:
+                raise
+            raise OpBridgeError(misuse) from e
+
+    def _misuse(self, output_names, feed) -> str | None:
+        """What is wrong with a failed ``run``'s arguments themselves (the feed no dict, output names unknown or
+        no list of names), as the fix; None where they are as onnxruntime takes them."""
+        outputs = [o.name for o in self.get_outputs()]
+        if not isinstance(feed, Mapping):
+            names = ", ".join(f"{i.name!r}: ..." for i in self.get_inputs())
+            return f"session.run takes the inputs as a dict. Got {type(feed).__name__}. Pass {{{names}}}."
+        if output_names is not None and (isinstance(output_names, str) or not isinstance(output_names, Sequence)
+                                         or not all(isinstance(n, str) for n in output_names)):
+            return (f"session.run takes output_names as a list of names (None: every output). Got "
+                    f"{output_names!r:.80}. Pass None or a list of {outputs}.")
+        unknown = [n for n in output_names or () if n not in outputs]
+        if unknown:
+            return (f"session.run asks for outputs the model does not have. Got {unknown}. Pass None or names of "
+                    f"{outputs}.")
+        return None
 
     def run_with_ort_values(self, output_names, input_dict_ort_values, run_options=None):
         return self._checked(lambda: super(Session, self).run_with_ort_values(

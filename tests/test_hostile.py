@@ -414,3 +414,24 @@ def test_numpy_arguments_to_export_are_named():
     with pytest.raises(bridge.OpBridgeError, match=r"must be torch tensors .* Got 1 numpy value\(s\)\. Convert each "
                                                    r"with torch\.from_numpy"):
         bridge.export(torch.nn.ReLU(), (np.ones(3, np.float32),))
+
+
+class _Doubled(torch.nn.Module):
+    def forward(self, x):
+        return torch.ops.opbridge.identity_conv(x, 2) * 2
+
+
+@pytest.mark.parametrize("tier", ["function", "python", "native"])
+def test_session_run_misuse_is_named_in_every_tier(tier):
+    """The feed as a list, an output name the model lacks, one name as a string: onnxruntime's AttributeError,
+    INVALID_ARGUMENT and pybind TypeError become the fix, naming the model's inputs and outputs."""
+    x = torch.randn(1, 2, 3, 3)
+    sess = bridge.session(bridge.export(_Doubled(), (x,), output_names=["y"]).SerializeToString(), tier=tier)
+    feed = {"x": x.numpy()}
+    for output_names, given, match in [
+            (None, [x.numpy()], r"session\.run takes the inputs as a dict\. Got list\. Pass \{'x': \.\.\.\}"),
+            (["nope"], feed, r"outputs the model does not have\. Got \['nope'\]\. Pass None or names of \['y'\]"),
+            ("y", feed, r"output_names as a list of names \(None: every output\)\. Got 'y'")]:
+        with pytest.raises(bridge.OpBridgeError, match=match):
+            sess.run(output_names, given)
+    np.testing.assert_array_equal(sess.run(["y"], feed)[0], _Doubled()(x).numpy())
