@@ -202,6 +202,19 @@ class Plan:
                 for op, where in self.kernels().items() if where not in libraries}
 
 
+def import_hint(registry: Registry, ops: Sequence[str]) -> str:
+    """The fix to give first where some of ``ops`` (``"domain::name"``) are registered by no module imported here
+    (most likely the one that registers them was not imported), with a space after it; "" where all are.
+
+    Example:
+        >>> import_hint(Registry(), ["mine::op"])
+        'Import the module that registers mine::op before the session (on the command line: --ops MODULE). '
+    """
+    unknown = [op for op in ops if registry.find(*op.split("::", 1)) is None]
+    return (f"Import the module that registers {', '.join(unknown)} before the session (on the command line: "
+            "--ops MODULE). " if unknown else "")
+
+
 def node_types(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto]) -> dict[str, onnx.TypeProto]:
     """The value types ``model`` records for ``nodes`` (of its graph or its If/Loop bodies): the graph's,
     and those of its subgraphs (a walk over them) only where a node reads or writes a value of theirs."""

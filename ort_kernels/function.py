@@ -22,7 +22,19 @@ from exporters.derive import Crash, crash_sites, last_failure
 from exporters.export import DEFAULT_OPSET
 from exporters.kinds import body_checks, body_kind
 from exporters.resolve import attach_functions
-from ort_kernels.base import Explain, Paths, Plan, Planned, Prepared, Refuse, Session, Tier, libraries, private_domains
+from ort_kernels.base import (
+    Explain,
+    Paths,
+    Plan,
+    Planned,
+    Prepared,
+    Refuse,
+    Session,
+    Tier,
+    import_hint,
+    libraries,
+    private_domains,
+)
 
 # NOTE: the prefix of the private domains the tier's nodes move to when the options carry a library
 FUNCTION_DOMAIN = "opbridge.function."
@@ -50,7 +62,7 @@ class FunctionTier(Tier):
             raise UnsupportedInTier(
                 f"tier 'function' cannot run {', '.join(names)}: no model-local function, no written "
                 f"function body, no torch.onnx translation that applies, and none derived from the "
-                f"implementation. Got {'; '.join(why)}. Give the op "
+                f"implementation. Got {'; '.join(why)}. {import_hint(plan.registry, names)}Give the op "
                 "a function= body (op.register_function), make its implementation traceable, or use "
                 "tier='native' or 'python'."
             )

@@ -16,7 +16,7 @@ from bridge.core.cppbuild import compiler, find_compiler, verified
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec
 from exporters.resolve import attach_functions
-from ort_kernels.base import FUNCTION_BODY, Paths, Plan, Prepared, Tier, load_error, with_library
+from ort_kernels.base import FUNCTION_BODY, Paths, Plan, Prepared, Tier, import_hint, load_error, with_library
 from ort_kernels.build import library_path, native_library, native_source, served_ops
 from ort_kernels.libraries import served_by, user_libraries
 
@@ -123,7 +123,8 @@ def _served(plan: Plan, theirs: dict[tuple[str, str], str], users: list[str]
         raise UnsupportedInTier(
             f"tier 'native' has no C++ kernel for {', '.join(missing)}, nor a function body to run instead"
             f"{'; no library given serves it' if users else ''}. Got ops {missing}. "
-            "Give each a C++ kernel (native= on @bridge.op, or op.register_native) or a function body"
+            f"{import_hint(plan.registry, missing)}Give each a C++ kernel (native= on @bridge.op, or "
+            "op.register_native) or a function body"
             f"{'' if users else ', or pass native_library= a custom-op library that serves it'}."
         )
     return served, unserved, attached

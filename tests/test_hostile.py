@@ -435,3 +435,14 @@ def test_session_run_misuse_is_named_in_every_tier(tier):
         with pytest.raises(bridge.OpBridgeError, match=match):
             sess.run(output_names, given)
     np.testing.assert_array_equal(sess.run(["y"], feed)[0], _Doubled()(x).numpy())
+
+
+@pytest.mark.parametrize("tier", ["function", "native"])
+def test_an_op_no_imported_module_registers_names_the_import_first(tier):
+    """A file without bodies opened where the op's module was not imported: the fix is that import (before: give
+    the op a body, or another tier)."""
+    x = torch.randn(1, 2, 3, 3)
+    proto = bridge.export(_Doubled(), (x,), functions=False)
+    with pytest.raises(bridge.OpBridgeError, match=r"Import the module that registers opbridge::identity_conv before "
+                                                   r"the session \(on the command line: --ops MODULE\)\. Give"):
+        bridge.session(proto.SerializeToString(), tier=tier, registry=bridge.Registry())
