@@ -1,9 +1,13 @@
+# ruff: noqa: UP006, UP035, UP045  (upstream code as shipped: typing.Optional and Tuple)
 """Functions whose attribute kinds upstream code states one way and passes another, as the repositories ship
 them (their compiled kernels stood in by plain torch): mmcv 2.x's CARAFEFunction (``scale_factor: int`` written
 ``scale_factor_f=``), mmdeploy 1.3.1's BicubicInterpolate (a bool written ``align_corners_i=``) and mmcv's
 MultiScaleDeformableAttnFunction with mmdeploy's symbolic installed on it (``im2col_step: torch.Tensor``, called with
-64, written ``im2col_step_i=``). The node is what ``torch.onnx.export(dynamo=False)`` writes; forward gets each value
+64, written ``im2col_step_i=``), mmcv's DeformRoIPoolFunction (``offset: Optional[Tensor]`` without a default,
+passed None: the node leaves the input out). The node is what ``torch.onnx.export(dynamo=False)`` writes; forward gets each value
 as the call passed it (before: 2.0, 0 and a tensor placeholder), in export's fake run and in every tier."""
+
+from typing import Optional, Tuple
 
 import pytest
 import torch
@@ -11,6 +15,7 @@ import torch.nn.functional as F
 from test_upstream_functions import legacy_export, node_identity
 from torch import Tensor
 from torch.autograd import Function
+from torch.nn.modules.utils import _pair
 
 import bridge
 from bridge.core.basics.graphs import custom_nodes
@@ -220,10 +225,92 @@ def _msda_fake(value, value_spatial_shapes, value_level_start_index, sampling_lo
     return value.new_empty(bs, nq, nh * value.shape[3])
 
 
+# -- mmcv 2.x mmcv/ops/deform_roi_pool.py (DeformRoIPoolFunction as shipped; its kernel stood in by a plain
+# reduction: the test is about the node's inputs, not the pooling)
+class _DrpExt:
+    @staticmethod
+    def deform_roi_pool_forward(input, rois, offset, output, pooled_height, pooled_width, spatial_scale,
+                                sampling_ratio, gamma):
+        pooled = input[rois[:, 0].long()].mean((2, 3)) * spatial_scale * rois[:, 3:].mean(1, keepdim=True)
+        shift = gamma * offset.mean((1, 2, 3)).view(-1, 1, 1, 1) if offset.numel() else 0.0
+        output.copy_(pooled[:, :, None, None].expand(output.shape) + shift)
+
+
+class DeformRoIPoolFunction(Function):
+
+    @staticmethod
+    def symbolic(g, input, rois, offset, output_size, spatial_scale,
+                 sampling_ratio, gamma):
+        inputs = [input, rois]
+        if offset is not None:
+            inputs = [input, rois, offset]
+        return g.op(
+            'mmcv::MMCVDeformRoIPool',
+            *inputs,
+            pooled_height_i=output_size[0],
+            pooled_width_i=output_size[1],
+            spatial_scale_f=spatial_scale,
+            sampling_ratio_f=sampling_ratio,
+            gamma_f=gamma,
+        )
+
+    @staticmethod
+    def forward(ctx,
+                input: Tensor,
+                rois: Tensor,
+                offset: Optional[Tensor],
+                output_size: Tuple[int, ...],
+                spatial_scale: float = 1.0,
+                sampling_ratio: int = 0,
+                gamma: float = 0.1) -> Tensor:
+        if offset is None:
+            offset = input.new_zeros(0)
+        ctx.output_size = _pair(output_size)
+        ctx.spatial_scale = float(spatial_scale)
+        ctx.sampling_ratio = int(sampling_ratio)
+        ctx.gamma = float(gamma)
+
+        assert rois.size(1) == 5, 'RoI must be (idx, x1, y1, x2, y2)!'
+
+        output_shape = (rois.size(0), input.size(1), ctx.output_size[0],
+                        ctx.output_size[1])
+        output = input.new_zeros(output_shape)
+
+        _DrpExt.deform_roi_pool_forward(
+            input,
+            rois,
+            offset,
+            output,
+            pooled_height=ctx.output_size[0],
+            pooled_width=ctx.output_size[1],
+            spatial_scale=ctx.spatial_scale,
+            sampling_ratio=ctx.sampling_ratio,
+            gamma=ctx.gamma)
+
+        ctx.save_for_backward(input, rois, offset)
+        return output
+
+
+class DeformRoIPool(torch.nn.Module):  # mmcv's module: offset None unless given
+    def __init__(self, output_size, spatial_scale=1.0, sampling_ratio=0, gamma=0.1):
+        super().__init__()
+        self.output_size = _pair(output_size)
+        self.spatial_scale = float(spatial_scale)
+        self.sampling_ratio = int(sampling_ratio)
+        self.gamma = float(gamma)
+
+    def forward(self, input: Tensor, rois: Tensor, offset: Optional[Tensor] = None) -> Tensor:
+        return DeformRoIPoolFunction.apply(input, rois, offset, self.output_size, self.spatial_scale,
+                                           self.sampling_ratio, self.gamma)
+
+
 def _cases():
     g = torch.Generator().manual_seed(0)
     masks = torch.rand(1, 9, 8, 10, generator=g).softmax(1)
+    rois = torch.tensor([[0, 2., 2., 13., 11.], [1, 0., 4., 19., 17.], [0, 6., 1., 21., 14.]])
     return {
+        "deform-roi-pool-no-offset": (DeformRoIPoolFunction, {}, DeformRoIPool((3, 3), 0.5, 2, 0.1),
+                                      (torch.randn(2, 4, 10, 12, generator=g), rois)),
         "carafe": (CARAFEFunction, {}, CARAFE(3, 1, 2), (torch.randn(1, 4, 4, 5, generator=g), masks)),
         "bicubic": (BicubicInterpolate, {}, Bicubic(False), (torch.randn(1, 3, 5, 6, generator=g),)),
         "bicubic-aligned": (BicubicInterpolate, {}, Bicubic(True), (torch.randn(1, 3, 5, 6, generator=g),)),

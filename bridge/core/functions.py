@@ -50,6 +50,7 @@ import math
 import operator
 import re
 import struct
+import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -956,7 +957,7 @@ def _from_symbolic(cls, g: Recorder, outs: list, params, given: Mapping[str, Any
         _refuse_computed_inputs(cls, g, node)
         raise _symbolic_error(cls, "writes a custom node together with other nodes",
                               f"{[f'{n.domain}::{n.op_type}' if n.domain else n.op_type for n in g.nodes]}")
-    inputs = _node_inputs(cls, node, {p.name: p.default for p in params})
+    inputs = _node_inputs(cls, node, {p.name: p.default is None or _optional(p.annotation) for p in params})
     attrs = [_passed_as(_node_attr(cls, key, kind, value), params, given) for key, (kind, value) in node.attrs.items()]
     _check_names(cls, inputs, attrs, params)
     _check_paths(cls, attrs, given)
@@ -1008,15 +1009,27 @@ def _check_names(cls, inputs: list[tuple[str, bool]], attrs: list[Attr], params)
                               f"node inputs {[n for n, _ in inputs]}, attributes {[a.name for a in attrs]}")
 
 
-def _node_inputs(cls, node: Node, defaults: Mapping[str, Any]) -> list[tuple[str, bool]]:
-    """The custom node's inputs: (forward's tensor argument, optional) each."""
+def _optional(annotation: Any) -> bool:
+    """Whether ``annotation`` lets the argument be None (``Optional[Tensor]``, ``Tensor | None``, or as text).
+
+    >>> _optional(typing.Optional[torch.Tensor]), _optional("Optional[Tensor]"), _optional(torch.Tensor)
+    (True, True, False)
+    """
+    if isinstance(annotation, str):
+        return annotation.replace(" ", "").startswith("Optional[") or "None" in annotation.split("|")
+    return type(None) in typing.get_args(annotation)
+
+
+def _node_inputs(cls, node: Node, optional: Mapping[str, bool]) -> list[tuple[str, bool]]:
+    """The custom node's inputs: (forward's tensor argument, optional: its default is None or its annotation
+    allows None, mmcv's ``offset: Optional[Tensor]``) each."""
     inputs = []
     for x in node.inputs:
         if x is None:
             raise _symbolic_error(cls, "passes None as an input", "g.op(..., None, ...)")
         if not isinstance(x, _Arg) or x.path:
             raise _symbolic_error(cls, "gives the custom node an input that is not one of forward's tensors", repr(x))
-        inputs.append((x.name, defaults[x.name] is None))
+        inputs.append((x.name, optional[x.name]))
     return inputs
 
 
