@@ -344,3 +344,25 @@ def test_a_file_read_where_the_function_was_only_registered_calls_forward_with_a
     bridge.register(CARAFEFunction, registry=fresh)
     sess = bridge.session(proto.SerializeToString(), tier="python", registry=fresh)
     torch.testing.assert_close(torch.from_numpy(bridge.parity.run_ort(sess, args)[0]), model(*args))
+
+
+def _corner_pool(mode: int):
+    """mmcv 1.x corner_pool.py's shape: four Functions, one node type, told apart by mode_i."""
+    class CornerPoolFunction(Function):
+        @staticmethod
+        def symbolic(g, input):
+            return g.op('mmcv::MMCVCornerPool', input, mode_i=int(mode))
+
+        @staticmethod
+        def forward(ctx, input):
+            return input.cummax(2 + mode % 2)[0]
+    return CornerPoolFunction
+
+
+def test_a_second_function_writing_one_node_type_names_the_first(reg):
+    top, left = _corner_pool(0), _corner_pool(1)
+    bridge.register(top, registry=reg)
+    with pytest.raises(bridge.OpBridgeError, match=r"op 'mmcv::MMCVCornerPool' is already registered \(by "
+                                                   r".*CornerPoolFunction \(torch\.autograd\.Function, bridged\)\).*"
+                                                   r"told apart by an attribute, cannot each be bridged"):
+        bridge.register(left, registry=reg)

@@ -112,10 +112,15 @@ class Registry:
 
     def check_free(self, qualname: str) -> None:
         """Raise if ``qualname`` is taken: a second declaration is an error, not an override."""
-        if qualname in self._ops:
+        held = self._ops.get(qualname)
+        if held is not None:
+            # NOTE: the holder named: two Functions whose symbolics write one node type (mmcv 1.x's four corner
+            # pools, told apart by mode_i) meet here, and the second does not know the first
             raise OpBridgeError(
-                f"op {qualname!r} is already registered. Got a second declaration. "
-                "Give the new op another name, or remove the first declaration."
+                f"op {qualname!r} is already registered (by {held.doc.splitlines()[0] if held.doc else 'another'}). "
+                "Got a second declaration. Give the new op another name, or remove the first declaration (Functions "
+                "whose symbolics write one node type, told apart by an attribute, cannot each be bridged: one op "
+                "type has one record)."
             )
 
     def add(self, spec: OpSpec) -> OpSpec:
