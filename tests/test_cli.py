@@ -242,6 +242,24 @@ def test_check_op_without_samples_is_not_a_pass(op, needle, tmp_path):
     assert "passed" not in r.stdout
 
 
+LYING_FAKE = """
+import torch, bridge
+@bridge.op("mine::dtfake", fake=lambda x: x.new_empty(x.shape, dtype=torch.float64),
+           sample_inputs=lambda dtype: [bridge.SampleInput((torch.randn(3).to(dtype),))])
+def dtfake(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+"""
+
+
+@pytest.mark.parametrize("tier", ["function", "python"])
+def test_check_op_with_a_fake_of_another_dtype_names_the_fake_in_every_tier(tier, tmp_path):
+    """The function tier's derived body fails to load against the node the fake types: the error is the fake's
+    (before: onnx's 'elem type differs (11) vs (1)'), as the python tier's is."""
+    (tmp_path / "lying.py").write_text(LYING_FAKE)
+    r = run("-q", "--ops", "lying", "check", "--op", "mine::dtfake", "--tier", tier, cwd=tmp_path)
+    _one_line_error(r, "mine::dtfake: its fake kernel says output 0 is float64[3], its forward gives float32[3]")
+
+
 # --- a fast CLI: the parser loads nothing heavy; prerequisites before any export; --ops anywhere ----------
 
 def test_help_and_argument_errors_load_no_torch():
