@@ -514,3 +514,11 @@ def test_run_without_ops_words_a_failed_guard_from_its_node(registry, fresh_name
     _one_line_error(r, f"opbridge: {name}: input 'idx' failed its check 0 (values_in) inside the model")
     assert "onnxruntime failed to run" not in r.stderr and f"registers {name} before opening" in r.stderr, r.stderr
     assert "--ops MODULE" in r.stderr, r.stderr
+
+
+def test_help_reads_as_text_and_a_model_given_to_ops_is_named():
+    r = in_process("--help")
+    assert "opbridge command line: ops | export" in r.stdout and "``" not in r.stdout
+    r = in_process("--ops", "model.onnx", "ops")
+    _one_line_error(r, "--ops takes the Python module that registers your ops (a name or a .py file), not a .onnx "
+                       "file. Got --ops model.onnx. Pass the file to the command itself")

@@ -95,7 +95,7 @@ def _tier_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="opbridge", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="opbridge", description=__doc__.split("\n")[0].replace("``", ""))
     _common(parser, "")
     sub = parser.add_subparsers(dest="command")
 

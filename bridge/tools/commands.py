@@ -64,6 +64,10 @@ def import_ops(name: str, option: str = "--ops"):
     or a path to a ``.py`` file, loaded from exactly that file (its folder goes on sys.path, so its
     own imports work)."""
     path = Path(name)
+    if path.suffix in (".onnx", ".npz"):
+        raise OpBridgeError(f"{option} takes the Python module that registers your ops (a name or a .py file), not a "
+                            f"{path.suffix} file. Got {option} {name}. Pass the file to the command itself (opbridge "
+                            f"run model.onnx), and the module to {option} (e.g. {option} my_ops).")
     if name.endswith(".py") or os.sep in name:
         if not path.is_file():
             raise OpBridgeError(f"no op module file at {name!r}. Got a path that does not exist. "
