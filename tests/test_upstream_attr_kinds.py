@@ -4,7 +4,8 @@ them (their compiled kernels stood in by plain torch): mmcv 2.x's CARAFEFunction
 ``scale_factor_f=``), mmdeploy 1.3.1's BicubicInterpolate (a bool written ``align_corners_i=``) and mmcv's
 MultiScaleDeformableAttnFunction with mmdeploy's symbolic installed on it (``im2col_step: torch.Tensor``, called with
 64, written ``im2col_step_i=``), mmcv's DeformRoIPoolFunction (``offset: Optional[Tensor]`` without a default,
-passed None: the node leaves the input out). The node is what ``torch.onnx.export(dynamo=False)`` writes; forward gets each value
+passed None: the node leaves the input out), mmdeploy 1.3.1's GemmOp (a standard-op symbolic renaming its inputs with
+``setDebugName``). The node is what ``torch.onnx.export(dynamo=False)`` writes; forward gets each value
 as the call passed it (before: 2.0, 0 and a tensor placeholder), in export's fake run and in every tier."""
 
 from typing import Optional, Tuple
@@ -366,3 +367,44 @@ def test_a_second_function_writing_one_node_type_names_the_first(reg):
                                                    r".*CornerPoolFunction \(torch\.autograd\.Function, bridged\)\).*"
                                                    r"told apart by an attribute, cannot each be bridged"):
         bridge.register(left, registry=reg)
+
+
+# -- mmdeploy 1.3.1 mmdeploy/pytorch/functions/linear.py (GemmOp as shipped): a standard-op symbolic that renames
+# its inputs with setDebugName
+class GemmOp(Function):
+    """Create onnx::Gemm op."""
+
+    @staticmethod
+    def forward(ctx, input, weight, bias=None):
+        out = input @ weight.transpose(0, 1)
+        if bias is not None:
+            out += bias
+        return out
+
+    @staticmethod
+    def symbolic(g, input, weight, bias=None):
+        input.setDebugName('A')
+        weight.setDebugName('B')
+        args = ['Gemm', input, weight]
+        if bias is not None:
+            bias.setDebugName('C')
+            args.append(bias)
+        return g.op(*args, alpha_f=1.0, beta_f=1.0, transA_i=0, transB_i=1)
+
+
+class _Linear(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 4)
+
+    def forward(self, x):
+        return GemmOp.apply(x.relu(), self.fc.weight, self.fc.bias)
+
+
+def test_a_standard_op_symbolic_renaming_its_inputs_writes_a_connected_graph(reg):
+    """Before: the Gemm read 'A' and 'B', which nothing wrote (onnx.checker: not topologically sorted)."""
+    bridge.register(GemmOp, registry=reg)
+    model, x = _Linear(), torch.randn(5, 8)
+    ours = bridge.export(model, (x,), registry=reg)
+    assert [n.op_type for n in ours.graph.node if n.op_type != "Constant"] == ["Relu", "Gemm"]
+    assert bridge.check_parity(model, (x,), registry=reg).passed

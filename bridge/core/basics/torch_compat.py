@@ -404,6 +404,11 @@ def run_symbolic(symbolic: Callable, args: Sequence, opset: int, hook: Callable 
     outs = list(out) if isinstance(out, (tuple, list)) else [out]
     if not outs or not all(isinstance(o, torch._C.Value) for o in outs):
         raise SymbolicFailed(f"it returned {out!r}, not the value(s) g.op gave")
+    # NOTE: a symbolic may rename its inputs (mmdeploy's GemmOp: input.setDebugName('A')): the graph's inputs keep
+    # the names given, which the body is read by
+    for v, a in zip(values, args):
+        if isinstance(a, GraphInput):
+            v.setDebugName(a.name)
     if hook is not None:
         return [o.unique() for o in outs]
     for o in outs:
