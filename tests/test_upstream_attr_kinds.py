@@ -408,3 +408,23 @@ def test_a_standard_op_symbolic_renaming_its_inputs_writes_a_connected_graph(reg
     ours = bridge.export(model, (x,), registry=reg)
     assert [n.op_type for n in ours.graph.node if n.op_type != "Constant"] == ["Relu", "Gemm"]
     assert bridge.check_parity(model, (x,), registry=reg).passed
+
+
+class _LinearNoBias(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(4, 8))
+
+    def forward(self, x):
+        return GemmOp.apply(x, self.w)
+
+
+def test_an_argument_none_by_default_and_at_the_call_is_an_absent_input(reg):
+    """GemmOp called without bias, registered as shipped (no sample): bias is None by default and at the call, an
+    optional tensor left out (before: its kind 'known neither from symbolic, an annotation, a default nor a
+    sample')."""
+    bridge.register(GemmOp, registry=reg)
+    model, x = _LinearNoBias(), torch.randn(5, 8)
+    gemm = [n for n in bridge.export(model, (x,), registry=reg).graph.node if n.op_type == "Gemm"]
+    assert len(gemm) == 1 and len(gemm[0].input) == 2
+    assert bridge.check_parity(model, (x,), registry=reg).passed

@@ -1147,6 +1147,8 @@ def _plain(cls, base: dict, name: str | None, params, sample, symbolic, read,
     for p in params:
         kind = (usage.get(p.name) or _kind_of_annotation(p.annotation)
                 or _kind_of_value(given.get(p.name)) or _kind_of_value(p.default))
+        if kind is None and p.default is None and sample is not None and given.get(p.name) is None:
+            kind = "tensor"  # NOTE: None by default and at the call (mmdeploy's GemmOp bias=None): an absent input
         if kind is None and sample is None:
             raise NeedsCall(cls, f"the kind of argument '{p.name}' of forward (tensor, or which attribute type) is "
                                  "known neither from symbolic, an annotation nor a default")
