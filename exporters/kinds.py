@@ -35,6 +35,7 @@ from exporters.derive.derivation import derive
 from exporters.derive.implementation import implementation
 from exporters.derive.indices import stated, stated_checks
 from exporters.derive.sites import NoPortableBody, Site, Untraceable, sample_site, site_of
+from exporters.fakes import check_fake
 
 
 def guarded_copy(proto: onnx.FunctionProto, spec: OpSpec, extra: tuple[Check, ...] = ()) -> onnx.FunctionProto:
@@ -233,6 +234,9 @@ class DerivedBody(BodyKind):
             if site is not None:
                 derive(self.spec, site, opset, registry, translation=self.translation)
         except NoPortableBody as e:
+            # NOTE: a fake of another dtype than the forward's makes the derived body fail to load against the node
+            # the fake types: the fake's disagreement is the error to give then
+            check_fake(self.spec)
             return "none", e.reason
         return "derived", ("derived at each export (no sample inputs to try it here)"
                            if try_it and site is None else None)

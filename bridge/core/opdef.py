@@ -297,8 +297,9 @@ def _check_version(qualname: str, version: Any) -> None:
         raise OpBridgeError(f"{qualname}: version must be an int >= 1. Got {version!r}. Use version=1.")
 
 
-def _check_dtypes(what: str, dtypes: Any) -> None:
+def _check_dtypes(op: Any, dtypes: Any) -> None:
     if isinstance(dtypes, (str, torch.dtype)) or not dtypes or not all(isinstance(d, torch.dtype) for d in dtypes):
+        what = class_name(op) if isinstance(op, type) else str(op)
         raise OpBridgeError(f"{what}: dtypes must be a sequence of torch dtypes. Got {dtypes!r}. Pass e.g. "
                             "dtypes=(torch.float32, torch.float16).")
 
@@ -379,7 +380,7 @@ def register(
         (['x', 'k'], 'opbridge_proxy::vendor_doc__shift')
     """
     reg = REGISTRY if registry is None else registry
-    _check_dtypes(class_name(op) if isinstance(op, type) else str(op), dtypes)
+    _check_dtypes(op, dtypes)
     base = _caller_folder()
     if is_function_class(op):
         refused = {"domain": domain, "translation": translation, "names": names, "attributes": attributes,

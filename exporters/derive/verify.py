@@ -27,7 +27,6 @@ from exporters.derive.body import DERIVED
 from exporters.derive.contained import RUNNER
 from exporters.derive.sites import Site, Untraceable, one_line
 from exporters.derive.tracing import call_args, example, example_inputs, flat_values
-from exporters.fakes import check_fake
 
 _ALT_STEP = 3  # verification also runs the dynamic dims at size + this
 _EDGE_SIZES = (0, 1)  # ... and each dynamic dim at these sizes (torch's trace assumes 2 or more)
@@ -91,15 +90,11 @@ def _wrap(spec: OpSpec, site: Site, proto: onnx.FunctionProto, outputs: Sequence
                              functions=[proto], ir_version=10)
 
 
-def _session(model: onnx.ModelProto, spec: OpSpec) -> ort.InferenceSession:
-    """A session of ``model`` (a node of ``spec`` and its derived body); a body that does not load is Untraceable,
-    but where the op's fake kernel disagrees with its forward (the node declares the fake's type, the body gives the
-    forward's): that is the error (``exporters.fakes.check_fake``)."""
+def _session(model: onnx.ModelProto) -> ort.InferenceSession:
     try:
         onnx.checker.check_model(model, full_check=True)
         return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     except Exception as e:  # noqa: BLE001
-        check_fake(spec)
         raise Untraceable(f"the derived body does not load ({one_line(e)})") from None
 
 
@@ -117,7 +112,7 @@ def _eager(spec: OpSpec, fn: Callable, site: Site, roles: list[tuple], tensors: 
 def loads(spec: OpSpec, site: Site, proto: onnx.FunctionProto, outputs: Sequence[tuple[torch.dtype, int]]) -> None:
     """Raise ``Untraceable`` where ``proto``, called by one node at ``site``, fails ``onnx.checker``
     (full) or onnxruntime's load."""
-    _session(_wrap(spec, site, proto, outputs), spec)
+    _session(_wrap(spec, site, proto, outputs))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,7 +132,7 @@ def verify(spec: OpSpec, fn: Callable, site: Site, roles: list[tuple], proto: on
     with dynamic dims, at other sizes, each at 0 and 1 too); ``outputs`` gives each output's dtype
     and rank. Returns the sizes onnxruntime dies at (run in a child process: the export lives on)."""
     model = _wrap(spec, site, proto, outputs)
-    sess = _session(model, spec)
+    sess = _session(model)
     trials = [sizes] + ([{s: n + _ALT_STEP for s, n in sizes.items()}] if sizes else [])
     for trial in trials:
         expected, feed = _trial(spec, fn, site, roles, trial)
