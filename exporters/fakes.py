@@ -35,11 +35,18 @@ def check_fake(spec: OpSpec) -> None:
         ...     print(str(e).split(", its forward")[0])
         opbridge: doc43::row_sums: its fake kernel says output 0 is float32[3,4]
     """
+    lie = fake_disagreement(spec)
+    if lie is not None:
+        raise OpBridgeError(lie)
+
+
+def fake_disagreement(spec: OpSpec) -> str | None:
+    """:func:`check_fake`'s error (without raising it), or None where the fake agrees with the forward on the
+    op's samples (or it has none); worked out once per record."""
     entry = _CHECKED.get(id(spec))
     if entry is None or entry[0] is not spec:
         entry = _CHECKED[id(spec)] = (spec, _lie(spec))
-    if entry[1] is not None:
-        raise OpBridgeError(entry[1])
+    return entry[1]
 
 
 def _samples(spec: OpSpec) -> list[tuple[torch.dtype, SampleInput]]:

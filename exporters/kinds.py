@@ -35,7 +35,7 @@ from exporters.derive.derivation import derive
 from exporters.derive.implementation import implementation
 from exporters.derive.indices import stated, stated_checks
 from exporters.derive.sites import NoPortableBody, Site, Untraceable, sample_site, site_of
-from exporters.fakes import check_fake
+from exporters.fakes import fake_disagreement
 
 
 def guarded_copy(proto: onnx.FunctionProto, spec: OpSpec, extra: tuple[Check, ...] = ()) -> onnx.FunctionProto:
@@ -235,9 +235,9 @@ class DerivedBody(BodyKind):
                 derive(self.spec, site, opset, registry, translation=self.translation)
         except NoPortableBody as e:
             # NOTE: a fake of another dtype than the forward's makes the derived body fail to load against the node
-            # the fake types: the fake's disagreement is the error to give then
-            check_fake(self.spec)
-            return "none", e.reason
+            # the fake types: the fake's disagreement is the reason to give then
+            lie = fake_disagreement(self.spec)
+            return "none", e.reason if lie is None else lie.rstrip(".")
         return "derived", ("derived at each export (no sample inputs to try it here)"
                            if try_it and site is None else None)
 

@@ -522,3 +522,12 @@ def test_help_reads_as_text_and_a_model_given_to_ops_is_named():
     r = in_process("--ops", "model.onnx", "ops")
     _one_line_error(r, "--ops takes the Python module that registers your ops (a name or a .py file), not a .onnx "
                        "file. Got --ops model.onnx. Pass the file to the command itself")
+
+
+def test_ops_lists_an_op_whose_fake_lies_and_says_why_it_has_no_body(tmp_path):
+    (tmp_path / "lying.py").write_text(LYING_FAKE)
+    r = run("-q", "--ops", "lying", "ops", "--json", "--bodies", cwd=tmp_path)
+    assert r.returncode == 0, r.stderr
+    row = next(o for o in json.loads(r.stdout) if o["op"] == "mine::dtfake")
+    assert row["body"] == "none" and row["body_note"].startswith("mine::dtfake: its fake kernel says output 0 is "
+                                                                 "float64[3], its forward gives float32[3]")

@@ -1012,11 +1012,12 @@ def _check_names(cls, inputs: list[tuple[str, bool]], attrs: list[Attr], params)
 def _optional(annotation: Any) -> bool:
     """Whether ``annotation`` lets the argument be None (``Optional[Tensor]``, ``Tensor | None``, or as text).
 
-    >>> _optional(typing.Optional[torch.Tensor]), _optional("Optional[Tensor]"), _optional(torch.Tensor)
+    >>> _optional(typing.Optional[torch.Tensor]), _optional("Tensor | None"), _optional(torch.Tensor)
     (True, True, False)
     """
     if isinstance(annotation, str):
-        return annotation.replace(" ", "").startswith("Optional[") or "None" in annotation.split("|")
+        text = annotation.replace(" ", "")
+        return text.startswith("Optional[") or "None" in text.split("|")
     return type(None) in typing.get_args(annotation)
 
 
