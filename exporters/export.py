@@ -675,6 +675,12 @@ _SOURCE = re.compile(r"L\['(?:args'\]\[\d+\]\[)?'?(\w+)'?\]\.size\(\)\[(\d+)\]")
 _SUGGESTED = re.compile(r"^Suggested fixes:\n((?:[ \t]+\S.*\n?)+)", re.M)
 
 
+def _suggested_fixes(text: str) -> str:
+    """torch.export's suggested fixes in ``text`` as one line (``ns = nb; n = 2*_n``); "" where there are none."""
+    found = _SUGGESTED.search(text)
+    return "; ".join(ln.strip() for ln in found.group(1).splitlines() if ln.strip())[:300] if found else ""
+
+
 def narrowed_shapes(error: BaseException, dynamic_shapes):
     """``dynamic_shapes`` with torch.export's suggested fixes applied (sizes that must be equal share one Dim, a
     size the code needs even is ``2*Dim``, a least size is a Dim's min), as torch.onnx.export(dynamo=True) applies
@@ -692,8 +698,8 @@ def narrowed_shapes(error: BaseException, dynamic_shapes):
         >>> [i.type.tensor_type.shape.dim[0].dim_param for i in proto.graph.input], str(caught[0].message)[:77]
         (['nb', 'nb'], 'opbridge: dynamic_shapes narrowed to what the model needs (ns = nb), as torch')
     """
-    suggested = _SUGGESTED.search(str(error))
-    if suggested is None:
+    fixes = _suggested_fixes(str(error))
+    if not fixes:
         return None
     try:
         fixed = torch.export.dynamic_shapes.refine_dynamic_shapes_from_suggested_fixes(
@@ -703,8 +709,7 @@ def narrowed_shapes(error: BaseException, dynamic_shapes):
     before, after = torch_compat.pytree.tree_leaves(dynamic_shapes), torch_compat.pytree.tree_leaves(fixed)
     if len(before) != len(after) or any(isinstance(b, int) and not isinstance(a, int) for a, b in zip(before, after)):
         return None
-    fixes = "; ".join(ln.strip() for ln in suggested.group(1).splitlines() if ln.strip())
-    warnings.warn(f"opbridge: dynamic_shapes narrowed to what the model needs ({fixes[:300]}), as "
+    warnings.warn(f"opbridge: dynamic_shapes narrowed to what the model needs ({fixes}), as "
                   "torch.onnx.export(dynamo=True) narrows them: the file is exported for those sizes only (outside "
                   "them the model's code may compute otherwise). Got torch.export's constraint violation. Pass "
                   "dynamic_shapes with these fixes to export without this warning.", stacklevel=2)
@@ -743,10 +748,9 @@ def constraint_violation(error: BaseException, model, args: Sequence, kwargs: di
     line = next((ln.strip(" -") for ln in text.splitlines()[1:] if ln.strip(" -")), "")
     what = (f"the model's code fixes it to {found.group(2)}" if found
             else f"the model's code restricts it ({line[:200]})")
-    suggested = _SUGGESTED.search(text)
-    fixes = "; ".join(ln.strip() for ln in suggested.group(1).splitlines() if ln.strip()) if suggested else ""
+    fixes = _suggested_fixes(text)
     # NOTE: where torch.export suggests fixes (sizes that must be equal: one Dim object for both), they come first
-    fix = (f"Apply torch.export's suggested fixes to dynamic_shapes ({fixes[:300]}: one Dim object where sizes "
+    fix = (f"Apply torch.export's suggested fixes to dynamic_shapes ({fixes}: one Dim object where sizes "
            "must be equal), or look" if fixes else "Look")
     return OpBridgeError(
         f"torch.export could not keep {where} dynamic: {what}. Got a constraint violation from torch.export. "

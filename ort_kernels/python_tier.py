@@ -53,7 +53,17 @@ from bridge.core.basics.graphs import FreshNames, model_graphs, value_names
 from bridge.core.basics.installed import pip_line
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec, node_attributes
-from ort_kernels.base import FUNCTION_BODY, Paths, Plan, Prepared, Tier, libraries, node_types, with_library
+from ort_kernels.base import (
+    FUNCTION_BODY,
+    Paths,
+    Plan,
+    Prepared,
+    Tier,
+    import_hint,
+    libraries,
+    node_types,
+    with_library,
+)
 from ort_kernels.build import io_types
 
 _lock = threading.Lock()
@@ -432,9 +442,8 @@ def _served(plan: Plan, helpers: set) -> list:
     if bodies:
         ops = sorted({p.op for p in bodies})
         warnings.warn(f"opbridge: tier 'python' runs {', '.join(ops)} from the file's function body, not an eager "
-                      f"implementation: no registered op has that name. Got ops {ops}. Import the module that "
-                      "registers it before the session (on the command line: --ops MODULE) to run its own "
-                      "implementation.", stacklevel=2)
+                      f"implementation: no registered op has that name. Got ops {ops}. "
+                      f"{import_hint(plan.registry, ops)}Then its own implementation runs.", stacklevel=2)
     served = [p for p in plan.graph if p.key not in helpers]
     missing = sorted({p.op for p in served if p.spec is None})
     if missing:

@@ -428,3 +428,30 @@ def test_an_argument_none_by_default_and_at_the_call_is_an_absent_input(reg):
     gemm = [n for n in bridge.export(model, (x,), registry=reg).graph.node if n.op_type == "Gemm"]
     assert len(gemm) == 1 and [i for i in gemm[0].input if i] == ["x", "w"]  # NOTE: "" is an absent input
     assert bridge.check_parity(model, (x,), registry=reg).passed
+
+
+class ShiftNoSymbolic(Function):  # no symbolic: the node is named at register; offset Optional, no default
+    @staticmethod
+    def forward(ctx, x: Tensor, offset: Optional[Tensor], scale: float = 2.0):
+        return x * scale if offset is None else x * scale + offset
+
+
+class _Shift(torch.nn.Module):
+    def __init__(self, with_offset):
+        super().__init__()
+        self.with_offset = with_offset
+
+    def forward(self, x):
+        return ShiftNoSymbolic.apply(x, x.flip(0) if self.with_offset else None, 3.0)
+
+
+@pytest.mark.parametrize("with_offset", [False, True], ids=["offset-none", "offset-given"])
+def test_an_optional_tensor_without_default_is_optional_without_symbolic_too(reg, with_offset):
+    """The same rule as DeformRoIPool's symbolic path: ``Optional[Tensor]`` with no default may be left out (before:
+    without symbolic only a None default made an input optional, and a None offset was refused)."""
+    bridge.register(ShiftNoSymbolic, name="test::ShiftNoSymbolic", registry=reg)
+    model, x = _Shift(with_offset), torch.randn(4, 3)
+    node, = custom_nodes(bridge.export(model, (x,), registry=reg))
+    assert len([i for i in node.input if i]) == (2 if with_offset else 1)
+    for tier in ("python", "function"):
+        assert bridge.check_parity(model, (x,), registry=reg, tier=tier).passed

@@ -50,6 +50,7 @@ import math
 import operator
 import re
 import struct
+import types
 import typing
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -957,7 +958,7 @@ def _from_symbolic(cls, g: Recorder, outs: list, params, given: Mapping[str, Any
         _refuse_computed_inputs(cls, g, node)
         raise _symbolic_error(cls, "writes a custom node together with other nodes",
                               f"{[f'{n.domain}::{n.op_type}' if n.domain else n.op_type for n in g.nodes]}")
-    inputs = _node_inputs(cls, node, {p.name: p.default is None or _optional(p.annotation) for p in params})
+    inputs = _node_inputs(cls, node, {p.name: _may_be_none(p) for p in params})
     attrs = [_passed_as(_node_attr(cls, key, kind, value), params, given) for key, (kind, value) in node.attrs.items()]
     _check_names(cls, inputs, attrs, params)
     _check_paths(cls, attrs, given)
@@ -1009,21 +1010,25 @@ def _check_names(cls, inputs: list[tuple[str, bool]], attrs: list[Attr], params)
                               f"node inputs {[n for n, _ in inputs]}, attributes {[a.name for a in attrs]}")
 
 
-def _optional(annotation: Any) -> bool:
-    """Whether ``annotation`` lets the argument be None (``Optional[Tensor]``, ``Tensor | None``, or as text).
+def _may_be_none(param: inspect.Parameter) -> bool:
+    """Whether forward's argument may be None: its default is None, or its annotation allows None (mmcv's
+    ``offset: Optional[Tensor]``, ``Tensor | None``, or either as text).
 
-    >>> _optional(typing.Optional[torch.Tensor]), _optional("Tensor | None"), _optional(torch.Tensor)
-    (True, True, False)
+    >>> sig = inspect.signature(lambda a: None)
+    >>> [_may_be_none(sig.parameters["a"].replace(annotation=a)) for a in (typing.Optional[torch.Tensor],
+    ...                                                                    "Tensor | None", torch.Tensor)]
+    [True, True, False]
     """
-    if isinstance(annotation, str):
-        text = annotation.replace(" ", "")
+    if param.default is None:
+        return True
+    if isinstance(param.annotation, str):
+        text = param.annotation.replace(" ", "")
         return text.startswith("Optional[") or "None" in text.split("|")
-    return type(None) in typing.get_args(annotation)
+    return type(None) in typing.get_args(param.annotation)
 
 
 def _node_inputs(cls, node: Node, optional: Mapping[str, bool]) -> list[tuple[str, bool]]:
-    """The custom node's inputs: (forward's tensor argument, optional: its default is None or its annotation
-    allows None, mmcv's ``offset: Optional[Tensor]``) each."""
+    """The custom node's inputs: (forward's tensor argument, optional: ``_may_be_none``) each."""
     inputs = []
     for x in node.inputs:
         if x is None:
@@ -1107,9 +1112,19 @@ def _kind_of_value(v) -> str | None:
 
 
 def _kind_of_annotation(ann) -> str | None:
+    """The argument kind an annotation states; ``Optional[X]`` (``X | None``) states X's.
+
+    >>> _kind_of_annotation(typing.Optional[torch.Tensor]), _kind_of_annotation("int | None")
+    ('tensor', 'i')
+    """
     if isinstance(ann, str):
+        text = ann.replace(" ", "")
+        text = text[len("Optional["):-1] if text.startswith("Optional[") else text.removesuffix("|None")
         ann = {"int": int, "float": float, "str": str, "bool": bool, "Tensor": torch.Tensor,
-               "torch.Tensor": torch.Tensor}.get(ann, ann)
+               "torch.Tensor": torch.Tensor}.get(text, ann)
+    inner = [a for a in typing.get_args(ann) if a is not type(None)]
+    if typing.get_origin(ann) in (typing.Union, types.UnionType) and len(inner) == 1:
+        ann = inner[0]
     if ann in _ANNOTATIONS:
         return _ANNOTATIONS[ann]
     args = getattr(ann, "__args__", None) or ()
@@ -1160,7 +1175,7 @@ def _plain(cls, base: dict, name: str | None, params, sample, symbolic, read,
                 f"{p.name}={given.get(p.name, p.default)!r}. Annotate forward ({p.name}: torch.Tensor / int / float / "
                 "bool / str / tuple[int, ...]) or pass sample_inputs= to bridge.register.")
         if kind == "tensor":
-            inputs.append((p.name, p.default is None))
+            inputs.append((p.name, _may_be_none(p)))
             continue
         attrs.append(Attr(p.name, kind, p.name))
         value = given.get(p.name, p.default)
