@@ -34,12 +34,14 @@ from bridge.core.functions import (
     Declined,
     FunctionBridge,
     class_name,
+    classes_made,
     constant_body,
     dispatched,
     export_forward,
     function_classes,
     swap_forwards,
     symbolic_name,
+    symbolic_of,
 )
 from bridge.core.opdef import FunctionCalls, described, described_method, register
 from bridge.core.proxy import proxy_name, redirect, specialisation_check
@@ -52,6 +54,7 @@ from exporters.fakes import check_fake
 from exporters.inline import inline_functions
 from exporters.names import (
     call_args,
+    check_dynamic_shapes,
     check_model_call,
     check_torch_onnx_options,
     dim_names,
@@ -248,6 +251,7 @@ def symbolic_calls(registry: Registry, routes: dict[type, Callable]):
 
 
 _WARNED_FUNCTIONS: set[type] = set()  # unregistered Functions whose symbolic was not used, warned once
+_WARNED_LOCAL: set[str] = set()  # the same, for classes made during an export (named, a new class each call)
 
 
 class _Watch:
@@ -275,6 +279,20 @@ class _Watch:
             return None
         self.registered[cls] = route = _route(register(cls, registry=self.registry).spec, self.registry)
         return route
+
+    @staticmethod
+    def made_in_export(classes: Sequence[type]) -> None:
+        """Warn (once per class statement) of Functions with a symbolic whose class was made while tracing: a class
+        statement inside the function calling it, traced as plain torch code, for no registration names it."""
+        for cls in classes:
+            if symbolic_of(cls) is not None and class_name(cls) not in _WARNED_LOCAL:
+                _WARNED_LOCAL.add(class_name(cls))
+                warnings.warn(
+                    f"opbridge: {class_name(cls)} has a symbolic, which is not used: its forward is traced as plain "
+                    "torch code. Got a torch.autograd.Function class made during export (a class statement inside "
+                    "the function that calls it, as mmdeploy's rewrites write them: a new class on each call, which "
+                    "no registration names). Define the class at module level and call bridge.register on it.",
+                    stacklevel=3)
 
     def _dispatched(self, cls: type, args: tuple, kwargs: dict) -> Callable | None:
         """A Function the symbolic registered for ``prim::PythonOp`` exports (as the TorchScript exporter did):
@@ -410,6 +428,11 @@ def _trace(model, args: tuple, kwargs, dynamic_shapes, narrowed: bool = False) -
                 "'no fake impl registered'. Pass fake= to @bridge.op / bridge.register (a function of the op's "
                 "arguments returning empty outputs, e.g. lambda x: torch.empty_like(x)), or give it one with "
                 "op.register_fake(fn).") from e
+        if str(getattr(e, "error_type", "")).endswith("INVALID_INPUT") and "dynamic_shapes" in str(e):
+            raise OpBridgeError(
+                f"dynamic_shapes does not fit the call. Got torch.export's: {str(e).splitlines()[0].rstrip('.')}. "
+                "Give each tensor argument a {dim index: torch.export.Dim} (or a list with one entry per dim), "
+                "None for an argument with no dynamic dim.") from e
         if "fake tensor in the exported program constant" in str(e):
             raise OpBridgeError(
                 "torch.export cannot trace a value the model takes from a tensor's .data (pytorch-quantization's "
@@ -459,6 +482,7 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
             raise OpBridgeError("dynamic_axes and dynamic_shapes both given. Got both. Pass one (dynamic_shapes: "
                                 "torch.export's form; dynamic_axes: torch.onnx.export's, turned into it).")
         dynamic_shapes = shapes_from_axes(model, args, kwargs, dynamic_axes, input_names, output_names)
+    check_dynamic_shapes(model, args, kwargs, dynamic_shapes)
     _check_opset(opset_version)
     if f is not None:
         files.check_writable(f, what="model")  # NOTE: a path that cannot be written fails before the export
@@ -467,8 +491,9 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
     routes = function_routes(reg)
     with step("torch.export"), redirect(proxy_targets(reg)), \
             swap_forwards(routes, watch, function_classes()), symbolic_calls(reg, routes), \
-            torch_compat.traced_as_torch_onnx():
+            torch_compat.traced_as_torch_onnx(), classes_made() as made:
         program = _trace(model, args, kwargs, dynamic_shapes)
+    watch.made_in_export(made)
     for rewrite in DEFAULT_REWRITES if rewrites is None else rewrites:
         program = rewrite(program, reg)
     check_program(program, reg)

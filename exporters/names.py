@@ -205,6 +205,49 @@ def check_model_call(model: object, args: tuple, kwargs: Mapping | None) -> None
                             "value(s). Convert each with torch.from_numpy(a) (torch.tensor(v) for a numpy scalar).")
 
 
+def check_dynamic_shapes(model: torch.nn.Module, args: tuple, kwargs: Mapping | None, dynamic_shapes) -> None:
+    """Refuse a ``dynamic_shapes`` whose structure is not the call's (one entry per argument, in order, or keyed
+    by forward's parameter names) or that marks a dim a tensor does not have, before torch.export meets it (there
+    an out-of-range dim is an IndexError deep inside, a structure torch's own message).
+
+    Example:
+        >>> n = torch.export.Dim("n")
+        >>> check_dynamic_shapes(torch.nn.ReLU(), (torch.ones(3, 2),), None, ({0: n},))
+        >>> check_dynamic_shapes(torch.nn.ReLU(), (torch.ones(3, 2),), None, ({2: n},))
+        Traceback (most recent call last):
+        ...
+        bridge.core.basics.errors.OpBridgeError: opbridge: dynamic_shapes marks dim(s) [2] of input 'input', a ...
+    """
+    try:
+        signature = inspect.signature(model.forward)
+        bound = signature.bind(*args, **(kwargs or {})).arguments
+    except (TypeError, ValueError):
+        return  # NOTE: a call forward does not take fails in torch.export with its own message
+    if dynamic_shapes is None or any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)
+                                     for p in signature.parameters.values()):
+        return  # NOTE: torch.export matches *args and **kwargs entries itself
+    fix = ("Give one entry per argument (None for one with no dynamic dim): a tuple in forward's order, or a dict "
+           f"keyed by its parameter names {list(bound)}, each a {{dim index: torch.export.Dim}} for a tensor.")
+    if isinstance(dynamic_shapes, Mapping):
+        if set(dynamic_shapes) != set(bound):
+            raise OpBridgeError(f"dynamic_shapes, a dict, must name each argument of the call {list(bound)} (torch."
+                                f"export's rule). Got keys {list(dynamic_shapes)}. {fix}")
+        pairs = [(name, bound[name], spec) for name, spec in dynamic_shapes.items()]
+    elif isinstance(dynamic_shapes, (tuple, list)) and len(dynamic_shapes) == len(bound):
+        pairs = list(zip(bound, bound.values(), dynamic_shapes))
+    else:
+        raise OpBridgeError(f"dynamic_shapes must match the call's {len(bound)} argument(s) {list(bound)}. Got "
+                            f"{type(dynamic_shapes).__name__} {dynamic_shapes!r:.120}. {fix}")
+    for name, value, spec in pairs:
+        if isinstance(value, torch.Tensor) and isinstance(spec, Mapping):
+            bad = [k for k in spec if not (isinstance(k, int) and 0 <= k < value.dim())]
+            if bad:
+                raise OpBridgeError(
+                    f"dynamic_shapes marks dim(s) {bad} of input '{name}', a {value.dim()}-d tensor of shape "
+                    f"{tuple(value.shape)}. Got {spec!r:.120}. Key each by a dim index from 0 to "
+                    f"{value.dim() - 1}.")
+
+
 # NOTE: torch.onnx.export's other keywords, as a deploy script passes them to the call bridge.export replaces:
 # (the values that mean what bridge.export does, None for any: torch.onnx.export(dynamo=True) ignores those too;
 # what bridge.export does instead)

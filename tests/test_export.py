@@ -356,6 +356,33 @@ def test_dynamic_axes_in_list_form_and_their_errors():
         bridge.export(_Scale(), (x, y), dynamic_axes={"x": [0]}, dynamic_shapes=({0: torch.export.Dim("b")}, None))
 
 
+@pytest.mark.parametrize("shapes, match", [
+    (({0: "n"},), r"dynamic_shapes must match the call's 2 argument\(s\) \['x', 'y'\]\. Got tuple"),
+    (({0: "n"}, None, None), r"must match the call's 2 argument\(s\)"),
+    ({"x": {0: "n"}}, r"dynamic_shapes, a dict, must name each argument of the call \['x', 'y'\] .* Got keys \['x'\]"),
+    ({"x": {0: "n"}, "z": None}, r"Got keys \['x', 'z'\]"),
+    (({2: "n"}, None), r"marks dim\(s\) \[2\] of input 'x', a 2-d tensor of shape \(2, 3\)\. .* from 0 to 1"),
+    (({-1: "n"}, None), r"marks dim\(s\) \[-1\] of input 'x'"),
+    (({"rows": "n"}, None), r"marks dim\(s\) \['rows'\] of input 'x'"),
+    (([torch.export.Dim("n")], None), r"dynamic_shapes does not fit the call\. Got torch\.export's: Expected dynamic "
+                                      r"shape spec"),
+], ids=["too-few", "too-many", "dict-missing", "dict-unknown", "dim-out-of-range", "negative-dim", "text-dim",
+        "list-too-short"])
+def test_dynamic_shapes_that_do_not_fit_the_call_are_named(shapes, match):
+    """torch.export raised an IndexError ('list assignment index out of range') or TypeError deep inside for a dim
+    the tensor lacks, reported as the model's own code failing; and its own structure messages raw."""
+    shapes = _with_dims(shapes)
+    with pytest.raises(bridge.OpBridgeError, match=match):
+        bridge.export(_Scale(), (torch.randn(2, 3), torch.randn(4)), dynamic_shapes=shapes)
+
+
+def _with_dims(shapes):
+    """Strings in a test's table stand for one Dim of that name (torch.export takes Dim objects)."""
+    dim = torch.export.Dim("n")
+    swap = lambda spec: {k: dim if v == "n" else v for k, v in spec.items()} if isinstance(spec, dict) else spec  # noqa: E731
+    return {k: swap(v) for k, v in shapes.items()} if isinstance(shapes, dict) else tuple(swap(s) for s in shapes)
+
+
 def test_bad_attribute_value_fails_at_export_with_the_op_message():
     class M(torch.nn.Module):
         def forward(self, x):

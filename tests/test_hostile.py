@@ -392,6 +392,11 @@ def test_declaration_mistakes_are_named_where_they_are_made():
     assert [tuple(a.shape) for a in bridge.SampleInput(torch.ones(3)).args] == [(3,)]
     with pytest.raises(bridge.OpBridgeError, match=r"SampleInput takes the op's arguments as a tuple\. Got int 3"):
         bridge.SampleInput(3)
+    with pytest.raises(bridge.OpBridgeError, match=r"t::bare: torch reads the op's schema from the function's type "
+                                                   r"annotations, and could not\. Got: Parameter x must have a type "
+                                                   r"annotation.* Annotate every parameter and the return"):
+        bridge.op("t::bare", registry=reg)(lambda x, k: x * k)
+    assert reg.find("t", "bare") is None
     nofake = bridge.op("t::nofake", registry=reg)(_twice)
     with pytest.raises(bridge.OpBridgeError, match=r"t::nofake has no fake kernel, which torch\.export needs .* "
                                                    r"Pass fake= to @bridge\.op"):

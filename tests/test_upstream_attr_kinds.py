@@ -455,3 +455,52 @@ def test_an_optional_tensor_without_default_is_optional_without_symbolic_too(reg
     assert len([i for i in node.input if i]) == (2 if with_offset else 1)
     for tier in ("python", "function"):
         assert bridge.check_parity(model, (x,), registry=reg, tier=tier).passed
+
+
+# -- mmdeploy 1.3.1 mmdeploy/pytorch/functions/interpolate.py: interpolate__tensorrt's shape, its Function class made
+# by a class statement inside the rewrite (ctx.origin_func stood in by F.interpolate)
+def interpolate__tensorrt(input, size=None, scale_factor=None, mode='bilinear', align_corners=None,
+                          recompute_scale_factor=None):
+
+    class BicubicInterpolate(Function):
+
+        def __init__(self) -> None:
+            super().__init__()
+
+        @staticmethod
+        def symbolic(g, input, scale_factor, align_corners):
+            """Symbolic function for creating onnx op."""
+            return g.op(
+                'mmdeploy::TRTBicubicInterpolate',
+                input,
+                scale_factor_f=scale_factor,
+                align_corners_i=align_corners)
+
+        @staticmethod
+        def forward(g, input, scale_factor, align_corners):
+            """Run forward."""
+            return F.interpolate(input, scale_factor=scale_factor, mode='bicubic', align_corners=align_corners)
+
+    if 'bicubic' == mode:
+        if isinstance(scale_factor, float):
+            scale_factor = [scale_factor, scale_factor]
+        return BicubicInterpolate.apply(input, scale_factor, align_corners)
+    return F.interpolate(input, size, scale_factor, mode, align_corners, recompute_scale_factor)
+
+
+class TwoBicubic(torch.nn.Module):
+    def forward(self, x):
+        y = interpolate__tensorrt(x, scale_factor=2.0, mode='bicubic', align_corners=False)
+        return interpolate__tensorrt(y, scale_factor=2.0, mode='bicubic', align_corners=False)
+
+
+def test_a_function_class_made_inside_the_function_calling_it_is_named_not_traced_silently(reg):
+    """Each call makes a new class, which no registration can name: export traces its forward as plain torch and
+    says so, once (before: no word, and the file silently held Resize nodes for the plugin node)."""
+    with pytest.warns(UserWarning, match=r"interpolate__tensorrt\.<locals>\.BicubicInterpolate has a symbolic, "
+                                         r"which is not used.* made during export .* Define the class at module "
+                                         r"level") as caught:
+        proto = bridge.export(TwoBicubic(), (torch.randn(1, 2, 4, 4),), registry=reg)
+    assert len([w for w in caught if "made during export" in str(w.message)]) == 1
+    assert not list(custom_nodes(proto)) and [n.op_type for n in proto.graph.node].count("Resize") == 2
+    assert "__init_subclass__" not in torch.autograd.Function.__dict__

@@ -1047,6 +1047,22 @@ def test_mmdeploy_trt_batched_nms_outputs_as_a_bool_argument_says(reg, output_in
                          extra_args=[batched_nms_case(3, 1)])
 
 
+def test_mmdeploy_trt_batched_nms_min_of_box_count_and_keep_top_k_stays_dynamic(reg):
+    """The fake's ``min(num_boxes, after_topk)`` (mmdeploy's forward computes ``out_boxes`` so) with a dynamic box
+    count: the outputs' dim is that min, not the example's keep_top_k (before: torch.onnx's second trace ran the
+    fake with Python's min on the example sizes and the file declared 4 rows, also for 3 boxes)."""
+    bridge.register(TRTBatchedNMSop, registry=reg, fake=trt_batched_nms_fake)
+    n = torch.export.Dim("n")
+    model, args, shapes = MulticlassNMSStatic(), batched_nms_case(2, 0, n=9), ({0: B, 1: n}, {0: B, 1: n})
+    proto = bridge.export(model, args, registry=reg, dynamic_shapes=shapes)
+    rows = {o.name: o.type.tensor_type.shape.dim[1].dim_param for o in proto.graph.output}
+    assert all(r.replace(" ", "") == "Min(4,n)" for r in rows.values()), rows
+    few = batched_nms_case(2, 1, n=3)
+    report = bridge.check_parity(model, few, registry=reg, tier="python", dynamic_shapes=shapes)
+    # NOTE: check_parity also compares the file's declared dims with eager's (3 rows, where 4 were declared)
+    assert report.passed and [tuple(o.shape) for o in report.outputs] == [(2, 3, 5), (2, 3)], report
+
+
 # -- mmdeploy 1.3.1 mmdeploy/mmcv/ops/nms.py ONNXNMSop: a standard-op symbolic branching on _is_value (the caller
 # passes thresholds as tensors, the box count as an int), an output of data-dependent length -------------------
 def _mmcv_nms(boxes, scores, iou_threshold, offset=0, score_threshold=0, max_num=-1):

@@ -1480,6 +1480,32 @@ def function_classes() -> list[type]:
 
 
 @contextlib.contextmanager
+def classes_made() -> Iterator[list[type]]:
+    """While active, each ``torch.autograd.Function`` subclass created is appended to the list it yields: a class
+    statement run inside the function that calls it (mmdeploy's rewrites), a new class per call, which
+    :func:`function_classes` did not find before.
+
+    Example:
+        >>> with classes_made() as made:
+        ...     class Local(torch.autograd.Function):
+        ...         pass
+        >>> [c.__name__ for c in made], "__init_subclass__" in torch.autograd.Function.__dict__
+        (['Local'], False)
+    """
+    made: list[type] = []
+
+    def record(cls: type[torch.autograd.Function], **kwargs: Any) -> None:
+        made.append(cls)
+        super(torch.autograd.Function, cls).__init_subclass__(**kwargs)
+
+    torch.autograd.Function.__init_subclass__ = classmethod(record)  # type: ignore[assignment,method-assign]
+    try:
+        yield made
+    finally:
+        del torch.autograd.Function.__init_subclass__
+
+
+@contextlib.contextmanager
 def swap_forwards(routes: Mapping[type, Callable], watch: Callable[..., Callable | None] | None = None,
                   watched: Iterable[type] = ()):
     """While active, ``Cls.forward`` of each class in ``routes`` is its export forward, called with ``apply``'s

@@ -811,7 +811,13 @@ def op(
 
     def decorate(fn: Callable) -> BridgeOp:
         mutates = (mutates_args,) if isinstance(mutates_args, str) else tuple(mutates_args)
-        schema_str = torch.library.infer_schema(fn, mutates_args=mutates)
+        try:
+            schema_str = torch.library.infer_schema(fn, mutates_args=mutates)
+        except ValueError as e:
+            raise OpBridgeError(
+                f"{qualname}: torch reads the op's schema from the function's type annotations, and could not. Got: "
+                f"{str(e).removeprefix('infer_schema(func): ')[:300]} Annotate every parameter and the return as "
+                "torch.library.custom_op reads them (x: torch.Tensor, k: float, ...) -> torch.Tensor.") from e
         signature = parse_params(qualname, torch_compat.parse_schema(qualname + schema_str))
         source = resolve_native(native, _folder_of(fn.__code__.co_filename) or base, qualname)
         custom = torch.library.custom_op(qualname, fn, mutates_args=mutates, device_types=device_types)

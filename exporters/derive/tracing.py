@@ -158,13 +158,15 @@ def onnx_program(program: torch.export.ExportedProgram, opset: int, table: dict,
     ops that exist when it is built (torchvision's only with torchvision installed)."""
     base = None if public else CACHE.onnx_registry(opset)
     if base is None:  # NOTE: a torch without the exporter's internals: its public entry point
-        return optimize(torch.onnx.export(program, dynamo=True, custom_translation_table=table, opset_version=opset,
-                                          optimize=False, verify=False, external_data=False))
+        with torch_compat.builtins_as_export_has_them():
+            return optimize(torch.onnx.export(program, dynamo=True, custom_translation_table=table,
+                                              opset_version=opset, optimize=False, verify=False, external_data=False))
     ops = {n.target for n in program_calls(program) if isinstance(n.target, torch_compat.OpOverload)}
     if any(torch_compat.lacks_translation(base, op) for op in ops):
         base = CACHE.onnx_registry(opset, fresh=True)
-    return optimize(torch_compat.onnx_export(program, torch_compat.with_translations(base, table) if table else base,
-                                             opset))
+    with torch_compat.builtins_as_export_has_them():
+        return optimize(torch_compat.onnx_export(
+            program, torch_compat.with_translations(base, table) if table else base, opset))
 
 
 # NOTE: torch.onnx's optimizer merges nodes whose attributes compare equal with == (onnx_ir's

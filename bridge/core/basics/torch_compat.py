@@ -47,6 +47,11 @@ try:  # NOTE: the flag torch.onnx.is_in_onnx_export() reads while torch.onnx.exp
 except ImportError:  # pragma: no cover  another torch: traced_as_torch_onnx() leaves the flag as it is
     _onnx_flags = None  # type: ignore[assignment]
 
+try:  # NOTE: what torch.export's non-strict trace does to builtins: min/max of sizes are sym_min/sym_max (2.12-2.15)
+    from torch._export.non_strict_utils import _override_builtin_ops
+except ImportError:  # pragma: no cover  another torch: builtins stay as they are
+    _override_builtin_ops = contextlib.nullcontext  # type: ignore[assignment]
+
 try:  # NOTE: torch.onnx's TorchScript exporter (2.12-2.15 ship it, deprecated): symbolics run on its own graph
     from torch.onnx._internal.torchscript_exporter import jit_utils as _ts_jit_utils
     from torch.onnx._internal.torchscript_exporter import registration as _ts_registration
@@ -241,6 +246,19 @@ def traced_as_torch_onnx():
                  if hasattr(torch.fx.experimental._config, "backed_size_oblivious") else contextlib.nullcontext())
     with oblivious, _onnx_exporting():
         yield
+
+
+def builtins_as_export_has_them() -> contextlib.AbstractContextManager:
+    """Inside, builtins ``min``/``max`` of sizes are ``torch.sym_min``/``sym_max``, as in torch.export's own
+    non-strict trace. torch.onnx traces the program again (``run_decompositions``) without that, and Python code
+    run there (a Function's forward standing in as its node's fake: mmdeploy's ``min(num_boxes, keep_topk)``)
+    would then fix a dynamic size to the example's, dropping the guard.
+
+    >>> with builtins_as_export_has_them():
+    ...     min(torch.tensor([0.0, 2.0]), 1.0)
+    tensor([0., 1.])
+    """
+    return _override_builtin_ops()
 
 
 @contextlib.contextmanager
