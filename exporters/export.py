@@ -7,6 +7,7 @@ import dataclasses
 import inspect
 import io
 import logging
+import operator
 import os
 import re
 import warnings
@@ -45,7 +46,14 @@ from bridge.core.functions import (
 )
 from bridge.core.opdef import FunctionCalls, described, described_method, register
 from bridge.core.proxy import proxy_name, redirect, specialisation_check
-from bridge.core.registered import call_defaults, function_class, op_calls, origin_of, registered_origin
+from bridge.core.registered import (
+    call_defaults,
+    function_class,
+    op_calls,
+    origin_of,
+    registered_origin,
+    unused_aten_symbolic,
+)
 from bridge.core.registry import REGISTRY, Registry, fill_attributes
 from exporters.bodies.opsets import convert_model
 from exporters.bodies.translation import symbolic_attribute_error, translation_table
@@ -91,8 +99,11 @@ def _walk(value):
 def check_program(program: torch.export.ExportedProgram, registry: Registry) -> None:
     """Raise OpBridgeError for unregistered custom ops and symbolic list/scalar attributes, in the
     graph and in every subgraph (torch.cond / map branches)."""
+    aten = set()
     for node in program_calls(program):
         target = node.target
+        if isinstance(target, torch_compat.OpOverload) and target.namespace == "aten":
+            aten.add(target)
         if is_auto_functionalized(target):
             mutated = node.args[0].name() if node.args else target.name()
             raise OpBridgeError(
@@ -115,12 +126,46 @@ def check_program(program: torch.export.ExportedProgram, registry: Registry) -> 
                 "in `rewrites`."
             )
         check_fake(spec)  # NOTE: the file declares what the fake says: it must be what the op gives
+        _check_unwritten(spec, node)
         bound = spec.bind(*node.args, **node.kwargs)
         for p in spec.attributes:
             if any(isinstance(v, torch.fx.Node) for v in _walk(bound[p.name])):
                 shown = [v.meta.get("val", v) if isinstance(v, torch.fx.Node) else v
                          for v in _walk(bound[p.name])]
                 raise symbolic_attribute_error(spec, p.name, shown)
+    _warn_unused_symbolics(aten)
+
+
+_WARNED_ATEN: set[str] = set()  # ATen ops whose registered symbolic was said to go unused, once per process
+
+
+def _warn_unused_symbolics(ops: set) -> None:
+    """Warn (once per op) where the model calls an ATen op a user registered a symbolic for: torch.onnx(dynamo)
+    writes its own translation, where the TorchScript exporter wrote the symbolic's node."""
+    for op in sorted(ops, key=str):
+        symbolic = unused_aten_symbolic(op)
+        if symbolic is not None and op.name() not in _WARNED_ATEN:
+            _WARNED_ATEN.add(op.name())
+            warnings.warn(
+                f"opbridge: {op.name()} is written as torch.onnx's own translation, not the node of the symbolic "
+                f"registered for it ({symbolic.__module__}.{symbolic.__qualname__}), which "
+                "torch.onnx.export(dynamo=False) wrote. Got torch.onnx.register_custom_op_symbolic for an ATen op, "
+                "which opbridge bridges for custom ops only. Call that node's op through a torch.autograd.Function "
+                "whose symbolic writes it, and bridge.register the class.", stacklevel=4)
+
+
+def _check_unwritten(spec, node: torch.fx.Node) -> None:
+    """Refuse a model reading an output a Function's symbolic returns None for, as the TorchScript exporter did."""
+    fb = spec.origin.function
+    first = spec.num_outputs - (fb.unwritten if fb is not None else 0)
+    read = sorted({i for u in node.users if u.target is operator.getitem and u.users
+                   and isinstance(i := u.args[1], int) and i >= first})
+    if read:
+        assert fb is not None  # NOTE: only a Function's outputs go unwritten
+        raise OpBridgeError(
+            f"{symbolic_name(fb.cls)} returns None for output(s) {read} (conversion of that output is not "
+            f"supported), but the model uses it. Got output {read[0]} read by the model. Leave that output unused, or "
+            "return a value for it from the symbolic (torch.onnx.export(dynamo=False) refuses this too).")
 
 
 def _ensure_opset_imports(model: ir.Model, registry: Registry) -> bool:
@@ -285,7 +330,8 @@ class _Watch:
         """Warn (once per class statement) of Functions with a symbolic whose class was made while tracing: a class
         statement inside the function calling it, traced as plain torch code, for no registration names it."""
         for cls in classes:
-            if symbolic_of(cls) is not None and class_name(cls) not in _WARNED_LOCAL:
+            local = "<locals>" in cls.__qualname__ and origin_of(cls) is None  # NOTE: not one opbridge made
+            if local and symbolic_of(cls) is not None and class_name(cls) not in _WARNED_LOCAL:
                 _WARNED_LOCAL.add(class_name(cls))
                 warnings.warn(
                     f"opbridge: {class_name(cls)} has a symbolic, which is not used: its forward is traced as plain "
@@ -566,6 +612,11 @@ def inline_symbolic_ops(proto: onnx.ModelProto, registry: Registry) -> tuple[onn
     imports = [o for o in flat.opset_import if o.domain not in domains]
     del flat.opset_import[:]
     flat.opset_import.extend(imports)
+    if any(_function(s).unwritten for s in registry if (s.domain, s.name) in ops):
+        # NOTE: the placeholders of outputs a symbolic returned None for (nothing reads them: check_program)
+        model = ir.from_proto(flat)
+        ir.passes.common.RemoveUnusedNodesPass()(model)
+        flat = ir.to_proto(model)
     return flat, written
 
 

@@ -42,7 +42,7 @@ from typing import NamedTuple
 import onnx
 import onnx_ir as ir
 
-from bridge.core.basics.domains import is_onnx
+from bridge.core.basics.domains import standard_opset
 from bridge.core.basics.errors import OpBridgeError
 from bridge.core.basics.graphs import custom_nodes, ir_custom_nodes, model_value_types, walk
 from bridge.core.registry import REGISTRY, Registry
@@ -113,12 +113,6 @@ def _not_its_body(node: onnx.NodeProto, function: _Local) -> bool:
 def _bakes(node: onnx.NodeProto, function: _Local) -> bool:
     """Whether ``function`` holds some attribute value of ``node`` as a constant (not as a function attribute)."""
     return any(a.name not in function.generic for a in node.attribute)
-
-
-def _standard_opset(imports: Mapping[str, int]) -> int | None:
-    """The standard-ONNX opset among onnx-ir ``opset_imports`` (:func:`onnx_opset` of a proto)."""
-    versions = [v for d, v in imports.items() if is_onnx(d)]
-    return max(versions) if versions else None
 
 
 def _proto_local(function: onnx.FunctionProto) -> _Local:
@@ -239,7 +233,7 @@ class _Resolver:
 
     def __init__(self, model: ir.Model, registry: Registry, replace: bool, ops: Collection | None):
         self.model, self.registry, self.replace, self.ops = model, registry, replace, ops
-        self.opset = _standard_opset(model.opset_imports)
+        self.opset = standard_opset(model.opset_imports.items())
         self.inferred: dict[str, onnx.TypeProto] | None = None
         self.called: dict[tuple, dict[str, onnx.TypeProto] | None] = {}  # a local function's values' types
         self.made: dict[tuple, _Body | None] = {}  # per (op, values or site) key
@@ -383,7 +377,7 @@ class _Resolver:
         through ``onnx.version_converter``) to the model's."""
         changed = []
         for identifier, function in list(self.model.functions.items()):
-            source = _standard_opset(function.opset_imports)
+            source = standard_opset(function.opset_imports.items())
             if self.opset is not None and source is not None and source != self.opset:
                 proto = portable_constants(convert_function(ir.serde.serialize_function(function), self.opset))
                 proto.doc_string = function.doc_string or ""  # NOTE: what the body was made for stays said

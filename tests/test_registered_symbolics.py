@@ -5,6 +5,8 @@ torchvision's ``deform_conv2d`` written with ``symbolic_helper.parse_args`` (the
 schema, ``tests/vision_ops.py``), and a symbolic of standard ops only. Each node is compared with what
 ``torch.onnx.export(dynamo=False)`` writes for the same call; parity runs in every tier that applies."""
 
+import itertools
+import math
 import warnings
 
 import onnx
@@ -18,6 +20,7 @@ from torch.onnx.symbolic_helper import parse_args
 import bridge
 
 vision_ops.define("regsym_tv")  # torchvision's deform_conv2d schema, in a namespace of its own
+vision_ops.define("torchvision")  # the names and schemas torch_lib keys its translations by
 
 
 def custom_nodes(proto: onnx.ModelProto) -> list[onnx.NodeProto]:
@@ -235,7 +238,8 @@ def test_standard_op_symbolic_is_written_into_the_graph(reg):
 
 def test_symbolics_torchvision_registers_for_its_own_ops_are_left_to_torch_onnx(fresh_name):
     """torchvision registers symbolics for nms and roi_align when imported; torch.onnx translates those ops itself,
-    so only symbolics of the user's code take the op over."""
+    so only symbolics of the user's code take the op over (and torchvision's where torch.onnx does not translate
+    the op: below, roi_pool)."""
     ns = fresh_name().partition("::")[0] + "_tv"
     vision_ops.define(ns)
 
@@ -243,7 +247,116 @@ def test_symbolics_torchvision_registers_for_its_own_ops_are_left_to_torch_onnx(
         return g.op("NonMaxSuppression", boxes, scores)
 
     nms_symbolic.__module__ = "torchvision.ops._register_onnx_ops"
-    register_custom_op_symbolic(f"{ns}::nms", nms_symbolic, 11)
-    assert bridge.core.registered.registered_origin(getattr(torch.ops, ns).nms.default) is None
+    register_custom_op_symbolic("torchvision::nms", nms_symbolic, 11)
+    assert bridge.core.registered.registered_origin(torch.ops.torchvision.nms.default) is None
+    register_custom_op_symbolic(f"{ns}::nms", nms_symbolic, 11)  # an op torch.onnx does not translate: honoured
+    assert bridge.core.registered.registered_origin(getattr(torch.ops, ns).nms.default).symbolic is nms_symbolic
     register_custom_op_symbolic(f"{ns}::roi_align", my_group_norm, 11)  # a user's symbolic: honoured
     assert bridge.core.registered.registered_origin(getattr(torch.ops, ns).roi_align.default).symbolic is my_group_norm
+
+
+# -- torchvision 0.28.0 torchvision/ops/_register_onnx_ops.py: roi_pool's symbolic as shipped (the argmax output
+# returned as None) and registered as `import torchvision` registers it; the op defined with torchvision's schema,
+# its C++ kernel stood in by torchvision's CPU algorithm as a loop
+_TV = torch.library.Library("torchvision", "FRAGMENT")
+_TV.define("roi_pool(Tensor input, Tensor rois, float spatial_scale, SymInt pooled_height, SymInt pooled_width) "
+           "-> (Tensor, Tensor)")
+
+
+def _roi_pool(input, rois, spatial_scale, pooled_height, pooled_width):
+    """Caffe's RoI max pooling as torchvision's CPU kernel computes it: corners rounded half away from zero, bins
+    from floor/ceil, an empty bin 0 (argmax -1); argmax the flat h * W + w of the maximum."""
+    c, h, w = input.shape[1:]
+    out = input.new_zeros(rois.shape[0], c, pooled_height, pooled_width)
+    argmax = torch.full(out.shape, -1, dtype=torch.int32)
+    for r, (b, *box) in enumerate(rois.tolist()):
+        x1, y1, x2, y2 = (math.floor(v * spatial_scale + 0.5) for v in box)
+        bin_h, bin_w = max(y2 - y1 + 1, 1) / pooled_height, max(x2 - x1 + 1, 1) / pooled_width
+        for i, j in itertools.product(range(pooled_height), range(pooled_width)):
+            h0, h1 = (min(max(v + y1, 0), h) for v in (math.floor(i * bin_h), math.ceil((i + 1) * bin_h)))
+            w0, w1 = (min(max(v + x1, 0), w) for v in (math.floor(j * bin_w), math.ceil((j + 1) * bin_w)))
+            if h1 > h0 and w1 > w0:
+                out[r, :, i, j], at = input[int(b), :, h0:h1, w0:w1].reshape(c, -1).max(1)
+                argmax[r, :, i, j] = ((at // (w1 - w0) + h0) * w + at % (w1 - w0) + w0).int()
+    return out, argmax
+
+
+_TV.impl("roi_pool", _roi_pool, "CPU")
+torch.library.register_fake("torchvision::roi_pool", lambda input, rois, spatial_scale, pooled_height, pooled_width: (
+    input.new_empty(rois.shape[0], input.shape[1], pooled_height, pooled_width),
+    torch.empty(rois.shape[0], input.shape[1], pooled_height, pooled_width, dtype=torch.int32)), lib=_TV)
+
+
+@parse_args("v", "v", "f", "i", "i")
+def roi_pool(g, input, rois, spatial_scale, pooled_height, pooled_width):
+    roi_pool = g.op(
+        "MaxRoiPool", input, rois, pooled_shape_i=(pooled_height, pooled_width), spatial_scale_f=spatial_scale
+    )
+    return roi_pool, None
+
+
+roi_pool.__module__ = "torchvision.ops._register_onnx_ops"
+register_custom_op_symbolic("torchvision::roi_pool", roi_pool, 11)
+
+
+class RoIPool(torch.nn.Module):  # torchvision.ops.roi_pool's call
+    def __init__(self, argmax=False):
+        super().__init__()
+        self.argmax = argmax
+
+    def forward(self, input, rois):
+        output, argmax = torch.ops.torchvision.roi_pool(input, rois, 0.25, 3, 2)
+        return (output, argmax) if self.argmax else output
+
+
+ROI_ARGS = (torch.randn(2, 4, 9, 11), torch.tensor([[0, 2., 3., 30., 25.], [1, 10., 0., 41., 33.], [0, 5., 5., 6., 6.]]))
+
+
+def test_torchvision_roi_pool_symbolic_returning_none_for_argmax_is_its_maxroipool(reg):
+    """torchvision's own symbolic, as shipped: torch.onnx's torch_lib translation takes other arguments (input,
+    boxes, output_size, spatial_scale), so the symbolic stands for the op (before: torch.onnx's raw
+    ConversionError); its None for argmax leaves that output unwritten, as the TorchScript exporter did (before:
+    refused); the node is MaxRoiPool with one output, node for node what torch.onnx.export(dynamo=False) writes."""
+    ours = bridge.export(RoIPool(), ROI_ARGS, registry=reg, opset_version=17)
+    legacy = legacy_export(RoIPool(), ROI_ARGS, 17)
+    assert [node_identity(n, ours.graph) for n in ours.graph.node] == \
+        [node_identity(n, legacy.graph) for n in legacy.graph.node] == \
+        [("", "MaxRoiPool", [("pooled_shape", onnx.AttributeProto.INTS, [3, 2]),
+                             ("spatial_scale", onnx.AttributeProto.FLOAT, 0.25)], [0, 1])]
+    assert len(ours.graph.node[0].output) == 1 and not ours.functions
+    bridge.assert_parity(RoIPool(), ROI_ARGS, registry=reg)
+
+
+def test_a_model_reading_an_output_its_symbolic_leaves_unwritten_is_refused(reg):
+    with pytest.raises(bridge.OpBridgeError, match=r"torchvision\.roi_pool\.symbolic returns None for "
+                                                   r"output\(s\) \[1\] .* but the model uses it\."):
+        bridge.export(RoIPool(argmax=True), ROI_ARGS, registry=reg)
+
+
+# -- mmdeploy 1.3.1 mmdeploy/pytorch/symbolics/grid_sampler.py, registered as its symbolic rewriter registers it
+@parse_args('v', 'v', 'i', 'i', 'i')
+def grid_sampler(g, input, grid, interpolation_mode, padding_mode, align_corners=False):
+    return g.op('mmdeploy::grid_sampler', input, grid, interpolation_mode_i=interpolation_mode,
+                padding_mode_i=padding_mode, align_corners_i=align_corners)
+
+
+class GridSample(torch.nn.Module):
+    def forward(self, x, grid):
+        return torch.nn.functional.grid_sample(x, grid, mode='bilinear', padding_mode='zeros', align_corners=False)
+
+
+def test_a_symbolic_registered_for_an_aten_op_is_named_as_unused(reg):
+    """The TorchScript exporter wrote mmdeploy::grid_sampler; opbridge writes torch.onnx's GridSample and says so
+    (before: no word), once per op."""
+    args = (torch.randn(1, 3, 8, 8), torch.rand(1, 5, 5, 2) * 2 - 1)
+    register_custom_op_symbolic('::grid_sampler', grid_sampler, 17)
+    try:
+        assert [n.domain for n in custom_nodes(legacy_export(GridSample(), args, 17))] == ["mmdeploy"]
+        with pytest.warns(UserWarning, match=r"aten::grid_sampler is written as torch\.onnx's own translation, not "
+                                             r"the node of the symbolic registered for it \(.*grid_sampler\)") as w:
+            ours = bridge.export(GridSample(), args, registry=reg)
+            bridge.export(GridSample(), args, registry=reg)
+        assert len([x for x in w if "aten::grid_sampler" in str(x.message)]) == 1
+        assert [n.op_type for n in ours.graph.node] == ["GridSample"]
+    finally:
+        torch.onnx.unregister_custom_op_symbolic('::grid_sampler', 17)

@@ -10,6 +10,7 @@ as the call passed it (before: 2.0, 0 and a tensor placeholder), in export's fak
 
 from typing import Optional, Tuple
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -504,3 +505,43 @@ def test_a_function_class_made_inside_the_function_calling_it_is_named_not_trace
     assert len([w for w in caught if "made during export" in str(w.message)]) == 1
     assert not list(custom_nodes(proto)) and [n.op_type for n in proto.graph.node].count("Resize") == 2
     assert "__init_subclass__" not in torch.autograd.Function.__dict__
+
+
+# -- mmdeploy 1.3.1 mmdeploy/codebase/mmdet/ops/detection_output.py (NcnnDetectionOutputOp's symbolic as shipped;
+# its forward, torch.rand of the output's shape, stood in by one that reads target_stds), called as
+# base_dense_head__predict_by_feat__ncnn calls it: target_stds a numpy array (vars.cpu().detach().numpy())
+class NcnnDetectionOutputOp(Function):
+
+    @staticmethod
+    def symbolic(g, loc, conf, anchor, score_threshold=0.35, nms_threshold=0.45, nms_top_k=100, keep_top_k=100,
+                 num_class=81, target_stds=[0.1, 0.1, 0.2, 0.2]):  # noqa: B006  as shipped
+        return g.op('mmdeploy::DetectionOutput', loc, conf, anchor, score_threshold_f=score_threshold,
+                    nms_threshold_f=nms_threshold, nms_top_k_i=nms_top_k, keep_top_k_i=keep_top_k,
+                    num_class_i=num_class, vars_f=target_stds, outputs=1)
+
+    @staticmethod
+    def forward(ctx, loc, conf, anchor, score_threshold=0.35, nms_threshold=0.45, nms_top_k=100, keep_top_k=100,
+                num_class=81, target_stds=[0.1, 0.1, 0.2, 0.2]):  # noqa: B006  as shipped
+        stds = torch.as_tensor(np.asarray(target_stds, dtype=np.float32))
+        return (loc.reshape(-1, 4) * stds + anchor[:, 0].reshape(-1, 4)).reshape(1, -1, 4) * score_threshold
+
+
+class NcnnHead(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stds = np.array([0.1, 0.1, 0.2, 0.2], dtype=np.float32)
+
+    def forward(self, bboxes, scores, priors):
+        return NcnnDetectionOutputOp.apply(bboxes, scores, priors, 0.02, 0.45, 5000, 200, 81, self.stds)
+
+
+def test_a_numpy_array_passed_to_g_op_is_the_list_torchscript_wrote(reg):
+    """Before: refused, the symbolic said to 'compute the attribute from the call's values'. Now the node's FLOATS
+    are the array's, as torch.onnx.export(dynamo=False) writes them; forward gets the list back from a file."""
+    bridge.register(NcnnDetectionOutputOp, registry=reg)
+    args = (torch.rand(1, 1, 40), torch.rand(1, 1, 10 * 81), torch.rand(1, 2, 40))
+    ours = bridge.export(NcnnHead(), args, registry=reg)
+    legacy = legacy_export(NcnnHead(), args, 17)
+    assert [node_identity(n, ours.graph) for n in custom_nodes(ours)] == \
+        [node_identity(n, legacy.graph) for n in custom_nodes(legacy)]
+    assert bridge.check_parity(NcnnHead(), args, registry=reg, tier="python").passed

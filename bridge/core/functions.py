@@ -399,7 +399,11 @@ class Attr:
         """The value ``forward``'s arguments ``values`` give the attribute, as the call passed it."""
         if self.source is None:
             return self.value
-        return functools.reduce(operator.getitem, self.path, values[self.source])
+        v = values[self.source]
+        # NOTE: a numpy array or scalar as the TorchScript exporter wrote it: its list or number (mmdeploy's
+        # NcnnDetectionOutputOp gets target_stds = vars.cpu().detach().numpy())
+        v = v.tolist() if type(v).__module__ == "numpy" and hasattr(v, "tolist") else v
+        return functools.reduce(operator.getitem, self.path, v)
 
     def of(self, values: Mapping[str, Any]) -> Any:
         """The attribute's value for ``forward``'s arguments ``values``."""
@@ -454,6 +458,9 @@ class FunctionBridge:
     bodies: dict = dataclasses.field(default_factory=dict, compare=False, repr=False)
     inline: bool = False  # a standard-op symbolic's node without name=: its body goes into the graph in its place
     symbolic_node: bool = False  # the node is the custom node symbolic writes
+    # standard-op symbolic: trailing outputs it returns None for (torchvision's roi_pool: (MaxRoiPool, None)),
+    # which no value of the model may read
+    unwritten: int = 0
     # tensor arguments symbolic reads as constants (pytorch-quantization's amax): each node's standard ops are
     # written after the export, with the value the model holds (``constant_body``)
     constants: tuple[str, ...] = ()
@@ -649,7 +656,7 @@ def _run_symbolic(cls: type, symbolic: Callable, args: list) -> tuple[Recorder, 
             raise _symbolic_error(cls, "uses torch.onnx's graph context in a way opbridge cannot read", str(cause)) \
                 from None
         raise
-    if not all(any(o in n.outputs for n in rec.nodes) for o in outs):
+    if not all(any(o in n.outputs for n in rec.nodes) for o in outs if o is not None):
         raise OpBridgeError(f"{symbolic_name(cls)} must return the values g.op gave. Got {outs!r}. Return "
                             "the output(s) of its g.op calls.")
     return rec, outs
@@ -954,6 +961,8 @@ def _probe(cls, symbolic, args: list) -> dict[str, tuple[str, Any]]:
 def _from_symbolic(cls, g: Recorder, outs: list, params, given: Mapping[str, Any]) -> dict[str, Any]:
     """The custom node symbolic writes (a dict of FunctionBridge fields)."""
     node = next(n for n in g.nodes if is_custom(n.domain))
+    if None in outs:
+        raise _symbolic_error(cls, "returns None for an output of its custom node", f"it returned {outs}")
     if len(g.nodes) != 1 or outs != node.outputs:
         _refuse_computed_inputs(cls, g, node)
         raise _symbolic_error(cls, "writes a custom node together with other nodes",
@@ -1161,19 +1170,7 @@ def _plain(cls, base: dict, name: str | None, params, sample, symbolic, read,
     usage = {} if read is None else _usage(read[0])
     inputs, attrs, containers = [], [], []
     for p in params:
-        kind = (usage.get(p.name) or _kind_of_annotation(p.annotation)
-                or _kind_of_value(given.get(p.name)) or _kind_of_value(p.default))
-        if kind is None and p.default is None and sample is not None and given.get(p.name) is None:
-            kind = "tensor"  # NOTE: None by default and at the call (mmdeploy's GemmOp bias=None): an absent input
-        if kind is None and sample is None:
-            raise NeedsCall(cls, f"the kind of argument '{p.name}' of forward (tensor, or which attribute type) is "
-                                 "known neither from symbolic, an annotation nor a default")
-        if kind is None:
-            raise OpBridgeError(
-                f"{class_name(cls)}: the kind of argument '{p.name}' of forward (tensor, or which attribute type) is "
-                "known neither from symbolic, an annotation, a default nor a sample. Got "
-                f"{p.name}={given.get(p.name, p.default)!r}. Annotate forward ({p.name}: torch.Tensor / int / float / "
-                "bool / str / tuple[int, ...]) or pass sample_inputs= to bridge.register.")
+        kind = _plain_kind(cls, p, usage, given, sample)
         if kind == "tensor":
             inputs.append((p.name, _may_be_none(p)))
             continue
@@ -1184,8 +1181,27 @@ def _plain(cls, base: dict, name: str | None, params, sample, symbolic, read,
     # NOTE: without symbolic, one output (limit: a Function without symbolic returns one tensor)
     fb = FunctionBridge(**base, domain=domain, op_type=op_type, inputs=tuple(inputs), attrs=tuple(attrs),
                         num_outputs=1 if read is None else len(read[1]), containers=tuple(containers), inline=inline,
-                        constants=constants)
+                        constants=constants, unwritten=0 if read is None else read[1].count(None))
     return fb if symbolic is None else dataclasses.replace(fb, body=_builder(fb, symbolic))
+
+
+def _plain_kind(cls, p: inspect.Parameter, usage: Mapping[str, str], given: Mapping[str, Any], sample) -> str:
+    """The kind of forward's argument ``p`` (tensor, or an attribute type) on the plain path: from symbolic's use,
+    the annotation, the sample's value or the default."""
+    kind = (usage.get(p.name) or _kind_of_annotation(p.annotation)
+            or _kind_of_value(given.get(p.name)) or _kind_of_value(p.default))
+    if kind is None and p.default is None and sample is not None and given.get(p.name) is None:
+        kind = "tensor"  # NOTE: None by default and at the call (mmdeploy's GemmOp bias=None): an absent input
+    if kind is None and sample is None:
+        raise NeedsCall(cls, f"the kind of argument '{p.name}' of forward (tensor, or which attribute type) is "
+                             "known neither from symbolic, an annotation nor a default")
+    if kind is None:
+        raise OpBridgeError(
+            f"{class_name(cls)}: the kind of argument '{p.name}' of forward (tensor, or which attribute type) is "
+            "known neither from symbolic, an annotation, a default nor a sample. Got "
+            f"{p.name}={given.get(p.name, p.default)!r}. Annotate forward ({p.name}: torch.Tensor / int / float / "
+            "bool / str / tuple[int, ...]) or pass sample_inputs= to bridge.register.")
+    return kind
 
 
 def _builder(fb: FunctionBridge, symbolic: Callable) -> Callable:
@@ -1262,6 +1278,12 @@ def _as_function(fb: FunctionBridge, graph: onnx.GraphProto, opset: int) -> onnx
             name = f"{fb.op_type}_out{i}"
             nodes.append(helper.make_node("Identity", [out.name], [name]))
         outputs.append(name)
+    # NOTE: an output symbolic returns None for: an empty placeholder, which nothing reads (export refuses a model
+    # reading it) and so no file keeps
+    for i in range(len(outputs), fb.num_outputs):
+        outputs.append(f"{fb.op_type}_unwritten{i}")
+        nodes.append(helper.make_node("Constant", [], [outputs[-1]], value=helper.make_tensor(
+            outputs[-1], onnx.TensorProto.FLOAT, [0], [])))
     return helper.make_function(fb.domain, fb.op_type, [name for name, _ in fb.inputs], outputs, nodes,
                                 [helper.make_opsetid("", opset)])
 

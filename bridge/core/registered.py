@@ -35,7 +35,8 @@ from bridge.core.spec import SampleInput
 # NOTE: namespaces whose symbolics torch.onnx ships itself (its own translations stand for those ops)
 _TORCH_OWN = frozenset({"aten", "prim", "prims", "onnx", "quantized", "_caffe2", "higher_order", "_operator"})
 # NOTE: packages whose registered symbolics stand for ops torch.onnx translates itself (torchvision registers
-# nms, roi_align, roi_pool when imported; torch.onnx's torch_lib translates them): those are left to torch.onnx
+# nms, roi_align, roi_pool when imported; torch.onnx's torch_lib translates the first two): those are left to
+# torch.onnx where its translation takes the op's arguments (torch_compat.torchlib_translation)
 _SHIPPED = ("torch.", "torchvision.")
 _ANNOTATIONS = {"Tensor": torch.Tensor, "int": int, "SymInt": int, "float": float, "bool": bool, "str": str,
                 "int[]": tuple[int, ...], "SymInt[]": tuple[int, ...], "float[]": tuple[float, ...]}
@@ -67,9 +68,20 @@ def registered_origin(op: Any) -> RegisteredSymbolic | None:
     if torch_compat.overload_name(op) != "default":
         return None
     symbolic = torch_compat.registered_symbolic(op.name(), SYMBOLIC_OPSET)
-    if symbolic is None or str(getattr(symbolic, "__module__", "")).startswith(_SHIPPED):
+    if symbolic is None or (str(getattr(symbolic, "__module__", "")).startswith(_SHIPPED)
+                            and torch_compat.torchlib_translation(op.name()) is not None):
         return None
     return RegisteredSymbolic(op, symbolic)
+
+
+def unused_aten_symbolic(op: Any) -> Callable | None:
+    """The symbolic a user registered for ATen op ``op`` (``register_custom_op_symbolic('::grid_sampler', ...)``,
+    as mmdeploy's symbolic rewrites do), which the TorchScript exporter wrote and opbridge does not use (the file
+    holds torch.onnx's own translation); None for any other op or symbolic."""
+    if not isinstance(op, torch_compat.OpOverload) or op.namespace != "aten":
+        return None
+    symbolic = torch_compat.registered_symbolic(op.name(), SYMBOLIC_OPSET)
+    return None if symbolic is None or str(getattr(symbolic, "__module__", "")).startswith(_SHIPPED) else symbolic
 
 
 _CLASSES: dict[tuple[torch_compat.OpOverload, Callable], type] = {}

@@ -35,7 +35,7 @@ import onnx
 import onnx.version_converter
 from onnx import defs, helper
 
-from bridge.core.basics.domains import is_onnx
+from bridge.core.basics.domains import is_onnx, standard_opset
 from bridge.core.basics.errors import OpBridgeError
 from bridge.core.basics.graphs import FreshNames, subgraphs, tensor_constants, value_names, walk
 
@@ -44,8 +44,7 @@ Nodes = list[onnx.NodeProto]
 
 def onnx_opset(proto: onnx.ModelProto | onnx.FunctionProto) -> int | None:
     """The standard-ONNX opset a model or function imports (``""`` or ``"ai.onnx"``), or None."""
-    versions = [o.version for o in proto.opset_import if is_onnx(o.domain)]
-    return max(versions) if versions else None
+    return standard_opset((o.domain, o.version) for o in proto.opset_import)
 
 
 def _schema(op_type: str, version: int) -> defs.OpSchema | None:

@@ -7,6 +7,8 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from bridge.core.basics.errors import OpBridgeError
 
 # NOTE: the ONNX standard's own domains; a node here is run by every conforming runtime.
@@ -55,3 +57,13 @@ STANDARD_DOMAINS = ("", "ai.onnx")  # the standard ONNX operator set's two names
 def is_onnx(domain: str) -> bool:
     """Whether ``domain`` is the standard ONNX operator set (``""`` or ``"ai.onnx"``)."""
     return domain in STANDARD_DOMAINS
+
+
+def standard_opset(imports: Iterable[tuple[str, int]]) -> int | None:
+    """The standard-ONNX opset among ``(domain, version)`` imports (a model's, a function's), or None.
+
+    >>> standard_opset([("", 17), ("ai.onnx.ml", 3), ("bev", 1)]), standard_opset([("ai.onnx.ml", 3)])
+    (17, None)
+    """
+    versions = [v for d, v in imports if is_onnx(d)]
+    return max(versions) if versions else None

@@ -28,7 +28,7 @@ import onnx.numpy_helper
 import onnx_ir as ir
 from onnx.helper import get_node_attr_value
 
-from bridge.core.basics.domains import ONNX_DOMAINS, STANDARD_DOMAINS, is_custom
+from bridge.core.basics.domains import ONNX_DOMAINS, STANDARD_DOMAINS, is_custom, standard_opset
 
 # NOTE: the standard ops that carry subgraphs; walks skip the attributes of other standard nodes
 # (a walk over a function body is then ~2.5x cheaper; sessions walk every body)
@@ -489,15 +489,10 @@ def fold_type_probes(model: onnx.ModelProto) -> int:
     """
     types = model_value_types(model)
     folded = _fold_probes(model.graph, types)
-    opset = _onnx_opset(model.opset_import)
+    opset = standard_opset((o.domain, o.version) for o in model.opset_import)
     if opset is not None:
         identity_casts(model.graph.node, element_types(walk(model.graph.node), types, opset))
     return folded
-
-
-def _onnx_opset(imports: Iterable[onnx.OperatorSetIdProto]) -> int | None:
-    versions = [o.version for o in imports if o.domain in ONNX_DOMAINS]
-    return max(versions) if versions else None
 
 
 def fold_function_type_probes(model: onnx.ModelProto, types: dict[str, onnx.TypeProto]) -> int:

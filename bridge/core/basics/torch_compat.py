@@ -18,6 +18,8 @@ import contextlib
 import copy
 import dataclasses
 import importlib
+import inspect
+import itertools
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -188,6 +190,14 @@ def torchlib_translation(qualname: str) -> Any | None:
     """
     entry = _torchlib.default_registry._registry.get(qualname)
     if entry is None or not entry.overloads:
+        return None
+    # NOTE: torch.onnx passes the op's arguments positionally; a translation that cannot take them is none
+    # (onnxscript 0.7's torchvision_roi_pool takes (input, boxes, output_size, spatial_scale), not the op's 5)
+    schemas = torch._C._jit_get_schemas_for_operator(qualname)
+    try:
+        if schemas:
+            inspect.signature(entry.overloads[0]).bind(*schemas[0].arguments)
+    except TypeError:
         return None
     return entry.overloads[0]
 
@@ -380,7 +390,8 @@ def run_symbolic(symbolic: Callable, args: Sequence, opset: int, hook: Callable 
 
     ``hook(write, opname, inputs, outputs, attributes)`` sees each ``g.op`` call and makes it (``write(*inputs,
     outputs=..., **attributes)``, with the attributes it chooses); with a hook the graph is not serialized:
-    the ids (``Value.unique()``) of the values symbolic returned are, and the graph is gone with the call.
+    the ids (``Value.unique()``) of the values symbolic returned are (None for a trailing None it returned: an
+    output it does not convert; the serialized graph leaves those out), and the graph is gone with the call.
 
     Example:
         >>> import onnx
@@ -419,21 +430,31 @@ def run_symbolic(symbolic: Callable, args: Sequence, opset: int, hook: Callable 
             out = symbolic(context, *called)
         except Exception as e:  # noqa: BLE001  the user's symbolic: the caller names it
             raise SymbolicFailed(f"{type(e).__name__}: {e}") from e
-    outs = list(out) if isinstance(out, (tuple, list)) else [out]
-    if not outs or not all(isinstance(o, torch._C.Value) for o in outs):
-        raise SymbolicFailed(f"it returned {out!r}, not the value(s) g.op gave")
+    outs, written = _returned(out)
     # NOTE: a symbolic may rename its inputs (mmdeploy's GemmOp: input.setDebugName('A')): the graph's inputs keep
     # the names given, which the body is read by
     for v, a in zip(values, args):
         if isinstance(a, GraphInput):
             v.setDebugName(a.name)
     if hook is not None:
-        return [o.unique() for o in outs]
-    for o in outs:
+        return [o.unique() for o in written] + [None] * (len(outs) - len(written))
+    for o in written:
         graph.registerOutput(o)
     torch._C._jit_pass_dce_allow_deleting_nodes_with_side_effects(graph)  # NOTE: unused constants go
     return graph._export_onnx({}, opset, {}, False,  # type: ignore[attr-defined]
                               torch._C._onnx.OperatorExportTypes.ONNX, True, False, {}, False, "", {})[0]
+
+
+def _returned(out: Any) -> tuple[list, list]:
+    """(every output, the written ones) of what a symbolic returned; raises SymbolicFailed for anything but graph
+    values, of which trailing ones may be None: the TorchScript exporter's "conversion for that particular output
+    is not supported" (torchvision's roi_pool symbolic returns (MaxRoiPool, None))."""
+    outs = list(out) if isinstance(out, (tuple, list)) else [out]
+    written = list(itertools.takewhile(lambda o: o is not None, outs))
+    if not written or any(o is not None for o in outs[len(written):]) or \
+            not all(isinstance(o, torch._C.Value) for o in written):
+        raise SymbolicFailed(f"it returned {out!r}, not the value(s) g.op gave (None only for trailing outputs)")
+    return outs, written
 
 
 def graph_value(x: Any) -> tuple[str | None, int] | None:
