@@ -158,6 +158,10 @@ class Plan:
             if p.spec is None:
                 continue  # the tier reports ops it cannot run
             where, version = f"node {p.node.name or p.node.op_type!r} ({p.op})", imported.get(p.node.domain)
+            if version is None:
+                raise OpBridgeError(
+                    f"{where}: the model imports no opset for its domain {p.node.domain!r}. Got opset_import "
+                    f"{imported}. Export the model again, or add the import {p.node.domain}={p.spec.version}.")
             if version != p.spec.version:
                 raise OpBridgeError(
                     f"{where} is imported at domain version {version}, but the registered op is version "
@@ -168,6 +172,11 @@ class Plan:
             if not required <= len(p.node.input) <= len(p.spec.tensors):
                 raise OpBridgeError(f"{where} has {len(p.node.input)} inputs; the op takes {required} to "
                                     f"{len(p.spec.tensors)}. Got inputs {list(p.node.input)}. Export the model again.")
+            empty = [t.name for t, name in zip(p.spec.tensors, p.node.input) if not name and not t.optional]
+            if empty:
+                raise OpBridgeError(f"{where} leaves required input(s) {empty} empty. Got inputs "
+                                    f"{list(p.node.input)}. Only optional inputs may be omitted: export the model "
+                                    "again.")
 
     def fill(self) -> bool:
         """Give every node of a registered op each attribute it omits that the op gives a default
@@ -258,6 +267,11 @@ class Session(ort.InferenceSession):
         super().__init__(content, options, providers=list(providers))
 
     def run(self, output_names, input_feed, run_options=None):
+        # NOTE: before onnxruntime: a None it passes on to a Python kernel as an empty OrtValue aborts the process
+        empty = [n for n, v in input_feed.items() if v is None] if isinstance(input_feed, Mapping) else []
+        if empty:
+            raise OpBridgeError(f"model input(s) {empty} must be numpy arrays. Got None. Pass an array for each "
+                                "(an optional input the model may omit is left out of the feed).")
         try:
             return self._checked(lambda: super(Session, self).run(output_names, input_feed, quiet(run_options)),
                                  input_feed)
@@ -287,6 +301,12 @@ class Session(ort.InferenceSession):
         return None
 
     def run_with_ort_values(self, output_names, input_dict_ort_values, run_options=None):
+        others = {n: type(v).__name__ for n, v in input_dict_ort_values.items() if not isinstance(v, ort.OrtValue)} \
+            if isinstance(input_dict_ort_values, Mapping) else {}
+        if others:
+            raise OpBridgeError(f"run_with_ort_values takes onnxruntime.OrtValue inputs. Got {others}. Wrap each "
+                                "array with onnxruntime.OrtValue.ortvalue_from_numpy(array), or call run() with "
+                                "arrays.")
         return self._checked(lambda: super(Session, self).run_with_ort_values(
             output_names, input_dict_ort_values, quiet(run_options)), input_dict_ort_values)
 

@@ -43,6 +43,8 @@ NO_COMPILER_FIX = (", or use a library built elsewhere (`opbridge build -o DIR`,
                    "$OPBRIDGE_NATIVE_LIBRARY)")
 MAX_INPUTS, MAX_OUTPUTS = 16, 8  # sizes of the type arrays in the generated table
 _MISSING_SYMBOL = re.compile(r"undefined reference to `opbridge::(kernel_\w+)'")  # a link error's kernel entry
+# NOTE: gcc's and clang's words for an option they do not know
+_REFUSED_FLAG = re.compile(r"(unrecognized command[- ]line option|unknown argument|unrecognized option)[^\n]*")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -319,6 +321,11 @@ def _compile(entries, tmp: Path, cxx: str) -> Path:
 def _build_error(entries, result) -> BuildError:
     """The build failure, by its cause (``bridge.core.cppbuild.build_failure``), with a missing kernel
     entry named plainly."""
+    refused = _REFUSED_FLAG.search(result.stderr) if _extra_flags() else None
+    if refused is not None:  # NOTE: a flag the user added, not the C++ source
+        return BuildError(f"building the native kernel library failed: the compiler refused a flag of ${CXXFLAGS_ENV} "
+                          f"({' '.join(_extra_flags())!r}). Got {refused.group(0).strip()!r}. Fix or unset "
+                          f"{CXXFLAGS_ENV}.", "flags", result.stderr)
     missing = sorted(set(_MISSING_SYMBOL.findall(result.stderr)))
     if missing:
         by_symbol = {spec_names(e.spec).symbol: e.spec for e in entries}

@@ -318,3 +318,13 @@ def test_the_cuda_probe_line_is_left_out_of_a_build_only(monkeypatch, capsys):
         sys.modules.pop("torch.utils.cpp_extension", None)  # NOTE: the simulated import is not kept
         if original is not None:
             sys.modules["torch.utils.cpp_extension"] = original
+
+
+def test_a_flag_of_opbridge_cxxflags_the_compiler_refuses_is_named_not_the_source(monkeypatch, tmp_path):
+    """Before: 'failed in the C++ source ... Fix the C++ source named above', where no source was at fault."""
+    monkeypatch.setenv("OPBRIDGE_CXXFLAGS", "--no-such-flag")
+    error = _native_build_error(monkeypatch, tmp_path, _fake_compiler(
+        tmp_path, "g++: error: unrecognized command-line option '--no-such-flag'"))
+    assert error.cause == "flags", error
+    assert "compiler refused a flag of $OPBRIDGE_CXXFLAGS ('--no-such-flag'). Got \"unrecognized command-line " \
+           "option '--no-such-flag'\". Fix or unset OPBRIDGE_CXXFLAGS." in str(error)

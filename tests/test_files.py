@@ -477,3 +477,19 @@ def test_no_path_of_this_machine_in_files_with_derived_bodies(registry, fresh_na
         assert b"derived by opbridge" in data or path == flat
         for text in machine:
             assert text.encode() not in data, (path.name, text)
+
+
+def test_a_device_or_fifo_is_never_replaced_by_a_write(tmp_path):
+    """Before: the write's rename put a regular file where the FIFO (or /dev/full, as root) was."""
+    fifo, link = tmp_path / "fifo", tmp_path / "null"
+    os.mkfifo(fifo)
+    link.symlink_to(os.devnull)
+    for target in (fifo, link):
+        with pytest.raises(OpBridgeError, match=r"it is no regular file \(a device, FIFO or socket\), which a write "
+                                                r"would replace\. Got mode [pc]"):
+            files.write_json(target, {"a": 1})
+    assert stat.S_ISFIFO(os.lstat(fifo).st_mode) and os.path.islink(link)
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+    with pytest.raises(OpBridgeError, match=r"is no regular file \(a device, FIFO or socket\), not an ONNX file\. "
+                                            r"Got mode p"):  # NOTE: before: 'a path that does not exist'
+        files.check_model_file(fifo)

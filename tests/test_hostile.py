@@ -284,6 +284,11 @@ BAD_FEEDS = {
     "torch_tensor": (lambda f: {**f, "images": torch.from_numpy(f["images"])},
                      "model input 'images' must be a numpy array. Got torch.Tensor. Pass images.numpy()"),
     "numpy_scalar": (lambda f: {**f, "ranks_bev": np.int32(3)}, "bev::bev_pool_v2: input 'ranks_bev' must be a numpy array. Got numpy.int32"),
+    # NOTE: before: the python tier aborted the process (an empty OrtValue reached its kernel)
+    "none": (lambda f: {**f, "ranks_bev": None}, "model input(s) ['ranks_bev'] must be numpy arrays. Got None."),
+    "text": (lambda f: {**f, "images": "images.png"}, "model input 'images' must be a numpy array. Got builtins.str"),
+    "ragged_list": (lambda f: {**f, "images": [[1.0], [1.0, 2.0]]},
+                    "model input 'images' must be a numpy array. Got builtins.list. Pass np.asarray(images)"),
 }
 # the message of the out-of-range index in each tier: the op's eager checks, the C++ kernel's own words
 OUT_OF_RANGE = {
@@ -311,6 +316,15 @@ def test_bad_feeds_are_opbridge_errors_in_every_tier(demo_sessions, tier, bad, c
     assert "onnxruntime" not in capfd.readouterr().err
     if bad == "out_of_range":
         assert OUT_OF_RANGE[tier] in message and "the Python kernel raised" not in message, message
+
+
+@pytest.mark.parametrize("tier", bridge.TIERS)
+def test_run_with_ort_values_given_arrays_is_named(demo_sessions, tier):
+    case, _, sessions = demo_sessions
+    sess = sessions[tier]
+    with pytest.raises(bridge.OpBridgeError, match=r"run_with_ort_values takes onnxruntime\.OrtValue inputs\. Got "
+                                                   r"\{'images': 'ndarray'.*ortvalue_from_numpy"):
+        sess.run_with_ort_values(None, bridge.parity.ort_feed(sess, case.args))
 
 
 @pytest.mark.parametrize("tier", bridge.TIERS)
@@ -451,3 +465,33 @@ def test_an_op_no_imported_module_registers_names_the_import_first(tier):
     with pytest.raises(bridge.OpBridgeError, match=r"Import the module that registers opbridge::identity_conv before "
                                                    r"the session \(on the command line: --ops MODULE\)\. Give"):
         bridge.session(proto.SerializeToString(), tier=tier, registry=bridge.Registry())
+
+
+class _Paste(torch.nn.Module):
+    def forward(self, a, b):
+        return torch.ops.opbridge.paste(a, b, 1, 2)
+
+
+def _no_patch(proto):
+    next(n for n in proto.graph.node if n.domain == "opbridge").input[1] = ""
+
+
+def _no_import(proto):
+    keep = [o for o in proto.opset_import if o.domain != "opbridge"]
+    del proto.opset_import[:]
+    proto.opset_import.extend(keep)
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (_no_patch, r"leaves required input\(s\) \['patch'\] empty\. Got inputs \['a', ''\]\. Only optional inputs"),
+    (_no_import, r"the model imports no opset for its domain 'opbridge'\. Got opset_import \{'': \d+\}\. Export the "
+                 r"model again, or add the import opbridge=1"),
+], ids=["empty-required-input", "no-domain-import"])
+@pytest.mark.parametrize("tier", bridge.TIERS)
+def test_hand_edited_custom_nodes_are_named_before_onnxruntime_sees_them(tier, edit, needle):
+    """Before: the python tier ran paste's kernel with None; the function and native tiers gave onnxruntime's raw
+    text; a missing import read 'register the op with version=None'."""
+    proto = bridge.export(_Paste(), (torch.randn(3, 6, 7), torch.randn(3, 2, 2)), functions=tier != "native")
+    edit(proto)
+    with pytest.raises(bridge.OpBridgeError, match=needle):
+        bridge.session(proto.SerializeToString(), tier=tier)

@@ -14,6 +14,7 @@ saying what it left unchecked. mmdeploy's op is registered in subprocesses only
 
 import json
 import os
+import pathlib
 import re
 import shutil
 import subprocess
@@ -197,6 +198,12 @@ def test_native_library_paths_are_checked(tmp_path):
         bridge.session(model, tier="native", native_library=text)
     with pytest.raises(OpBridgeError, match="native_library= loads custom-op libraries for tier 'native' only"):
         bridge.session(model, native_library=text)
+    # NOTE: an interrupted copy of a real library: before, loading it killed the process (SIGBUS)
+    cut = tmp_path / "libcut.so"
+    cut.write_bytes(pathlib.Path(build.library_path()).read_bytes()[:20000])
+    with pytest.raises(OpBridgeError, match=r"libcut.so' is cut short: its ELF headers describe \d+ bytes\. Got a file "
+                                            r"of 20000 bytes"):
+        bridge.session(model, tier="native", native_library=cut)
 
 
 def test_cli_names_a_bad_library_in_one_line(tmp_path):

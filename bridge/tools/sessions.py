@@ -85,7 +85,8 @@ def _wrong_feed(readers: dict, graph: onnx.GraphProto) -> Explain:
                     f"Got inputs {list(feed)}. Feed each model input by its name: {names} (session.get_inputs()).")
         for name, value in feed.items():
             # NOTE: what onnxruntime cannot read (it reads arrays, lists, OrtValues of either class)
-            if name in declared and isinstance(value, (torch.Tensor, np.generic, int, float, complex)):
+            if name in declared and isinstance(value, (torch.Tensor, np.generic, int, float, complex, str, bytes,
+                                                       list, tuple)):
                 kind = f"{type(value).__module__}.{type(value).__qualname__}"
                 fix = (f"Pass {name}.numpy() (or build the feed with bridge.parity.ort_feed(session, args))"
                        if isinstance(value, torch.Tensor) else f"Pass np.asarray({name})")

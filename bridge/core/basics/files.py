@@ -31,6 +31,7 @@ import os
 import secrets
 import shutil
 import stat
+import struct
 import tempfile
 import zipfile
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -92,6 +93,9 @@ def check_model_file(path: str | os.PathLike) -> str:
     path = os.fspath(path)
     if os.path.isdir(path):
         raise OpBridgeError(f"{path!r} is a folder, not an ONNX file. Got a directory. Pass the path of a .onnx file.")
+    if os.path.exists(path) and not os.path.isfile(path):
+        raise OpBridgeError(f"{path!r} is no regular file (a device, FIFO or socket), not an ONNX file. Got mode "
+                            f"{stat.filemode(os.stat(path).st_mode)}. Pass the path of a .onnx file.")
     if not os.path.isfile(path):
         raise OpBridgeError(f"no ONNX file at {path!r}. Got a path that does not exist. "
                             "Export one first with `opbridge export` or bridge.export(...).")
@@ -117,7 +121,35 @@ def check_library_file(path: str | os.PathLike) -> str:
     if not os.path.isfile(text):
         raise OpBridgeError(f"the native kernel library {text!r} is not a file. Got a "
                             f"{'folder' if os.path.isdir(text) else 'special file'}. Pass the path of the .so itself.")
+    size, need = os.path.getsize(text), _elf_extent(text)
+    if need > size:  # NOTE: loading it would map pages past its end: the process dies of SIGBUS
+        raise OpBridgeError(f"the native kernel library {text!r} is cut short: its ELF headers describe {need} bytes. "
+                            f"Got a file of {size} bytes (an interrupted copy or build). Copy or build it again "
+                            "(`opbridge build -o DIR`).")
     return text
+
+
+def _elf_extent(path: str) -> int:
+    """The bytes an ELF file's headers say it holds (header tables and loaded segments); 0 for another file.
+
+    >>> import sys; _elf_extent(sys.executable) > 0, _elf_extent(__file__)
+    (True, 0)
+    """
+    with open(path, "rb") as fh:
+        head = fh.read(64)
+        if head[:4] != b"\x7fELF" or len(head) < 52:
+            return len(head) + 1 if head[:4] == b"\x7fELF" else 0
+        wide, order = head[4] == 2, "<" if head[5] == 1 else ">"
+        phoff, shoff = struct.unpack_from(order + ("QQ" if wide else "II"), head, 32 if wide else 28)
+        phent, phnum, shent, shnum = struct.unpack_from(order + "HHHH", head, 54 if wide else 42)
+        fh.seek(phoff)
+        table = fh.read(phent * phnum)
+    need = max(phoff + phent * phnum, shoff + shent * shnum)
+    for i in range(phnum if len(table) == phent * phnum else 0):
+        offset, filesz = struct.unpack_from(order + ("Q" if wide else "I"), table, i * phent + (8 if wide else 4))[0], \
+            struct.unpack_from(order + ("Q" if wide else "I"), table, i * phent + (32 if wide else 16))[0]
+        need = max(need, offset + filesz)
+    return need
 
 
 # NOTE: an ORT-format model is a FlatBuffer whose file identifier (bytes 4-8) is "ORTM"
@@ -176,6 +208,11 @@ def check_writable(path: str | os.PathLike, *, what: str = "file") -> str:
         raise OpBridgeError(f"cannot write {shown!r}: it names a folder, not a {what}. Got "
                             f"{'an existing directory' if os.path.isdir(shown) else 'a path ending in /'}. "
                             f"Name a file, e.g. {example}.")
+    if os.path.exists(shown) and not os.path.isfile(shown):
+        # NOTE: a write replaces the target by a new file: a device or FIFO (/dev/null, /dev/full) would go
+        raise OpBridgeError(f"cannot write {shown!r}: it is no regular file (a device, FIFO or socket), which a "
+                            f"write would replace. Got mode {stat.filemode(os.stat(shown).st_mode)}. Name a {what} "
+                            "path instead.")
     folder = os.path.dirname(shown) or "."
     if not os.path.isdir(folder):
         if os.path.exists(folder):
