@@ -13,6 +13,7 @@ import json
 import os
 import re
 import stat
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -493,3 +494,47 @@ def test_a_device_or_fifo_is_never_replaced_by_a_write(tmp_path):
     with pytest.raises(OpBridgeError, match=r"is no regular file \(a device, FIFO or socket\), not an ONNX file\. "
                                             r"Got mode p"):  # NOTE: before: 'a path that does not exist'
         files.check_model_file(fifo)
+
+
+def _elf_files() -> list[str]:
+    import onnxruntime
+    folders = (Path(onnxruntime.__file__).parent / "capi", Path(torch.__file__).parent / "lib")
+    return [os.path.realpath(sys.executable)] + sorted(str(p) for d in folders for p in d.glob("*.so*"))[:8]
+
+
+@pytest.mark.parametrize("path", _elf_files(), ids=os.path.basename)
+def test_elf_extent_of_real_libraries_fits_them_and_a_cut_copy_falls_short(path, tmp_path):
+    """The extent read from the headers never exceeds a whole library (no false "cut short"), and a copy
+    one byte shorter than it is named as cut short."""
+    size = os.path.getsize(path)
+    extent = files._elf_extent(path)
+    assert size // 2 < extent <= size
+    cut = tmp_path / "cut.so"
+    with open(path, "rb") as fh:
+        cut.write_bytes(fh.read(extent - 1))
+    assert files._elf_extent(str(cut)) > extent - 1
+    with pytest.raises(OpBridgeError, match="is cut short: its ELF headers describe"):
+        files.check_library_file(cut)
+
+
+def _elf32(phent: int, phnum: int, segments: list[tuple[int, int]], size: int) -> bytes:
+    """A little-endian ELF32 file: header (52 bytes), program headers at 52 (p_type, p_offset, p_vaddr,
+    p_paddr, p_filesz, p_memsz, p_flags, p_align), no section headers, padded to ``size``."""
+    head = b"\x7fELF" + bytes([1, 1, 1]) + bytes(9)
+    head += struct.pack("<HHIIIIIHHHHHH", 3, 3, 1, 0, 52, 0, 0, 52, phent, phnum, 0, 0, 0)
+    table = b"".join(struct.pack("<IIIIIIII", 1, offset, 0, 0, filesz, filesz, 5, 4096)[:phent]
+                     for offset, filesz in segments)
+    return (head + table).ljust(size, b"\0")
+
+
+def test_elf_extent_reads_32_bit_program_headers_and_survives_hostile_ones(tmp_path):
+    elf = tmp_path / "lib32.so"
+    elf.write_bytes(_elf32(32, 2, [(0, 120), (200, 100)], 300))
+    assert files._elf_extent(str(elf)) == 300
+    elf.write_bytes(_elf32(32, 2, [(0, 120), (200, 100)], 299))
+    assert files._elf_extent(str(elf)) == 300
+    for phent, phnum in ((4, 2), (32, 60000)):  # NOTE: entries too small for a program header; more than the file
+        elf.write_bytes(_elf32(phent, phnum, [(0, 120), (200, 100)], 300))
+        assert files._elf_extent(str(elf)) == 52 + phent * phnum
+    elf.write_bytes(b"\x7fELF\x01")
+    assert files._elf_extent(str(elf)) == 6

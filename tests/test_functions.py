@@ -21,6 +21,7 @@ from onnxscript import opset20 as op
 from onnxscript import script, values
 
 import bridge
+from bridge.core.functions import classes_made
 from bridge.tools.cli import main
 from custom_ops.bev_pool_v2 import random_case
 
@@ -1081,3 +1082,22 @@ def test_a_derived_body_inside_a_function_is_typed_with_the_attribute_values_of_
     x = torch.rand(2, 3, 4)
     got = onnxruntime.InferenceSession(model.SerializeToString()).run(None, {"x": x.numpy()})[0]
     np.testing.assert_allclose(got, _running_sum(x.reshape(6, 4)).numpy(), rtol=1e-6)
+
+
+def test_classes_made_nests_and_puts_back_what_was_there():
+    """An export inside an export (or one already recording) records into both lists, and each exit puts back
+    what it found: before, the inner exit deleted the outer recorder, and the outer exit then raised."""
+    assert "__init_subclass__" not in torch.autograd.Function.__dict__
+    with classes_made() as outer:
+        class First(torch.autograd.Function):
+            pass
+        with classes_made() as inner:
+            class Second(torch.autograd.Function):
+                pass
+        class Third(torch.autograd.Function):
+            pass
+    class Fourth(torch.autograd.Function):
+        pass
+    assert [c.__name__ for c in outer] == ["First", "Second", "Third"]
+    assert [c.__name__ for c in inner] == ["Second"]
+    assert "__init_subclass__" not in torch.autograd.Function.__dict__

@@ -7,17 +7,20 @@ schema, ``tests/vision_ops.py``), and a symbolic of standard ops only. Each node
 
 import itertools
 import math
+import types
 import warnings
 
 import onnx
 import pytest
 import torch
 import vision_ops
+from onnxscript.function_libs.torch_lib.registration import default_registry
 from test_upstream_functions import legacy_export, node_identity
 from torch.onnx import register_custom_op_symbolic
 from torch.onnx.symbolic_helper import parse_args
 
 import bridge
+from bridge.core.basics import torch_compat
 
 vision_ops.define("regsym_tv")  # torchvision's deform_conv2d schema, in a namespace of its own
 vision_ops.define("torchvision")  # the names and schemas torch_lib keys its translations by
@@ -360,3 +363,24 @@ def test_a_symbolic_registered_for_an_aten_op_is_named_as_unused(reg):
         assert [n.op_type for n in ours.graph.node] == ["GridSample"]
     finally:
         torch.onnx.unregister_custom_op_symbolic('::grid_sampler', 17)
+
+
+def test_a_torch_lib_translation_takes_keyword_only_arguments_by_name(monkeypatch):
+    """torch.onnx passes a keyword-only schema argument by name: a translation taking it as keyword-only serves
+    the op (before: bound positionally, it was read as taking none, and the op's symbolic was used instead);
+    one that cannot take the op's arguments still does not."""
+    lib = torch.library.Library("opbridge_kwonly", "DEF")
+    lib.define("scaled(Tensor x, *, float scale=1.0) -> Tensor")
+
+    def by_name(x, *, scale=1.0):
+        return x
+
+    def first_only(x, /):
+        return x
+
+    monkeypatch.setitem(default_registry._registry, "opbridge_kwonly::scaled",
+                        types.SimpleNamespace(overloads=[by_name]))
+    assert torch_compat.torchlib_translation("opbridge_kwonly::scaled") is by_name
+    monkeypatch.setitem(default_registry._registry, "opbridge_kwonly::scaled",
+                        types.SimpleNamespace(overloads=[first_only]))
+    assert torch_compat.torchlib_translation("opbridge_kwonly::scaled") is None

@@ -1140,3 +1140,35 @@ def test_mmdeploy_onnx_nms_standard_op_symbolic_branching_on_is_value(reg, monke
     mine, theirs = (next(n for n in p.graph.node if n.op_type == "NonMaxSuppression") for p in (ours, legacy))
     assert node_identity(mine, ours.graph)[:3] == node_identity(theirs, legacy.graph)[:3]
     assert len(mine.input) == len(theirs.input) == 5
+
+
+class MaxWithIndex(Function):
+    """A standard-op symbolic leaving its second output unwritten, as torchvision's roi_pool symbolic does."""
+
+    @staticmethod
+    def forward(ctx, x, k: int = 2):
+        return torch.nn.functional.max_pool2d(x, k, return_indices=True)
+
+    @staticmethod
+    def symbolic(g, x, k=2):
+        return g.op("MaxPool", x, kernel_shape_i=[k, k], strides_i=[k, k]), None
+
+
+def test_a_named_custom_node_whose_symbolic_leaves_an_output_unwritten_is_refused_at_registration(reg):
+    """Before: name= made a custom node whose body gave the int64 indices a float placeholder, and the function
+    tier's session failed in onnxruntime ("Type (tensor(int64)) of output arg ... does not match"). Now refused
+    when registered, naming the output and both ways that work."""
+    with pytest.raises(bridge.OpBridgeError, match=r"MaxWithIndex\.symbolic returns None for output\(s\) \[1\], which "
+                                            r"custom node mine::max_with_index must give.*Register it without name="):
+        bridge.register(MaxWithIndex, name="mine::max_with_index", registry=reg)
+    bridge.register(MaxWithIndex, registry=reg)
+
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            out, _ = MaxWithIndex.apply(x, 2)
+            return out * 2
+
+    x = torch.randn(1, 2, 6, 6)
+    proto = bridge.export(Model(), (x,), registry=reg)
+    assert [n.op_type for n in proto.graph.node] == ["MaxPool", "Mul"] and not proto.functions
+    bridge.assert_parity(Model(), (x,), registry=reg)

@@ -1165,6 +1165,13 @@ def _plain(cls, base: dict, name: str | None, params, sample, symbolic, read,
     if name is None:
         raise OpBridgeError(f"{class_name(cls)}: it has no symbolic, so its ONNX node needs a name. Got name=None. "
                             f"Pass name='ns::{cls.__name__}' to bridge.register.")
+    if not inline and read is not None and None in read[1]:
+        raise OpBridgeError(
+            f"{symbolic_name(cls)} returns None for output(s) {[i for i, o in enumerate(read[1]) if o is None]}, "
+            f"which custom node {name} must give: a body of its standard ops has no value of that output's type "
+            f"for them. Got name={name!r}. Register it without name= (its ops are written into the graph, those "
+            "outputs unwritten, as torch.onnx.export(dynamo=False) wrote them), or with symbolic=False, name= and "
+            "function=... giving every output.")
     domain, _, op_type = name.partition("::")
     given = _given(params, sample)
     usage = {} if read is None else _usage(read[0])
@@ -1515,16 +1522,24 @@ def classes_made() -> Iterator[list[type]]:
         (['Local'], False)
     """
     made: list[type] = []
+    # NOTE: an outer export's recorder (nested exports) is called too, and put back on exit
+    before = torch.autograd.Function.__dict__.get("__init_subclass__")
 
     def record(cls: type[torch.autograd.Function], **kwargs: Any) -> None:
         made.append(cls)
-        super(torch.autograd.Function, cls).__init_subclass__(**kwargs)
+        if before is None:
+            super(torch.autograd.Function, cls).__init_subclass__(**kwargs)
+        else:
+            before.__func__(cls, **kwargs)
 
     torch.autograd.Function.__init_subclass__ = classmethod(record)  # type: ignore[assignment,method-assign]
     try:
         yield made
     finally:
-        del torch.autograd.Function.__init_subclass__
+        if before is None:
+            del torch.autograd.Function.__init_subclass__
+        else:
+            torch.autograd.Function.__init_subclass__ = before  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager

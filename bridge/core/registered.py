@@ -68,8 +68,7 @@ def registered_origin(op: Any) -> RegisteredSymbolic | None:
     if torch_compat.overload_name(op) != "default":
         return None
     symbolic = torch_compat.registered_symbolic(op.name(), SYMBOLIC_OPSET)
-    if symbolic is None or (str(getattr(symbolic, "__module__", "")).startswith(_SHIPPED)
-                            and torch_compat.torchlib_translation(op.name()) is not None):
+    if symbolic is None or (_shipped(symbolic) and torch_compat.torchlib_translation(op.name()) is not None):
         return None
     return RegisteredSymbolic(op, symbolic)
 
@@ -81,7 +80,12 @@ def unused_aten_symbolic(op: Any) -> Callable | None:
     if not isinstance(op, torch_compat.OpOverload) or op.namespace != "aten":
         return None
     symbolic = torch_compat.registered_symbolic(op.name(), SYMBOLIC_OPSET)
-    return None if symbolic is None or str(getattr(symbolic, "__module__", "")).startswith(_SHIPPED) else symbolic
+    return None if symbolic is None or _shipped(symbolic) else symbolic
+
+
+def _shipped(symbolic: Callable) -> bool:
+    """Whether ``symbolic`` is one torch or torchvision registers itself (``_SHIPPED``), not a user's."""
+    return str(getattr(symbolic, "__module__", "")).startswith(_SHIPPED)
 
 
 _CLASSES: dict[tuple[torch_compat.OpOverload, Callable], type] = {}

@@ -137,18 +137,23 @@ def _elf_extent(path: str) -> int:
     """
     with open(path, "rb") as fh:
         head = fh.read(64)
-        if head[:4] != b"\x7fELF" or len(head) < 52:
-            return len(head) + 1 if head[:4] == b"\x7fELF" else 0
-        wide, order = head[4] == 2, "<" if head[5] == 1 else ">"
+        if head[:4] != b"\x7fELF":
+            return 0
+        wide, order = head[4:5] == b"\x02", "<" if head[5:6] == b"\x01" else ">"
+        if len(head) < (64 if wide else 52):
+            return len(head) + 1
+        # NOTE: the ELF header's e_phoff, e_shoff, and e_phentsize, e_phnum, e_shentsize, e_shnum
         phoff, shoff = struct.unpack_from(order + ("QQ" if wide else "II"), head, 32 if wide else 28)
         phent, phnum, shent, shnum = struct.unpack_from(order + "HHHH", head, 54 if wide else 42)
         fh.seek(phoff)
         table = fh.read(phent * phnum)
     need = max(phoff + phent * phnum, shoff + shent * shnum)
-    for i in range(phnum if len(table) == phent * phnum else 0):
-        offset, filesz = struct.unpack_from(order + ("Q" if wide else "I"), table, i * phent + (8 if wide else 4))[0], \
-            struct.unpack_from(order + ("Q" if wide else "I"), table, i * phent + (32 if wide else 16))[0]
-        need = max(need, offset + filesz)
+    # NOTE: a program header's p_offset and p_filesz (64-bit: after p_type, p_flags; 32-bit: p_offset first)
+    segment = struct.Struct(order + ("8xQ16xQ" if wide else "4xI8xI"))
+    if len(table) == phent * phnum and phent >= segment.size:
+        for i in range(phnum):
+            offset, filesz = segment.unpack_from(table, i * phent)
+            need = max(need, offset + filesz)
     return need
 
 

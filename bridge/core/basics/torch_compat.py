@@ -191,12 +191,15 @@ def torchlib_translation(qualname: str) -> Any | None:
     entry = _torchlib.default_registry._registry.get(qualname)
     if entry is None or not entry.overloads:
         return None
-    # NOTE: torch.onnx passes the op's arguments positionally; a translation that cannot take them is none
-    # (onnxscript 0.7's torchvision_roi_pool takes (input, boxes, output_size, spatial_scale), not the op's 5)
+    # NOTE: torch.onnx passes the op's arguments as the graph node holds them, keyword-only ones by name; a
+    # translation that cannot take them is none (onnxscript 0.7's torchvision_roi_pool takes (input, boxes,
+    # output_size, spatial_scale), not the op's 5)
     schemas = torch._C._jit_get_schemas_for_operator(qualname)
     try:
         if schemas:
-            inspect.signature(entry.overloads[0]).bind(*schemas[0].arguments)
+            arguments = schemas[0].arguments
+            inspect.signature(entry.overloads[0]).bind(*[a for a in arguments if not a.kwarg_only],
+                                                       **{a.name: a for a in arguments if a.kwarg_only})
     except TypeError:
         return None
     return entry.overloads[0]
