@@ -44,7 +44,7 @@ import onnx_ir as ir
 
 from bridge.core.basics.domains import standard_opset
 from bridge.core.basics.errors import OpBridgeError
-from bridge.core.basics.graphs import custom_nodes, ir_custom_nodes, model_value_types, walk
+from bridge.core.basics.graphs import custom_nodes, ir_custom_nodes, model_value_types, unproduced_outputs, walk
 from bridge.core.registry import REGISTRY, Registry
 from bridge.core.spec import OpSpec
 from exporters.bodies.opsets import convert_function, onnx_opset, portable_constants
@@ -412,6 +412,11 @@ def attach_functions(model: onnx.ModelProto, registry: Registry | None = None, *
         (0, ['opbridge::identity_conv'], [(18,)])
     """
     registry = REGISTRY if registry is None else registry
+    # NOTE: a body a tool emptied or cut (onnx-ir cannot read it) is no body: its op's is attached instead
+    broken = [f for f in model.functions if unproduced_outputs(f) and registry.find(f.domain, f.name) is not None
+              and (ops is None or (f.domain, f.name) in ops)]
+    for f in broken:
+        model.functions.remove(f)
     if _complete(model, registry, replace, ops, custom_nodes(model, functions=True) if nodes is None else nodes):
         return []
     converted = ir.serde.deserialize_model(model)

@@ -14,15 +14,22 @@ import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from itertools import chain
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import onnx
 import onnxruntime as ort
 import torch
 
 from bridge.core.basics.domains import is_custom
-from bridge.core.basics.errors import OpBridgeError
-from bridge.core.basics.graphs import ProtoMemo, calling_functions, model_value_types, value_types, walk
+from bridge.core.basics.errors import OpBridgeError, own_sentence
+from bridge.core.basics.graphs import (
+    ProtoMemo,
+    calling_functions,
+    model_value_types,
+    unproduced_outputs,
+    value_types,
+    walk,
+)
 from bridge.core.opdef import typed_as_written
 from bridge.core.registry import Registry
 from bridge.core.spec import OpSpec, explicit_attributes, node_attributes
@@ -178,6 +185,17 @@ class Plan:
                                     f"{list(p.node.input)}. Only optional inputs may be omitted: export the model "
                                     "again.")
 
+    def check_bodies(self) -> None:
+        """The model's functions compute each of their outputs (a body a tool emptied or cut is named, not handed to
+        onnxruntime)."""
+        for f in self.model.functions:
+            missing = unproduced_outputs(f)
+            if missing:
+                raise OpBridgeError(
+                    f"the file's body of {f.domain}::{f.name} computes no value for output(s) {missing} (a tool "
+                    f"emptied or cut it). Got a body of {len(f.node)} node(s). Give it its op's body with `opbridge "
+                    "attach FILE -o OUT`, or export the model again.")
+
     def fill(self) -> bool:
         """Give every node of a registered op each attribute it omits that the op gives a default
         (``bridge.core.spec.explicit_attributes``): files other tools wrote run with the op's defaults
@@ -234,8 +252,14 @@ def node_types(model: onnx.ModelProto, nodes: Sequence[onnx.NodeProto]) -> dict[
 
 
 def _check_attributes(where: str, node: onnx.NodeProto, spec: OpSpec) -> None:
-    """A required attribute the node lacks, or one of another type than the op declares, named."""
+    """A required attribute the node lacks, one the op does not declare (eager refuses an unknown argument), or
+    one of another type than the op declares, named."""
     attrs = {a.name: a for a in node.attribute}
+    unknown = sorted(set(attrs) - {param.name for param in spec.attributes})
+    if unknown:
+        raise OpBridgeError(f"{where} has attribute(s) {unknown}, which {spec.qualname} does not declare (it declares "
+                            f"{[param.name for param in spec.attributes]}). Got attributes {sorted(attrs)}. Remove "
+                            "them from the node, or export the model again with opbridge.")
     for param in spec.attributes:
         # NOTE: ignore: onnx's stub lacks the AttrType enum's .name, and every attribute has an attr_type
         declared = param.attr_type.name  # type: ignore[union-attr]
@@ -310,8 +334,18 @@ class Session(ort.InferenceSession):
         return self._checked(lambda: super(Session, self).run_with_ort_values(
             output_names, input_dict_ort_values, quiet(run_options)), input_dict_ort_values)
 
+    def io_binding(self) -> Binding:
+        return Binding(self)
+
     def run_with_iobinding(self, iobinding, run_options=None):
-        return self._checked(lambda: super(Session, self).run_with_iobinding(iobinding, quiet(run_options)), None)
+        bound = getattr(iobinding, "bound", None)  # NOTE: None: an IOBinding made without io_binding()
+        missing = [i.name for i in self.get_inputs() if bound is not None and i.name not in bound]
+        if missing:  # NOTE: before onnxruntime: a Python kernel reading an unbound input aborted the process
+            raise OpBridgeError(f"model input(s) {missing} are not bound for run_with_iobinding. Got bound inputs "
+                                f"{sorted(bound or ())}. Bind each with iobinding.bind_cpu_input(name, array) (or "
+                                "bind_ortvalue_input) before the run.")
+        feed = bound if bound is not None and all(v is not None for v in bound.values()) else None
+        return self._checked(lambda: super(Session, self).run_with_iobinding(iobinding, quiet(run_options)), feed)
 
     def run_with_ortvaluevector(self, run_options, feed_names, feeds, fetch_names, fetches, fetch_devices):
         return self._checked(lambda: super(Session, self).run_with_ortvaluevector(
@@ -352,6 +386,31 @@ class Session(ort.InferenceSession):
                 if message is None:
                     raise
                 raise OpBridgeError(message) from e
+
+
+class Binding(ort.IOBinding):
+    """onnxruntime's IOBinding (what ``Session.io_binding()`` returns) recording each input's bound value (None
+    for a device buffer), so a run names an unbound input and explains a refused one as ``run`` does."""
+
+    def __init__(self, session: Session):
+        super().__init__(session)
+        self.bound: dict[str, Any] = {}
+
+    def bind_cpu_input(self, name, arr_on_cpu):
+        super().bind_cpu_input(name, arr_on_cpu)
+        self.bound[name] = arr_on_cpu
+
+    def bind_input(self, name, *args, **kwargs):
+        super().bind_input(name, *args, **kwargs)
+        self.bound[name] = None
+
+    def bind_ortvalue_input(self, name, ortvalue):
+        super().bind_ortvalue_input(name, ortvalue)
+        self.bound[name] = ortvalue
+
+    def clear_binding_inputs(self):
+        super().clear_binding_inputs()
+        self.bound.clear()
 
 
 def quiet(run_options: ort.RunOptions | None) -> ort.RunOptions:
@@ -465,10 +524,10 @@ def load_error(path: str, error: BaseException, fix: str) -> OpBridgeError:
     >>> str(load_error("lib.so", RuntimeError("not an ELF file"), "Rebuild it."))
     "opbridge: onnxruntime could not load the native library 'lib.so'. Got RuntimeError: not an ELF file. Rebuild it."
     """
+    own = own_sentence(error)
+    if own is not None:  # NOTE: the library's own refusal names its cause and its fix
+        return OpBridgeError(own)
     text = " ".join(str(error).split())
-    own = text.find("opbridge: ")
-    if own >= 0:  # NOTE: the library's own refusal names its cause and its fix
-        return OpBridgeError(text[own:])
     return OpBridgeError(f"onnxruntime could not load the native library {path!r}. Got {type(error).__name__}: "
                          f"{text[:400].rstrip('.')}. {fix}")
 

@@ -9,7 +9,7 @@ import os
 import onnxruntime as ort
 import torch
 
-from bridge.core.basics.errors import OpBridgeError, UnsupportedInTier
+from bridge.core.basics.errors import OpBridgeError, UnsupportedInTier, own_sentence
 from bridge.core.basics.opnames import spec_names
 from bridge.core.checks import ordered
 from bridge.core.cppbuild import compiler, find_compiler, verified
@@ -93,11 +93,10 @@ def _kernel_refusal(error: BaseException, _feed: dict | None, _model: bytes | st
     "opbridge: d::f: input 'i' has value 9 at position 1, outside [0, 4). Got this from the op's C++ kernel.
     Fix the inputs (the op's own eager checks apply in this tier)."
     """
-    text = " ".join(str(error).split())
-    own = text.find("opbridge: ")
-    if own < 0:
+    own = own_sentence(error)
+    if own is None:
         return None
-    return (f"{text[own:].rstrip('. ')}. Got this from the op's C++ kernel. Fix the inputs (the op's own eager "
+    return (f"{own.rstrip('. ')}. Got this from the op's C++ kernel. Fix the inputs (the op's own eager "
             "checks apply in this tier).")
 
 

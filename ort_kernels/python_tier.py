@@ -48,7 +48,7 @@ import onnxruntime as ort
 import torch
 
 from bridge.core.basics.dtypes import ONNX_TO_TORCH, numpy_dtype
-from bridge.core.basics.errors import OpBridgeError, UnsupportedInTier
+from bridge.core.basics.errors import OpBridgeError, UnsupportedInTier, own_sentence
 from bridge.core.basics.graphs import FreshNames, model_graphs, value_names
 from bridge.core.basics.installed import pip_line
 from bridge.core.registry import Registry
@@ -316,6 +316,10 @@ def _infer_types(model: onnx.ModelProto) -> onnx.ModelProto:
             return onnx.shape_inference.infer_shapes(shapeless, strict_mode=False)
         except Exception as e:  # noqa: BLE001
             error = e
+    own = own_sentence(error)
+    if own is not None:  # NOTE: an op's check or its fake refusing the node, named by the op itself
+        raise OpBridgeError(f"{own.rstrip('. ')}. Fix the node's inputs or attributes (export the model again "
+                            "with opbridge).") from None
     raise OpBridgeError(f"tier 'python' cannot type the model's custom nodes. Got {type(error).__name__}: "
                         f"{str(error)[:400].rstrip('.')}. Fix the node's inputs or attributes (export the model again "
                         "with opbridge).") from None

@@ -235,20 +235,23 @@ def test_function_tier_gives_eagers_message_for_inputs_computed_in_the_model(pas
 
 
 def test_a_guard_whose_values_cannot_be_read_back_is_worded_from_its_node(paste_file):
-    """A run through an IO binding gives the session no feed to compute the op's inputs from: the
-    message names the guard node that stopped (one per input: patch's, whose one check failed) and
-    what that check requires."""
+    """A run through an IO binding made without ``session.io_binding()`` gives the session no feed to compute the
+    op's inputs from: the message names the guard node that stopped (one per input: patch's, whose one check
+    failed) and what that check requires. One from ``io_binding()`` records its inputs: eager's message."""
     sess = bridge.session(paste_file, tier="function")
-    binding = sess.io_binding()
-    binding.bind_cpu_input("image", np.zeros((2, 5, 5), np.float32))
-    binding.bind_cpu_input("patch", np.ones((3, 2, 2), np.float32))
-    binding.bind_output(sess.get_outputs()[0].name)
-    with pytest.raises(bridge.OpBridgeError) as info:
-        sess.run_with_iobinding(binding)
-    message = str(info.value)
-    assert message.startswith("opbridge: opbridge::paste: inputs 'image' (..., H, W) and 'patch' (..., h, w) must "
-                              "have equal leading dims. Got a value that fails it inside the model"), message
-    assert "onnxruntime stopped at guard node 'opbridge_check/opbridge::paste/patch/1.same_shape'" in message
+    messages = []
+    for binding in (ort.IOBinding(sess), sess.io_binding()):
+        binding.bind_cpu_input("image", np.zeros((2, 5, 5), np.float32))
+        binding.bind_cpu_input("patch", np.ones((3, 2, 2), np.float32))
+        binding.bind_output(sess.get_outputs()[0].name)
+        with pytest.raises(bridge.OpBridgeError) as info:
+            sess.run_with_iobinding(binding)
+        messages.append(str(info.value))
+    assert messages[0].startswith("opbridge: opbridge::paste: inputs 'image' (..., H, W) and 'patch' (..., h, w) must "
+                                  "have equal leading dims. Got a value that fails it inside the model"), messages[0]
+    assert "onnxruntime stopped at guard node 'opbridge_check/opbridge::paste/patch/1.same_shape'" in messages[0]
+    assert messages[1] == ("opbridge: opbridge::paste: inputs 'image' (..., H, W) and 'patch' (..., h, w) must have "
+                           "equal leading dims. Got (2, 5, 5) and (3, 2, 2). Match the leading dims."), messages[1]
 
 
 def test_a_custom_op_fed_by_another_gets_eagers_message(registry, fresh_name):

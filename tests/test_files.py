@@ -538,3 +538,28 @@ def test_elf_extent_reads_32_bit_program_headers_and_survives_hostile_ones(tmp_p
         assert files._elf_extent(str(elf)) == 52 + phent * phnum
     elf.write_bytes(b"\x7fELF\x01")
     assert files._elf_extent(str(elf)) == 6
+
+
+class _Weighted(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.randn(3, 3, 8, 8))
+
+    def forward(self, x):
+        return torch.ops.opbridge.identity_conv(x, 3) + self.w
+
+
+@pytest.mark.parametrize("damage", ["missing", "cut"])
+@pytest.mark.parametrize("tier", bridge.TIERS)
+def test_a_session_names_an_unreadable_data_file_not_the_kernels(tier, damage, tmp_path):
+    """Before: 'onnxruntime could not load the model ... Check the op kernels for tier ...' (the session loaded
+    the data file outside files.py); a data file cut short read as a corrupt model in files.load_model too."""
+    x = torch.randn(1, 3, 8, 8)
+    proto = bridge.export(_Weighted(), (x,), functions=tier != "native")
+    files.save_model(proto, tmp_path / "m.onnx", external=True)
+    data = tmp_path / "m.onnx.data"
+    data.write_bytes(data.read_bytes()[:100]) if damage == "cut" else data.unlink()
+    needle = r"^opbridge: the external data of '.*m\.onnx' cannot be read\. Got .*Keep the \.data file the model names"
+    for read in (lambda: bridge.session(tmp_path / "m.onnx", tier=tier), lambda: files.load_model(tmp_path / "m.onnx")):
+        with pytest.raises(OpBridgeError, match=needle):
+            read()

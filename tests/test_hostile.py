@@ -456,6 +456,34 @@ def test_session_run_misuse_is_named_in_every_tier(tier):
     np.testing.assert_array_equal(sess.run(["y"], feed)[0], _Doubled()(x).numpy())
 
 
+@pytest.mark.parametrize("tier", ["function", "python", "native"])
+def test_run_with_iobinding_names_an_unbound_or_wrong_input_in_every_tier(tier):
+    """Before: an unbound input aborted the process in the python tier (std::runtime_error: "the ort_value must
+    contain a constructed tensor"), and the other tiers gave onnxruntime's own text for it and for a float64 or
+    wrongly shaped input; now the same refusals as run()."""
+    x = torch.randn(1, 2, 3, 3)
+    sess = bridge.session(bridge.export(_Doubled(), (x,), output_names=["y"]).SerializeToString(), tier=tier)
+
+    def run(value=None, clear=False):
+        binding = sess.io_binding()
+        if value is not None:
+            binding.bind_cpu_input("x", value)
+        if clear:
+            binding.clear_binding_inputs()
+        binding.bind_output("y")
+        sess.run_with_iobinding(binding)
+        return binding.copy_outputs_to_cpu()[0]
+
+    for value, clear, match in [
+            (None, False, r"model input\(s\) \['x'\] are not bound for run_with_iobinding\. Got bound inputs \[\]\."),
+            (x.numpy(), True, r"model input\(s\) \['x'\] are not bound for run_with_iobinding"),
+            (x.double().numpy(), False, r"input 'x' must be float32 \(tensor\(float\)\)\. Got float64\."),
+            (np.ones((1, 3, 3, 3), np.float32), False, r"input 'x' must have size 2 in dim 1")]:
+        with pytest.raises(bridge.OpBridgeError, match=match):
+            run(value, clear)
+    np.testing.assert_array_equal(run(x.numpy()), _Doubled()(x).numpy())
+
+
 @pytest.mark.parametrize("tier", ["function", "native"])
 def test_an_op_no_imported_module_registers_names_the_import_first(tier):
     """A file without bodies opened where the op's module was not imported: the fix is that import (before: give
@@ -495,3 +523,66 @@ def test_hand_edited_custom_nodes_are_named_before_onnxruntime_sees_them(tier, e
     edit(proto)
     with pytest.raises(bridge.OpBridgeError, match=needle):
         bridge.session(proto.SerializeToString(), tier=tier)
+
+
+class _Crop(torch.nn.Module):
+    def forward(self, x):
+        return torch.ops.opbridge.crop(x, [1, 1, 3, 3])
+
+
+def _set_box(box):
+    def edit(proto):
+        node = next(n for n in proto.graph.node if n.domain == "opbridge")
+        del node.attribute[:]
+        node.attribute.append(onnx.helper.make_attribute("box", box))
+    return edit
+
+
+def _extra_attribute(proto):
+    next(n for n in proto.graph.node if n.domain == "opbridge").attribute.append(onnx.helper.make_attribute("bogus", 5))
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (_extra_attribute, r"^opbridge: node '.*' \(opbridge::crop\) has attribute\(s\) \['bogus'\], which opbridge::crop "
+                       r"does not declare \(it declares \['box'\]\)\. Got attributes \['bogus', 'box'\]\. Remove them"),
+    (_set_box([3, 3, 1, 1]), r"^opbridge: opbridge::crop: attribute 'box' must be \[left, top, right, bottom\] with "
+                             r"right >= left and bottom >= top[.,] [Gg]ot \[3, 3, 1, 1\]"),
+    (_set_box([1, 1]), r"^opbridge: opbridge::crop: attribute 'box' must be \[left, top, right, bottom\]"),
+], ids=["unknown-attribute", "inverted-box", "short-box"])
+@pytest.mark.parametrize("tier", bridge.TIERS)
+def test_hand_edited_attributes_are_the_ops_own_refusal_once(tier, edit, needle):
+    """Eager refuses an argument crop does not take, and a box its checks refuse. Before: an unknown attribute ran
+    in every tier; a bad box came wrapped two or three times ("opbridge: onnxruntime could not load the model. Got
+    ... opbridge: opbridge::crop: ..." in the native tier, "cannot type ... the fake kernel failed ... Got
+    CheckError: opbridge: ..." in the python tier)."""
+    proto = bridge.export(_Crop(), (torch.randn(1, 3, 6, 7),), functions=tier != "native")
+    edit(proto)
+    with pytest.raises(bridge.OpBridgeError, match=needle) as caught:
+        bridge.session(proto.SerializeToString(), tier=tier).run(None, {"x": np.ones((1, 3, 6, 7), np.float32)})
+    assert str(caught.value).count("opbridge: ") == 1, str(caught.value)
+    node = next(n for n in proto.graph.node if n.domain == "opbridge")
+    kwargs = {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute}
+    with pytest.raises((RuntimeError, ValueError)):  # NOTE: eager refuses the same call
+        torch.ops.opbridge.crop(torch.ones(1, 3, 6, 7), **kwargs)
+
+
+def test_an_emptied_body_is_named_by_sessions_and_repaired_by_attach(tmp_path):
+    """Before: every tier gave onnxruntime's "failed validating the check: !(it.GetName().empty())" as a kernel
+    problem; `opbridge attach` said "nothing to attach" and `--replace` failed in onnx-ir (SerdeError)."""
+    x = torch.randn(1, 2, 4, 4)
+    proto = bridge.export(_Ident(), (x,))
+    del proto.functions[0].node[:]
+    onnx.save(proto, tmp_path / "emptied.onnx")
+    for tier in bridge.TIERS:
+        with pytest.raises(bridge.OpBridgeError, match=r"the file's body of opbridge::identity_conv computes no value "
+                                                       r"for output\(s\) \['return_val'\] \(a tool emptied or cut it\)"
+                                                       r"\. Got a body of 0 node\(s\)\. Give it its op's body with "
+                                                       r"`opbridge attach FILE -o OUT`"):
+            bridge.session(tmp_path / "emptied.onnx", tier=tier)
+    for extra in ([], ["--replace"]):
+        out = tmp_path / f"repaired{len(extra)}.onnx"
+        r = _cli("attach", str(tmp_path / "emptied.onnx"), *extra, "-o", str(out), cwd=tmp_path)
+        assert r.returncode == 0 and "attached or converted opbridge::identity_conv" in r.stdout, r.stderr
+        for tier in bridge.TIERS:
+            got = bridge.session(out, tier=tier).run(None, {"x": x.numpy()})[0]
+            np.testing.assert_array_equal(got, _Ident()(x).numpy())

@@ -7,6 +7,7 @@ import torch
 from onnx import defs, helper
 
 from bridge.core.basics.dtypes import ALL_TENSOR_TYPES, TORCH_TO_ONNX, torch_dtype
+from bridge.core.basics.errors import OpBridgeError
 from bridge.core.basics.torch_compat import DimDynamic, FakeTensorMode, ShapeEnv, StatelessSymbolicContext
 
 # NOTE: unknown ONNX dims are given distinct hint sizes >= 2 so the ShapeEnv does not
@@ -111,6 +112,8 @@ def infer_from_fake(spec, ctx) -> None:
     try:
         with mode:
             out = spec.overload(*positional, **keywords)
+    except OpBridgeError as e:  # NOTE: the op's own check refusing the node: its sentence, as it is
+        raise onnx.shape_inference.InferenceError(str(e)) from e
     except Exception as e:  # surfaced by onnx as an InferenceError naming the op
         raise onnx.shape_inference.InferenceError(
             f"opbridge: {spec.qualname}: the fake kernel failed during ONNX shape inference. "

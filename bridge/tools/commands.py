@@ -418,11 +418,12 @@ def _onnx_errors(path: str, action: str) -> Iterator[None]:
                             "Fix the node or function it names, or export the model again with opbridge.") from None
 
 
-def _load_checked(path: str):
+def _load_checked(path: str, *, bodies: bool = True):
     """The model at ``path`` (external tensors loaded), its custom nodes checked against the registry:
-    a wrong attribute type or input count is named by node before onnx meets it."""
+    a wrong attribute type or input count is named by node before onnx meets it; ``bodies``: and its
+    functions computing their outputs (``attach`` repairs those)."""
     proto = files.load_model(path)
-    check_nodes(proto, REGISTRY)
+    check_nodes(proto, REGISTRY, bodies=bodies)
     return proto
 
 
@@ -515,7 +516,7 @@ def cmd_attach(args) -> int:
     replace the bodies it has of registered ops with the registry's. Write it whole or not at all."""
     target = args.output or args.model_file
     files.check_writable(target, what="model")
-    proto = _load_checked(args.model_file)
+    proto = _load_checked(args.model_file, bodies=False)
     with _onnx_errors(args.model_file, "attach bodies to"):
         changed = attach_functions(proto, REGISTRY, replace=args.replace)
         relativize_paths(proto)

@@ -16,7 +16,7 @@ from onnx import external_data_helper
 
 from bridge.core.basics import files
 from bridge.core.basics.dtypes import to_numpy
-from bridge.core.basics.errors import OpBridgeError
+from bridge.core.basics.errors import OpBridgeError, own_sentence
 from bridge.core.basics.graphs import model_nodes, model_tensors
 from bridge.core.basics.progress import Native, step
 from bridge.core.basics.torch_compat import pytree
@@ -40,9 +40,13 @@ def _what(model) -> str:
             else repr(os.fspath(model)))
 
 
-def check_nodes(model: onnx.ModelProto, registry: Registry) -> None:
-    """Custom nodes against their registered ops: domain version, attributes, input count (``Plan.check``)."""
-    Plan(model, registry).check()
+def check_nodes(model: onnx.ModelProto, registry: Registry, *, bodies: bool = True) -> None:
+    """Custom nodes against their registered ops: domain version, attributes, input count (``Plan.check``);
+    ``bodies``: the model's functions computing their outputs too (``Plan.check_bodies``)."""
+    plan = Plan(model, registry)
+    plan.check()
+    if bodies:
+        plan.check_bodies()
 
 
 # NOTE: a tensor stored outside the file says so in its data_location (field 14, a varint) =
@@ -56,7 +60,7 @@ def _serialised(proto: onnx.ModelProto, model) -> bytes:
     content = proto.SerializeToString()
     if isinstance(model, (str, os.PathLike)) and _EXTERNAL_LOCATION in content and any(
             external_data_helper.uses_external_data(t) for t in model_tensors(proto)):
-        external_data_helper.load_external_data_for_model(proto, os.path.dirname(os.path.abspath(model)))
+        files.load_external_data(proto, model)
         content = proto.SerializeToString()
     return content
 
@@ -161,6 +165,7 @@ def session(model: str | os.PathLike | onnx.ModelProto | bytes, *, tier: str = "
     # NOTE: the one walk of the model: the checks, the tier and the report read the plan
     plan = Plan(proto, REGISTRY if registry is None else registry, _what(model))
     plan.check()
+    plan.check_bodies()
     filled = plan.fill()  # NOTE: an omitted attribute is the op's default in every tier
     # NOTE: read before the tier edits the model
     wrong_feed = _wrong_feed(plan.readers(), proto.graph)
@@ -182,7 +187,15 @@ def session(model: str | os.PathLike | onnx.ModelProto | bytes, *, tier: str = "
                            explain=(*prepared.explain, guards, wrong_feed))
             sess.kernels, sess.unserved = served, unserved
             return sess
+        except OpBridgeError:
+            raise
         except Exception as e:
+            if path is not None:  # NOTE: onnxruntime read the data file itself
+                files.check_external_data(model_tensors(proto), path)
+            own = own_sentence(e)
+            if own is not None:  # NOTE: a C++ kernel refusing its node's attributes as onnxruntime makes it
+                raise OpBridgeError(f"{own.rstrip('. ')}. Got this from the op's C++ kernel as the session was made. "
+                                    "Fix the node's attributes (export the model again with opbridge).") from e
             raise OpBridgeError(f"onnxruntime could not load the model. Got {type(e).__name__}: "
                                 f"{str(e)[:500]}. Check the op kernels for tier {tier!r}.") from e
 

@@ -45,6 +45,22 @@ class BuildError(OpBridgeError):
         self.detail = detail
 
 
+def own_sentence(error: BaseException) -> str | None:
+    """The ``opbridge: ...`` sentence ``error``'s text quotes (a kernel's or an op check's refusal passed on by
+    onnxruntime or onnx), whitespace folded, from its prefix to the end; None where it quotes none.
+
+    Example:
+        >>> own_sentence(RuntimeError("[ONNXRuntimeError] : 6 : Exception during initialization: opbridge: d::f: "
+        ...                           "attribute 'k' must be >= 0,  got -1"))
+        "opbridge: d::f: attribute 'k' must be >= 0, got -1"
+        >>> own_sentence(RuntimeError("no such file")) is None
+        True
+    """
+    text = " ".join(str(error).split())
+    own = text.find("opbridge: ")
+    return text[own:] if own >= 0 else None
+
+
 def raised_at(e: BaseException, skip: tuple[str, ...]) -> str:
     """`` (FILE:LINE in FUNCTION)`` of the innermost frame of ``e``'s traceback whose file name starts with none
     of ``skip`` (the folders of opbridge and of the library that called the user's code); "" when none is left.

@@ -34,11 +34,12 @@ import stat
 import struct
 import tempfile
 import zipfile
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import BinaryIO
 
 import numpy as np
 import onnx
+from onnx import external_data_helper
 
 from bridge.core.basics.errors import OpBridgeError
 
@@ -79,6 +80,39 @@ def load_model(model: str | os.PathLike | bytes | onnx.ModelProto, *,
     with open(path, "rb") as f:
         _refuse_ort_format(f.read(8), repr(path))
     return _parse(lambda: onnx.load(path, load_external_data=external_data), repr(path), "Export it again.")
+
+
+def load_external_data(proto: onnx.ModelProto, path: str | os.PathLike) -> None:
+    """Load into ``proto`` (read from ``path`` with ``external_data=False``) the tensors its file stores beside
+    it; a data file missing or cut short is the ``OpBridgeError`` :func:`load_model` gives for it."""
+    def load() -> onnx.ModelProto:
+        external_data_helper.load_external_data_for_model(proto, os.path.dirname(os.path.abspath(path)))
+        return proto
+    _parse(load, repr(os.fspath(path)), "Export it again.")
+
+
+def check_external_data(tensors: Iterable[onnx.TensorProto], path: str | os.PathLike) -> None:
+    """Each of ``tensors`` (a model's, read from ``path``) stored beside the file has its data file there, holding
+    its bytes (a stat per file, nothing read); else the ``OpBridgeError`` :func:`load_model` gives for it.
+
+    >>> t = onnx.TensorProto(name="w", data_location=onnx.TensorProto.EXTERNAL)
+    >>> _ = t.external_data.add(key="location", value="gone.data")
+    >>> check_external_data([t], "m.onnx")
+    Traceback (most recent call last):
+    ...
+    bridge.core.basics.errors.OpBridgeError: opbridge: the external data of 'm.onnx' cannot be read. Got ...
+    """
+    folder = os.path.dirname(os.path.abspath(path))
+    for tensor in tensors:
+        if not external_data_helper.uses_external_data(tensor):
+            continue
+        info = external_data_helper.ExternalDataInfo(tensor)
+        where = os.path.join(folder, info.location)
+        size = os.path.getsize(where) if os.path.isfile(where) else None
+        if size is None or (info.length is not None and (info.offset or 0) + info.length > size):
+            got = "no such file" if size is None else f"a file of {size} bytes"
+            raise _external_data_error(repr(os.fspath(path)), f"tensor {tensor.name!r} is stored in "
+                                       f"{info.location!r}, {got}")
 
 
 def check_model_file(path: str | os.PathLike) -> str:
@@ -175,16 +209,20 @@ def _refuse_ort_format(head: bytes, what: str) -> None:
 def _parse(load: Callable[[], onnx.ModelProto], what: str, fix: str) -> onnx.ModelProto:
     try:
         proto = load()
-    except (FileNotFoundError, onnx.checker.ValidationError) as e:
-        # NOTE: onnx reads external tensors after the proto: their file is missing or outside the folder
-        raise OpBridgeError(f"the external data of {what} cannot be read. Got {type(e).__name__}: {str(e)[:200]}. "
-                            "Keep the .data file the model names beside the .onnx file.") from None
     except Exception as e:  # noqa: BLE001  truncated, not protobuf, damaged: one message
+        if isinstance(e, (FileNotFoundError, onnx.checker.ValidationError)) or "External data" in str(e):
+            # NOTE: onnx reads external tensors after the proto: their file is missing, outside the folder or short
+            raise _external_data_error(what, f"{type(e).__name__}: {str(e)[:200]}") from None
         raise _unreadable(what, f"{type(e).__name__}: {str(e)[:200]}", fix) from None
     if not proto.HasField("graph"):
         # NOTE: protobuf parses an empty file (and some other bytes) as a message with no graph
         raise _unreadable(what, f"no graph in {proto.ByteSize()} bytes of model fields", fix)
     return proto
+
+
+def _external_data_error(what: str, got: str) -> OpBridgeError:
+    return OpBridgeError(f"the external data of {what} cannot be read. Got {got}. Keep the .data file the model "
+                         "names, whole, beside the .onnx file.")
 
 
 def _unreadable(what: str, got: str, fix: str) -> OpBridgeError:

@@ -311,6 +311,17 @@ def value_names(graph: onnx.GraphProto | onnx.FunctionProto) -> set[str]:
     return names
 
 
+def unproduced_outputs(function: onnx.FunctionProto) -> list[str]:
+    """The outputs of ``function`` that no node of its body writes and no input is: a body a tool emptied or cut.
+
+    >>> from onnx import helper
+    >>> unproduced_outputs(helper.make_function("d", "f", ["x"], ["y", "x"], [], []))
+    ['y']
+    """
+    made = {*function.input, *(name for node in function.node for name in node.output)}
+    return [name for name in function.output if name and name not in made]
+
+
 class FreshNames:
     """Hands out value names unused so far: ``hint`` itself when free, else ``hint__1``, ``hint__2`` ...;
     or, numbered, ``prefix1``, ``prefix2`` ... (one count per prefix, taken names skipped).
