@@ -453,19 +453,28 @@ def export_with_program(model: torch.nn.Module, args: Sequence, f: str | os.Path
     return _export(**bound.arguments)
 
 
-def _trace(model, args: tuple, kwargs, dynamic_shapes, narrowed: bool = False) -> torch.export.ExportedProgram:
+def _trace(model, args: tuple, kwargs, dynamic_shapes, narrowed: bool = False,
+           deferred: bool = False) -> torch.export.ExportedProgram:
     """torch.export's program of the model; what it raises that the user can fix, as the fix. A constraint
     violation whose suggested fixes keep every marked dim dynamic is traced again with them (once), as
-    torch.onnx.export(dynamo=True) does, with a warning (:func:`narrowed_shapes`)."""
+    torch.onnx.export(dynamo=True) does, with a warning (:func:`narrowed_shapes`); one no fix can state is traced
+    again with deferred runtime asserts (``deferred``), as torch.onnx traces: a guard like ``b != 1``
+    (``x[:, 2:4].reshape(b, ...)`` under backed_size_oblivious) becomes an assert, which the file drops."""
     try:
-        return torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+        return torch.export.export(model, args, kwargs=kwargs, dynamic_shapes=dynamic_shapes, strict=False,
+                                   prefer_deferred_runtime_asserts_over_guards=deferred)
     except RuntimeError as e:
         violation = constraint_violation(e, model, args, kwargs, dynamic_shapes)
         if violation is not None:
             fixed = None if narrowed else narrowed_shapes(e, dynamic_shapes)
-            if fixed is None:
+            if fixed is not None:
+                return _trace(model, args, kwargs, fixed, narrowed=True)
+            if deferred or _SPECIALISED.search(str(e)) is not None:
                 raise violation from e
-            return _trace(model, args, kwargs, fixed, narrowed=True)
+            try:
+                return _trace(model, args, kwargs, dynamic_shapes, narrowed, deferred=True)
+            except OpBridgeError:
+                raise violation from e
         missing = _NO_FAKE.search(str(e))
         if missing is not None:
             op = missing.group(1) or missing.group(2).replace(".", "::", 1)

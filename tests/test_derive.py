@@ -536,3 +536,61 @@ def test_a_body_whose_size_check_cannot_run_is_refused(registry, fresh_name, mon
     monkeypatch.setattr(derive_verify, "RUNNER", contained.Runner())
     site = derive.Site((derive.TensorSig(torch.float32, ("m", 3)),), ())  # NOTE: another site: not the cached failure
     assert derive.derive(registry.get(name), site, registry=registry).proto.name == name.split("::")[1]
+
+
+@pytest.mark.parametrize("k", [18, 40, 100])
+def test_a_slice_by_an_int_attribute_keeps_its_slice_past_the_traced_size(registry, fresh_name, tmp_path, k):
+    """x[:, :k] with the dim dynamic (mmdeploy's AscendBatchNMSOp keeps keep_topk boxes of many). Before: traced at
+    a size below k, the slice was a no-op and the body dropped it: plain onnxruntime gave all 300 columns, eager k,
+    no warning (k = 18: no body and no word). Traced past the int attributes now, and verified on both sides."""
+    @bridge.op(fresh_name("first_k"), fake=lambda x, k: x[:, :k].clone(), registry=registry)
+    def first_k(x: torch.Tensor, k: int) -> torch.Tensor:
+        return x[:, :k] * 2
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return first_k(x, k) + 1
+
+    path = tmp_path / "first_k.onnx"
+    bridge.export(M(), (torch.randn(1, 300),), path, registry=registry, dynamic_shapes=({1: Dim("n")},))
+    feeds = [(torch.randn(1, n),) for n in (300, 150, 7)]
+    _assert_matches(M(), feeds, _run_plain_ort(path, feeds))
+
+
+def test_a_body_holding_only_below_a_constant_in_the_code_is_refused_not_written(registry, fresh_name):
+    """x[:, :40] with the 40 in the code: the trace at size 17 guards the dim to [2, 39]. Before: that body was
+    written (no slice), and plain onnxruntime gave 300 columns where eager gives 40."""
+    @bridge.op(fresh_name("first_40"), fake=lambda x: x[:, :40].clone(), registry=registry)
+    def first_40(x: torch.Tensor) -> torch.Tensor:
+        return x[:, :40] * 2
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return first_40(x) + 1
+
+    args, dynamic = (torch.randn(1, 300),), ({1: Dim("n")},)
+    assert not bridge.export(M(), args, registry=registry, dynamic_shapes=dynamic).functions
+    with pytest.raises(bridge.OpBridgeError, match=r"its trace holds only for dim 1 of 'x' from 2 to 39 \(the "
+                                                   r"implementation chose by that size"):
+        bridge.assert_parity(M(), args, registry=registry, dynamic_shapes=dynamic)
+    bridge.assert_parity(M(), args, registry=registry, dynamic_shapes=dynamic, tier="python")
+
+
+def test_a_body_is_derived_with_the_models_static_sizes_where_a_general_trace_fails(registry, fresh_name):
+    """mmcv's psa_mask stand-in computes `p % w` of a size; traced with every dim dynamic, torch.onnx cannot translate
+    it (a TypeError on a symbolic size). Before: no body. The model's sizes are static: traced with them, the body
+    is derived and plain onnxruntime equals eager."""
+    @bridge.op(fresh_name("roll_left"), fake=lambda x: torch.empty_like(x), registry=registry)
+    def roll_left(x: torch.Tensor) -> torch.Tensor:
+        p = torch.arange(x.shape[-1])
+        return x[..., (p + 1) % x.shape[-1]] * 2
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return roll_left(x) + 1
+
+    args = (torch.randn(2, 3, 7),)
+    proto = bridge.export(M(), args, registry=registry)
+    assert [f.name for f in proto.functions] == [roll_left.spec.name]
+    got = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": args[0].numpy()})
+    np.testing.assert_array_equal(got[0], M()(*args).numpy())

@@ -620,3 +620,24 @@ def test_one_tensor_as_args_is_one_argument_everywhere():
 def test_torch_onnx_keywords_asking_for_what_export_does_not_do_are_refused(options, match):
     with pytest.raises(bridge.OpBridgeError, match=match):
         bridge.export(torch.nn.ReLU(), (torch.randn(2),), **options)
+
+
+class _ChannelSliceReshaped(torch.nn.Module):
+    """mmcv's BorderAlign layer shape: a channel slice reshaped by the batch size (b, 2, 30)."""
+
+    def forward(self, x):
+        return torch.ops.opbridge.identity_conv(x[:, 2:4].reshape(x.shape[0], 2, 30, 1), 2) * 2
+
+
+def test_a_guard_on_a_dynamic_batch_is_a_runtime_assert_as_torch_onnx_has_it():
+    """Before: 'could not keep dimension 0 ... dynamic: the model's code restricts it (... L['x'].size()[0] != 1)':
+    torch.export under backed_size_oblivious guards the batch against 1 where torch.onnx.export(dynamo=True) (its
+    prefer_deferred_runtime_asserts_over_guards) keeps it dynamic."""
+    b = torch.export.Dim("b")
+    proto = bridge.export(_ChannelSliceReshaped(), (torch.randn(2, 8, 5, 6),), dynamic_shapes=({0: b},))
+    assert [d.dim_param or d.dim_value for d in proto.graph.input[0].type.tensor_type.shape.dim] == ["b", 8, 5, 6]
+    sess = bridge.session(proto)
+    for n in (1, 3):
+        x = torch.randn(n, 8, 5, 6)
+        np.testing.assert_array_equal(sess.run(None, {"x": x.numpy()})[0], _ChannelSliceReshaped()(x).numpy())
+    bridge.assert_parity(_ChannelSliceReshaped(), (torch.randn(3, 8, 5, 6),), dynamic_shapes=({0: b},))

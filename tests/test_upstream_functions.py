@@ -1172,3 +1172,113 @@ def test_a_named_custom_node_whose_symbolic_leaves_an_output_unwritten_is_refuse
     proto = bridge.export(Model(), (x,), registry=reg)
     assert [n.op_type for n in proto.graph.node] == ["MaxPool", "Mul"] and not proto.functions
     bridge.assert_parity(Model(), (x,), registry=reg)
+
+
+class IntervalSum(Function):
+    """BEVFusion's QuickCumsumCuda forward shape (mmdet3d/ops/bev_pool/bev_pool.py): interval starts from a mask
+    (``torch.where(kept)[0]``, a size computed from data) inside, a statically shaped output."""
+
+    @staticmethod
+    def forward(ctx, x, ranks, cells: int):
+        kept = torch.ones(x.shape[0], device=x.device, dtype=torch.bool)
+        kept[1:] = ranks[1:] != ranks[:-1]
+        interval_starts = torch.where(kept)[0].int()
+        out = x.new_zeros(cells, x.shape[1])
+        out.index_add_(0, ranks, x)
+        return out + interval_starts.numel() * 0
+
+
+def test_a_forward_with_a_size_computed_from_data_inside_exports_and_runs(reg):
+    """Before: export stopped in torch's raw PendingUnbackedSymbolNotFound (the forward, run as its node's fake,
+    made a size from data it does not return); torch.onnx.export(dynamo=True) exports it."""
+    bridge.register(IntervalSum, name="bevfusion::interval_sum", registry=reg)
+
+    class Model(torch.nn.Module):
+        def forward(self, x, ranks):
+            return IntervalSum.apply(x, ranks, 6) * 2
+
+    args = (torch.randn(10, 3), torch.tensor([0, 0, 1, 1, 2, 3, 3, 3, 4, 5]))
+    proto = bridge.export(Model(), args, registry=reg)
+    assert [n.op_type for n in proto.graph.node if n.domain == "bevfusion"] == ["interval_sum"]
+    for tier in ("python", "function"):
+        bridge.assert_parity(Model(), args, registry=reg, tier=tier)
+
+
+class SplitAt(Function):
+    """No symbolic, two tensors returned, annotated as mmcv's _DynamicScatter.forward is."""
+
+    @staticmethod
+    def forward(ctx, feats: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+        return feats[:, :k] * 2, feats[:, k:] + 1
+
+
+class SplitUntold(Function):
+    @staticmethod
+    def forward(ctx, feats: torch.Tensor, k: int):
+        return feats[:, :k] * 2, feats[:, k:] + 1
+
+
+def test_a_function_without_symbolic_has_the_outputs_its_return_annotation_names(reg):
+    """Before: one output always, and export said "forward returned ['FakeTensor', 'FakeTensor']; the node has 1
+    tensor output(s)" (mmcv's _DynamicScatter, registered with name=)."""
+    bridge.register(SplitAt, name="mine::split_at", registry=reg)
+
+    class Model(torch.nn.Module):
+        def forward(self, x):
+            a, b = SplitAt.apply(x, 2)
+            return a * b.sum()
+
+    args = (torch.randn(3, 5),)
+    proto = bridge.export(Model(), args, registry=reg)
+    assert [len(n.output) for n in proto.graph.node if n.domain == "mine"] == [2]
+    for tier in ("python", "function"):
+        bridge.assert_parity(Model(), args, registry=reg, tier=tier)
+    bridge.register(SplitUntold, name="mine::split_untold", registry=reg)
+
+    class Untold(torch.nn.Module):
+        def forward(self, x):
+            return SplitUntold.apply(x, 2)
+
+    with pytest.raises(bridge.OpBridgeError, match=r"SplitUntold: forward returned \['FakeTensor', 'FakeTensor'\]; "
+                                                   r"the node has 1 tensor output\(s\) \(without symbolic, as many as "
+                                                   r"forward's return annotation names"):
+        bridge.export(Untold(), args, registry=reg)
+
+
+class GridSampler2D(Function):
+    """BEVFormer_tensorrt's _GridSampler2D (det2trt/models/functions/grid_sampler.py): a TensorRT plugin's node
+    written in ONNX's own domain."""
+
+    @staticmethod
+    def symbolic(g, input, grid, interpolation_mode, padding_mode, align_corners):
+        return g.op("GridSampler2DTRT", input, grid, interpolation_mode_i=interpolation_mode,
+                    padding_mode_i=padding_mode, align_corners_i=align_corners)
+
+    @staticmethod
+    def forward(ctx, input, grid, interpolation_mode, padding_mode, align_corners):
+        modes = {0: "bilinear", 1: "nearest"}, {0: "zeros", 1: "border", 2: "reflection"}
+        return torch.nn.functional.grid_sample(input, grid, modes[0][interpolation_mode],
+                                               modes[1][padding_mode], bool(align_corners))
+
+
+class Sampled(torch.nn.Module):
+    def forward(self, x, grid):
+        return GridSampler2D.apply(x, grid, 0, 0, False)
+
+
+def test_a_plugin_node_in_onnxs_own_domain_names_the_registration_that_works():
+    """Before: "writes nodes that are valid ONNX at neither opset 17 nor 11 ... Write the node as the ONNX operator
+    documentation gives it", which misread a TensorRT plugin for a mistyped ONNX operator."""
+    args = (torch.randn(1, 2, 5, 6), torch.rand(1, 4, 3, 2) * 2 - 1)
+    reg = bridge.Registry()
+    bridge.register(GridSampler2D, registry=reg)
+    with pytest.raises(bridge.OpBridgeError, match=r"GridSampler2D\.symbolic writes \['GridSampler2DTRT'\] in ONNX's "
+                                                   r"own domain.*Register the class with symbolic=False, "
+                                                   r"name='trt::GridSampler2DTRT'"):
+        bridge.export(Sampled(), args, registry=reg)
+    reg = bridge.Registry()
+    bridge.register(GridSampler2D, symbolic=False, name="trt::GridSampler2DTRT", registry=reg)
+    proto = bridge.export(Sampled(), args, registry=reg)
+    assert [(n.domain, n.op_type) for n in proto.graph.node] == [("trt", "GridSampler2DTRT")]
+    for tier in ("python", "function"):
+        bridge.assert_parity(Sampled(), args, registry=reg, tier=tier)

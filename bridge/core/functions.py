@@ -1185,11 +1185,31 @@ def _plain(cls, base: dict, name: str | None, params, sample, symbolic, read,
         value = given.get(p.name, p.default)
         if isinstance(value, (tuple, list)):
             containers.append((p.name, type(value)))
-    # NOTE: without symbolic, one output (limit: a Function without symbolic returns one tensor)
+    # NOTE: without symbolic, as many outputs as forward's return annotation names (one without one)
     fb = FunctionBridge(**base, domain=domain, op_type=op_type, inputs=tuple(inputs), attrs=tuple(attrs),
-                        num_outputs=1 if read is None else len(read[1]), containers=tuple(containers), inline=inline,
+                        num_outputs=_returned_tensors(cls) if read is None else len(read[1]),
+                        containers=tuple(containers), inline=inline,
                         constants=constants, unwritten=0 if read is None else read[1].count(None))
     return fb if symbolic is None else dataclasses.replace(fb, body=_builder(fb, symbolic))
+
+
+def _returned_tensors(cls: type[torch.autograd.Function]) -> int:
+    """How many tensors ``forward``'s return annotation names (mmcv's ``-> Tuple[torch.Tensor, torch.Tensor]``: 2);
+    1 without one, or for another annotation.
+
+    >>> class Split(torch.autograd.Function):
+    ...     @staticmethod
+    ...     def forward(ctx, x) -> tuple[torch.Tensor, torch.Tensor]:
+    ...         return x, x
+    >>> _returned_tensors(Split)
+    2
+    """
+    try:
+        returned = inspect.signature(cls.forward, eval_str=True).return_annotation
+    except Exception:  # noqa: BLE001  NOTE: a string annotation naming what its module lacks: no answer
+        return 1
+    items = typing.get_args(returned) if typing.get_origin(returned) is tuple else ()
+    return len(items) if items and all(_kind_of_annotation(a) == "tensor" for a in items) else 1
 
 
 def _plain_kind(cls, p: inspect.Parameter, usage: Mapping[str, str], given: Mapping[str, Any], sample) -> str:
@@ -1270,6 +1290,13 @@ def _body(fb: FunctionBridge, symbolic: Callable, values: Mapping[str, Any],
         if invalid is None:
             return Written(_as_function(fb, graph, opset))
         why.append(invalid)
+    unknown = sorted({n.op_type for n in graph.node if not n.domain and not onnx.defs.has(n.op_type)})
+    if unknown:  # NOTE: BEVFormer_tensorrt's g.op("GridSampler2DTRT", ...): a TensorRT plugin found by op type
+        raise OpBridgeError(
+            f"{symbolic_name(fb.cls)} writes {unknown} in ONNX's own domain, which has no such operator (a TensorRT "
+            f"plugin's node, found by its op type). Got g.op({unknown[0]!r}, ...) without a domain. Register the "
+            f"class with symbolic=False, name='trt::{unknown[0]}' (one node of a custom domain, run from forward in "
+            f"every tier), or write the node in a domain: g.op('trt::{unknown[0]}', ...).")
     raise OpBridgeError(f"{symbolic_name(fb.cls)} writes nodes that are valid ONNX at neither opset "
                         f"{SYMBOLIC_OPSET} nor {LEGACY_OPSET}, so no model opset can hold them. Got {'; '.join(why)}. "
                         "Write the node as the ONNX operator documentation gives it for one of those opsets.")
@@ -1307,8 +1334,12 @@ def _outputs(fb: FunctionBridge, out, what: str):
             f"number of outputs'). Got {what} returning {len(outs)} tensors. Return one value per output of forward "
             "from the symbolic, or register with symbolic=False, name= and function=.")
     if len(outs) != fb.num_outputs or not tensors:
+        told = "" if fb.body is not None or fb.symbolic_node else (
+            " (without symbolic, as many as forward's return annotation names: annotate it -> Tuple[torch.Tensor, "
+            "torch.Tensor] for two)")
         raise OpBridgeError(f"{class_name(fb.cls)}: {what} returned {[type(o).__name__ for o in outs]}; the node "
-                            f"has {fb.num_outputs} tensor output(s). Return tensors only, as many as the node has.")
+                            f"has {fb.num_outputs} tensor output(s){told}. Return tensors only, as many as the node "
+                            "has.")
     return outs[0] if fb.num_outputs == 1 else outs
 
 
@@ -1326,7 +1357,8 @@ def define_proxy(fb: FunctionBridge) -> Any:
         if fake is not None:
             return _outputs(fb, fake(*fb.to_apply(node_args)), "fake=")
         try:
-            out = fb.call_forward(fb.to_apply(node_args))
+            with torch_compat.data_sizes_kept_inside():
+                out = fb.call_forward(fb.to_apply(node_args))
         except OpBridgeError:
             raise
         except Exception as e:  # noqa: BLE001  the forward's own error, named once

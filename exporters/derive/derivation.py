@@ -85,7 +85,17 @@ def _specialised(spec: OpSpec, site: Site, opset: int, registry: Registry, cache
             return _derive(spec, fn, site, opset, registry, symbolic=True)
         except Untraceable:
             cache.values_only.add(signs)  # NOTE: later sites like this one skip the symbolic attempt
-    return _derive(spec, fn, site, opset, registry, symbolic=False)
+    try:
+        return _derive(spec, fn, site, opset, registry, symbolic=False)
+    except Untraceable as general:
+        if not any(isinstance(d, int) for t in site.tensors if t is not None for d in t.dims):
+            raise
+        # NOTE: the sizes the model has static, kept so: a trace making them general may fail where they are
+        # known (mmcv's psa_mask: `%` of a size, which torch.onnx cannot translate on a symbol)
+        try:
+            return _derive(spec, fn, site, opset, registry, symbolic=False, static=True)
+        except Untraceable:
+            raise general from None
 
 
 @contextlib.contextmanager
@@ -106,11 +116,16 @@ def _ints(spec: OpSpec, site: Site) -> list[int]:
             for x in (values[p.name] if isinstance(values[p.name], tuple) else (values[p.name],))]
 
 
+# NOTE: torch's unbounded size (int_oo) compares above any int; a bound below this is a real one
+_UNBOUNDED = 1 << 62
+
+
 def _placeholders(program, site: Site, roles: list[tuple]) -> tuple[dict, set]:
     """Each traced input's role by its name, and the int attributes the trace fixed; a dim it fixed
     that the site has dynamic is refused."""
     placeholders = [n for n in program.graph.nodes if n.op == "placeholder"
                     and n.name in program.graph_signature.user_inputs]
+    ranges = {str(symbol): bounds for symbol, bounds in program.range_constraints.items()}
     by_name, fixed_ints = {}, set()
     for node, role in zip(placeholders, roles):
         by_name[node.name] = role
@@ -120,9 +135,17 @@ def _placeholders(program, site: Site, roles: list[tuple]) -> tuple[dict, set]:
                 fixed_ints.add(role[1].name)
             continue
         for d, size in enumerate(val.shape):
-            if isinstance(size, int) and isinstance(site.tensors[role[1]].dims[d], str):
+            if not isinstance(site.tensors[role[1]].dims[d], str):
+                continue
+            if isinstance(size, int):
                 raise Untraceable(f"its implementation fixes dim {d} of '{role[2].name}' to {size}, "
                                   "which the model has dynamic")
+            # NOTE: a guard on the traced size (x[:, :k] with k past it): the body holds in that range only
+            bounds = ranges.get(str(size))
+            if bounds is not None and bool(bounds.upper < _UNBOUNDED):
+                raise Untraceable(f"its trace holds only for dim {d} of '{role[2].name}' from {bounds.lower} to "
+                                  f"{bounds.upper} (the implementation chose by that size, as x[:, :k] does with a k "
+                                  "past it), which the model has dynamic")
     return by_name, fixed_ints
 
 
@@ -152,12 +175,12 @@ def _translated(program, opset: int, registry: Registry, translated: dict) -> on
 
 
 def _derive(spec: OpSpec, fn: Callable, site: Site, opset: int, registry: Registry, symbolic: bool,
-            reused: Callable | None = None) -> Derived:
+            reused: Callable | None = None, static: bool = False) -> Derived:
     sizes = example_sizes(site)
     roles = flat_roles(spec, site, symbolic)
     if reused is None:
         refuse_aliases(spec, fn, site, roles, sizes)
-    program = export_program(spec, fn, site, roles, sizes)
+    program = export_program(spec, fn, site, roles, sizes, static=static)
     by_name, fixed_ints = _placeholders(program, site, roles)
     outputs = _outputs(program, spec)
     model = _translated(program, opset, registry, {} if reused is None else {spec.overload: reused})

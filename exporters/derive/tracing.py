@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -32,12 +33,32 @@ def symbolic_int(p: Param) -> bool:
     return p.attr_type in (AttrType.INT, AttrType.INTS) and not p.is_bool
 
 
-def example_sizes(site: Site) -> dict:
-    """A size for each dim symbol of ``site``, none equal to a static size of it."""
+# NOTE: the most elements an example tensor may get from sizes raised past the int attributes
+_ELEMENTS = 1 << 20
+
+
+def example_sizes(site: Site, *, past_ints: bool = True) -> dict:
+    """A size for each dim symbol of ``site``, none equal to a static size of it; ``past_ints``: each above
+    every int attribute value where the example tensors stay small (``x[:, :k]`` traced at a size past k keeps
+    its slice; traced below k, the slice is dropped and the body is wrong for sizes past k).
+
+    >>> site = Site((TensorSig(torch.float32, (1, "n")),), (("k", 40),))
+    >>> example_sizes(site), example_sizes(site, past_ints=False)
+    ({'n': 57}, {'n': 17})
+    """
     taken = {d for t in site.tensors if t is not None for d in t.dims if isinstance(d, int)}
-    free = (s for s in _SIZES if s not in taken)
     symbols = sorted({d for t in site.tensors if t is not None for d in t.dims if isinstance(d, str)})
-    return {s: next(free) for s in symbols}
+
+    def pick(offset: int) -> dict:
+        free = (s + offset for s in _SIZES if s + offset not in taken)
+        return {s: next(free) for s in symbols}
+
+    ints = [v for _, value in site.attrs for v in (value if isinstance(value, tuple) else (value,))
+            if isinstance(v, int) and not isinstance(v, bool)]
+    sizes = pick(max([0, *ints]) if past_ints else 0)
+    if any(math.prod(sizes.get(d, d) for d in t.dims) > _ELEMENTS for t in site.tensors if t is not None):
+        return pick(0)
+    return sizes
 
 
 def example(sig: TensorSig, sizes: dict, generator: torch.Generator) -> torch.Tensor:
@@ -110,12 +131,15 @@ def example_inputs(roles: list[tuple], site: Site, sizes: dict) -> list:
     return flat_values(roles, site, [example(t, sizes, g) for t in site.tensors if t is not None])
 
 
-def export_program(spec: OpSpec, fn: Callable, site: Site, roles: list[tuple], sizes: dict):
-    """``fn`` at ``site`` under ``torch.export`` (non-strict), every dim and int dynamic."""
+def export_program(spec: OpSpec, fn: Callable, site: Site, roles: list[tuple], sizes: dict, *, static: bool = False):
+    """``fn`` at ``site`` under ``torch.export`` (non-strict), every dim and int dynamic; ``static``: the dims
+    the site has static kept static."""
     flat = example_inputs(roles, site, sizes)
     # NOTE: every dim and int dynamic; AUTO (not DYNAMIC) lets the trace fix what it must, which is
     # then checked: a fixed dim the model has dynamic refuses the body, a fixed int keys it by value.
-    dynamic = [{d: Dim.AUTO for d in range(v.dim())} if isinstance(v, torch.Tensor) else Dim.AUTO for v in flat]
+    sigs = iter(t for t in site.tensors if t is not None)
+    dynamic = [{d: Dim.AUTO for d, size in enumerate(next(sigs).dims) if not (static and isinstance(size, int))}
+               if isinstance(v, torch.Tensor) else Dim.AUTO for v in flat]
     try:
         with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
             warnings.simplefilter("ignore")

@@ -26,7 +26,7 @@ from bridge.core.spec import OpSpec
 from exporters.derive.body import DERIVED
 from exporters.derive.contained import RUNNER
 from exporters.derive.sites import Site, Untraceable, one_line
-from exporters.derive.tracing import call_args, example, example_inputs, flat_values
+from exporters.derive.tracing import call_args, example, example_inputs, example_sizes, flat_values
 
 _ALT_STEP = 3  # verification also runs the dynamic dims at size + this
 _EDGE_SIZES = (0, 1)  # ... and each dynamic dim at these sizes (torch's trace assumes 2 or more)
@@ -133,7 +133,10 @@ def verify(spec: OpSpec, fn: Callable, site: Site, roles: list[tuple], proto: on
     and rank. Returns the sizes onnxruntime dies at (run in a child process: the export lives on)."""
     model = _wrap(spec, site, proto, outputs)
     sess = _session(model)
-    trials = [sizes] + ([{s: n + _ALT_STEP for s, n in sizes.items()}] if sizes else [])
+    # NOTE: and below the int attributes, where the trace ran past them (a body must hold on both sides)
+    below = example_sizes(site, past_ints=False)
+    trials = [sizes] + ([{s: n + _ALT_STEP for s, n in sizes.items()}] if sizes else []) + \
+        ([below] if below != sizes else [])
     for trial in trials:
         expected, feed = _trial(spec, fn, site, roles, trial)
         if expected is None:

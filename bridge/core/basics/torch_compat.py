@@ -261,6 +261,26 @@ def traced_as_torch_onnx():
         yield
 
 
+@contextlib.contextmanager
+def data_sizes_kept_inside():
+    """Inside a fake kernel run under torch's fake mode: sizes it computes from data for values it does not return
+    (``torch.where(mask)[0]`` in BEVFusion's QuickCumsumCuda forward) are its own business: torch would otherwise
+    refuse them as ``PendingUnbackedSymbolNotFound`` once the kernel returns. Nothing changes outside fake mode.
+    NOTE: a returned size computed from data is still refused (torch's shape environment binds those from outputs).
+
+    >>> with data_sizes_kept_inside():
+    ...     int(torch.where(torch.tensor([True, False, True]))[0].numel())
+    2
+    """
+    mode = torch._guards.detect_fake_mode()
+    shape_env = getattr(mode, "shape_env", None)
+    if shape_env is None:
+        yield
+        return
+    with shape_env.ignore_fresh_unbacked_symbols():
+        yield
+
+
 def builtins_as_export_has_them() -> contextlib.AbstractContextManager:
     """Inside, builtins ``min``/``max`` of sizes are ``torch.sym_min``/``sym_max``, as in torch.export's own
     non-strict trace. torch.onnx traces the program again (``run_decompositions``) without that, and Python code
