@@ -57,6 +57,7 @@ from bridge.core.registered import (
 from bridge.core.registry import REGISTRY, Registry, fill_attributes
 from exporters.bodies.opsets import convert_model
 from exporters.bodies.translation import symbolic_attribute_error, translation_table
+from exporters.derive.derivation import last_failure
 from exporters.derive.tracing import onnx_program, program_calls
 from exporters.fakes import check_fake
 from exporters.inline import inline_functions
@@ -586,9 +587,28 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
         with step("onnx.checker (full)"):
             onnx.checker.check_model(proto, full_check=True)
     warn_training_mode(model, proto)
+    if functions and not inline:
+        warn_missing_bodies(proto, reg)
     if f is not None:
         files.save_model(proto, f)  # NOTE: one file; only models past protobuf's 2 GiB get a .data file
     return Exported(proto, onnx_program.exported_program, symbolics)
+
+
+def warn_missing_bodies(proto: onnx.ModelProto, registry: Registry) -> None:
+    """Warn when the file holds a registered op's node without a function body: only a kernel library (the
+    native or python tier) runs it; plain onnxruntime and other runtimes refuse the file."""
+    local = {(f.domain, f.name, f.overload) for f in proto.functions}
+    missing: dict[str, str] = {}
+    for node in custom_nodes(proto, functions=True):
+        spec = registry.find(node.domain, node.op_type)
+        if spec is not None and (node.domain, node.op_type, node.overload) not in local:
+            missing.setdefault(spec.qualname, last_failure(spec.qualname) or "no body")
+    if missing:
+        warnings.warn(f"opbridge: the file holds {', '.join(missing)} without a function body: only a kernel "
+                      "library runs it (tier 'native' with its C++ kernel, or 'python'); plain onnxruntime and "
+                      f"other runtimes refuse the file. Got {'; '.join(f'{q}: {w}' for q, w in missing.items())}. "
+                      "Give the op a function= body (op.register_function) or make its implementation "
+                      "traceable for a portable file.", stacklevel=4)
 
 
 def _function_names(registry: Registry) -> dict[tuple[str, str], str]:

@@ -504,4 +504,4 @@ class PythonTier(Tier):
                 options = _register(options, path)
                 if shared:
                     _shared_options[0] = options
-        return Prepared(options, changed=True, guard=_kernel_errors)
+        return Prepared(options, changed=True, guard=_kernel_errors, sees_feed=True)

@@ -594,3 +594,34 @@ def test_a_body_is_derived_with_the_models_static_sizes_where_a_general_trace_fa
     assert [f.name for f in proto.functions] == [roll_left.spec.name]
     got = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": args[0].numpy()})
     np.testing.assert_array_equal(got[0], M()(*args).numpy())
+
+
+@pytest.mark.parametrize("tier", ("function", "native"))
+def test_an_int_list_the_trace_writes_into_its_nodes_is_baked_not_read(registry, fresh_name, tmp_path, tier):
+    """Before: x.permute(perm) traced with a symbolic perm became a Transpose holding the traced perm, while the body
+    declared perm an attribute it reads (its Gathers of @perm read by nothing): a node whose perm was edited to
+    another permutation silently gave the traced one in the function tier (and the native tier, which runs the
+    body for an op without a C++ kernel). Now perm is baked in: the edited node gets a body of its own."""
+    name = fresh_name("permute_scale")
+
+    @bridge.op(name, registry=registry)
+    def permute_scale(x: torch.Tensor, perm: list[int], scale: float) -> torch.Tensor:
+        return x.permute(perm).contiguous() * scale
+
+    @permute_scale.register_fake
+    def _(x, perm, scale):
+        return x.new_empty([x.shape[p] for p in perm])
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return permute_scale(x, [0, 2, 1], 0.5)
+
+    x = torch.randn(2, 3, 4)
+    proto = bridge.export(M(), (x,), registry=registry)
+    assert [list(f.attribute) for f in proto.functions] == [[]]  # NOTE: perm baked, scale too (a float)
+    node = next(n for n in proto.graph.node if n.domain == name.split("::")[0])
+    next(a for a in node.attribute if a.name == "perm").ints[:] = [1, 0, 2]
+    del proto.graph.output[0].type.tensor_type.shape.dim[:]  # NOTE: the edited node's output has another shape
+    sess = bridge.session(proto.SerializeToString(), tier=tier, registry=registry)
+    got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
+    np.testing.assert_array_equal(got, permute_scale(x, [1, 0, 2], 0.5).numpy())

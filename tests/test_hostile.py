@@ -10,6 +10,7 @@ from pathlib import Path
 import forkserver
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
 from onnx import helper
@@ -482,6 +483,27 @@ def test_run_with_iobinding_names_an_unbound_or_wrong_input_in_every_tier(tier):
         with pytest.raises(bridge.OpBridgeError, match=match):
             run(value, clear)
     np.testing.assert_array_equal(run(x.numpy()), _Doubled()(x).numpy())
+
+
+def test_an_iobinding_made_directly_is_refused_where_the_tier_must_see_the_inputs():
+    """Before: onnxruntime.IOBinding(session) made directly (its inputs unknown) with an input left unbound
+    aborted the process in the python tier; now that tier refuses such a binding, naming session.io_binding().
+    The function tier runs it as onnxruntime does (its error for a missing input is onnxruntime's own)."""
+    x = torch.randn(1, 2, 3, 3)
+    proto = bridge.export(_Doubled(), (x,), output_names=["y"]).SerializeToString()
+    for tier, refused in (("python", True), ("function", False)):
+        sess = bridge.session(proto, tier=tier)
+        binding = ort.IOBinding(sess)
+        binding.bind_cpu_input("x", x.numpy())
+        binding.bind_output("y")
+        if refused:
+            with pytest.raises(bridge.OpBridgeError, match=r"^opbridge: this session checks each run's inputs .* Got "
+                               r"an IOBinding made with onnxruntime\.IOBinding\(session\)\. Make the binding with "
+                               r"session\.io_binding\(\)"):
+                sess.run_with_iobinding(binding)
+        else:
+            sess.run_with_iobinding(binding)
+            np.testing.assert_array_equal(binding.copy_outputs_to_cpu()[0], _Doubled()(x).numpy())
 
 
 @pytest.mark.parametrize("tier", ["function", "native"])

@@ -11,10 +11,12 @@ and ONNXNMSop (``_is_value`` branches, NonMaxSuppression). Each node is compared
 import io
 import math
 import warnings
+from typing import Tuple, Union  # noqa: UP035  NOTE: mmcv writes its annotations so
 
 import mmdeploy_lib
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
 from test_functions import (
@@ -1202,6 +1204,186 @@ def test_a_forward_with_a_size_computed_from_data_inside_exports_and_runs(reg):
     assert [n.op_type for n in proto.graph.node if n.domain == "bevfusion"] == ["interval_sum"]
     for tier in ("python", "function"):
         bridge.assert_parity(Model(), args, registry=reg, tier=tier)
+
+
+class GridSum(Function):
+    """BEVFusion's QuickCumsumCuda call shape (``QuickCumsumCuda.apply(x, geom_feats, ranks, B, D, H, W)``): one
+    model passes a value as an element of a Parameter (BaseTransform's ``self.nx[2]``), another as a number."""
+
+    @staticmethod
+    def forward(ctx, x, ranks, cells, weight):
+        return x.new_zeros(cells, x.shape[1]).index_add_(0, ranks, x) * weight
+
+
+class GridModel(torch.nn.Module):
+    def __init__(self, as_parameter: bool):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.tensor([0.5, 2.0]), requires_grad=False) if as_parameter else None
+
+    def forward(self, x, ranks):
+        return GridSum.apply(x, ranks, 6, self.w[1] if self.w is not None else 2.0)
+
+
+@pytest.mark.parametrize("first", [True, False])
+def test_one_function_called_with_a_tensor_and_with_a_number_for_one_argument_is_refused_clearly(reg, first):
+    """Before: torch's raw 'Expected a value of type 'Tensor' for argument 'weight' but instead found type
+    'float'' from the node's proxy op (the node's signature is the first call's). Now refused naming the argument,
+    both kinds and the two fixes; another registry takes the other kind."""
+    bridge.register(GridSum, name="bevfusion::grid_sum", registry=reg)
+    args = (torch.randn(10, 3), torch.tensor([0, 0, 1, 1, 2, 3, 3, 3, 4, 5]))
+    bridge.assert_parity(GridModel(first), args, registry=reg, tier="python")
+    kind = (r"a float attribute .* Got weight: a tensor of shape \[\]\. Pass a Python float \(\.item\(\)\)"
+            if not first else r"a tensor input .* Got weight: float 2\.0\. Pass a tensor \(torch\.tensor\(\.\.\.\)\)")
+    with pytest.raises(bridge.OpBridgeError, match=r"^opbridge: .*GridSum: argument 'weight' is " + kind +
+                       r" as that call did, or register the Function in another registry"):
+        bridge.export(GridModel(not first), args, registry=reg)
+    other = bridge.Registry()
+    bridge.register(GridSum, name="bevfusion::grid_sum", registry=other)
+    for tier in ("python", "function"):
+        bridge.assert_parity(GridModel(not first), args, registry=other, tier=tier)
+
+
+# -- BEVFormer_tensorrt det2trt/models/functions/multi_head_attn.py: the FP16 plugin class subclasses the FP32 one ---
+class _QKV(Function):
+    @staticmethod
+    def symbolic(g, query, key, value):
+        return g.op("QKVTRT", query, key, value)
+
+    @staticmethod
+    def forward(ctx, query, key, value):
+        query = query / math.sqrt(query.shape[-1])
+        return torch.matmul(torch.matmul(query, key.permute(0, 2, 1)).softmax(-1), value)
+
+
+class _QKV2(_QKV):
+    @staticmethod
+    def symbolic(g, query, key, value):
+        return g.op("QKVTRT2", query, key, value)
+
+
+class HeadAttention(torch.nn.Module):
+    """MultiheadAttentionTRT's shape: in_proj, heads folded into the batch, qkv, out_proj."""
+
+    def __init__(self, qkv, e=16, h=2):
+        super().__init__()
+        self.inp, self.out, self.h, self.qkv = torch.nn.Linear(e, 3 * e), torch.nn.Linear(e, e), h, qkv
+
+    def forward(self, x):
+        b, n, e = x.shape
+        q, k, v = self.inp(x).chunk(3, -1)
+
+        def heads(t):
+            return t.reshape(b, n, self.h, e // self.h).transpose(1, 2).reshape(b * self.h, n, e // self.h)
+
+        o = self.qkv(heads(q), heads(k), heads(v))
+        return self.out(o.reshape(b, self.h, n, e // self.h).transpose(1, 2).reshape(b, n, e))
+
+
+def test_a_function_inheriting_its_parents_forward_gets_its_own_body(reg):
+    """Before: with both plugin classes registered, the subclass's body was traced through the parent's export
+    forward (swapped in first, then read as the subclass's own) and torch.onnx could not translate it: no body,
+    the function tier refused trt::QKVTRT2. Now each class's own forward is read before any is swapped."""
+    bridge.register(_QKV, symbolic=False, name="trt::QKVTRT", registry=reg)
+    bridge.register(_QKV2, symbolic=False, name="trt::QKVTRT2", registry=reg)
+    torch.manual_seed(0)
+    x, dims = torch.randn(1, 50, 16), ({1: torch.export.Dim("L", min=2)},)
+    for qkv, name in ((_QKV2.apply, "QKVTRT2"), (_QKV.apply, "QKVTRT")):
+        model = HeadAttention(qkv).eval()
+        proto = bridge.export(model, (x,), registry=reg, dynamic_shapes=dims)
+        assert [f.name for f in proto.functions] == [name]
+        got = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+            None, {proto.graph.input[0].name: x.numpy()})[0]
+        np.testing.assert_allclose(got, model(x).detach().numpy(), rtol=1e-5, atol=1e-6)
+        bridge.assert_parity(model, (x,), registry=reg, tier="function", dynamic_shapes=dims,
+                             extra_args=[(torch.randn(1, 30, 16),)])
+
+
+class GridPoints(Function):
+    """mmcv's _Voxelization shape (mmcv/ops/voxelize.py): an argument whose kind only the call tells
+    (``voxel_size: Union[tuple, float]``), and a return annotation naming the outputs."""
+
+    @staticmethod
+    def forward(ctx, points: torch.Tensor, voxel_size: Union[tuple, float]) -> Tuple[torch.Tensor, torch.Tensor]:  # noqa: UP006, UP007
+        cells = torch.floor(points[:, :2] / torch.tensor(voxel_size))
+        return cells, points[:, 2:] * 2
+
+
+def test_a_function_described_at_its_first_call_has_the_outputs_its_annotation_names(reg):
+    """Before: described at its first call in an export (the kind of voxel_size only the call tells), the node had
+    1 output: the annotation was read from the export forward swapped in, and export said to annotate it."""
+    bridge.register(GridPoints, name="mmcv::grid_points", registry=reg)
+
+    class Model(torch.nn.Module):
+        def forward(self, points):
+            cells, rest = GridPoints.apply(points, [0.5, 0.25])
+            return cells.sum(1), rest
+
+    points = torch.randn(20, 4)
+    proto = bridge.export(Model(), (points,), registry=reg)
+    assert [len(n.output) for n in proto.graph.node if n.domain == "mmcv"] == [2]
+    for tier in ("python", "function"):
+        bridge.assert_parity(Model(), (points,), registry=reg, tier=tier)
+
+
+# -- mmdeploy mmdeploy/codebase/mmrotate/models/roi_heads/roi_extractors.py: forward(g, *args) ----------------------
+class MultiLevelRotatedRoiAlign(Function):
+    def __init__(self) -> None:
+        super().__init__()
+
+    @staticmethod
+    def symbolic(g, *args):
+        aligned = args[-1]
+        featmap_strides = args[-2]
+        finest_scale = args[-3]
+        roi_scale_factor = args[-4]
+        sampling_ratio = args[-5]
+        clockwise = args[-6]
+        output_size = args[-7]
+        inputs = args[:len(featmap_strides)]
+        rois = args[len(featmap_strides)]
+        return g.op('mmdeploy::MMCVMultiLevelRotatedRoiAlign', rois, *inputs, output_height_i=output_size[1],
+                    output_width_i=output_size[0], clockwise_i=clockwise, sampling_ratio_i=sampling_ratio,
+                    roi_scale_factor_f=roi_scale_factor, finest_scale_i=finest_scale,
+                    featmap_strides_f=featmap_strides, aligned_i=aligned)
+
+    @staticmethod
+    def forward(g, *args):
+        featmap_strides = args[-2]
+        output_size = args[-7]
+        inputs = args[:len(featmap_strides)]
+        rois = args[len(featmap_strides)]
+        # NOTE: mmdeploy's forward returns rois.new_zeros(...) (TensorRT computes it); a value from every feature map
+        # stands in, so parity compares something
+        pooled = sum(f.mean((2, 3)) / s for f, s in zip(inputs, featmap_strides))
+        return pooled[:, :, None, None].expand(rois.shape[0], -1, output_size[1], output_size[0]) + rois[:, :1, None, None]
+
+
+class RotatedExtractor(torch.nn.Module):
+    """mmdeploy's rotated_single_roi_extractor__forward__tensorrt call: the feature maps spread, then the settings."""
+
+    featmap_strides, finest_scale = [4, 8], 56
+
+    def forward(self, f0, f1, rois):
+        out_size, sampling_ratio, clockwise, aligned = (7, 7), 2, True, True
+        featmap_strides = [float(s) for s in self.featmap_strides]
+        return MultiLevelRotatedRoiAlign.apply(f0, f1, rois, out_size, clockwise, sampling_ratio, 1.0,
+                                               self.finest_scale, featmap_strides, aligned)
+
+
+def test_a_function_whose_forward_takes_star_args_exports_the_node_its_symbolic_writes(reg):
+    """Before: register refused forward(g, *args) ('Name each argument'), and export's warning suggested that
+    register. Now the first call names the arguments (args_0, ...): the node as mmdeploy's symbolic writes it."""
+    bridge.register(MultiLevelRotatedRoiAlign, registry=reg)
+    args = (torch.randn(1, 4, 16, 16), torch.randn(1, 4, 8, 8), torch.rand(5, 6) * 30)
+    proto = bridge.export(RotatedExtractor(), args, registry=reg)
+    node = next(n for n in proto.graph.node if n.domain == "mmdeploy")
+    names = [i.name for i in proto.graph.input]
+    assert node.op_type == "MMCVMultiLevelRotatedRoiAlign" and list(node.input) == [names[2], names[0], names[1]]
+    assert {a.name: onnx.helper.get_attribute_value(a) for a in node.attribute} == {
+        "aligned": 1, "clockwise": 1, "featmap_strides": [4.0, 8.0], "finest_scale": 56, "output_height": 7,
+        "output_width": 7, "roi_scale_factor": 1.0, "sampling_ratio": 2}
+    for tier in ("python", "function"):
+        bridge.assert_parity(RotatedExtractor(), args, registry=reg, tier=tier)
 
 
 class SplitAt(Function):

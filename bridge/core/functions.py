@@ -78,6 +78,7 @@ INLINE_DOMAIN = "opbridge_symbolic"
 # NOTE: the attribute suffixes of the TorchScript exporter's g.op; a custom node carries the first five
 _ATTR = re.compile(r"^(.+)_(i|f|s|t|is|fs|ss|ts|g|gs)$")
 _SCHEMA_TYPES = {"i": "int", "f": "float", "s": "str", "is": "int[]", "fs": "float[]", "b": "bool"}
+_KIND_NAMES = {"i": "an int", "f": "a float", "s": "a str", "is": "an int list", "fs": "a float list", "b": "a bool"}
 _NO_DEFAULT = inspect.Parameter.empty
 
 
@@ -554,7 +555,26 @@ class FunctionBridge:
                     f"{p.default!r}. Got {p.name}={v!r}. Call apply with "
                     f"{'the default' if own else 'that value (or register the Function in another registry)'}, or "
                     "pass the value through symbolic's g.op.")
+        self._check_kinds(values)
         return [values[name] for name, _ in self.inputs] + [a.of(values) for a in self.attrs]
+
+    def _check_kinds(self, values: Mapping[str, Any]) -> None:
+        """Refuse a call passing a tensor where the node has an attribute, or a number where it has an input:
+        the node's signature is the first call's (BEVFusion's models pass D, H, W as ints or as 0-d tensors)."""
+        wrong = [(name, "a tensor input", "a tensor (torch.tensor(...))") for name, optional in self.inputs
+                 if not isinstance(values[name], torch.Tensor) and not (optional and values[name] is None)]
+        wrong += [(a.source, f"{_KIND_NAMES[a.kind]} attribute", f"a Python {_KIND_NAMES[a.kind].split()[-1]} "
+                   f"({'.tolist()' if a.kind in ('is', 'fs') else '.item()'})")
+                  for a in self.attrs if a.source is not None and isinstance(a.raw(values), torch.Tensor)]
+        if wrong:
+            name, is_, fix = wrong[0]
+            v = values[name]
+            got = f"a tensor of shape {list(v.shape)}" if isinstance(v, torch.Tensor) else \
+                f"{type(v).__name__} {v!r:.60}"
+            raise OpBridgeError(f"{class_name(self.cls)}: argument '{name}' is {is_} of the node {self.qualname} (as "
+                                f"the first call in this registry passed it), and this call passes another kind. Got "
+                                f"{name}: {got}. Pass {fix} as that call did, or register the Function in another "
+                                "registry (bridge.Registry()) for this model.")
 
     def to_apply(self, node_args: Sequence) -> list:
         """``forward``'s arguments rebuilt from the node's (inputs, then attributes)."""
@@ -690,11 +710,7 @@ def describe(cls: type, *, name: str | None = None, use_symbolic: bool = True,
     forward = original_forward(cls)
     if forward is None or forward is torch.autograd.Function.forward:
         raise OpBridgeError(f"{class_name(cls)} defines no forward. Got a Function without one. Define forward.")
-    params = list(inspect.signature(forward).parameters.values())[0 if setup_style(cls) else 1:]
-    bad = [p.name for p in params if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
-    if bad:
-        raise OpBridgeError(f"{class_name(cls)}.forward takes *args/**kwargs ({bad}); a node needs named arguments. "
-                            "Got a variadic forward. Name each argument.")
+    params = _spread(cls, list(inspect.signature(forward).parameters.values())[0 if setup_style(cls) else 1:], sample)
     base: dict[str, Any] = dict(cls=cls, forward=forward, setup_style=setup_style(cls), params=tuple(params))
     symbolic = symbolic_of(cls) if use_symbolic else None
     constants: set[str] = set()
@@ -719,6 +735,23 @@ def describe(cls: type, *, name: str | None = None, use_symbolic: bool = True,
                                 "pass symbolic=False to name the node yourself.")
         return FunctionBridge(**base, **found, symbolic_node=True)
     return _plain(cls, base, name, params, sample, symbolic, read, tuple(p.name for p in params if p.name in constants))
+
+
+def _spread(cls: type, params: list[inspect.Parameter], sample) -> list[inspect.Parameter]:
+    """``forward``'s arguments, its ``*args`` named one by one as the call ``sample`` passes them (``args_0``, ...:
+    mmdeploy's MultiLevelRoiAlign takes ``forward(g, *args)``, the feature maps then the settings): each call fixes
+    the arity, as the TorchScript exporter ran such a symbolic. A variadic forward is described at its first call."""
+    var = [p for p in params if p.kind is p.VAR_POSITIONAL]
+    if any(p.kind is p.VAR_KEYWORD for p in params) or (var and sample is not None and sample[1]):
+        raise OpBridgeError(f"{class_name(cls)}.forward takes **kwargs; a node needs named arguments. Got "
+                            f"{[p.name for p in params if p.kind is p.VAR_KEYWORD]}. Name each argument.")
+    if not var:
+        return params
+    if sample is None:
+        raise NeedsCall(cls, f"forward takes *{var[0].name}, whose count only a call tells")
+    named = [p for p in params if p.kind is not p.VAR_POSITIONAL]
+    return [*named, *(inspect.Parameter(f"{var[0].name}_{i}", inspect.Parameter.POSITIONAL_OR_KEYWORD)
+                      for i in range(len(sample[0]) - len(named)))]
 
 
 def _custom_node(read: tuple[Recorder, list] | None, constants: set[str]) -> bool:
@@ -1204,8 +1237,11 @@ def _returned_tensors(cls: type[torch.autograd.Function]) -> int:
     >>> _returned_tensors(Split)
     2
     """
+    forward = original_forward(cls)  # NOTE: not cls.forward: described at its first call, its export forward is in
+    if forward is None:
+        return 1
     try:
-        returned = inspect.signature(cls.forward, eval_str=True).return_annotation
+        returned = inspect.signature(forward, eval_str=True).return_annotation
     except Exception:  # noqa: BLE001  NOTE: a string annotation naming what its module lacks: no answer
         return 1
     items = typing.get_args(returned) if typing.get_origin(returned) is tuple else ()
@@ -1495,6 +1531,7 @@ def _written_outputs(fb: FunctionBridge, values: Mapping[str, Any]) -> int:
     return len(standard_graph(fb.cls, symbolic, _call_args(fb, values), SYMBOLIC_OPSET).output)
 
 
+
 def _check_attributes(fb: FunctionBridge, values: Mapping[str, Any], written: Mapping[str, Any]) -> None:
     """Raise unless the attributes ``fb`` writes for the call ``values`` are ``written`` (the TorchScript
     exporter's, by name)."""
@@ -1583,10 +1620,14 @@ def swap_forwards(routes: Mapping[type, Callable], watch: Callable[..., Callable
     ``watched`` calls ``watch(cls, args, kwargs)`` (``apply``'s arguments) when reached, whose answer (an export
     forward, or None for the original) serves that call. Restored on exit."""
     saved: list[tuple[type, str, Any]] = []
+    watched = tuple(watched)
+    # NOTE: before any swap: a subclass inheriting its parent's forward (BEVFormer_tensorrt's _QKV2(_QKV)) would
+    # read the parent's export forward once the parent is swapped
+    originals = {cls: (original_forward(cls), setup_style(cls)) for cls in (*routes, *watched)}
 
     def swap(cls: type, attr: str, value: Any) -> None:
         if attr == "forward":
-            _SWAPPED[cls] = (original_forward(cls), setup_style(cls))
+            _SWAPPED[cls] = originals[cls]
         saved.append((cls, attr, cls.__dict__.get(attr, _NO_DEFAULT)))
         # NOTE: torch.cond's branches are traced by dynamo, which cannot follow a forward that reads a symbolic
         setattr(cls, attr, staticmethod(torch_compat.opaque_to_dynamo(value) if attr == "forward" else value))
@@ -1599,16 +1640,16 @@ def swap_forwards(routes: Mapping[type, Callable], watch: Callable[..., Callable
 
     try:
         for cls, route in routes.items():
-            own = original_forward(cls)
+            own, style = originals[cls]
             assert own is not None  # NOTE: routes are of described Functions, which have a forward
-            params = list(inspect.signature(own).parameters.values())[0 if setup_style(cls) else 1:]
+            params = list(inspect.signature(own).parameters.values())[0 if style else 1:]
             route.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]  # NOTE: apply binds by it
             swap(cls, "forward", route)
             swap(cls, "setup_context", lambda ctx, inputs, output: None)
         for cls in watched:
-            original = original_forward(cls)
+            original, style = originals[cls]
             if cls not in routes and original is not None:
-                swap(cls, "forward", watcher(cls, original, not setup_style(cls)))
+                swap(cls, "forward", watcher(cls, original, not style))
         yield
     finally:
         for cls, attr, old in reversed(saved):

@@ -125,7 +125,7 @@ def _wrong_value(where: str, name: str, tensor: onnx.TypeProto.Tensor, value: np
     if value.ndim == len(dims) and not wrong:
         return None
     shape = f"[{', '.join(map(str, dims))}]"
-    what = (f"must have {len(dims)} dims (shape {shape})" if value.ndim != len(dims)
+    what = (f"must have {len(dims)} dim{'s' if len(dims) != 1 else ''} (shape {shape})" if value.ndim != len(dims)
             else f"must have size {dims[wrong[0]]} in dim {wrong[0]} (shape {shape})")
     free = " (named dims are free)" if any(isinstance(d, str) for d in dims) else ""
     return f"opbridge: {where} {what}. Got shape {list(value.shape)}. Pass {name} with shape {shape}{free}."
@@ -184,7 +184,7 @@ def session(model: str | os.PathLike | onnx.ModelProto | bytes, *, tier: str = "
         try:
             content = os.fspath(path) if path is not None else _serialised(proto, model)
             sess = Session(content, prepared.options, providers=providers, guard=prepared.guard, refuse=refuse,
-                           explain=(*prepared.explain, guards, wrong_feed))
+                           sees_feed=prepared.sees_feed, explain=(*prepared.explain, guards, wrong_feed))
             sess.kernels, sess.unserved = served, unserved
             return sess
         except OpBridgeError:

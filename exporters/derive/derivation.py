@@ -14,6 +14,7 @@ import onnx
 import torch
 
 from bridge.core.basics.domains import is_custom
+from bridge.core.basics.graphs import cone, walk
 from bridge.core.basics.progress import step
 from bridge.core.registry import REGISTRY, Registry
 from bridge.core.spec import OpSpec
@@ -149,6 +150,29 @@ def _placeholders(program, site: Site, roles: list[tuple]) -> tuple[dict, set]:
     return by_name, fixed_ints
 
 
+def _baked_ints(model: onnx.ModelProto, roles: dict[str, tuple]) -> set[str]:
+    """The int attributes no output of the translated trace reads: torch.onnx wrote their traced values into its
+    nodes (a symbolic perm as a Transpose's perm), so the body holds them, whatever a node says. Their inputs, and
+    the nodes no output reads, are dropped from ``model``."""
+    graph = model.graph
+    outputs = [o.name for o in graph.output]
+    live = cone(graph.node, outputs)
+    read = {i for n in walk(live) for i in n.input} | set(outputs)
+    ints: dict[str, list[str]] = {}
+    for inp in graph.input:
+        role = roles.get(inp.name)
+        if role is not None and role[0] == "int":
+            ints.setdefault(role[1].name, []).append(inp.name)
+    baked = {a for a, inputs in ints.items() if not read.intersection(inputs)}
+    if baked:
+        dropped = {i for a in baked for i in ints[a]}
+        kept = [i for i in graph.input if i.name not in dropped]
+        del graph.input[:], graph.node[:]
+        graph.input.extend(kept)
+        graph.node.extend(live)
+    return baked
+
+
 def _outputs(program, spec: OpSpec) -> list:
     """The traced outputs (fx nodes), as many as the op declares."""
     out_node = program.graph.output_node()
@@ -184,7 +208,7 @@ def _derive(spec: OpSpec, fn: Callable, site: Site, opset: int, registry: Regist
     by_name, fixed_ints = _placeholders(program, site, roles)
     outputs = _outputs(program, spec)
     model = _translated(program, opset, registry, {} if reused is None else {spec.overload: reused})
-    parametric = {r[1].name for r in roles if r[0] == "int"} - fixed_ints
+    parametric = {r[1].name for r in roles if r[0] == "int"} - fixed_ints - _baked_ints(model, by_name)
     proto = function_body(spec, model, by_name, parametric)
     out_types = [(o.meta["val"].dtype, o.meta["val"].dim()) for o in outputs]
     if reused is None:
