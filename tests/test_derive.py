@@ -625,3 +625,29 @@ def test_an_int_list_the_trace_writes_into_its_nodes_is_baked_not_read(registry,
     sess = bridge.session(proto.SerializeToString(), tier=tier, registry=registry)
     got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
     np.testing.assert_array_equal(got, permute_scale(x, [1, 0, 2], 0.5).numpy())
+
+
+def test_a_trace_that_stops_on_a_data_dependent_branch_prints_no_graph(registry, fresh_name, capfd):
+    """Before: torch.export printed the failed trace's partial FX graph to stderr (100-430 lines for mmdeploy's
+    rotated NMS) during a successful export; now the export says one warning: the op has no body, and why."""
+    name = fresh_name("keep_positive")
+
+    @bridge.op(name, registry=registry)
+    def keep_positive(x: torch.Tensor) -> torch.Tensor:
+        kept = x[x > 0]
+        return x * 0 if kept.shape[0] == 0 else x * 2
+
+    @keep_positive.register_fake
+    def _(x):
+        return torch.empty_like(x)
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return keep_positive(x) + 1
+
+    with pytest.warns(UserWarning, match=rf"^opbridge: the file holds {name} without a function body: .* Got {name}: "
+                      r"tracing its implementation failed"):
+        proto = bridge.export(M(), (torch.randn(5),), registry=registry)
+    assert not proto.functions
+    err = capfd.readouterr().err
+    assert "def forward(self" not in err and "GraphModule" not in err, err[:500]

@@ -704,8 +704,9 @@ def describe(cls: type, *, name: str | None = None, use_symbolic: bool = True,
         ...     def symbolic(g, x, factor):
         ...         return g.op("mine::Scale", x, factor_f=factor)
         >>> fb = describe(Scale)
-        >>> fb.qualname, fb.schema, fb.to_node({"x": "X", "factor": 3.0}), fb.to_apply(["X", 3.0])
-        ('mine::Scale', '(Tensor x, float factor) -> Tensor', ['X', 3.0], ['X', 3.0])
+        >>> x = torch.ones(2)
+        >>> fb.qualname, fb.schema, fb.to_node({"x": x, "factor": 3.0})[1:], fb.to_apply([x, 3.0])[1:]
+        ('mine::Scale', '(Tensor x, float factor) -> Tensor', [3.0], [3.0])
     """
     forward = original_forward(cls)
     if forward is None or forward is torch.autograd.Function.forward:

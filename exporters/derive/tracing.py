@@ -141,7 +141,10 @@ def export_program(spec: OpSpec, fn: Callable, site: Site, roles: list[tuple], s
     dynamic = [{d: Dim.AUTO for d, size in enumerate(next(sigs).dims) if not (static and isinstance(size, int))}
                if isinstance(v, torch.Tensor) else Dim.AUTO for v in flat]
     try:
-        with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        # NOTE: stderr too: a failed torch.export prints its partial FX graph there (100s of lines), and a failed
+        # trace here is an answer (no body, its reason said in one line), not the user's error
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()), \
+                warnings.catch_warnings():
             warnings.simplefilter("ignore")
             return torch.export.export(_Call(spec, fn, site, roles), tuple(flat), dynamic_shapes=(tuple(dynamic),),
                                        strict=False)
