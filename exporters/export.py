@@ -58,6 +58,7 @@ from bridge.core.registry import REGISTRY, Registry, fill_attributes
 from exporters.bodies.opsets import convert_model
 from exporters.bodies.translation import symbolic_attribute_error, translation_table
 from exporters.derive.derivation import last_failure
+from exporters.derive.sites import floored_sites
 from exporters.derive.tracing import onnx_program, program_calls
 from exporters.fakes import check_fake
 from exporters.inline import inline_functions
@@ -66,6 +67,7 @@ from exporters.names import (
     check_dynamic_shapes,
     check_model_call,
     check_torch_onnx_options,
+    dim_floors,
     dim_names,
     name_custom_outputs,
     name_graph_io,
@@ -573,7 +575,10 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
     edits.append(lambda m: write_constant_reads(m, reg, baked))
     if functions or ops:  # NOTE: without functions, the bodies of the symbolics the file holds inlined
         edits.append(lambda m: attach_functions_ir(m, reg, ops=ops))  # written, built, translated or derived
-    proto = _edited(onnx_program, opset_version, edits)
+    # NOTE: a derived body is checked at the sizes the model takes: not below the min of the user's Dims
+    floors = dim_floors(program, model, args, kwargs, dynamic_shapes)
+    with floored_sites(floors):
+        proto = _edited(onnx_program, opset_version, edits)
     proto, symbolics = inline_symbolic_ops(proto, reg)
     symbolics = tuple(sorted(set(symbolics) | baked))
     relativize_paths(proto)  # NOTE: after the bodies: nothing in the file keeps this machine's paths
@@ -582,7 +587,8 @@ def _export(model, args, f, *, kwargs, dynamic_shapes, registry, functions, opse
         fold_function_type_probes(proto, model_value_types(onnx.shape_inference.infer_shapes(proto)))
     stamp_ir_version(proto)
     if inline:
-        proto = inline_functions(proto, reg)  # runs the full check itself
+        with floored_sites(floors):
+            proto = inline_functions(proto, reg)  # runs the full check itself
     if check and not inline:
         with step("onnx.checker (full)"):
             onnx.checker.check_model(proto, full_check=True)

@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import inspect
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
 
 import onnx_ir as ir
 import torch
@@ -74,8 +75,24 @@ def name_graph_io(model: ir.Model, input_names: Sequence[str] | None, output_nam
 def dim_names(program: torch.export.ExportedProgram, model: torch.nn.Module, args: Sequence,
               kwargs: dict | None, dynamic_shapes) -> dict[str, str]:
     """torch's symbol for each dynamic dim (``s10``) -> the name of the ``Dim`` the user gave it."""
+    names: dict[str, str] = {}
+    for symbol, d in _named_dims(program, model, args, kwargs, dynamic_shapes):
+        names.setdefault(symbol, d.__name__)
+    return names
+
+
+def dim_floors(program: torch.export.ExportedProgram, model: torch.nn.Module, args: Sequence,
+               kwargs: dict | None, dynamic_shapes) -> dict[str, int]:
+    """The name of each ``Dim`` the user gave a least size above 0 (``Dim("H", min=2)``) -> that size."""
+    return {d.__name__: int(d.min) for _, d in _named_dims(program, model, args, kwargs, dynamic_shapes)
+            if isinstance(getattr(d, "min", None), int) and d.min > 0}
+
+
+def _named_dims(program: torch.export.ExportedProgram, model: torch.nn.Module, args: Sequence,
+                kwargs: dict | None, dynamic_shapes) -> Iterator[tuple[str, Any]]:
+    """(torch's symbol, the user's ``Dim``) of each dynamic dim the user named."""
     if dynamic_shapes is None:
-        return {}
+        return
     if isinstance(dynamic_shapes, dict):
         bound = inspect.signature(model.forward).bind(*args, **(kwargs or {}))
         per_arg = [dynamic_shapes.get(name) for name in bound.arguments]
@@ -84,15 +101,13 @@ def dim_names(program: torch.export.ExportedProgram, model: torch.nn.Module, arg
     user_inputs = [s.arg.name for s in program.graph_signature.input_specs
                    if s.kind == torch.export.graph_signature.InputKind.USER_INPUT]
     placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
-    names: dict[str, str] = {}
     for spec, input_name in zip(per_arg, user_inputs):
         if not isinstance(spec, dict):
             continue
         shape = getattr(placeholders[input_name].meta.get("val"), "shape", ())
         for dim, d in spec.items():
             if dim < len(shape) and isinstance(shape[dim], torch.SymInt) and hasattr(d, "__name__"):
-                names.setdefault(str(shape[dim].node.expr), d.__name__)
-    return names
+                yield str(shape[dim].node.expr), d
 
 
 def rename_dims(model: ir.Model, mapping: dict[str, str]) -> bool:

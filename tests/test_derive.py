@@ -1,5 +1,6 @@
 """Bodies derived from an op's PyTorch implementation (exporters/derive/): ops with no ONNX code."""
 
+import contextlib
 import dataclasses
 import os
 from pathlib import Path
@@ -30,6 +31,11 @@ def _run_plain_ort(path, feeds):
     sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
     names = [i.name for i in sess.get_inputs()]
     return [sess.run(None, dict(zip(names, (t.numpy() for t in feed)))) for feed in feeds]
+
+
+def _run_plain_ort_proto(proto, feed):
+    sess = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
+    return sess.run(None, {i.name: t.numpy() for i, t in zip(sess.get_inputs(), feed)})[0]
 
 
 def _assert_matches(model, feeds, results, **tol):
@@ -651,3 +657,39 @@ def test_a_trace_that_stops_on_a_data_dependent_branch_prints_no_graph(registry,
     assert not proto.functions
     err = capfd.readouterr().err
     assert "def forward(self" not in err and "GraphModule" not in err, err[:500]
+
+
+def test_a_body_is_checked_only_at_sizes_the_models_dims_take(registry, fresh_name):
+    """Before: each dynamic dim was also tried at 0 and 1, even where the user's Dim(min=2) rules them out; an
+    align-corners pixel grid (mmcv's RotatedFeatureAlign, grid_sample: NaN at size 1 in eager) lost its body.
+    Now the body is checked at the sizes the model takes; without a min, 1 is still tried and refuses it."""
+    name = fresh_name("point_sample")
+
+    @bridge.op(name, registry=registry)
+    def point_sample(x: torch.Tensor, points: torch.Tensor, scale: float) -> torch.Tensor:
+        h, w = x.shape[-2:]
+        grid = torch.stack([points[..., 0] * scale / (w - 1) * 2 - 1, points[..., 1] * scale / (h - 1) * 2 - 1], -1)
+        return torch.nn.functional.grid_sample(x, grid, align_corners=True)
+
+    @point_sample.register_fake
+    def _(x, points, scale):
+        return x.new_empty(x.shape[0], x.shape[1], points.shape[1], points.shape[2])
+
+    class M(torch.nn.Module):
+        def forward(self, x, points):
+            return point_sample(x, points, 0.5)
+
+    def args(h, w):
+        return torch.randn(1, 2, h, w), torch.rand(1, h, w, 2) * 2 * min(h, w)
+
+    for least, bodies in ((2, 1), (0, 0)):
+        h, w = Dim("H", min=least, max=64), Dim("W", min=least, max=64)
+        dims = ({2: h, 3: w}, {1: h, 2: w})
+        with pytest.warns(UserWarning) if not bodies else contextlib.nullcontext():
+            proto = bridge.export(M(), args(6, 7), registry=registry, dynamic_shapes=dims)
+        assert len(proto.functions) == bodies
+        if bodies:
+            for shape in ((6, 7), (9, 4)):
+                feed = args(*shape)
+                got = _run_plain_ort_proto(proto, feed)
+                np.testing.assert_allclose(got, M()(*feed).numpy(), rtol=1e-5, atol=1e-5)

@@ -3,7 +3,11 @@ gives (:class:`Derived`), and the errors that say why there is none."""
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
+from collections.abc import Iterator, Mapping
+from types import MappingProxyType
 from typing import Any
 
 import onnx
@@ -53,9 +57,22 @@ class Site:
 
     tensors: tuple[TensorSig | None, ...]
     attrs: tuple[tuple[str, Any], ...]
+    # (dim symbol, the least size the model takes): the min of the user's Dim (Dim("H", min=2)), where bodies are
+    # attached during bridge.export; a body is not checked at sizes below it
+    floors: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self):  # NOTE: lists become tuples: sites are cache keys
         object.__setattr__(self, "attrs", tuple((n, tuple(v) if isinstance(v, list) else v) for n, v in self.attrs))
+
+    def takes(self, sizes: Mapping[str, int]) -> bool:
+        """Whether the model takes ``sizes`` (dim symbol -> size): none below its floor.
+
+        >>> site = Site((TensorSig(torch.float32, ("H",)),), (), (("H", 2),))
+        >>> site.takes({"H": 1}), site.takes({"H": 2})
+        (False, True)
+        """
+        floors = dict(self.floors)
+        return all(n >= floors.get(d, 0) for d, n in sizes.items())
 
     @property
     def structure(self) -> tuple:
@@ -67,7 +84,8 @@ class Site:
     def key(self) -> tuple:
         """What tells this site apart from every other: dtypes, dims and the exact attribute values
         (``bridge.core.spec.value_key``: -0.0 is not 0.0, every NaN is one)."""
-        return tuple(None if t is None else (t.dtype, t.dims) for t in self.tensors), values_key(self.attrs)
+        return (tuple(None if t is None else (t.dtype, t.dims) for t in self.tensors), values_key(self.attrs),
+                self.floors)
 
     def describe(self) -> str:
         shown = [f"{str(t.dtype).replace('torch.', '')}[{','.join(map(str, t.dims))}]" if t else "None"
@@ -98,8 +116,25 @@ def _tensor_sig(name: str, t: onnx.TypeProto | None, param: str) -> TensorSig:
     return TensorSig(dtype, dims)
 
 
+# NOTE: the least sizes the user's Dims give the dynamic dims (by dim name), while bridge.export attaches bodies
+# (floored_sites): the resolver's sites carry them (in their key). Bodies attached to a file later know none.
+_FLOORS: contextvars.ContextVar[Mapping[str, int]] = contextvars.ContextVar(
+    "opbridge_dim_floors", default=MappingProxyType({}))
+
+
+@contextlib.contextmanager
+def floored_sites(floors: Mapping[str, int]) -> Iterator[None]:
+    """While active, :func:`site_of` gives its sites these floors (dim name -> least size)."""
+    token = _FLOORS.set(dict(floors))
+    try:
+        yield
+    finally:
+        _FLOORS.reset(token)
+
+
 def site_of(spec: OpSpec, node: onnx.NodeProto, types: dict[str, onnx.TypeProto]) -> Site:
-    """The export site of ``node`` (a node of ``spec``'s op): its input types and attribute values."""
+    """The export site of ``node`` (a node of ``spec``'s op): its input types and attribute values (and the
+    floors of its dims, during :func:`floored_sites`)."""
     tensors = []
     for i, p in enumerate(spec.tensors):
         name = node.input[i] if i < len(node.input) else ""
@@ -109,7 +144,8 @@ def site_of(spec: OpSpec, node: onnx.NodeProto, types: dict[str, onnx.TypeProto]
     except OpBridgeError as e:
         raise Untraceable(str(e).removeprefix("opbridge: ")) from None
     attrs = [(p.name, values[p.name]) for p in spec.attributes]
-    return Site(tuple(tensors), tuple(attrs))
+    floors, symbols = _FLOORS.get(), {d for t in tensors if t is not None for d in t.dims if isinstance(d, str)}
+    return Site(tuple(tensors), tuple(attrs), tuple(sorted((d, floors[d]) for d in symbols & set(floors))))
 
 
 def sample_site(spec: OpSpec, sample: SampleInput) -> Site:

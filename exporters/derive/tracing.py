@@ -50,6 +50,7 @@ def example_sizes(site: Site, *, past_ints: bool = True) -> dict:
     symbols = sorted({d for t in site.tensors if t is not None for d in t.dims if isinstance(d, str)})
 
     def pick(offset: int) -> dict:
+        offset = max(offset, *dict(site.floors).values()) if site.floors else offset  # NOTE: no size below a floor
         free = (s + offset for s in _SIZES if s + offset not in taken)
         return {s: next(free) for s in symbols}
 
