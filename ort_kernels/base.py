@@ -55,7 +55,7 @@ class Prepared:
     explain: tuple[Explain, ...] = ()  # the explainers of its run errors
     # entered by every run (the python tier's: one run at a time, its kernels' errors raised)
     guard: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
-    # whether every run's inputs must be known before onnxruntime runs (the python tier's kernels abort the
+    # whether a run must know which inputs are bound before onnxruntime runs (the python tier's kernels abort the
     # process on an input onnxruntime passes them unset)
     sees_feed: bool = False
 
@@ -287,7 +287,7 @@ class Session(ort.InferenceSession):
                  refuse: Sequence[Refuse] = (), sees_feed: bool = False):
         self._explainers = tuple(explain)
         self._refusals = tuple(refuse)
-        self._sees_feed = sees_feed or bool(self._refusals)  # NOTE: a refusal reads the feed before every run
+        self._sees_feed = sees_feed
         self.kernels: dict[str, str] = {}  # NOTE: Plan.kernels: what runs each custom op (sessions)
         self.unserved: dict[str, str] = {}  # NOTE: Plan.unserved: why the user's libraries do not serve an op
         self._guard = guard
@@ -349,13 +349,10 @@ class Session(ort.InferenceSession):
                                 f"{sorted(bound or ())}. Bind each with iobinding.bind_cpu_input(name, array) (or "
                                 "bind_ortvalue_input) before the run.")
         feed = bound if bound is not None and all(v is not None for v in bound.values()) else None
-        if feed is None and self._sees_feed:
-            got = ("an IOBinding made with onnxruntime.IOBinding(session)" if bound is None else
-                   f"input(s) {sorted(n for n, v in bound.items() if v is None)} bound by device buffer")
-            raise OpBridgeError(f"this session checks each run's inputs before onnxruntime runs them (its kernels or "
-                                f"bodies would end the process on some inputs). Got {got}. Make the binding with "
-                                "session.io_binding() and bind each input with bind_cpu_input(name, array) or "
-                                "bind_ortvalue_input(name, ortvalue).")
+        if bound is None and self._sees_feed:  # NOTE: onnxruntime cannot say which inputs such a binding holds
+            raise OpBridgeError("this session checks that each run binds every input before onnxruntime runs it (its "
+                                "kernels end the process on an unbound one). Got an IOBinding made with "
+                                "onnxruntime.IOBinding(session). Make the binding with session.io_binding().")
         return self._checked(lambda: super(Session, self).run_with_iobinding(iobinding, quiet(run_options)), feed)
 
     def run_with_ortvaluevector(self, run_options, feed_names, feeds, fetch_names, fetches, fetch_devices):

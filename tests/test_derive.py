@@ -693,3 +693,31 @@ def test_a_body_is_checked_only_at_sizes_the_models_dims_take(registry, fresh_na
                 feed = args(*shape)
                 got = _run_plain_ort_proto(proto, feed)
                 np.testing.assert_allclose(got, M()(*feed).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_an_int_list_with_one_element_baked_is_baked_whole(registry, fresh_name):
+    """x.transpose(dims[0], dims[1]) bakes those elements into a Transpose while arange(dims[2]) reads the third:
+    before, dims stayed an attribute the body reads, and a node with other dims silently ran the traced transpose.
+    Now the whole list is baked in (the read element a constant), and such a node gets its own body."""
+    name = fresh_name("swap_scale")
+
+    @bridge.op(name, registry=registry)
+    def swap_scale(x: torch.Tensor, dims: list[int]) -> torch.Tensor:
+        return x.transpose(dims[0], dims[1]).contiguous() * torch.arange(dims[2]).sum()
+
+    @swap_scale.register_fake
+    def _(x, dims):
+        return x.transpose(dims[0], dims[1]).new_empty(x.transpose(dims[0], dims[1]).shape)
+
+    class M(torch.nn.Module):
+        def forward(self, x):
+            return swap_scale(x, [1, 2, 5])
+
+    x = torch.randn(3, 3, 3)
+    proto = bridge.export(M(), (x,), registry=registry)
+    assert [list(f.attribute) for f in proto.functions] == [[]]
+    np.testing.assert_allclose(_run_plain_ort_proto(proto, (x,)), M()(x).numpy(), rtol=1e-6)
+    next(a for a in proto.graph.node[0].attribute if a.name == "dims").ints[:] = [0, 1, 4]
+    sess = bridge.session(proto.SerializeToString(), tier="function", registry=registry)
+    got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
+    np.testing.assert_allclose(got, swap_scale(x, [0, 1, 4]).numpy(), rtol=1e-6)

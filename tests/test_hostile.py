@@ -497,9 +497,9 @@ def test_an_iobinding_made_directly_is_refused_where_the_tier_must_see_the_input
         binding.bind_cpu_input("x", x.numpy())
         binding.bind_output("y")
         if refused:
-            with pytest.raises(bridge.OpBridgeError, match=r"^opbridge: this session checks each run's inputs .* Got "
-                               r"an IOBinding made with onnxruntime\.IOBinding\(session\)\. Make the binding with "
-                               r"session\.io_binding\(\)"):
+            with pytest.raises(bridge.OpBridgeError, match=r"^opbridge: this session checks that each run binds every "
+                               r"input .* Got an IOBinding made with onnxruntime\.IOBinding\(session\)\. Make the "
+                               r"binding with session\.io_binding\(\)\.$"):
                 sess.run_with_iobinding(binding)
         else:
             sess.run_with_iobinding(binding)

@@ -1385,6 +1385,15 @@ def test_a_function_whose_forward_takes_star_args_exports_the_node_its_symbolic_
     for tier in ("python", "function"):
         bridge.assert_parity(RotatedExtractor(), args, registry=reg, tier=tier)
 
+    class OneLevel(torch.nn.Module):  # NOTE: a head with another count of feature maps: another node signature
+        def forward(self, f0, rois):
+            return MultiLevelRotatedRoiAlign.apply(f0, rois, (7, 7), True, 2, 1.0, 56, [4.0], True)
+
+    with pytest.raises(bridge.OpBridgeError, match=r"MultiLevelRotatedRoiAlign\.apply: forward takes \*args, whose "
+                       r"count the first call in this registry fixed for the node \(10 arguments\)\. Got 9 arguments\. "
+                       r"Pass as many, or register the Function in another registry"):
+        bridge.export(OneLevel(), (args[0], args[2]), registry=reg)
+
 
 class SplitAt(Function):
     """No symbolic, two tensors returned, annotated as mmcv's _DynamicScatter.forward is."""

@@ -45,6 +45,7 @@ import dataclasses
 import functools
 import hashlib
 import inspect
+import itertools
 import keyword
 import math
 import operator
@@ -490,6 +491,13 @@ class FunctionBridge:
         try:
             bound = sig.bind(*args, **kwargs)
         except TypeError as e:
+            var = next((p.name for p in inspect.signature(self.forward).parameters.values()
+                        if p.kind is p.VAR_POSITIONAL), None)
+            if var is not None:  # NOTE: _spread named *args as the first call passed them
+                raise OpBridgeError(f"{class_name(self.cls)}.apply: forward takes *{var}, whose count the first call "
+                                    f"in this registry fixed for the node ({len(self.params)} arguments). Got "
+                                    f"{len(args) + len(kwargs)} arguments. Pass as many, or register the Function in "
+                                    "another registry (bridge.Registry()) for this model.") from None
             raise OpBridgeError(f"{class_name(self.cls)}.apply: {e}. Got {len(args)} arguments. Call it as its "
                                 "forward takes them.") from None
         bound.apply_defaults()
@@ -740,19 +748,34 @@ def describe(cls: type, *, name: str | None = None, use_symbolic: bool = True,
 
 def _spread(cls: type, params: list[inspect.Parameter], sample) -> list[inspect.Parameter]:
     """``forward``'s arguments, its ``*args`` named one by one as the call ``sample`` passes them (``args_0``, ...:
-    mmdeploy's MultiLevelRoiAlign takes ``forward(g, *args)``, the feature maps then the settings): each call fixes
-    the arity, as the TorchScript exporter ran such a symbolic. A variadic forward is described at its first call."""
-    var = [p for p in params if p.kind is p.VAR_POSITIONAL]
-    if any(p.kind is p.VAR_KEYWORD for p in params) or (var and sample is not None and sample[1]):
-        raise OpBridgeError(f"{class_name(cls)}.forward takes **kwargs; a node needs named arguments. Got "
-                            f"{[p.name for p in params if p.kind is p.VAR_KEYWORD]}. Name each argument.")
-    if not var:
+    mmdeploy's MultiLevelRoiAlign takes ``forward(g, *args)``, the feature maps then the settings): the first call
+    fixes the count, as the TorchScript exporter ran such a symbolic. A variadic forward is described at its first
+    call; keyword arguments besides ``*args`` are refused."""
+    var = next((p for p in params if p.kind is p.VAR_POSITIONAL), None)
+    _refuse_keywords(cls, params, var, sample)
+    if var is None:
         return params
     if sample is None:
-        raise NeedsCall(cls, f"forward takes *{var[0].name}, whose count only a call tells")
+        raise NeedsCall(cls, f"forward takes *{var.name}, whose count only a call tells")
     named = [p for p in params if p.kind is not p.VAR_POSITIONAL]
-    return [*named, *(inspect.Parameter(f"{var[0].name}_{i}", inspect.Parameter.POSITIONAL_OR_KEYWORD)
-                      for i in range(len(sample[0]) - len(named)))]
+    taken = {p.name for p in named}
+    names = (n for n in (f"{var.name}_{i}" for i in itertools.count()) if n not in taken)
+    spread = [inspect.Parameter(next(names), inspect.Parameter.POSITIONAL_OR_KEYWORD)
+              for _ in range(len(sample[0]) - len(named))]
+    # NOTE: a call filling *args fills every named argument before it: their defaults never apply
+    return [*(p.replace(default=inspect.Parameter.empty) if spread else p for p in named), *spread]
+
+
+def _refuse_keywords(cls: type, params: list[inspect.Parameter], var: inspect.Parameter | None, sample) -> None:
+    """Refuse ``**kwargs``, and keywords beside ``*args`` (forward's keyword-only arguments, a call's keywords)."""
+    kinds = (inspect.Parameter.VAR_KEYWORD, inspect.Parameter.KEYWORD_ONLY) if var is not None else \
+        (inspect.Parameter.VAR_KEYWORD,)
+    others = [p.name for p in params if p.kind in kinds]
+    if others or (var is not None and sample is not None and sample[1]):
+        got = f"forward's {others}" if others else f"a call passing {sorted(sample[1])} by keyword"
+        raise OpBridgeError(f"{class_name(cls)}.forward takes {'*' + var.name if var else '**kwargs'}: a node needs "
+                            f"its arguments by position or name, one way. Got {got}. Call it with positional "
+                            "arguments only, or name each argument of forward.")
 
 
 def _custom_node(read: tuple[Recorder, list] | None, constants: set[str]) -> bool:
@@ -1530,7 +1553,6 @@ def _written_outputs(fb: FunctionBridge, values: Mapping[str, Any]) -> int:
     if symbolic is None or not fb.symbolic_node:
         return fb.num_outputs
     return len(standard_graph(fb.cls, symbolic, _call_args(fb, values), SYMBOLIC_OPSET).output)
-
 
 
 def _check_attributes(fb: FunctionBridge, values: Mapping[str, Any], written: Mapping[str, Any]) -> None:

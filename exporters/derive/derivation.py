@@ -12,6 +12,7 @@ from collections.abc import Callable
 
 import onnx
 import torch
+from onnx import helper
 
 from bridge.core.basics.domains import is_custom
 from bridge.core.basics.graphs import cone, walk
@@ -150,10 +151,11 @@ def _placeholders(program, site: Site, roles: list[tuple]) -> tuple[dict, set]:
     return by_name, fixed_ints
 
 
-def _baked_ints(model: onnx.ModelProto, roles: dict[str, tuple]) -> set[str]:
-    """The int attributes no output of the translated trace reads: torch.onnx wrote their traced values into its
-    nodes (a symbolic perm as a Transpose's perm), so the body holds them, whatever a node says. Their inputs, and
-    the nodes no output reads, are dropped from ``model``."""
+def _baked_ints(model: onnx.ModelProto, roles: dict[str, tuple], site: Site) -> set[str]:
+    """The int attributes with a value no output of the translated trace reads: torch.onnx wrote its traced value
+    into its nodes (a symbolic perm as a Transpose's perm; ``x.transpose(dims[0], dims[1])``), so the body holds it,
+    whatever a node says: the whole attribute is baked in (read elements become constants of the site's values).
+    Their inputs, and the nodes no output reads, are dropped from ``model``."""
     graph = model.graph
     outputs = [o.name for o in graph.output]
     live = cone(graph.node, outputs)
@@ -163,13 +165,21 @@ def _baked_ints(model: onnx.ModelProto, roles: dict[str, tuple]) -> set[str]:
         role = roles.get(inp.name)
         if role is not None and role[0] == "int":
             ints.setdefault(role[1].name, []).append(inp.name)
-    baked = {a for a, inputs in ints.items() if not read.intersection(inputs)}
+    baked = {a for a, inputs in ints.items() if not read.issuperset(inputs)}
     if baked:
-        dropped = {i for a in baked for i in ints[a]}
-        kept = [i for i in graph.input if i.name not in dropped]
+        values = dict(site.attrs)
+        constants = []
+        for inp in graph.input:
+            role = roles.get(inp.name)
+            if role is not None and role[0] == "int" and role[1].name in baked and inp.name in read:
+                value = values[role[1].name] if role[2] is None else values[role[1].name][role[2]]
+                dims = [d.dim_value for d in inp.type.tensor_type.shape.dim]
+                constants.append(helper.make_node("Constant", [], [inp.name], value=helper.make_tensor(
+                    inp.name, inp.type.tensor_type.elem_type, dims, [int(value)])))
+        kept = [i for i in graph.input if not (roles.get(i.name, ("",))[0] == "int" and roles[i.name][1].name in baked)]
         del graph.input[:], graph.node[:]
         graph.input.extend(kept)
-        graph.node.extend(live)
+        graph.node.extend([*constants, *live])
     return baked
 
 
@@ -208,7 +218,7 @@ def _derive(spec: OpSpec, fn: Callable, site: Site, opset: int, registry: Regist
     by_name, fixed_ints = _placeholders(program, site, roles)
     outputs = _outputs(program, spec)
     model = _translated(program, opset, registry, {} if reused is None else {spec.overload: reused})
-    parametric = {r[1].name for r in roles if r[0] == "int"} - fixed_ints - _baked_ints(model, by_name)
+    parametric = {r[1].name for r in roles if r[0] == "int"} - fixed_ints - _baked_ints(model, by_name, site)
     proto = function_body(spec, model, by_name, parametric)
     out_types = [(o.meta["val"].dtype, o.meta["val"].dim()) for o in outputs]
     if reused is None:
