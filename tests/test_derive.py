@@ -602,36 +602,6 @@ def test_a_body_is_derived_with_the_models_static_sizes_where_a_general_trace_fa
     np.testing.assert_array_equal(got[0], M()(*args).numpy())
 
 
-@pytest.mark.parametrize("tier", ("function", "native"))
-def test_an_int_list_the_trace_writes_into_its_nodes_is_baked_not_read(registry, fresh_name, tmp_path, tier):
-    """Before: x.permute(perm) traced with a symbolic perm became a Transpose holding the traced perm, while the body
-    declared perm an attribute it reads (its Gathers of @perm read by nothing): a node whose perm was edited to
-    another permutation silently gave the traced one in the function tier (and the native tier, which runs the
-    body for an op without a C++ kernel). Now perm is baked in: the edited node gets a body of its own."""
-    name = fresh_name("permute_scale")
-
-    @bridge.op(name, registry=registry)
-    def permute_scale(x: torch.Tensor, perm: list[int], scale: float) -> torch.Tensor:
-        return x.permute(perm).contiguous() * scale
-
-    @permute_scale.register_fake
-    def _(x, perm, scale):
-        return x.new_empty([x.shape[p] for p in perm])
-
-    class M(torch.nn.Module):
-        def forward(self, x):
-            return permute_scale(x, [0, 2, 1], 0.5)
-
-    x = torch.randn(2, 3, 4)
-    proto = bridge.export(M(), (x,), registry=registry)
-    assert [list(f.attribute) for f in proto.functions] == [[]]  # NOTE: perm baked, scale too (a float)
-    node = next(n for n in proto.graph.node if n.domain == name.split("::")[0])
-    next(a for a in node.attribute if a.name == "perm").ints[:] = [1, 0, 2]
-    del proto.graph.output[0].type.tensor_type.shape.dim[:]  # NOTE: the edited node's output has another shape
-    sess = bridge.session(proto.SerializeToString(), tier=tier, registry=registry)
-    got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
-    np.testing.assert_array_equal(got, permute_scale(x, [1, 0, 2], 0.5).numpy())
-
 
 def test_a_trace_that_stops_on_a_data_dependent_branch_prints_no_graph(registry, fresh_name, capfd):
     """Before: torch.export printed the failed trace's partial FX graph to stderr (100-430 lines for mmdeploy's
@@ -693,31 +663,3 @@ def test_a_body_is_checked_only_at_sizes_the_models_dims_take(registry, fresh_na
                 feed = args(*shape)
                 got = _run_plain_ort_proto(proto, feed)
                 np.testing.assert_allclose(got, M()(*feed).numpy(), rtol=1e-5, atol=1e-5)
-
-
-def test_an_int_list_with_one_element_baked_is_baked_whole(registry, fresh_name):
-    """x.transpose(dims[0], dims[1]) bakes those elements into a Transpose while arange(dims[2]) reads the third:
-    before, dims stayed an attribute the body reads, and a node with other dims silently ran the traced transpose.
-    Now the whole list is baked in (the read element a constant), and such a node gets its own body."""
-    name = fresh_name("swap_scale")
-
-    @bridge.op(name, registry=registry)
-    def swap_scale(x: torch.Tensor, dims: list[int]) -> torch.Tensor:
-        return x.transpose(dims[0], dims[1]).contiguous() * torch.arange(dims[2]).sum()
-
-    @swap_scale.register_fake
-    def _(x, dims):
-        return x.transpose(dims[0], dims[1]).new_empty(x.transpose(dims[0], dims[1]).shape)
-
-    class M(torch.nn.Module):
-        def forward(self, x):
-            return swap_scale(x, [1, 2, 5])
-
-    x = torch.randn(3, 3, 3)
-    proto = bridge.export(M(), (x,), registry=registry)
-    assert [list(f.attribute) for f in proto.functions] == [[]]
-    np.testing.assert_allclose(_run_plain_ort_proto(proto, (x,)), M()(x).numpy(), rtol=1e-6)
-    next(a for a in proto.graph.node[0].attribute if a.name == "dims").ints[:] = [0, 1, 4]
-    sess = bridge.session(proto.SerializeToString(), tier="function", registry=registry)
-    got = sess.run(None, {sess.get_inputs()[0].name: x.numpy()})[0]
-    np.testing.assert_allclose(got, swap_scale(x, [0, 1, 4]).numpy(), rtol=1e-6)

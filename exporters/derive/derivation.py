@@ -12,10 +12,8 @@ from collections.abc import Callable
 
 import onnx
 import torch
-from onnx import helper
 
 from bridge.core.basics.domains import is_custom
-from bridge.core.basics.graphs import cone, walk
 from bridge.core.basics.progress import step
 from bridge.core.registry import REGISTRY, Registry
 from bridge.core.spec import OpSpec
@@ -151,38 +149,6 @@ def _placeholders(program, site: Site, roles: list[tuple]) -> tuple[dict, set]:
     return by_name, fixed_ints
 
 
-def _baked_ints(model: onnx.ModelProto, roles: dict[str, tuple], site: Site) -> set[str]:
-    """The int attributes with a value no output of the translated trace reads: torch.onnx wrote its traced value
-    into its nodes (a symbolic perm as a Transpose's perm; ``x.transpose(dims[0], dims[1])``), so the body holds it,
-    whatever a node says: the whole attribute is baked in (read elements become constants of the site's values).
-    Their inputs, and the nodes no output reads, are dropped from ``model``."""
-    graph = model.graph
-    outputs = [o.name for o in graph.output]
-    live = cone(graph.node, outputs)
-    read = {i for n in walk(live) for i in n.input} | set(outputs)
-    ints: dict[str, list[str]] = {}
-    for inp in graph.input:
-        role = roles.get(inp.name)
-        if role is not None and role[0] == "int":
-            ints.setdefault(role[1].name, []).append(inp.name)
-    baked = {a for a, inputs in ints.items() if not read.issuperset(inputs)}
-    if baked:
-        values = dict(site.attrs)
-        constants = []
-        for inp in graph.input:
-            role = roles.get(inp.name)
-            if role is not None and role[0] == "int" and role[1].name in baked and inp.name in read:
-                value = values[role[1].name] if role[2] is None else values[role[1].name][role[2]]
-                dims = [d.dim_value for d in inp.type.tensor_type.shape.dim]
-                constants.append(helper.make_node("Constant", [], [inp.name], value=helper.make_tensor(
-                    inp.name, inp.type.tensor_type.elem_type, dims, [int(value)])))
-        kept = [i for i in graph.input if not (roles.get(i.name, ("",))[0] == "int" and roles[i.name][1].name in baked)]
-        del graph.input[:], graph.node[:]
-        graph.input.extend(kept)
-        graph.node.extend([*constants, *live])
-    return baked
-
-
 def _outputs(program, spec: OpSpec) -> list:
     """The traced outputs (fx nodes), as many as the op declares."""
     out_node = program.graph.output_node()
@@ -218,7 +184,7 @@ def _derive(spec: OpSpec, fn: Callable, site: Site, opset: int, registry: Regist
     by_name, fixed_ints = _placeholders(program, site, roles)
     outputs = _outputs(program, spec)
     model = _translated(program, opset, registry, {} if reused is None else {spec.overload: reused})
-    parametric = {r[1].name for r in roles if r[0] == "int"} - fixed_ints - _baked_ints(model, by_name, site)
+    parametric = {r[1].name for r in roles if r[0] == "int"} - fixed_ints
     proto = function_body(spec, model, by_name, parametric)
     out_types = [(o.meta["val"].dtype, o.meta["val"].dim()) for o in outputs]
     if reused is None:
